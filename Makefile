@@ -1,0 +1,32 @@
+# fastlearn: `make demo` runs the demo training, `make test` runs the test suite.
+# Both install what is missing first (scripts/bootstrap), then configure and build into build/.
+BUILD_DIR ?= build
+BUILD_TYPE ?= RelWithDebInfo
+JOBS ?= $(shell nproc)
+CTEST_ARGS ?=
+VENV = $(shell scripts/bootstrap --print-venv)
+
+.PHONY: all deps configure build test demo clean
+
+all: build
+
+deps:
+	@scripts/bootstrap
+
+$(BUILD_DIR)/build.ninja: CMakeLists.txt | deps
+	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DFASTLEARN_PYTHON=$(VENV)/bin/python
+
+configure: deps $(BUILD_DIR)/build.ninja
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+# Each TEST is its own ctest entry; select an area with `make test CTEST_ARGS="-L distributed"`.
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+demo: build
+	$(BUILD_DIR)/bin/fashion_quickstart
+
+clean:
+	rm -rf $(BUILD_DIR)

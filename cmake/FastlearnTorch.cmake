@@ -1,0 +1,68 @@
+# Finds LibTorch (from the pinned PyPI wheel or any install) and defines fastlearn::torch: torch,
+# c10d with Gloo, and NCCL when the LibTorch build has CUDA.
+
+if(FASTLEARN_PYTHON)
+  execute_process(
+    COMMAND "${FASTLEARN_PYTHON}" -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
+    OUTPUT_VARIABLE _torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _rc ERROR_QUIET)
+  if(NOT _rc EQUAL 0)
+    message(FATAL_ERROR "fastlearn: ${FASTLEARN_PYTHON} cannot import torch. Run scripts/bootstrap "
+                        "(or `make deps`) to install the pinned LibTorch.")
+  endif()
+  list(PREPEND CMAKE_PREFIX_PATH "${_torch_prefix}")
+endif()
+
+# CMake 3.25 cannot probe nvcc for C++20; naming the architectures skips LibTorch's GPU probe.
+# fastlearn has no .cu sources, so the list only matters to users who add their own.
+if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+  set(TORCH_CUDA_ARCH_LIST "8.0;9.0")
+endif()
+
+find_package(Torch QUIET)
+if(NOT Torch_FOUND)
+  message(FATAL_ERROR "fastlearn: LibTorch not found. Run scripts/bootstrap (or `make deps`), or pass "
+                      "-DFASTLEARN_PYTHON=<python with torch> or -DCMAKE_PREFIX_PATH=<torch cmake prefix>.")
+endif()
+if(Torch_VERSION VERSION_LESS 2.13)
+  message(FATAL_ERROR "fastlearn: LibTorch ${Torch_VERSION} is too old; fastlearn needs >= 2.13 (C++20).")
+endif()
+
+find_path(FASTLEARN_GLOO_INCLUDE_DIR gloo/config.h)
+if(NOT FASTLEARN_GLOO_INCLUDE_DIR)
+  message(FATAL_ERROR "fastlearn: Gloo headers not found (the torch wheel ships none). "
+                      "Install them with: apt-get install libgloo-dev")
+endif()
+
+set(FASTLEARN_WITH_CUDA OFF)
+if(TARGET torch_cuda OR TORCH_CUDA_LIBRARIES)
+  set(FASTLEARN_WITH_CUDA ON)
+endif()
+
+# Link only LibTorch's own libraries: the toolkit copies that TorchConfig adds (nvrtc, cudart) would
+# put the system CUDA directory in our RPATH and shadow the wheel's newer NCCL/CUDA libraries.
+set(_torch_libs "")
+foreach(_lib IN LISTS TORCH_LIBRARIES)
+  if(NOT IS_ABSOLUTE "${_lib}" OR _lib MATCHES "^${TORCH_INSTALL_PREFIX}/")
+    list(APPEND _torch_libs "${_lib}")
+  endif()
+endforeach()
+
+add_library(fastlearn_torch INTERFACE)
+add_library(fastlearn::torch ALIAS fastlearn_torch)
+target_link_libraries(fastlearn_torch INTERFACE ${_torch_libs})
+target_include_directories(fastlearn_torch SYSTEM INTERFACE "${FASTLEARN_GLOO_INCLUDE_DIR}")
+# LibTorch ships fmt 12 headers on its include path, ahead of the system's: use them header-only, so
+# no other fmt library's symbols can mismatch them.
+target_compile_definitions(fastlearn_torch INTERFACE USE_C10D_GLOO FASTLEARN_WITH_GLOO=1 FMT_HEADER_ONLY)
+if(FASTLEARN_WITH_CUDA)
+  target_compile_definitions(fastlearn_torch INTERFACE USE_C10D_NCCL FASTLEARN_WITH_CUDA=1 FASTLEARN_WITH_NCCL=1
+                                                       FASTLEARN_CUDA_VERSION="${CUDA_VERSION}")
+  # The wheel keeps CUDA/NCCL in site-packages/nvidia/*/lib; the linker must see those, not the toolkit's.
+  get_filename_component(_site "${TORCH_INSTALL_PREFIX}/.." ABSOLUTE)
+  file(GLOB _nvidia_lib_dirs LIST_DIRECTORIES true "${_site}/nvidia/*/lib")
+  if(_nvidia_lib_dirs)
+    list(JOIN _nvidia_lib_dirs ":" _rpath_link)
+    target_link_options(fastlearn_torch INTERFACE "LINKER:-rpath-link,${_rpath_link}")
+  endif()
+endif()
+message(STATUS "fastlearn: LibTorch ${Torch_VERSION} at ${TORCH_INSTALL_PREFIX}; CUDA+NCCL: ${FASTLEARN_WITH_CUDA}; Gloo: ON")

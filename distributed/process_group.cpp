@@ -1,0 +1,87 @@
+#include <fastlearn/distributed/process_group.h>
+
+#include <fastlearn/core/error.h>
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#ifdef FASTLEARN_WITH_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+namespace fastlearn {
+
+std::string_view to_string(BackendKind kind) {
+  switch (kind) {
+    case BackendKind::gloo: return "gloo";
+    case BackendKind::nccl: return "nccl";
+  }
+  return "unknown";
+}
+
+BackendKind parse_backend_kind(std::string_view name) {
+  if (name == "gloo") return BackendKind::gloo;
+  if (name == "nccl") return BackendKind::nccl;
+  throw ConfigError(fmt::format("unknown distributed backend '{}': expected 'gloo' or 'nccl'", name));
+}
+
+bool backend_compiled_in(BackendKind kind) {
+  switch (kind) {
+    case BackendKind::gloo:
+#ifdef FASTLEARN_WITH_GLOO
+      return true;
+#else
+      return false;
+#endif
+    case BackendKind::nccl:
+#ifdef FASTLEARN_WITH_NCCL
+      return true;
+#else
+      return false;
+#endif
+  }
+  return false;
+}
+
+namespace {
+
+c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
+                                            const BackendOptions& options) {
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+  gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
+  gloo_options->threads = options.gloo_threads;
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, gloo_options);
+}
+
+c10::intrusive_ptr<c10d::Backend> make_nccl([[maybe_unused]] const c10::intrusive_ptr<c10d::Store>& store,
+                                            [[maybe_unused]] int rank, [[maybe_unused]] int world_size,
+                                            [[maybe_unused]] const BackendOptions& options) {
+#ifdef FASTLEARN_WITH_NCCL
+  auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+  nccl_options->timeout = options.timeout;
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, nccl_options);
+#else
+  throw DistributedError("the NCCL backend is not compiled in: rebuild fastlearn against a LibTorch with CUDA");
+#endif
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intrusive_ptr<c10d::Store>& store,
+                                               int rank, int world_size, const BackendOptions& options) {
+  if (!store) throw DistributedError(fmt::format("make_backend({}): no store given", to_string(kind)));
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw DistributedError(fmt::format("make_backend({}): rank {} is out of range for world size {} (need 0 <= rank < "
+                                       "world size)", to_string(kind), rank, world_size));
+  }
+  try {
+    return kind == BackendKind::gloo ? make_gloo(store, rank, world_size, options)
+                                     : make_nccl(store, rank, world_size, options);
+  } catch (const DistributedError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw DistributedError(fmt::format("rank {} of {}: could not create the {} backend: {}", rank, world_size,
+                                       to_string(kind), e.what()));
+  }
+}
+
+}  // namespace fastlearn

@@ -1,0 +1,37 @@
+#pragma once
+// Creates c10d communication backends (Gloo for CPU tensors, NCCL for CUDA tensors) over a store.
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <string>
+#include <string_view>
+
+namespace c10d {
+class Backend;
+class Store;
+}  // namespace c10d
+
+namespace fastlearn {
+
+enum class BackendKind { gloo, nccl };
+
+std::string_view to_string(BackendKind kind);
+
+/// Parses "gloo" or "nccl"; anything else is a ConfigError that lists the choices.
+BackendKind parse_backend_kind(std::string_view name);
+
+/// Whether this build of fastlearn can create the backend (NCCL needs LibTorch with CUDA).
+bool backend_compiled_in(BackendKind kind);
+
+struct BackendOptions {
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);  ///< per collective
+  std::string hostname = "127.0.0.1";  ///< Gloo: address this rank's transport binds to
+  int gloo_threads = 2;                ///< Gloo: worker threads of the backend
+};
+
+/// Connects rank `rank` of `world_size` through `store` and returns the backend, ready for collectives.
+/// Throws DistributedError (what, which rank, what to do) on bad arguments or a failed rendezvous.
+c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intrusive_ptr<c10d::Store>& store,
+                                               int rank, int world_size, const BackendOptions& options = {});
+
+}  // namespace fastlearn
