@@ -188,6 +188,8 @@ std::string read_file(const std::filesystem::path& path) {
 
 bool in_rank_process() { return std::getenv(kRankVar) != nullptr; }
 
+int test_process_id() { return in_rank_process() ? env_int(kParentVar).value_or(getpid()) : getpid(); }
+
 std::string RankResult::summary() const {
   if (timed_out) return fmt::format("rank {}: timed out (killed)", rank);
   if (stopped_after_failure) return fmt::format("rank {}: killed because another rank failed first", rank);

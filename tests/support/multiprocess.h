@@ -60,4 +60,7 @@ void run_on_ranks(int world_size, const std::function<void(const RankContext&)>&
 /// True in a rank's child process.
 bool in_rank_process();
 
+/// The pid of the test's own process: the parent's in a rank's child, so both can name the same files.
+int test_process_id();
+
 }  // namespace fastlearn::testing

@@ -1,0 +1,48 @@
+#pragma once
+// A Dataset maps an index in [0, size()) to an Item; get_batch fetches many at once (by default by
+// stacking items; datasets held in tensors override it with one gather).
+#include <fastlearn/data/batch.h>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace fastlearn {
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+
+  /// Number of items.
+  virtual std::int64_t size() const = 0;
+
+  /// The item at `index` (0 <= index < size()).
+  virtual Item get(std::int64_t index) const = 0;
+
+  /// The items at `indices`, collated into a batch. Default: get() each and stack position by position.
+  virtual Batch get_batch(std::span<const std::int64_t> indices) const;
+};
+
+/// Stacks items position by position into a batch; every item must have the same structure and shapes.
+Batch collate(const std::vector<Item>& items);
+
+/// A dataset held in tensors whose first dimension indexes the items (like torch's TensorDataset).
+class TensorDataset : public Dataset {
+ public:
+  /// All tensors must have the same first dimension; throws DataError naming the one that differs.
+  TensorDataset(std::vector<at::Tensor> inputs, std::vector<at::Tensor> targets);
+
+  std::int64_t size() const override;
+  Item get(std::int64_t index) const override;
+  Batch get_batch(std::span<const std::int64_t> indices) const override;
+
+  const std::vector<at::Tensor>& inputs() const { return inputs_; }
+  const std::vector<at::Tensor>& targets() const { return targets_; }
+
+ private:
+  std::vector<at::Tensor> inputs_;
+  std::vector<at::Tensor> targets_;
+  std::int64_t size_ = 0;
+};
+
+}  // namespace fastlearn

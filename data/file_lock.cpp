@@ -1,0 +1,30 @@
+#include <fastlearn/data/file_lock.h>
+
+#include <fastlearn/core/error.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace fastlearn {
+
+FileLock::FileLock(const std::filesystem::path& path) {
+  std::filesystem::create_directories(path.parent_path());
+  fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw DataError(fmt::format("cannot open lock file '{}': {}", path.string(), std::strerror(errno)));
+  while (flock(fd_, LOCK_EX) != 0) {
+    if (errno == EINTR) continue;
+    const int error = errno;
+    close(fd_);
+    throw DataError(fmt::format("cannot lock '{}': {}", path.string(), std::strerror(error)));
+  }
+}
+
+FileLock::~FileLock() {
+  if (fd_ >= 0) close(fd_);  // closing releases the flock
+}
+
+}  // namespace fastlearn

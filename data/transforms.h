@@ -1,0 +1,29 @@
+#pragma once
+// Batch transforms: functions applied to whole batches on the CPU after collation, in the loader's
+// workers. Random ones draw from the generator they are given, seeded per batch by the DataLoader, so
+// results depend on (seed, epoch, batch) only, never on the number of workers.
+#include <fastlearn/data/batch.h>
+
+#include <ATen/core/Generator.h>
+
+#include <functional>
+#include <vector>
+
+namespace fastlearn {
+
+using BatchTransform = std::function<void(Batch& batch, at::Generator& rng)>;
+
+/// Converts input 0 to float32 and multiplies by `scale` (1/255 turns bytes into [0, 1]).
+BatchTransform to_float(double scale = 1.0 / 255.0);
+
+/// Normalizes input 0, shaped (N, C, ...), per channel: (x - mean[c]) / std[c]. One value applies to every channel.
+BatchTransform normalize(std::vector<double> mean, std::vector<double> std);
+
+/// Pads input 0, shaped (N, C, H, W), by `padding` zeros on each side, then crops a random size x size
+/// window per image (the classic CIFAR/MNIST augmentation).
+BatchTransform random_crop(std::int64_t size, std::int64_t padding);
+
+/// Flips each image of input 0, shaped (N, C, H, W), left-right with probability `p`.
+BatchTransform random_flip(double p = 0.5);
+
+}  // namespace fastlearn

@@ -1,0 +1,182 @@
+// Dataset, DataLoader, transforms and DataLoaders: order, counts, workers, augmentation, Fashion-MNIST.
+#include <fastlearn/core/error.h>
+#include <fastlearn/data/dataloaders.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <numeric>
+#include <set>
+
+namespace fl = fastlearn;
+
+namespace {
+
+std::shared_ptr<fl::TensorDataset> numbered(std::int64_t n) {
+  auto x = torch::arange(n, torch::kFloat32).view({n, 1});
+  return std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{torch::arange(n)});
+}
+
+// The item indices one epoch yields, in order (targets hold the index).
+std::vector<std::int64_t> epoch_items(fl::DataLoader& dl) {
+  std::vector<std::int64_t> items;
+  for (const auto& b : dl) {
+    auto y = b.targets[0];
+    items.insert(items.end(), y.data_ptr<std::int64_t>(), y.data_ptr<std::int64_t>() + y.numel());
+  }
+  return items;
+}
+
+TEST(DataLoader, ShuffleIsReproducibleBySeedAndNewEachEpoch) {
+  fl::DataLoader a(numbered(100), {.bs = 16, .shuffle = true, .seed = 42});
+  fl::DataLoader b(numbered(100), {.bs = 16, .shuffle = true, .seed = 42});
+  const auto a0 = epoch_items(a), a1 = epoch_items(a);
+  EXPECT_EQ(a0, epoch_items(b));
+  EXPECT_EQ(a1, epoch_items(b));
+  EXPECT_NE(a0, a1) << "the second epoch repeated the first one's order";
+  EXPECT_EQ(std::set<std::int64_t>(a0.begin(), a0.end()).size(), 100u) << "an epoch is not a permutation";
+  fl::DataLoader c(numbered(100), {.bs = 16, .shuffle = true, .seed = 43});
+  EXPECT_NE(a0, epoch_items(c));
+  a.set_epoch(1);
+  EXPECT_EQ(epoch_items(a), a1) << "set_epoch(1) must replay epoch 1";
+}
+
+TEST(DataLoader, WithoutShuffleItemsComeInOrder) {
+  fl::DataLoader dl(numbered(10), {.bs = 4});
+  std::vector<std::int64_t> expected(10);
+  std::iota(expected.begin(), expected.end(), 0);
+  EXPECT_EQ(epoch_items(dl), expected);
+}
+
+TEST(DataLoader, DropLastCountsAndSizes) {
+  fl::DataLoader keep(numbered(10), {.bs = 3});
+  fl::DataLoader drop(numbered(10), {.bs = 3, .drop_last = true});
+  EXPECT_EQ(keep.size(), 4);
+  EXPECT_EQ(drop.size(), 3);
+  std::vector<std::int64_t> sizes;
+  for (const auto& b : keep) sizes.push_back(b.size());
+  EXPECT_EQ(sizes, (std::vector<std::int64_t>{3, 3, 3, 1}));
+  sizes.clear();
+  for (const auto& b : drop) sizes.push_back(b.size());
+  EXPECT_EQ(sizes, (std::vector<std::int64_t>{3, 3, 3}));
+  fl::DataLoader exact(numbered(9), {.bs = 3, .drop_last = true});
+  EXPECT_EQ(exact.size(), 3);
+  fl::DataLoader small(numbered(2), {.bs = 3, .drop_last = true});
+  EXPECT_EQ(small.size(), 0);
+  EXPECT_TRUE(epoch_items(small).empty());
+}
+
+TEST(DataLoader, WorkersGiveExactlyTheBatchesOfTheCallersThread) {
+  auto images = torch::randint(0, 256, {203, 1, 12, 12}, torch::kUInt8);
+  auto ds = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{images},
+                                                std::vector<at::Tensor>{torch::arange(203)});
+  std::vector<fl::BatchTransform> tfms{fl::random_crop(12, 2), fl::random_flip(0.5), fl::to_float(),
+                                       fl::normalize({0.5}, {0.25})};
+  fl::DataLoader serial(ds, {.bs = 16, .shuffle = true, .num_workers = 0, .seed = 7, .batch_tfms = tfms});
+  fl::DataLoader threaded(ds, {.bs = 16, .shuffle = true, .num_workers = 3, .prefetch = 2, .seed = 7, .batch_tfms = tfms});
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<fl::Batch> expected;
+    for (const auto& b : serial) expected.push_back(b);
+    std::size_t i = 0;
+    for (const auto& b : threaded) {
+      ASSERT_LT(i, expected.size());
+      EXPECT_TRUE(torch::equal(b.inputs[0], expected[i].inputs[0])) << "epoch " << epoch << " batch " << i;
+      EXPECT_TRUE(torch::equal(b.targets[0], expected[i].targets[0])) << "epoch " << epoch << " batch " << i;
+      ++i;
+    }
+    EXPECT_EQ(i, expected.size());
+  }
+}
+
+TEST(DataLoader, LeavingAnEpochEarlyStopsTheWorkers) {
+  fl::DataLoader dl(numbered(1000), {.bs = 8, .num_workers = 2});
+  for (int repeat = 0; repeat < 20; ++repeat) {
+    for (const auto& b : dl) {
+      EXPECT_EQ(b.size(), 8);
+      break;
+    }
+  }
+}
+
+class FailingDataset : public fl::Dataset {
+ public:
+  std::int64_t size() const override { return 20; }
+  fl::Item get(std::int64_t i) const override {
+    if (i == 13) throw fl::DataError("item 13 is unreadable");
+    return {{torch::full({2}, i)}, {torch::tensor(i)}};
+  }
+};
+
+TEST(DataLoader, AnErrorInAWorkerReachesTheCaller) {
+  for (int workers : {0, 2}) {
+    fl::DataLoader dl(std::make_shared<FailingDataset>(), {.bs = 4, .num_workers = workers});
+    try {
+      for (const auto& b : dl) (void)b;
+      ADD_FAILURE() << "no error with " << workers << " workers";
+    } catch (const fl::DataError& e) {
+      EXPECT_NE(std::string(e.what()).find("item 13"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(DataLoader, DefaultCollationStacksItems) {
+  fl::DataLoader dl(std::make_shared<FailingDataset>(), {.bs = 4});
+  const auto b = dl.one_batch();
+  EXPECT_EQ(b.inputs[0].sizes(), (std::vector<std::int64_t>{4, 2}));
+  EXPECT_TRUE(torch::equal(b.targets[0], torch::arange(4)));
+  EXPECT_EQ(dl.epoch(), 0) << "one_batch must not advance the epoch";
+}
+
+TEST(DataLoader, BadOptionsAreErrors) {
+  EXPECT_THROW(fl::DataLoader(numbered(4), {.bs = 0}), fl::DataError);
+  EXPECT_THROW(fl::DataLoader(numbered(4), {.num_workers = -1}), fl::DataError);
+  EXPECT_THROW(fl::TensorDataset({torch::zeros({3})}, {torch::zeros({4})}), fl::DataError);
+}
+
+TEST(Transforms, NormalizeCentersEachChannel) {
+  fl::Batch b{{torch::stack({torch::full({4, 4}, 10.0), torch::full({4, 4}, 20.0)}).unsqueeze(0).repeat({3, 1, 1, 1})}, {}};
+  auto rng = at::make_generator<at::CPUGeneratorImpl>(0);
+  fl::normalize({10.0, 16.0}, {1.0, 2.0})(b, rng);
+  EXPECT_TRUE(torch::allclose(b.inputs[0].select(1, 0), torch::zeros({3, 4, 4})));
+  EXPECT_TRUE(torch::allclose(b.inputs[0].select(1, 1), torch::full({3, 4, 4}, 2.0)));
+  EXPECT_THROW(fl::normalize({1.0}, {0.0}), fl::DataError);
+}
+
+TEST(Transforms, FlipAndCropDoWhatTheySay) {
+  auto x = torch::arange(2 * 3 * 3, torch::kFloat32).view({2, 1, 3, 3});
+  auto rng = at::make_generator<at::CPUGeneratorImpl>(0);
+  fl::Batch always{{x.clone()}, {}};
+  fl::random_flip(1.0)(always, rng);
+  EXPECT_TRUE(torch::equal(always.inputs[0], x.flip({3})));
+  fl::Batch never{{x.clone()}, {}};
+  fl::random_flip(0.0)(never, rng);
+  EXPECT_TRUE(torch::equal(never.inputs[0], x));
+  fl::Batch same{{x.clone()}, {}};
+  fl::random_crop(3, 0)(same, rng);
+  EXPECT_TRUE(torch::equal(same.inputs[0], x));
+  fl::Batch padded{{x.clone()}, {}};
+  fl::random_crop(3, 1)(padded, rng);
+  EXPECT_EQ(padded.inputs[0].sizes(), x.sizes());
+  // Each crop is a window of the zero-padded image: its pixels are image pixels or zeros.
+  for (auto v : padded.inputs[0].flatten().unbind()) EXPECT_TRUE(v.item<float>() == 0 || (x == v).any().item<bool>());
+}
+
+TEST(ImageDataLoaders, FashionMnistFromIdx) {
+  auto dls = fl::ImageDataLoaders::from_idx("/usr/share/datasets/fashion-mnist", {.bs = 128, .seed = 1});
+  EXPECT_EQ(dls.c(), 10);
+  EXPECT_EQ(dls.train().size(), 60000 / 128);  // drop_last on training
+  EXPECT_EQ(dls.valid().size(), (10000 + 255) / 256);
+  const auto b = dls.train().one_batch();
+  EXPECT_EQ(b.inputs[0].sizes(), (std::vector<std::int64_t>{128, 1, 28, 28}));
+  EXPECT_EQ(b.inputs[0].scalar_type(), torch::kFloat32);
+  EXPECT_EQ(b.targets[0].scalar_type(), torch::kLong);
+  // Normalized with the training set's statistics: a whole-set mean near 0 and std near 1.
+  auto all = dls.valid().one_batch().inputs[0];
+  EXPECT_NEAR(all.mean().item<double>(), 0.0, 0.1);
+  EXPECT_NEAR(all.std().item<double>(), 1.0, 0.1);
+  EXPECT_THROW(fl::ImageDataLoaders::from_idx("/nonexistent"), fl::DataError);
+}
+
+}  // namespace
