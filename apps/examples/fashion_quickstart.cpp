@@ -3,6 +3,7 @@
 //   fashion_quickstart [DATA_DIR] [STEPS]   (default: $FASTLEARN_FASHION_MNIST or Debian's copy, 600)
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/idx.h>
+#include <fastlearn/learner/models.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -28,15 +29,6 @@ Split load_split(const fs::path& dir, const std::string& prefix) {
   auto labels = fl::read_idx(dir / (prefix + "-labels-idx1-ubyte.gz"));
   auto x = (images.unsqueeze(1).to(torch::kFloat32).div_(255.0) - kMean) / kStd;
   return {x, labels.to(torch::kLong)};
-}
-
-torch::nn::Sequential simple_cnn(int classes) {
-  auto conv = [](int in, int out) {
-    return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).stride(2).padding(1));
-  };
-  // 28x28 -> 14x14 -> 7x7 -> 4x4, then a linear classifier over the 64 x 4 x 4 features
-  return torch::nn::Sequential(conv(1, 32), torch::nn::ReLU(), conv(32, 64), torch::nn::ReLU(), conv(64, 64),
-                               torch::nn::ReLU(), torch::nn::Flatten(), torch::nn::Linear(64 * 4 * 4, classes));
 }
 
 double accuracy(torch::nn::Sequential& model, const Split& data) {
@@ -66,7 +58,7 @@ int main(int argc, char** argv) {
     auto test = load_split(dir, "t10k");
     fmt::print("Fashion-MNIST from {}: {} train / {} test images\n", dir.string(), train.x.size(0), test.x.size(0));
 
-    auto model = simple_cnn(10);
+    auto model = fl::models::simple_cnn(10);
     torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(2e-3).weight_decay(0.01));
     auto order = torch::randperm(train.x.size(0), torch::kLong);
     double smooth = 0.0;
