@@ -3,6 +3,7 @@
 #include <fastlearn/data/dataloaders.h>
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -161,6 +162,18 @@ TEST(Transforms, FlipAndCropDoWhatTheySay) {
   EXPECT_EQ(padded.inputs[0].sizes(), x.sizes());
   // Each crop is a window of the zero-padded image: its pixels are image pixels or zeros.
   for (auto v : padded.inputs[0].flatten().unbind()) EXPECT_TRUE(v.item<float>() == 0 || (x == v).any().item<bool>());
+}
+
+TEST(DataLoader, CudaBatchesArePinnedAndCopiedToTheDevice) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible; the pinned-memory path needs one";
+  fl::DataLoader dl(numbered(64), {.bs = 16, .num_workers = 2, .device = c10::Device(torch::kCUDA, 0)});
+  std::int64_t seen = 0;
+  for (const auto& b : dl) {
+    EXPECT_TRUE(b.inputs[0].is_cuda());
+    EXPECT_TRUE(b.targets[0].is_cuda());
+    seen += b.size();
+  }
+  EXPECT_EQ(seen, 64);
 }
 
 TEST(ImageDataLoaders, FashionMnistFromIdx) {

@@ -200,6 +200,8 @@ TEST(Download, HttpFromALocalServerRetriesTransientFailures) {
                                 {.dest_dir = s.path(), .size = 3 << 20, .retry_delay = std::chrono::milliseconds(10)});
   EXPECT_EQ(fs::file_size(got), 3u << 20);
   EXPECT_EQ(server.requests(), 2) << "one 503, then one success";
+  EXPECT_EQ(fl::download(server.url("/flaky/weights.bin"), {.dest_dir = s.path(), .size = 3 << 20}), got);
+  EXPECT_EQ(server.requests(), 2) << "a verified cached file must be served without the network";
   try {
     fl::download(server.url("/missing.bin"), {.dest_dir = s.path(), .retry_delay = std::chrono::milliseconds(10)});
     FAIL() << "a 404 was accepted";
