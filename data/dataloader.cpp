@@ -28,7 +28,6 @@ class DataLoader::EpochRun {
     const int workers = batches_ > 1 ? options_.num_workers : 0;
     capacity_ = std::max(1, workers * std::max(1, options_.prefetch));
     for (int w = 0; w < workers; ++w) threads_.emplace_back([this] { work(); });
-    if (batches_ > 0) advance();
   }
 
   ~EpochRun() {
@@ -44,11 +43,11 @@ class DataLoader::EpochRun {
     return drop_last ? n / bs : (n + bs - 1) / bs;
   }
 
-  std::int64_t batches() const { return batches_; }
   std::int64_t position() const { return position_; }
   const Batch& current() const { return current_; }
 
-  // Moves to the next batch (the first one on construction).
+  // Moves to the next batch. Called once after construction (not inside it: a failing first batch must
+  // unwind through the destructor, which stops and joins the workers).
   void advance() {
     const std::int64_t k = handed_out_;
     if (k >= batches_) {
@@ -159,6 +158,7 @@ void DataLoader::set_sampler(std::shared_ptr<const Sampler> sampler) {
 DataLoader::Iterator DataLoader::begin() {
   auto run = std::make_shared<EpochRun>(*this, sampler_->order(epoch_));
   ++epoch_;
+  run->advance();
   return Iterator(std::move(run));
 }
 

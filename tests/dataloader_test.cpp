@@ -122,6 +122,16 @@ TEST(DataLoader, AnErrorInAWorkerReachesTheCaller) {
   }
 }
 
+TEST(DataLoader, AFailingFirstBatchIsAnErrorWithWorkersRunning) {
+  fl::DataLoader dl(std::make_shared<FailingDataset>(), {.bs = 4, .num_workers = 2});
+  struct FromThirteen : fl::Sampler {
+    std::int64_t size() const override { return 8; }
+    std::vector<std::int64_t> order(std::int64_t) const override { return {13, 0, 1, 2, 3, 4, 5, 6}; }
+  };
+  dl.set_sampler(std::make_shared<FromThirteen>());
+  EXPECT_THROW(dl.begin(), fl::DataError);
+}
+
 TEST(DataLoader, DefaultCollationStacksItems) {
   fl::DataLoader dl(std::make_shared<FailingDataset>(), {.bs = 4});
   const auto b = dl.one_batch();
