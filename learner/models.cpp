@@ -1,15 +1,92 @@
 #include <fastlearn/learner/models.h>
 
+#include <fastlearn/core/error.h>
+
 #include <torch/torch.h>
 
 namespace fastlearn::models {
 
-torch::nn::Sequential simple_cnn(std::int64_t classes, std::int64_t in_channels) {
+namespace nn = torch::nn;
+
+nn::Sequential mlp(std::int64_t in, const std::vector<std::int64_t>& hidden, std::int64_t out) {
+  nn::Sequential model(nn::Flatten());
+  std::int64_t width = in;
+  for (auto h : hidden) {
+    model->push_back(nn::Linear(width, h));
+    model->push_back(nn::ReLU());
+    width = h;
+  }
+  model->push_back(nn::Linear(width, out));
+  return model;
+}
+
+nn::Sequential simple_cnn(std::int64_t classes, std::int64_t in_channels) {
   auto conv = [](std::int64_t in, std::int64_t out) {
-    return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).stride(2).padding(1));
+    return nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(2).padding(1));
   };
-  return torch::nn::Sequential(conv(in_channels, 32), torch::nn::ReLU(), conv(32, 64), torch::nn::ReLU(), conv(64, 64),
-                               torch::nn::ReLU(), torch::nn::Flatten(), torch::nn::Linear(64 * 4 * 4, classes));
+  return nn::Sequential(conv(in_channels, 32), nn::ReLU(), conv(32, 64), nn::ReLU(), conv(64, 64), nn::ReLU(),
+                        nn::Flatten(), nn::Linear(64 * 4 * 4, classes));
+}
+
+namespace {
+
+nn::Sequential conv_bn(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride, bool relu,
+                       bool zero_bn = false) {
+  nn::Sequential layer(nn::Conv2d(nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false)));
+  nn::BatchNorm2d bn(out);
+  // The last BN of a residual branch starts at zero, so each block starts as the identity (as xresnet).
+  if (zero_bn) torch::nn::init::zeros_(bn->weight);
+  layer->push_back(bn);
+  if (relu) layer->push_back(nn::ReLU());
+  return layer;
+}
+
+struct ResBlockImpl : nn::Module {
+  ResBlockImpl(std::int64_t in, std::int64_t out, std::int64_t stride)
+      : branch(register_module("branch", nn::Sequential(conv_bn(in, out, 3, stride, true),
+                                                         conv_bn(out, out, 3, 1, false, true)))),
+        shortcut(register_module("shortcut", nn::Sequential())) {
+    if (stride != 1) shortcut->push_back(nn::AvgPool2d(nn::AvgPool2dOptions(stride).ceil_mode(true)));
+    if (in != out) shortcut->push_back(conv_bn(in, out, 1, 1, false));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto identity = shortcut->is_empty() ? x : shortcut->forward(x);
+    return torch::relu(branch->forward(x) + identity);
+  }
+  nn::Sequential branch, shortcut;
+};
+TORCH_MODULE(ResBlock);
+
+}  // namespace
+
+nn::Sequential resnet(const ResNetOptions& options) {
+  if (options.widths.empty() || options.blocks_per_stage < 1 || options.classes < 1) {
+    throw ConfigError("models::resnet: needs at least one stage width, blocks_per_stage >= 1 and classes >= 1");
+  }
+  nn::Sequential model(conv_bn(options.in_channels, options.stem_width, 3, 1, true),
+                       conv_bn(options.stem_width, options.stem_width, 3, 1, true));
+  std::int64_t channels = options.stem_width;
+  for (std::size_t stage = 0; stage < options.widths.size(); ++stage) {
+    for (std::int64_t b = 0; b < options.blocks_per_stage; ++b) {
+      const std::int64_t stride = stage > 0 && b == 0 ? 2 : 1;
+      model->push_back(ResBlock(channels, options.widths[stage], stride));
+      channels = options.widths[stage];
+    }
+  }
+  model->push_back(nn::AdaptiveAvgPool2d(1));
+  model->push_back(nn::Flatten());
+  model->push_back(nn::Linear(channels, options.classes));
+  return model;
+}
+
+std::vector<std::vector<at::Tensor>> body_head_split(torch::nn::Module& model) {
+  const auto children = model.children();
+  if (children.size() < 2) return {model.parameters()};
+  std::vector<at::Tensor> body;
+  for (std::size_t i = 0; i + 1 < children.size(); ++i) {
+    for (auto& p : children[i]->parameters()) body.push_back(p);
+  }
+  return {body, children.back()->parameters()};
 }
 
 }  // namespace fastlearn::models

@@ -1,13 +1,35 @@
 #pragma once
-// Small ready-made models for images like Fashion-MNIST.
+// Ready-made models for apps and tests: an MLP, a small CNN, and a small xresnet-style ResNet with
+// BatchNorm. Each is a torch::nn::Sequential, so parameter names are "<index>.<name>" as in a Python
+// nn.Sequential of the same layers.
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace fastlearn::models {
+
+/// Flatten, then Linear + ReLU for each hidden size, then a Linear to `out`.
+torch::nn::Sequential mlp(std::int64_t in, const std::vector<std::int64_t>& hidden, std::int64_t out);
 
 /// Three stride-2 3x3 convolutions with ReLU (channels 1 -> 32 -> 64 -> 64; 28x28 -> 14 -> 7 -> 4) and a
 /// linear classifier over the flattened 64x4x4 features. Input (N, in_channels, 28, 28).
 torch::nn::Sequential simple_cnn(std::int64_t classes, std::int64_t in_channels = 1);
+
+struct ResNetOptions {
+  std::vector<std::int64_t> widths{32, 64, 128};  ///< channels of each stage; stages after the first halve the size
+  std::int64_t blocks_per_stage = 1;
+  std::int64_t classes = 10;
+  std::int64_t in_channels = 1;
+  std::int64_t stem_width = 32;
+};
+
+/// An xresnet-style network: a stem of two 3x3 conv-BN-ReLU, residual stages of basic blocks (two 3x3
+/// conv-BN, the second BN's scale starting at zero, average-pool + 1x1 conv shortcut when the shape
+/// changes), global average pooling and a linear head. Any input size.
+torch::nn::Sequential resnet(const ResNetOptions& options = {});
+
+/// Parameter groups for fine_tune: everything but the last layer (the body), and the last layer (the head).
+std::vector<std::vector<at::Tensor>> body_head_split(torch::nn::Module& model);
 
 }  // namespace fastlearn::models

@@ -1,0 +1,48 @@
+// Fashion-MNIST with the Learner on one process: simple_cnn, fit_one_cycle, accuracy, a CSV log,
+// metrics.json and a checkpoint in --out.
+//   fashion_mnist [--data DIR] [--epochs 3] [--lr 3e-3] [--bs 128] [--workers 1] [--out DIR] [--seed 0]
+#include <fastlearn/fastlearn.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <iostream>
+
+namespace fl = fastlearn;
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train a small CNN on Fashion-MNIST with fastlearn's Learner"};
+  const char* env_dir = std::getenv("FASTLEARN_FASHION_MNIST");
+  std::string data = env_dir ? env_dir : "/usr/share/datasets/fashion-mnist";
+  int epochs = 3, workers = 1;
+  double lr = 3e-3;
+  std::int64_t bs = 128;
+  std::string out = "fashion_mnist_run";
+  std::uint64_t seed = 0;
+  app.add_option("--data", data, "folder with the four Fashion-MNIST IDX files (.gz or raw)")->capture_default_str();
+  app.add_option("--epochs", epochs, "epochs of fit_one_cycle")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--lr", lr, "maximum learning rate of the cycle")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--bs", bs, "batch size")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--workers", workers, "data loading threads")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--out", out, "output folder: metrics.json, history.csv, models/, loss.svg")->capture_default_str();
+  app.add_option("--seed", seed, "random seed (weights, data order)")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    fl::set_seed(seed);
+    auto dls = fl::ImageDataLoaders::from_idx(data, {.bs = bs, .num_workers = workers, .seed = seed});
+    fl::Learner learn(dls, fl::models::simple_cnn(dls.c()), fl::cross_entropy(),
+                      {.opt_func = fl::Adam(), .metrics = {fl::accuracy()}, .path = out,
+                       .cbs = {std::make_shared<fl::CSVLogger>(), std::make_shared<fl::MetricsJson>()}});
+    learn.fit_one_cycle(epochs, lr);
+    learn.save("fashion_cnn");
+    learn.recorder().plot_loss(std::filesystem::path(out) / "loss.svg");
+    const auto result = learn.validate();
+    fmt::print("test accuracy {:.2f}% (loss {:.4f}); outputs in {}\n", 100 * result.metric("accuracy"), result.loss, out);
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "fashion_mnist: error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,114 @@
+// learner_overhead: one epoch (100 training batches of 128 + validation) of simple_cnn on Fashion-MNIST
+// through Learner.fit with its default callbacks (TrainEval, Recorder, Progress) against a hand-written
+// LibTorch loop doing the same steps with the same loaders, model, loss and optimizer: forward, loss,
+// backward, step, zero_grad, the running loss, then validation loss and accuracy. Interleaved repeats;
+// prints one JSON object. ratio = loop time / Learner time (0.98 = the Learner is 2% slower).
+#include <fastlearn/callbacks/progress.h>
+#include <fastlearn/data/dataloaders.h>
+#include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/models.h>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+namespace fl = fastlearn;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int kRepeats = 7;
+constexpr std::int64_t kBatch = 128, kTrainItems = 100 * kBatch, kValidItems = 2048;
+
+struct Stats {
+  double median, min, max;
+};
+Stats summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v.front(), v.back()};
+}
+
+fl::DataLoaders subset(const fl::DataLoaders& full) {
+  auto slice = [](const fl::DataLoader& dl, std::int64_t n) {
+    const auto& ds = static_cast<const fl::TensorDataset&>(dl.dataset());
+    auto part = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{ds.inputs()[0].slice(0, 0, n)},
+                                                    std::vector<at::Tensor>{ds.targets()[0].slice(0, 0, n)});
+    return fl::DataLoader(part, dl.options());
+  };
+  return fl::DataLoaders(slice(full.train(), kTrainItems), slice(full.valid(), kValidItems), full.c());
+}
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// What a user writes by hand for one epoch with validation.
+double hand_loop(torch::nn::Sequential& model, fl::Optimizer& opt, fl::DataLoaders& dls, double& valid_acc) {
+  const auto start = Clock::now();
+  model->train();
+  double loss_sum = 0;
+  std::int64_t seen = 0;
+  for (const auto& b : dls.train()) {
+    auto loss = torch::nn::functional::cross_entropy(model->forward(b.inputs[0]), b.targets[0]);
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    loss_sum += loss.item<double>() * static_cast<double>(b.size());
+    seen += b.size();
+  }
+  torch::NoGradGuard no_grad;
+  model->eval();
+  double valid_loss = 0;
+  std::int64_t correct = 0, n = 0;
+  for (const auto& b : dls.valid()) {
+    auto out = model->forward(b.inputs[0]);
+    valid_loss += torch::nn::functional::cross_entropy(out, b.targets[0]).item<double>() * static_cast<double>(b.size());
+    correct += out.argmax(1).eq(b.targets[0]).sum().item<std::int64_t>();
+    n += b.size();
+  }
+  valid_acc = static_cast<double>(correct) / static_cast<double>(n);
+  if (seen == 0 || loss_sum < 0) std::abort();
+  return seconds_since(start);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string dir = argc > 1 ? argv[1] : "/usr/share/datasets/fashion-mnist";
+  auto full = fl::ImageDataLoaders::from_idx(dir, {.bs = kBatch, .seed = 0});
+  auto learner_dls = subset(full);
+  auto loop_dls = subset(full);
+
+  torch::manual_seed(0);
+  auto learner_model = fl::models::simple_cnn(10);
+  auto loop_model = fl::models::simple_cnn(10);
+  std::FILE* devnull = std::fopen("/dev/null", "w");
+  fl::Learner learn(learner_dls, learner_model, fl::cross_entropy(),
+                    {.opt_func = fl::Adam(), .metrics = {fl::accuracy()}, .progress = false,
+                     .cbs = {std::make_shared<fl::Progress>(fl::ProgressOptions{.out = devnull})}});
+  auto loop_opt = fl::Adam()({loop_model->parameters()}, 1e-3);
+
+  double acc = 0;
+  learn.fit(1, 1e-3);  // warm-up both sides
+  hand_loop(loop_model, *loop_opt, loop_dls, acc);
+  std::vector<double> ours, anchor;
+  for (int r = 0; r < kRepeats; ++r) {
+    auto start = Clock::now();
+    learn.fit(1, 1e-3);
+    ours.push_back(seconds_since(start));
+    anchor.push_back(hand_loop(loop_model, *loop_opt, loop_dls, acc));
+  }
+  const auto o = summarize(ours), a = summarize(anchor);
+  fmt::print(
+      R"({{"learner_overhead": {{"ours": {:.4f}, "anchor": {:.4f}, "ratio": {:.4f}, "unit": "s/epoch", )"
+      R"("higher_is_better": false, "ours_range": [{:.4f}, {:.4f}], "anchor_range": [{:.4f}, {:.4f}], )"
+      R"("threads": {}, "repeats": {}, "learner_valid_accuracy": {:.4f}, "loop_valid_accuracy": {:.4f}, )"
+      R"("what": "Learner.fit(1) with TrainEval+Recorder+Progress vs a hand-written loop; simple_cnn, 100 batches of 128 + 2048 valid, same loaders and Adam"}}}})"
+      "\n",
+      o.median, a.median, a.median / o.median, o.min, o.max, a.min, a.max, at::get_num_threads(), kRepeats,
+      learn.validate().metric("accuracy"), acc);
+  std::fclose(devnull);
+  return 0;
+}

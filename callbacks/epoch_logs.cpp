@@ -1,0 +1,81 @@
+#include <fastlearn/callbacks/epoch_logs.h>
+
+#include <fastlearn/core/atomic_file.h>
+#include <fastlearn/core/error.h>
+#include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/recorder.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+namespace fastlearn {
+
+namespace {
+
+std::filesystem::path under_learner(const Learner& l, const std::filesystem::path& file) {
+  return file.is_absolute() ? file : l.options().path / file;
+}
+
+std::string csv_number(double v) { return std::isnan(v) ? "" : fmt::format("{:.6f}", v); }
+
+}  // namespace
+
+CSVLogger::CSVLogger(CSVLoggerOptions options) : options_(std::move(options)) { order = 60; }
+
+void CSVLogger::before_fit() {
+  auto& l = learn();
+  path_ = under_learner(l, options_.file);
+  if (path_.has_parent_path()) std::filesystem::create_directories(path_.parent_path());
+  const bool keep = options_.append && std::filesystem::exists(path_) && std::filesystem::file_size(path_) > 0;
+  out_.close();
+  out_.open(path_, keep ? std::ios::app : std::ios::trunc);
+  if (!out_) throw Error(fmt::format("CSVLogger: cannot open '{}' for writing: {}", path_.string(), std::strerror(errno)));
+  if (!keep) {
+    const auto cols = l.recorder().columns();
+    for (std::size_t i = 0; i < cols.size(); ++i) out_ << (i ? "," : "") << cols[i];
+    out_ << '\n' << std::flush;
+  }
+}
+
+void CSVLogger::after_epoch() {
+  const auto& rec = learn().recorder();
+  if (rec.history().empty() || !out_.is_open()) return;
+  const auto& r = rec.history().back();
+  out_ << r.epoch << ',' << csv_number(r.train_loss) << ',' << csv_number(r.valid_loss);
+  for (double m : r.metrics) out_ << ',' << csv_number(m);
+  out_ << ',' << fmt::format("{:.3f}", r.seconds) << '\n' << std::flush;
+  if (!out_) throw Error(fmt::format("CSVLogger: writing '{}' failed: {}", path_.string(), std::strerror(errno)));
+}
+
+void CSVLogger::after_fit() { out_.close(); }
+
+MetricsJson::MetricsJson(MetricsJsonOptions options) : options_(std::move(options)) { order = 60; }
+
+void MetricsJson::before_fit() {
+  path_ = under_learner(learn(), options_.file);
+  records_.clear();
+}
+
+void MetricsJson::after_epoch() {
+  const auto& rec = learn().recorder();
+  if (rec.history().empty()) return;
+  const auto& r = rec.history().back();
+  auto number = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
+  nlohmann::ordered_json record;
+  record["epoch"] = r.epoch;
+  record["train_loss"] = number(r.train_loss);
+  record["valid_loss"] = number(r.valid_loss);
+  const auto names = rec.metric_names();
+  for (std::size_t i = 0; i < names.size() && i < r.metrics.size(); ++i) record[names[i]] = number(r.metrics[i]);
+  record["seconds"] = r.seconds;
+  records_ += (records_.empty() ? "\n  " : ",\n  ") + record.dump();
+  if (path_.has_parent_path()) std::filesystem::create_directories(path_.parent_path());
+  const std::string text = "[" + records_ + "\n]\n";
+  write_file_atomically(path_, [&](std::ostream& out) { out << text; });
+}
+
+}  // namespace fastlearn

@@ -1,0 +1,27 @@
+#pragma once
+// GradientClip: keeps one bad batch from wrecking training by bounding the gradients' global norm.
+#include <fastlearn/learner/callback.h>
+
+namespace fastlearn {
+
+struct GradientClipOptions {
+  double max_norm = 1.0;
+  double norm_type = 2.0;
+};
+
+/// Clips the global norm of all gradients to max_norm before each optimizer step (after unscaling by
+/// MixedPrecision).
+class GradientClip : public Callback {
+ public:
+  explicit GradientClip(GradientClipOptions options = {});
+  std::string name() const override { return "gradient_clip"; }
+  void before_step() override;
+  /// The total norm before clipping at the last step.
+  double last_norm() const { return last_norm_; }
+
+ private:
+  GradientClipOptions options_;
+  double last_norm_ = 0;
+};
+
+}  // namespace fastlearn

@@ -1,0 +1,90 @@
+#include <fastlearn/callbacks/mixed_precision.h>
+
+#include <fastlearn/core/error.h>
+#include <fastlearn/learner/learner.h>
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+namespace fastlearn {
+
+MixedPrecision::MixedPrecision(MixedPrecisionOptions options) : options_(options) { order = 10; }
+
+MixedPrecision::~MixedPrecision() {
+  if (in_autocast_) exit_autocast();
+}
+
+void MixedPrecision::before_fit() {
+  auto params = learn().model().parameters();
+  device_type_ = params.empty() ? c10::DeviceType::CPU : params.front().device().type();
+  if (device_type_ != c10::DeviceType::CPU && device_type_ != c10::DeviceType::CUDA) {
+    throw ConfigError("MixedPrecision: autocast supports models on CPU or CUDA only");
+  }
+  dtype_ = options_.dtype.value_or(device_type_ == c10::DeviceType::CUDA ? at::kHalf : at::kBFloat16);
+  if (dtype_ != at::kHalf && dtype_ != at::kBFloat16) {
+    throw ConfigError("MixedPrecision: dtype must be Half (float16) or BFloat16");
+  }
+  scaling_ = options_.loss_scaling.value_or(dtype_ == at::kHalf);
+  const auto device = params.empty() ? at::Device(at::kCPU) : params.front().device();
+  // Created once per fit; a resumed fit starts from the initial scale again, as GradScaler does.
+  scale_ = at::full({1}, options_.init_scale, at::TensorOptions().dtype(at::kFloat).device(device));
+  growth_tracker_ = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(device));
+  found_inf_ = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device));
+  skipped_ = 0;
+}
+
+void MixedPrecision::enter_autocast() {
+  previous_enabled_ = at::autocast::is_autocast_enabled(device_type_);
+  previous_dtype_ = at::autocast::get_autocast_dtype(device_type_);
+  at::autocast::set_autocast_enabled(device_type_, true);
+  at::autocast::set_autocast_dtype(device_type_, dtype_);
+  at::autocast::increment_nesting();
+  in_autocast_ = true;
+}
+
+void MixedPrecision::exit_autocast() {
+  if (!in_autocast_) return;
+  // Casted weights are cached for the duration of one autocast region; drop them at its end.
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(device_type_, previous_enabled_);
+  at::autocast::set_autocast_dtype(device_type_, previous_dtype_);
+  in_autocast_ = false;
+}
+
+void MixedPrecision::before_batch() { enter_autocast(); }
+void MixedPrecision::after_loss() { exit_autocast(); }
+void MixedPrecision::after_cancel_batch() { exit_autocast(); }
+void MixedPrecision::after_fit() { exit_autocast(); }
+
+void MixedPrecision::before_backward() {
+  unscaled_ = false;
+  if (!scaling_) return;
+  auto& l = learn();
+  l.loss_grad = l.loss_grad * scale_.to(l.loss_grad.scalar_type());
+}
+
+void MixedPrecision::before_step() {
+  if (!scaling_) return;
+  std::vector<at::Tensor> grads;
+  for (auto& p : learn().model().parameters()) {
+    if (p.grad().defined()) grads.push_back(p.mutable_grad());
+  }
+  found_inf_.zero_();
+  at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, scale_.reciprocal());
+  unscaled_ = true;
+  if (found_inf_.item<float>() > 0) {
+    ++skipped_;
+    throw CancelStepException();
+  }
+}
+
+void MixedPrecision::after_step() {
+  if (!scaling_ || !unscaled_) return;
+  at::_amp_update_scale_(scale_, growth_tracker_, found_inf_, options_.growth_factor, options_.backoff_factor,
+                         options_.growth_interval);
+  unscaled_ = false;
+}
+
+double MixedPrecision::scale() const { return scaling_ && scale_.defined() ? scale_.item<double>() : 1.0; }
+
+}  // namespace fastlearn

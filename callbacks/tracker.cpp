@@ -1,0 +1,118 @@
+#include <fastlearn/callbacks/tracker.h>
+
+#include <fastlearn/core/error.h>
+#include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/recorder.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+namespace fastlearn {
+
+TrackerCallback::TrackerCallback(TrackerOptions options) : options_(std::move(options)) {
+  order = 60;
+  if (options_.comp == Compare::automatic) {
+    lower_is_better_ = options_.monitor.find("loss") != std::string::npos ||
+                       options_.monitor.find("error") != std::string::npos;
+  } else {
+    lower_is_better_ = options_.comp == Compare::lower;
+  }
+}
+
+void TrackerCallback::before_fit() {
+  if (options_.reset_on_fit || !started_) {
+    best_ = lower_is_better_ ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity();
+  }
+  started_ = true;
+  new_best_ = false;
+}
+
+double TrackerCallback::current() const {
+  const auto& rec = learn().recorder();
+  if (rec.history().empty()) throw Error(name() + ": no epoch recorded yet");
+  return rec.value(rec.history().back(), options_.monitor);
+}
+
+bool TrackerCallback::better(double value) const {
+  if (std::isnan(value)) return false;
+  return lower_is_better_ ? value + options_.min_delta < best_ : value - options_.min_delta > best_;
+}
+
+void TrackerCallback::after_epoch() {
+  const double value = current();
+  new_best_ = better(value);
+  if (new_best_) best_ = value;
+}
+
+EarlyStopping::EarlyStopping(EarlyStoppingOptions options)
+    : TrackerCallback(std::move(options.tracker)), patience_(options.patience) {}
+
+void EarlyStopping::before_fit() {
+  TrackerCallback::before_fit();
+  wait_ = 0;
+  stopped_after_.reset();
+}
+
+void EarlyStopping::after_epoch() {
+  TrackerCallback::after_epoch();
+  wait_ = new_best() ? 0 : wait_ + 1;
+  if (wait_ >= patience_) {
+    stopped_after_ = learn().epoch;
+    fmt::print("No improvement of {} since epoch {}: early stopping\n", tracker_options().monitor,
+               learn().epoch - wait_);
+    throw CancelFitException();
+  }
+}
+
+SaveModel::SaveModel(SaveModelOptions options) : TrackerCallback(options.tracker), options_(std::move(options)) {}
+
+void SaveModel::after_epoch() {
+  auto& l = learn();
+  if (options_.every_epoch > 0) {
+    if (l.epoch % options_.every_epoch == 0) l.save(fmt::format("{}_{}", options_.fname, l.epoch), {.with_opt = options_.with_opt});
+    return;
+  }
+  TrackerCallback::after_epoch();
+  if (new_best()) {
+    l.save(options_.fname, {.with_opt = options_.with_opt});
+    saved_ = true;
+  }
+}
+
+void SaveModel::after_fit() {
+  auto& l = learn();
+  if (options_.at_end) {
+    l.save(options_.fname, {.with_opt = options_.with_opt});
+  } else if (options_.every_epoch == 0 && saved_) {
+    l.load(options_.fname, {.with_opt = options_.with_opt});
+  }
+  saved_ = false;
+}
+
+ReduceLROnPlateau::ReduceLROnPlateau(ReduceLROnPlateauOptions options)
+    : TrackerCallback(options.tracker), options_(std::move(options)) {}
+
+void ReduceLROnPlateau::before_fit() {
+  TrackerCallback::before_fit();
+  wait_ = 0;
+}
+
+void ReduceLROnPlateau::after_epoch() {
+  TrackerCallback::after_epoch();
+  if (new_best()) {
+    wait_ = 0;
+    return;
+  }
+  if (++wait_ < options_.patience) return;
+  auto& opt = learn().opt();
+  std::vector<double> lrs;
+  for (std::size_t g = 0; g < opt.n_groups(); ++g) {
+    lrs.push_back(std::max(opt.hyper("lr", g) / options_.factor, options_.min_lr));
+  }
+  opt.set_hyper("lr", lrs);
+  wait_ = 0;
+}
+
+}  // namespace fastlearn

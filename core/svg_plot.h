@@ -1,0 +1,28 @@
+#pragma once
+// Line plots written as standalone SVG images (loss curves, lr_find); no plotting library needed.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace fastlearn {
+
+struct PlotSeries {
+  std::string label;
+  std::vector<double> x, y;  ///< same length; non-finite points are left out
+  bool markers = false;      ///< draw points instead of a line
+};
+
+struct PlotOptions {
+  std::string title, xlabel, ylabel;
+  bool log_x = false;  ///< logarithmic x axis (x must be > 0)
+  int width = 720;
+  int height = 450;
+};
+
+/// Renders the series as one SVG document.
+std::string svg_plot(const std::vector<PlotSeries>& series, const PlotOptions& options);
+/// Writes svg_plot(...) to `file` atomically, creating its directory.
+void write_svg_plot(const std::filesystem::path& file, const std::vector<PlotSeries>& series,
+                    const PlotOptions& options);
+
+}  // namespace fastlearn

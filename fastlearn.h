@@ -1,0 +1,22 @@
+#pragma once
+// fastlearn in one include: data, Learner, callbacks, metrics, optimizers, models.
+#include <fastlearn/callbacks/epoch_logs.h>
+#include <fastlearn/callbacks/grad_accumulation.h>
+#include <fastlearn/callbacks/grad_clip.h>
+#include <fastlearn/callbacks/mixed_precision.h>
+#include <fastlearn/callbacks/progress.h>
+#include <fastlearn/callbacks/schedule.h>
+#include <fastlearn/callbacks/tracker.h>
+#include <fastlearn/core/build_info.h>
+#include <fastlearn/core/error.h>
+#include <fastlearn/core/random.h>
+#include <fastlearn/data/dataloaders.h>
+#include <fastlearn/data/untar_data.h>
+#include <fastlearn/learner/annealing.h>
+#include <fastlearn/learner/checkpoint.h>
+#include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/loss.h>
+#include <fastlearn/learner/metrics.h>
+#include <fastlearn/learner/models.h>
+#include <fastlearn/learner/optimizer.h>
+#include <fastlearn/learner/recorder.h>

@@ -1,0 +1,99 @@
+#pragma once
+// The callback system of the Learner (fastai semantics). The Learner fires an Event at every step of
+// the loop; each attached Callback, sorted by `order`, gets the event through the virtual function of
+// the same name and may read or change the learner's state. Control flow is steered by throwing one of
+// the Cancel* exceptions; the Learner catches it at the end of the matching block.
+#include <exception>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace fastlearn {
+
+class Learner;
+
+/// Every event, in the order a normal fit fires them (after_cancel_X fires just before after_X).
+enum class Event {
+  before_fit, before_epoch, before_train, before_batch, after_pred, after_loss,
+  before_backward, after_cancel_backward, after_backward, before_step, after_cancel_step, after_step,
+  after_cancel_batch, after_batch, after_cancel_train, after_train,
+  before_validate, after_cancel_validate, after_validate, after_cancel_epoch, after_epoch,
+  after_cancel_fit, after_fit,
+};
+
+std::string_view to_string(Event event);
+
+/// Events inside one batch: these honour a callback's run_train / run_valid flags.
+bool is_inner_loop(Event event);
+
+/// Base of the control-flow exceptions; not an error, so it does not derive from fastlearn::Error.
+class CancelException : public std::exception {
+ public:
+  const char* what() const noexcept override { return "fastlearn: training step cancelled by a callback"; }
+};
+/// Skips the rest of the batch (also zero_grad); after_cancel_batch and after_batch still run.
+class CancelBatchException : public CancelException {};
+/// Skips backward; the optimizer step and zero_grad still run.
+class CancelBackwardException : public CancelException {};
+/// Skips only the optimizer step; zero_grad still runs.
+class CancelStepException : public CancelException {};
+/// Ends the training part of the epoch; validation still runs.
+class CancelTrainException : public CancelException {};
+/// Ends the validation part of the epoch.
+class CancelValidException : public CancelException {};
+/// Ends the epoch; the next epoch starts.
+class CancelEpochException : public CancelException {};
+/// Ends the fit; after_cancel_fit and after_fit run.
+class CancelFitException : public CancelException {};
+
+class Callback {
+ public:
+  virtual ~Callback() = default;
+
+  /// A short name for messages and lookups (default: "callback").
+  virtual std::string name() const { return "callback"; }
+
+  int order = 0;          ///< callbacks run sorted by order (stable: equal orders keep insertion order)
+  bool run_train = true;  ///< receive inner-loop events while training
+  bool run_valid = true;  ///< receive inner-loop events while validating
+  bool run = true;        ///< set false to silence the callback until the end of the current fit
+
+  virtual void before_fit() {}
+  virtual void before_epoch() {}
+  virtual void before_train() {}
+  virtual void before_batch() {}
+  virtual void after_pred() {}
+  virtual void after_loss() {}
+  virtual void before_backward() {}
+  virtual void after_cancel_backward() {}
+  virtual void after_backward() {}
+  virtual void before_step() {}
+  virtual void after_cancel_step() {}
+  virtual void after_step() {}
+  virtual void after_cancel_batch() {}
+  virtual void after_batch() {}
+  virtual void after_cancel_train() {}
+  virtual void after_train() {}
+  virtual void before_validate() {}
+  virtual void after_cancel_validate() {}
+  virtual void after_validate() {}
+  virtual void after_cancel_epoch() {}
+  virtual void after_epoch() {}
+  virtual void after_cancel_fit() {}
+  virtual void after_fit() {}
+
+  /// Calls the function of `event`.
+  void handle(Event event);
+
+  /// The learner this callback is attached to; throws fastlearn::Error when it is not attached.
+  Learner& learn() const;
+  bool attached() const { return learn_ != nullptr; }
+
+ private:
+  friend class Learner;
+  Learner* learn_ = nullptr;
+};
+
+using CallbackPtr = std::shared_ptr<Callback>;
+
+}  // namespace fastlearn

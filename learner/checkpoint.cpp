@@ -1,0 +1,182 @@
+#include <fastlearn/learner/checkpoint.h>
+
+#include <fastlearn/core/error.h>
+#include <fastlearn/learner/learner.h>
+
+#include <ATen/Context.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <set>
+
+namespace fastlearn {
+
+namespace {
+
+constexpr std::string_view kFormat = "fastlearn-checkpoint";
+constexpr std::string_view kFormatVersion = "1";
+constexpr std::string_view kOptimizerPrefix = "optimizer/";
+constexpr std::string_view kRngPrefix = "rng/";
+
+// Parameters and buffers under their state-dict names.
+std::vector<std::pair<std::string, at::Tensor>> model_tensors(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : model.named_parameters(true)) out.emplace_back(item.key(), item.value());
+  for (const auto& item : model.named_buffers(true)) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+std::vector<at::Generator> rng_generators() {
+  std::vector<at::Generator> gens{at::detail::getDefaultCPUGenerator()};
+  if (torch::cuda::is_available()) {
+    for (int i = 0; i < static_cast<int>(torch::cuda::device_count()); ++i) {
+      gens.push_back(at::globalContext().defaultGenerator(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(i))));
+    }
+  }
+  return gens;
+}
+
+std::string rng_name(std::size_t i) { return std::string(kRngPrefix) + (i == 0 ? "cpu" : fmt::format("cuda{}", i - 1)); }
+
+bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+
+std::int64_t metadata_int(const Metadata& meta, const std::string& key, std::string_view origin) {
+  auto it = meta.find(key);
+  if (it == meta.end()) throw CheckpointError(fmt::format("{}: the metadata has no '{}'", origin, key));
+  try {
+    std::size_t used = 0;
+    const auto value = std::stoll(it->second, &used);
+    if (used != it->second.size()) throw std::invalid_argument(it->second);
+    return value;
+  } catch (const std::exception&) {
+    throw CheckpointError(fmt::format("{}: metadata '{}' is '{}', not an integer", origin, key, it->second));
+  }
+}
+
+}  // namespace
+
+// Reaches the Learner's private training position (friend of Learner).
+class CheckpointIO {
+ public:
+  static void set_epochs_completed(Learner& learn, int epochs) { learn.epochs_completed_ = epochs; }
+  static Optimizer& ensure_opt(Learner& learn) {
+    if (!learn.opt_) learn.create_opt();
+    return *learn.opt_;
+  }
+};
+
+CheckpointState capture_state(Learner& learn, SaveOptions options) {
+  CheckpointState state;
+  for (auto& [name, t] : model_tensors(learn.model())) state.tensors.emplace_back(name, t.detach().clone());
+  state.metadata["format"] = kFormat;
+  state.metadata["format_version"] = kFormatVersion;
+  if (!options.with_opt) return state;
+  if (learn.has_opt()) {
+    for (auto& [name, t] : learn.opt().state_tensors()) {
+      state.tensors.emplace_back(std::string(kOptimizerPrefix) + name, t.detach().clone());
+    }
+    state.metadata["optimizer"] = learn.opt().state_json();
+  }
+  const auto gens = rng_generators();
+  for (std::size_t i = 0; i < gens.size(); ++i) state.tensors.emplace_back(rng_name(i), gens[i].get_state());
+  state.metadata["epochs_completed"] = std::to_string(learn.epochs_completed());
+  state.metadata["train_dl_epoch"] = std::to_string(learn.dls().train().epoch());
+  return state;
+}
+
+void restore_state(Learner& learn, const CheckpointState& state, LoadOptions options, std::string_view origin) {
+  if (auto it = state.metadata.find("format"); it != state.metadata.end() && it->second != kFormat) {
+    throw CheckpointError(fmt::format("{}: format '{}' is not a fastlearn checkpoint", origin, it->second));
+  }
+  if (auto it = state.metadata.find("format_version"); it != state.metadata.end() && it->second != kFormatVersion) {
+    throw CheckpointError(fmt::format("{}: checkpoint format version {} is not supported (this build reads {})",
+                                      origin, it->second, kFormatVersion));
+  }
+  std::map<std::string, const at::Tensor*> in_file;
+  for (const auto& [name, t] : state.tensors) in_file[name] = &t;
+
+  // 1. Check every model tensor before changing anything.
+  auto targets = model_tensors(learn.model());
+  std::set<std::string> model_names;
+  std::vector<std::pair<at::Tensor, const at::Tensor*>> copies;
+  for (auto& [name, target] : targets) {
+    model_names.insert(name);
+    auto it = in_file.find(name);
+    if (it == in_file.end()) {
+      if (!options.strict) continue;
+      throw CheckpointError(fmt::format("{}: no tensor '{}', which the model has; the file was saved from another "
+                                        "model (load with strict = false to load the tensors that match)", origin, name));
+    }
+    const auto& source = *it->second;
+    if (source.sizes() != target.sizes()) {
+      throw CheckpointError(fmt::format("{}: tensor '{}' has shape [{}] in the file but [{}] in the model", origin,
+                                        name, fmt::join(source.sizes(), ", "), fmt::join(target.sizes(), ", ")));
+    }
+    if (source.scalar_type() != target.scalar_type()) {
+      throw CheckpointError(fmt::format("{}: tensor '{}' is {} in the file but {} in the model", origin, name,
+                                        c10::toString(source.scalar_type()), c10::toString(target.scalar_type())));
+    }
+    copies.emplace_back(target, &source);
+  }
+  if (options.strict) {
+    for (const auto& [name, t] : state.tensors) {
+      if (starts_with(name, kOptimizerPrefix) || starts_with(name, kRngPrefix) || model_names.contains(name)) continue;
+      throw CheckpointError(fmt::format("{}: tensor '{}' is not in the model; the file was saved from another model "
+                                        "(load with strict = false to ignore it)", origin, name));
+    }
+  }
+
+  // 2. The optimizer and training position, if wanted and present (load_state checks before it changes).
+  const bool restore_training = options.with_opt && state.metadata.contains("epochs_completed");
+  int epochs_completed = 0;
+  std::int64_t train_dl_epoch = 0;
+  if (restore_training) {
+    epochs_completed = static_cast<int>(metadata_int(state.metadata, "epochs_completed", origin));
+    train_dl_epoch = metadata_int(state.metadata, "train_dl_epoch", origin);
+  }
+  if (options.with_opt && state.metadata.contains("optimizer")) {
+    NamedTensors opt_tensors;
+    for (const auto& [name, t] : state.tensors) {
+      if (starts_with(name, kOptimizerPrefix)) opt_tensors.emplace_back(name.substr(kOptimizerPrefix.size()), t);
+    }
+    try {
+      CheckpointIO::ensure_opt(learn).load_state(opt_tensors, state.metadata.at("optimizer"));
+    } catch (const CheckpointError& e) {
+      throw CheckpointError(fmt::format("{}: optimizer state: {}", origin, e.what()));
+    }
+  }
+
+  // 3. Nothing can fail from here on.
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& [target, source] : copies) target.copy_(*source);
+  }
+  if (restore_training) {
+    const auto gens = rng_generators();
+    for (std::size_t i = 0; i < gens.size(); ++i) {
+      if (auto it = in_file.find(rng_name(i)); it != in_file.end()) {
+        auto gen = gens[i];
+        gen.set_state(*it->second);
+      }
+    }
+    CheckpointIO::set_epochs_completed(learn, epochs_completed);
+    learn.dls().train().set_epoch(train_dl_epoch);
+  }
+}
+
+void save_checkpoint(Learner& learn, const std::filesystem::path& file, SaveOptions options) {
+  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+  const auto state = capture_state(learn, options);
+  save_safetensors(file, state.tensors, state.metadata);
+}
+
+void load_checkpoint(Learner& learn, const std::filesystem::path& file, LoadOptions options) {
+  if (!std::filesystem::exists(file)) {
+    throw CheckpointError(fmt::format("checkpoint '{}' does not exist", file.string()));
+  }
+  restore_state(learn, load_safetensors(file), options, file.string());
+}
+
+}  // namespace fastlearn

@@ -1,0 +1,455 @@
+#include <fastlearn/learner/learner.h>
+
+#include <fastlearn/callbacks/progress.h>
+#include <fastlearn/callbacks/schedule.h>
+#include <fastlearn/core/error.h>
+#include <fastlearn/learner/annealing.h>
+#include <fastlearn/learner/checkpoint.h>
+#include <fastlearn/learner/recorder.h>
+#include <fastlearn/learner/train_eval.h>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+namespace fastlearn {
+
+// --- small value types -------------------------------------------------------------------------
+
+double ValidationResult::metric(const std::string& name) const {
+  for (const auto& [n, v] : metrics) {
+    if (n == name) return v;
+  }
+  std::string known;
+  for (const auto& [n, v] : metrics) known += (known.empty() ? "" : ", ") + n;
+  throw Error(fmt::format("ValidationResult: no metric '{}' (the learner's metrics are: {})", name,
+                          known.empty() ? "none" : known));
+}
+
+LrSpec LrSpec::slice(double stop) { return LrSpec(Kind::slice_stop, {stop}); }
+LrSpec LrSpec::slice(double start, double stop) { return LrSpec(Kind::slice_range, {start, stop}); }
+
+std::vector<double> LrSpec::per_group(std::size_t n_groups) const {
+  if (n_groups == 0) return {};
+  switch (kind_) {
+    case Kind::values:
+      if (values_.size() == 1) return std::vector<double>(n_groups, values_[0]);
+      if (values_.size() != n_groups) {
+        throw ConfigError(fmt::format("{} learning rates were given for {} parameter groups; give one for all or one "
+                                      "per group", values_.size(), n_groups));
+      }
+      return values_;
+    case Kind::slice_stop: {
+      std::vector<double> lrs(n_groups, values_[0] / 10);
+      lrs.back() = values_[0];
+      return lrs;
+    }
+    case Kind::slice_range: {
+      // fastai's even_mults: start * (stop/start)^(i/(n-1)).
+      std::vector<double> lrs(n_groups, values_[1]);
+      if (n_groups == 1) return lrs;
+      const double step = std::pow(values_[1] / values_[0], 1.0 / static_cast<double>(n_groups - 1));
+      for (std::size_t i = 0; i < n_groups; ++i) lrs[i] = values_[0] * std::pow(step, static_cast<double>(i));
+      return lrs;
+    }
+  }
+  return {};
+}
+
+std::int64_t find_bs(const std::vector<at::Tensor>& yb) {
+  if (yb.empty()) return 0;
+  return yb.front().dim() > 0 ? yb.front().size(0) : 1;
+}
+
+std::vector<std::vector<at::Tensor>> trainable_params(torch::nn::Module& model) { return {model.parameters()}; }
+
+namespace detail {
+void check_input_count(const std::vector<at::Tensor>& xb, std::size_t expected) {
+  if (xb.size() != expected) {
+    throw Error(fmt::format("the model's forward takes {} input tensor(s) but the batch has {}; make the dataset's "
+                            "inputs match the model", expected, xb.size()));
+  }
+}
+}  // namespace detail
+
+ScopedCallbacks::ScopedCallbacks(Learner& learn, std::vector<CallbackPtr> cbs) : learn_(learn), cbs_(std::move(cbs)) {
+  learn_.add_cbs(cbs_);
+}
+
+ScopedCallbacks::~ScopedCallbacks() {
+  for (const auto& cb : cbs_) learn_.remove_cb(cb);
+}
+
+// --- construction and callbacks ------------------------------------------------------------------
+
+Learner::Learner(DataLoaders dls, std::shared_ptr<torch::nn::Module> model, Forward forward, Loss loss_func,
+                 LearnerOptions options)
+    : dls_(std::move(dls)),
+      model_(std::move(model)),
+      forward_(std::move(forward)),
+      loss_func_(std::move(loss_func)),
+      options_(std::move(options)) {
+  if (!model_) throw Error("Learner: the model is null");
+  if (!loss_func_.fn) throw Error("Learner: the loss function is empty");
+  if (auto device = dls_.device()) model_->to(*device);
+  add_cb(std::make_shared<TrainEval>());
+  add_cb(std::make_shared<Recorder>(options_.metrics, RecorderOptions{.train_metrics = options_.train_metrics}));
+  if (options_.progress) add_cb(std::make_shared<Progress>());
+  add_cbs(options_.cbs);
+}
+
+Learner::~Learner() {
+  for (auto& cb : cbs_) cb->learn_ = nullptr;
+}
+
+void Learner::add_cb(CallbackPtr cb) {
+  if (!cb) throw Error("Learner::add_cb: null callback");
+  if (cb->learn_ && cb->learn_ != this) {
+    throw Error("Learner::add_cb: callback '" + cb->name() + "' is already attached to another Learner");
+  }
+  cb->learn_ = this;
+  cbs_.push_back(std::move(cb));
+  sort_cbs();
+}
+
+void Learner::add_cbs(const std::vector<CallbackPtr>& cbs) {
+  for (const auto& cb : cbs) add_cb(cb);
+}
+
+void Learner::remove_cb(const CallbackPtr& cb) {
+  auto it = std::find(cbs_.begin(), cbs_.end(), cb);
+  if (it == cbs_.end()) return;
+  (*it)->learn_ = nullptr;
+  cbs_.erase(it);
+}
+
+void Learner::sort_cbs() {
+  std::stable_sort(cbs_.begin(), cbs_.end(), [](const CallbackPtr& a, const CallbackPtr& b) { return a->order < b->order; });
+}
+
+Recorder& Learner::recorder() const {
+  auto rec = cb<Recorder>();
+  if (!rec) throw Error("Learner: the Recorder callback was removed; lr_find, validate and the logs need it");
+  return *rec;
+}
+
+Learner::Forward Learner::set_forward(Forward forward) {
+  std::swap(forward_, forward);
+  return forward;
+}
+
+void Learner::fire(Event event) {
+  // A copy, so that callbacks may add or remove callbacks while the event runs.
+  const auto cbs = cbs_;
+  const bool inner = is_inner_loop(event);
+  for (const auto& cb : cbs) {
+    if (!cb->run || cb->learn_ != this) continue;
+    if (inner && !((cb->run_train && training) || (cb->run_valid && !training))) continue;
+    cb->handle(event);
+  }
+  if (event == Event::after_fit) {
+    for (const auto& cb : cbs) cb->run = true;
+  }
+}
+
+template <typename Cancel, typename Body>
+void Learner::with_events(Body&& body, Event before, Event after_cancel, Event after) {
+  try {
+    fire(before);
+    body();
+  } catch (const Cancel&) {
+    fire(after_cancel);
+  }
+  fire(after);
+}
+
+// --- optimizer and parameter groups --------------------------------------------------------------
+
+std::vector<std::vector<at::Tensor>> Learner::param_groups() {
+  auto groups = options_.splitter ? options_.splitter(*model_) : trainable_params(*model_);
+  if (groups.empty()) throw Error("Learner: the splitter returned no parameter group");
+  return groups;
+}
+
+void Learner::create_opt() {
+  opt_ = options_.opt_func(param_groups(), options_.lr);
+  if (options_.wd) opt_->set_hyper("wd", *options_.wd);
+}
+
+Optimizer& Learner::opt() {
+  if (!opt_) throw Error("Learner: no optimizer yet; fit() or create_opt() makes one");
+  return *opt_;
+}
+
+void Learner::freeze_to(int n) {
+  auto groups = param_groups();
+  const int count = static_cast<int>(groups.size());
+  const int frozen = std::clamp(n < 0 ? n + count : n, 0, count);
+  std::set<const void*> batchnorm;  // parameters of BatchNorm layers, found by their storage
+  if (options_.train_bn) {
+    for (const auto& module : model_->modules()) {
+      if (module->name().find("BatchNorm") == std::string::npos) continue;
+      for (const auto& p : module->parameters(false)) batchnorm.insert(p.unsafeGetTensorImpl());
+    }
+  }
+  for (int g = 0; g < count; ++g) {
+    for (auto& p : groups[g]) {
+      p.set_requires_grad(g >= frozen || batchnorm.contains(p.unsafeGetTensorImpl()));
+      if (!p.requires_grad()) p.mutable_grad() = at::Tensor();
+    }
+  }
+  // As fastai: the optimizer state starts over after freezing or unfreezing.
+  opt_.reset();
+}
+
+// --- the loop --------------------------------------------------------------------------------------
+
+void Learner::fit(int n_epoch_, std::optional<LrSpec> lr, FitOptions options) {
+  if (options.reset_opt || !opt_) create_opt();
+  const auto lrs = lr.value_or(LrSpec(options_.lr)).per_group(opt_->n_groups());
+  options.reset_opt = false;
+  run_fit(n_epoch_, lrs, std::move(options));
+}
+
+void Learner::run_fit(int n_epoch_, const std::vector<double>& lrs, FitOptions options) {
+  if (n_epoch_ < 0) throw ConfigError(fmt::format("fit: n_epoch must be >= 0, got {}", n_epoch_));
+  if (options.start_epoch < 0 || options.start_epoch > n_epoch_) {
+    throw ConfigError(fmt::format("fit: start_epoch {} is outside [0, {}]", options.start_epoch, n_epoch_));
+  }
+  if (in_fit_) throw Error("Learner: fit() was called from inside a fit (from a callback?)");
+  if (!opt_) create_opt();
+  ScopedCallbacks extra(*this, std::move(options.cbs));
+  if (auto wd = options.wd ? options.wd : options_.wd) opt_->set_hyper("wd", *wd);
+  opt_->set_hyper("lr", lrs);
+  n_epoch = n_epoch_;
+  epoch = options.start_epoch;
+  epochs_completed_ = options.start_epoch;
+  in_fit_ = true;
+  struct EndCleanup {  // also when an exception leaves the fit
+    Learner& l;
+    ~EndCleanup() {
+      l.in_fit_ = false;
+      l.dl = nullptr;
+      l.xb.clear(), l.yb.clear();
+      l.pred = l.loss = l.loss_grad = at::Tensor();
+    }
+  } cleanup{*this};
+  with_events<CancelFitException>([&] { do_fit(options.start_epoch); }, Event::before_fit, Event::after_cancel_fit,
+                                  Event::after_fit);
+}
+
+void Learner::do_fit(int start_epoch) {
+  for (epoch = start_epoch; epoch < n_epoch; ++epoch) {
+    try {
+      fire(Event::before_epoch);
+      do_epoch();
+    } catch (const CancelEpochException&) {
+      fire(Event::after_cancel_epoch);
+    }
+    epochs_completed_ = epoch + 1;  // before after_epoch, so a checkpoint saved there resumes after it
+    fire(Event::after_epoch);
+  }
+}
+
+void Learner::do_epoch() {
+  do_epoch_train();
+  do_epoch_validate(dls_.valid());
+}
+
+void Learner::do_epoch_train() {
+  dl = &dls_.train();
+  with_events<CancelTrainException>([&] { all_batches(dls_.train()); }, Event::before_train,
+                                    Event::after_cancel_train, Event::after_train);
+}
+
+void Learner::do_epoch_validate(DataLoader& loader) {
+  dl = &loader;
+  torch::NoGradGuard no_grad;
+  with_events<CancelValidException>([&] { all_batches(loader); }, Event::before_validate,
+                                    Event::after_cancel_validate, Event::after_validate);
+}
+
+void Learner::all_batches(DataLoader& loader) {
+  n_iter = loader.size();
+  std::int64_t i = 0;
+  for (const Batch& batch : loader) one_batch(i++, batch);
+}
+
+void Learner::one_batch(std::int64_t i, const Batch& batch) {
+  iter = i;
+  xb = batch.inputs;
+  yb = batch.targets;
+  with_events<CancelBatchException>([&] { do_one_batch(); }, Event::before_batch, Event::after_cancel_batch,
+                                    Event::after_batch);
+}
+
+void Learner::do_one_batch() {
+  pred = forward_(xb);
+  fire(Event::after_pred);
+  if (!yb.empty()) {
+    loss_grad = loss_func_(pred, yb.front());
+    loss = loss_grad.detach().clone();  // a copy: callbacks may scale loss_grad in place
+  }
+  fire(Event::after_loss);
+  if (!training || yb.empty()) return;
+  do_grad_opt();
+}
+
+void Learner::do_grad_opt() {
+  with_events<CancelBackwardException>([&] { loss_grad.backward(); }, Event::before_backward,
+                                       Event::after_cancel_backward, Event::after_backward);
+  with_events<CancelStepException>([&] { opt_->step(); }, Event::before_step, Event::after_cancel_step,
+                                   Event::after_step);
+  opt_->zero_grad();
+}
+
+// --- schedules -----------------------------------------------------------------------------------
+
+void Learner::fit_one_cycle(int n_epoch_, std::optional<LrSpec> lr_max, OneCycleOptions options) {
+  if (options.fit.reset_opt || !opt_) create_opt();
+  options.fit.reset_opt = false;
+  const auto lrs = lr_max.value_or(LrSpec(options_.lr)).per_group(opt_->n_groups());
+  const auto moms = options.moms.value_or(options_.moms);
+  ParamScheduler::Schedules scheds;
+  for (double lr : lrs) {
+    scheds["lr"].push_back(combined_cos(options.pct_start, lr / options.div, lr, lr / options.div_final));
+  }
+  scheds["mom"].push_back(combined_cos(options.pct_start, moms[0], moms[1], moms[2]));
+  options.fit.cbs.insert(options.fit.cbs.begin(), std::make_shared<ParamScheduler>(std::move(scheds)));
+  run_fit(n_epoch_, lrs, std::move(options.fit));
+}
+
+void Learner::fit_flat_cos(int n_epoch_, std::optional<LrSpec> lr, FlatCosOptions options) {
+  if (options.fit.reset_opt || !opt_) create_opt();
+  options.fit.reset_opt = false;
+  const auto lrs = lr.value_or(LrSpec(options_.lr)).per_group(opt_->n_groups());
+  ParamScheduler::Schedules scheds;
+  for (double value : lrs) scheds["lr"].push_back(combined_cos(options.pct_start, value, value, value / options.div_final));
+  options.fit.cbs.insert(options.fit.cbs.begin(), std::make_shared<ParamScheduler>(std::move(scheds)));
+  run_fit(n_epoch_, lrs, std::move(options.fit));
+}
+
+void Learner::fine_tune(int epochs, double base_lr, FineTuneOptions options) {
+  freeze();
+  fit_one_cycle(options.freeze_epochs, LrSpec::slice(base_lr), {.pct_start = 0.99, .fit = options.fit});
+  base_lr /= 2;
+  unfreeze();
+  fit_one_cycle(epochs, LrSpec::slice(base_lr / options.lr_mult, base_lr),
+                {.div = options.div, .pct_start = options.pct_start, .fit = options.fit});
+}
+
+LrFindResult Learner::lr_find(LrFindOptions options) {
+  const auto batches = dls_.train().size();
+  if (batches == 0) throw Error("lr_find: the training loader has no batch");
+  auto finder = std::make_shared<LRFinder>(LRFinderOptions{.start_lr = options.start_lr, .end_lr = options.end_lr,
+                                                           .num_it = options.num_it, .stop_div = options.stop_div});
+  const int epochs = static_cast<int>(finder->num_it() / batches) + 1;
+  fit(epochs, {}, {.cbs = {finder}});
+
+  const auto& rec = recorder();
+  LrFindResult result;
+  // As fastai: skip the first tenth of the iterations and the last five, and stop at the first NaN.
+  const auto& lrs = rec.lrs();
+  const auto& losses = rec.losses();
+  const std::size_t begin = static_cast<std::size_t>(finder->num_it() / 10);
+  const std::size_t end = losses.size() > 5 ? losses.size() - 5 : 0;
+  for (std::size_t i = begin; i < end && !std::isnan(losses[i]); ++i) {
+    result.lrs.push_back(lrs[i]);
+    result.losses.push_back(losses[i]);
+  }
+  if (result.lrs.empty()) {
+    throw Error(fmt::format("lr_find: only {} iterations ran, too few for a suggestion; raise num_it or end_lr",
+                            losses.size()));
+  }
+  result.valley = valley(result.lrs, result.losses);
+  if (options.plot) rec.plot_lr_find(*options.plot, 5, result.valley);
+  return result;
+}
+
+// --- evaluation ----------------------------------------------------------------------------------
+
+namespace {
+
+// Collects the raw outputs and targets of a validation pass.
+class GatherPreds : public Callback {
+ public:
+  GatherPreds() { order = 55; }
+  std::string name() const override { return "gather_preds"; }
+  void after_batch() override {
+    auto& l = learn();
+    if (l.training) return;
+    preds.push_back(l.pred.detach());
+    if (!l.yb.empty()) targets.push_back(l.yb.front().detach());
+  }
+  std::vector<at::Tensor> preds, targets;
+};
+
+}  // namespace
+
+ValidationResult Learner::validate(DataLoader* loader) {
+  DataLoader& target = loader ? *loader : dls_.valid();
+  if (in_fit_) throw Error("Learner::validate: called during a fit");
+  const bool was_training = model_->is_training();
+  {
+    struct Restore {
+      Learner& l;
+      ~Restore() { l.dl = nullptr; }
+    } restore{*this};
+    do_epoch_validate(target);
+  }
+  model_->train(was_training);
+  ValidationResult result{.loss = recorder().last_valid_loss()};
+  const auto& values = recorder().last_valid_metrics();
+  for (std::size_t i = 0; i < options_.metrics.size() && i < values.size(); ++i) {
+    result.metrics.emplace_back(options_.metrics[i]->name(), values[i]);
+  }
+  return result;
+}
+
+Preds Learner::get_preds(DataLoader* loader) {
+  auto gather = std::make_shared<GatherPreds>();
+  {
+    ScopedCallbacks scope(*this, {gather});
+    validate(loader);
+  }
+  Preds out;
+  if (gather->preds.empty()) return out;
+  out.preds = loss_func_.activate(at::cat(gather->preds));
+  if (!gather->targets.empty()) out.targets = at::cat(gather->targets);
+  out.decoded = loss_func_.decode(out.preds);
+  return out;
+}
+
+Prediction Learner::predict(const Item& item) {
+  Batch batch = collate({item});
+  // The validation loader's batch transforms make the item look like what the model was trained on.
+  at::Generator generator = at::detail::createCPUGenerator(0);
+  for (const auto& tfm : dls_.valid().options().batch_tfms) tfm(batch, generator);
+  if (auto device = dls_.device()) batch = batch.to(*device);
+  torch::NoGradGuard no_grad;
+  const bool was_training = model_->is_training();
+  model_->eval();
+  auto out = forward_(batch.inputs);
+  model_->train(was_training);
+  auto probs = loss_func_.activate(out);
+  return {.decoded = loss_func_.decode(probs)[0], .probs = probs[0]};
+}
+
+// --- checkpoints -----------------------------------------------------------------------------------
+
+std::filesystem::path Learner::checkpoint_path(const std::string& name) const {
+  return options_.path / options_.model_dir / (name + ".safetensors");
+}
+
+std::filesystem::path Learner::save(const std::string& name, SaveOptions options) {
+  const auto file = checkpoint_path(name);
+  save_checkpoint(*this, file, options);
+  return file;
+}
+
+void Learner::load(const std::string& name, LoadOptions options) { load_checkpoint(*this, checkpoint_path(name), options); }
+
+}  // namespace fastlearn

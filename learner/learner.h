@@ -1,0 +1,327 @@
+#pragma once
+// Learner: trains a torch::nn module on DataLoaders with a loss, an optimizer and metrics, firing the
+// events of learner/callback.h at every step (fastai's loop, see DESIGN.md "The Learner loop"):
+//
+//   fit:    before_fit, then per epoch { before_epoch,
+//             train:    before_train, per batch { one batch }, after_train,
+//             validate: before_validate, per batch { one batch, no grad }, after_validate,
+//           after_epoch }, after_fit
+//   batch:  before_batch, pred = model(xb), after_pred, loss = loss_func(pred, yb), after_loss,
+//           then when training: before_backward, backward, after_backward, before_step, opt.step(),
+//           after_step, opt.zero_grad(); finally after_batch.
+//
+// Every block X runs before_X, its body, after_cancel_X if a callback threw CancelXException, then
+// always after_X. Callbacks read and change the public loop state below (xb, yb, pred, loss, ...).
+#include <fastlearn/data/dataloaders.h>
+#include <fastlearn/learner/callback.h>
+#include <fastlearn/learner/checkpoint.h>
+#include <fastlearn/learner/loss.h>
+#include <fastlearn/learner/metrics.h>
+#include <fastlearn/learner/optimizer.h>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <array>
+#include <concepts>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fastlearn {
+
+class Recorder;
+
+/// Splits a model's parameters into groups (for discriminative learning rates and freezing).
+using Splitter = std::function<std::vector<std::vector<at::Tensor>>(torch::nn::Module&)>;
+/// Items in a batch, as fastai's find_bs: the first dimension of the first target (0 without targets).
+std::int64_t find_bs(const std::vector<at::Tensor>& yb);
+
+/// The default splitter: one group with every parameter.
+std::vector<std::vector<at::Tensor>> trainable_params(torch::nn::Module& model);
+
+/// A learning rate for every parameter group: one value for all, one value per group, or fastai's slice.
+class LrSpec {
+ public:
+  LrSpec(double lr) : values_{lr} {}  // NOLINT: implicit on purpose, fit(1, 1e-3) reads naturally
+  LrSpec(std::vector<double> per_group) : values_(std::move(per_group)) {}
+  /// fastai's slice(stop): stop / 10 for every group but the last, which gets stop.
+  static LrSpec slice(double stop);
+  /// fastai's slice(start, stop): geometrically spaced from start (first group) to stop (last group).
+  static LrSpec slice(double start, double stop);
+  /// The value of each of `n_groups` groups; ConfigError if a per-group list has another length.
+  std::vector<double> per_group(std::size_t n_groups) const;
+
+ private:
+  enum class Kind { values, slice_stop, slice_range };
+  LrSpec(Kind kind, std::vector<double> values) : kind_(kind), values_(std::move(values)) {}
+  Kind kind_ = Kind::values;
+  std::vector<double> values_;
+};
+
+struct LearnerOptions {
+  OptFunc opt_func = Adam();
+  double lr = 1e-3;                 ///< default learning rate of fit()
+  std::optional<double> wd;         ///< weight decay for every fit; default: the optimizer's
+  std::vector<MetricPtr> metrics;   ///< computed on the validation set each epoch
+  std::vector<CallbackPtr> cbs;     ///< extra callbacks for every fit
+  Splitter splitter;                ///< parameter groups; default: one group
+  std::filesystem::path path = ".";
+  std::string model_dir = "models"; ///< save() / load() use path / model_dir / <name>.safetensors
+  bool train_bn = true;             ///< BatchNorm parameters stay trainable in frozen groups
+  std::array<double, 3> moms{0.95, 0.85, 0.95};  ///< one-cycle momentum: start, middle, end
+  bool progress = true;             ///< attach the Progress callback (bars on a TTY, epoch lines otherwise)
+  bool train_metrics = false;       ///< also compute the metrics on the training set
+};
+
+struct FitOptions {
+  std::optional<double> wd;
+  std::vector<CallbackPtr> cbs;  ///< callbacks for this fit only
+  bool reset_opt = false;        ///< a fresh optimizer (state cleared)
+  int start_epoch = 0;           ///< skip the epochs before this one (resume); schedules continue from there
+};
+
+struct OneCycleOptions {
+  double div = 25.0;        ///< initial lr = lr_max / div
+  double div_final = 1e5;   ///< final lr = lr_max / div_final
+  double pct_start = 0.25;  ///< fraction of the steps spent warming up
+  std::optional<std::array<double, 3>> moms;  ///< default: LearnerOptions::moms
+  FitOptions fit;
+};
+
+struct FlatCosOptions {
+  double div_final = 1e5;
+  double pct_start = 0.75;  ///< fraction of the steps at the flat lr before the cosine decay
+  FitOptions fit;
+};
+
+struct FineTuneOptions {
+  int freeze_epochs = 1;
+  double lr_mult = 100;     ///< the first group trains at base_lr / lr_mult after unfreezing
+  double pct_start = 0.3;
+  double div = 5.0;
+  FitOptions fit;
+};
+
+struct LrFindOptions {
+  double start_lr = 1e-7;
+  double end_lr = 10;
+  int num_it = 100;
+  bool stop_div = true;  ///< stop when the smoothed loss exceeds 4x the best one
+  std::optional<std::filesystem::path> plot;  ///< write the loss-vs-lr plot (SVG) there
+};
+
+struct LrFindResult {
+  double valley = 0;           ///< fastai's "valley" suggestion
+  std::vector<double> lrs;     ///< every lr tried
+  std::vector<double> losses;  ///< the smoothed loss at each
+};
+
+struct ValidationResult {
+  double loss = std::numeric_limits<double>::quiet_NaN();
+  std::vector<std::pair<std::string, double>> metrics;
+  /// The value of metric `name`; Error when there is no such metric.
+  double metric(const std::string& name) const;
+};
+
+struct Preds {
+  at::Tensor preds;    ///< activations (softmax for cross entropy), in the loader's order
+  at::Tensor targets;  ///< yb[0] of every batch
+  at::Tensor decoded;  ///< preds decoded by the loss (argmax for cross entropy)
+};
+
+struct Prediction {
+  at::Tensor decoded;  ///< e.g. the class index
+  at::Tensor probs;    ///< the activations
+};
+
+/// Callbacks attached for one scope; removed by the destructor.
+class [[nodiscard]] ScopedCallbacks {
+ public:
+  ScopedCallbacks(Learner& learn, std::vector<CallbackPtr> cbs);
+  ~ScopedCallbacks();
+  ScopedCallbacks(const ScopedCallbacks&) = delete;
+  ScopedCallbacks& operator=(const ScopedCallbacks&) = delete;
+
+ private:
+  Learner& learn_;
+  std::vector<CallbackPtr> cbs_;
+};
+
+class Learner {
+ public:
+  using Forward = std::function<at::Tensor(const std::vector<at::Tensor>& xb)>;
+
+  /// Any torch::nn module holder whose forward takes one Tensor, two Tensors, or a vector of them.
+  template <typename ModuleHolder>
+  Learner(DataLoaders dls, ModuleHolder model, Loss loss_func, LearnerOptions options = {});
+  /// A module and the function that runs it on a batch's inputs.
+  Learner(DataLoaders dls, std::shared_ptr<torch::nn::Module> model, Forward forward, Loss loss_func,
+          LearnerOptions options = {});
+  ~Learner();
+  Learner(const Learner&) = delete;
+  Learner& operator=(const Learner&) = delete;
+
+  // --- training -------------------------------------------------------------------------------
+  /// `n_epoch` epochs at a constant learning rate (default: options().lr).
+  void fit(int n_epoch, std::optional<LrSpec> lr = {}, FitOptions options = {});
+  /// The 1cycle policy: lr warms up from lr_max/div to lr_max (cosine), then anneals to lr_max/div_final;
+  /// momentum goes the opposite way (0.95 -> 0.85 -> 0.95).
+  void fit_one_cycle(int n_epoch, std::optional<LrSpec> lr_max = {}, OneCycleOptions options = {});
+  /// A flat lr for pct_start of the steps, then cosine annealing to lr/div_final.
+  void fit_flat_cos(int n_epoch, std::optional<LrSpec> lr = {}, FlatCosOptions options = {});
+  /// fastai's fine_tune: freeze, one-cycle for freeze_epochs, unfreeze, one-cycle with discriminative lrs.
+  void fine_tune(int epochs, double base_lr = 2e-3, FineTuneOptions options = {});
+  /// Trains with an exponentially growing lr and suggests one; model and optimizer are restored afterwards.
+  LrFindResult lr_find(LrFindOptions options = {});
+
+  // --- evaluation -----------------------------------------------------------------------------
+  /// Loss and metrics on `dl` (default: the validation loader).
+  ValidationResult validate(DataLoader* dl = nullptr);
+  /// Predictions and targets of every item of `dl` (default: the validation loader), in order.
+  Preds get_preds(DataLoader* dl = nullptr);
+  /// The prediction for one item (no batch dimension).
+  Prediction predict(const Item& item);
+
+  // --- callbacks ------------------------------------------------------------------------------
+  void add_cb(CallbackPtr cb);
+  void add_cbs(const std::vector<CallbackPtr>& cbs);
+  /// Detaches `cb`; takes effect at the next event.
+  void remove_cb(const CallbackPtr& cb);
+  /// Attaches `cbs` until the returned guard goes out of scope.
+  ScopedCallbacks added_cbs(std::vector<CallbackPtr> cbs) { return ScopedCallbacks(*this, std::move(cbs)); }
+  const std::vector<CallbackPtr>& cbs() const { return cbs_; }
+  /// The first attached callback of type T, or nullptr.
+  template <typename T>
+  std::shared_ptr<T> cb() const;
+  /// The Recorder; Error when it was removed.
+  Recorder& recorder() const;
+
+  // --- model, optimizer, data -----------------------------------------------------------------
+  torch::nn::Module& model() { return *model_; }
+  std::shared_ptr<torch::nn::Module> model_ptr() const { return model_; }
+  /// Runs the model on a batch's inputs (through set_forward's replacement, if any).
+  at::Tensor forward(const std::vector<at::Tensor>& inputs) { return forward_(inputs); }
+  /// Replaces how the model is run (for wrappers such as data parallel); returns the previous one.
+  Forward set_forward(Forward forward);
+  DataLoaders& dls() { return dls_; }
+  const Loss& loss_func() const { return loss_func_; }
+  const std::vector<MetricPtr>& metrics() const { return options_.metrics; }
+  const LearnerOptions& options() const { return options_; }
+
+  /// Creates the optimizer over the splitter's parameter groups (done by fit when there is none).
+  void create_opt();
+  bool has_opt() const { return opt_ != nullptr; }
+  /// The optimizer; Error when none was created yet.
+  Optimizer& opt();
+  /// Parameter groups as the splitter makes them.
+  std::vector<std::vector<at::Tensor>> param_groups();
+  /// Freezes the groups before `n` (negative counts from the end): no gradients, except BatchNorm's
+  /// when train_bn. freeze() = freeze_to(-1), unfreeze() = freeze_to(0).
+  void freeze_to(int n);
+  void freeze() { freeze_to(-1); }
+  void unfreeze() { freeze_to(0); }
+
+  // --- checkpoints ----------------------------------------------------------------------------
+  /// path / model_dir / <name>.safetensors
+  std::filesystem::path checkpoint_path(const std::string& name) const;
+  /// Writes a checkpoint atomically and returns its path.
+  std::filesystem::path save(const std::string& name, SaveOptions options = {});
+  /// Loads a checkpoint written by save(); CheckpointError naming the tensor on any mismatch.
+  void load(const std::string& name, LoadOptions options = {});
+  /// Epochs finished in the fit that was running when the last loaded checkpoint was saved (resume point).
+  int epochs_completed() const { return epochs_completed_; }
+
+  // --- loop state (fastai's names); callbacks read and may change these ------------------------
+  std::vector<at::Tensor> xb;  ///< inputs of the current batch
+  std::vector<at::Tensor> yb;  ///< targets of the current batch
+  at::Tensor pred;             ///< model output
+  at::Tensor loss_grad;        ///< the loss backward runs on
+  at::Tensor loss;             ///< a detached copy of the loss, for logging
+  int epoch = 0;
+  int n_epoch = 0;
+  std::int64_t iter = 0;         ///< batch index in the current loader
+  std::int64_t n_iter = 0;       ///< batches in the current loader
+  std::int64_t train_iter = 0;   ///< training batches since the start of the fit
+  double pct_train = 0;          ///< fraction of the fit's training done, in [0, 1]
+  bool training = false;
+  double smooth_loss = std::numeric_limits<double>::quiet_NaN();  ///< set by the Recorder
+  DataLoader* dl = nullptr;      ///< the loader being iterated
+
+ private:
+  friend class ScopedCallbacks;
+  template <typename Body>
+  void with_events(Body&& body, Event before, Event after_cancel, Event after);
+  template <typename Cancel, typename Body>
+  void with_events(Body&& body, Event before, Event after_cancel, Event after);
+  void fire(Event event);
+  void run_fit(int n_epoch, const std::vector<double>& lrs, FitOptions options);
+  void do_fit(int start_epoch);
+  void do_epoch();
+  void do_epoch_train();
+  void do_epoch_validate(DataLoader& loader);
+  void all_batches(DataLoader& loader);
+  void one_batch(std::int64_t i, const Batch& batch);
+  void do_one_batch();
+  void do_grad_opt();
+  void sort_cbs();
+
+  DataLoaders dls_;
+  std::shared_ptr<torch::nn::Module> model_;
+  Forward forward_;
+  Loss loss_func_;
+  LearnerOptions options_;
+  std::unique_ptr<Optimizer> opt_;
+  std::vector<CallbackPtr> cbs_;  // sorted by order
+  int epochs_completed_ = 0;
+  bool in_fit_ = false;
+  friend class TrainEval;
+  friend class CheckpointIO;
+};
+
+// --- implementation details of the templates ------------------------------------------------
+
+namespace detail {
+/// Throws when a model that takes `expected` inputs gets another number.
+void check_input_count(const std::vector<at::Tensor>& xb, std::size_t expected);
+
+template <typename ModuleHolder>
+Learner::Forward forward_of(ModuleHolder model) {
+  if constexpr (requires(ModuleHolder m, at::Tensor t) { { m->forward(t) } -> std::convertible_to<at::Tensor>; }) {
+    return [model](const std::vector<at::Tensor>& xb) mutable -> at::Tensor {
+      check_input_count(xb, 1);
+      return model->forward(xb[0]);
+    };
+  } else if constexpr (requires(ModuleHolder m, at::Tensor t) {
+                         { m->forward(t, t) } -> std::convertible_to<at::Tensor>;
+                       }) {
+    return [model](const std::vector<at::Tensor>& xb) mutable -> at::Tensor {
+      check_input_count(xb, 2);
+      return model->forward(xb[0], xb[1]);
+    };
+  } else {
+    static_assert(requires(ModuleHolder m, std::vector<at::Tensor> v) {
+      { m->forward(v) } -> std::convertible_to<at::Tensor>;
+    }, "the model's forward must take one Tensor, two Tensors, or a std::vector<Tensor>");
+    return [model](const std::vector<at::Tensor>& xb) mutable -> at::Tensor { return model->forward(xb); };
+  }
+}
+}  // namespace detail
+
+template <typename ModuleHolder>
+Learner::Learner(DataLoaders dls, ModuleHolder model, Loss loss_func, LearnerOptions options)
+    : Learner(std::move(dls), model.ptr(), detail::forward_of(model), std::move(loss_func), std::move(options)) {}
+
+template <typename T>
+std::shared_ptr<T> Learner::cb() const {
+  for (const auto& c : cbs_) {
+    if (auto typed = std::dynamic_pointer_cast<T>(c)) return typed;
+  }
+  return nullptr;
+}
+
+}  // namespace fastlearn

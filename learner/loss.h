@@ -1,0 +1,40 @@
+#pragma once
+// Loss functions for the Learner: the loss itself (mean over the batch), plus how raw model outputs
+// become predictions (activation, for get_preds) and decoded values (decodes, for predict).
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <string>
+
+namespace fastlearn {
+
+struct Loss {
+  std::string name;
+  /// The batch loss (a scalar) of the model output `pred` against the target `targ`.
+  std::function<at::Tensor(const at::Tensor& pred, const at::Tensor& targ)> fn;
+  /// Raw output -> prediction (e.g. softmax); identity when empty.
+  std::function<at::Tensor(const at::Tensor&)> activation;
+  /// Prediction -> decoded value (e.g. argmax to a class index); identity when empty.
+  std::function<at::Tensor(const at::Tensor&)> decodes;
+
+  at::Tensor operator()(const at::Tensor& pred, const at::Tensor& targ) const { return fn(pred, targ); }
+  at::Tensor activate(const at::Tensor& pred) const { return activation ? activation(pred) : pred; }
+  at::Tensor decode(const at::Tensor& activated) const { return decodes ? decodes(activated) : activated; }
+};
+
+struct CrossEntropyOptions {
+  double label_smoothing = 0.0;
+  std::int64_t ignore_index = -100;
+};
+
+/// Cross entropy over class logits in the last dimension (fastai's CrossEntropyLossFlat): softmax
+/// activation, argmax decoding. Extra dimensions of pred and targ are flattened.
+Loss cross_entropy(CrossEntropyOptions options = {});
+/// Mean squared error; flattens pred and targ (which must have the same number of elements).
+Loss mse_loss();
+/// Mean absolute error; flattens pred and targ.
+Loss l1_loss();
+/// Binary cross entropy on logits: sigmoid activation, decoding by threshold 0.5.
+Loss bce_with_logits();
+
+}  // namespace fastlearn

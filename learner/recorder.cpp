@@ -1,0 +1,171 @@
+#include <fastlearn/learner/recorder.h>
+
+#include <fastlearn/core/error.h>
+#include <fastlearn/core/svg_plot.h>
+#include <fastlearn/learner/learner.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+namespace fastlearn {
+
+void SmoothValue::add(double x) {
+  ++n_;
+  avg_ = beta_ * avg_ + (1.0 - beta_) * x;
+}
+
+double SmoothValue::value() const {
+  if (n_ == 0) return std::numeric_limits<double>::quiet_NaN();
+  return avg_ / (1.0 - std::pow(beta_, static_cast<double>(n_)));
+}
+
+namespace {
+
+std::vector<MetricPtr> fresh_copies(const std::vector<MetricPtr>& metrics) {
+  std::vector<MetricPtr> copies;
+  for (const auto& m : metrics) copies.push_back(m->clone());
+  return copies;
+}
+
+std::vector<double> values_of(const std::vector<MetricPtr>& metrics) {
+  std::vector<double> values;
+  for (const auto& m : metrics) values.push_back(m->value());
+  return values;
+}
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+}  // namespace
+
+Recorder::Recorder(std::vector<MetricPtr> metrics, RecorderOptions options)
+    : valid_metrics_(fresh_copies(metrics)),
+      train_metrics_(options.train_metrics ? fresh_copies(metrics) : std::vector<MetricPtr>{}),
+      options_(options),
+      smooth_(options.beta) {
+  order = 50;
+}
+
+std::vector<std::string> Recorder::metric_names() const {
+  std::vector<std::string> names;
+  for (const auto& m : train_metrics_) names.push_back("train_" + m->name());
+  for (const auto& m : valid_metrics_) names.push_back(options_.train_metrics ? "valid_" + m->name() : m->name());
+  return names;
+}
+
+std::vector<std::string> Recorder::columns() const {
+  std::vector<std::string> cols{"epoch", "train_loss", "valid_loss"};
+  for (auto& n : metric_names()) cols.push_back(std::move(n));
+  cols.push_back("time");
+  return cols;
+}
+
+double Recorder::value(const EpochRecord& record, const std::string& name) const {
+  if (name == "train_loss") return record.train_loss;
+  if (name == "valid_loss") return record.valid_loss;
+  const auto names = metric_names();
+  for (std::size_t i = 0; i < names.size() && i < record.metrics.size(); ++i) {
+    if (names[i] == name) return record.metrics[i];
+  }
+  std::string known = "train_loss, valid_loss";
+  for (const auto& n : names) known.append(", ").append(n);
+  throw Error("Recorder: no value called '" + name + "'; the recorded values are: " + known);
+}
+
+void Recorder::before_fit() {
+  smooth_.reset();
+  losses_.clear();
+  lrs_.clear();
+  epoch_end_iters_.clear();
+  history_.clear();
+}
+
+void Recorder::before_epoch() {
+  epoch_start_ = std::chrono::steady_clock::now();
+  train_loss_ = valid_loss_ = kNaN;
+  train_values_.assign(train_metrics_.size(), kNaN);
+  valid_values_.assign(valid_metrics_.size(), kNaN);
+}
+
+void Recorder::before_train() {
+  loss_sum_ = 0;
+  loss_count_ = 0;
+  for (auto& m : train_metrics_) m->reset();
+}
+
+void Recorder::before_validate() {
+  loss_sum_ = 0;
+  loss_count_ = 0;
+  for (auto& m : valid_metrics_) m->reset();
+}
+
+void Recorder::after_batch() {
+  auto& l = learn();
+  if (l.yb.empty() || !l.loss.defined()) return;
+  const auto bs = find_bs(l.yb);
+  const double loss = l.loss.item<double>();
+  loss_sum_ += loss * static_cast<double>(bs);
+  loss_count_ += bs;
+  for (auto& m : l.training ? train_metrics_ : valid_metrics_) m->accumulate(l.pred, l.yb.front());
+  if (!l.training) return;
+  smooth_.add(loss);
+  l.smooth_loss = smooth_.value();
+  losses_.push_back(l.smooth_loss);
+  lrs_.push_back(l.has_opt() ? l.opt().hyper("lr", l.opt().n_groups() - 1) : kNaN);
+}
+
+void Recorder::after_train() {
+  train_loss_ = loss_count_ ? loss_sum_ / static_cast<double>(loss_count_) : kNaN;
+  train_values_ = values_of(train_metrics_);
+}
+
+void Recorder::after_validate() {
+  valid_loss_ = loss_count_ ? loss_sum_ / static_cast<double>(loss_count_) : kNaN;
+  valid_values_ = values_of(valid_metrics_);
+}
+
+void Recorder::after_epoch() {
+  EpochRecord record{.epoch = learn().epoch, .train_loss = train_loss_, .valid_loss = valid_loss_};
+  record.metrics = train_values_;
+  record.metrics.insert(record.metrics.end(), valid_values_.begin(), valid_values_.end());
+  record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start_).count();
+  history_.push_back(std::move(record));
+  epoch_end_iters_.push_back(static_cast<std::int64_t>(losses_.size()));
+}
+
+void Recorder::plot_loss(const std::filesystem::path& file, std::size_t skip_start) const {
+  PlotSeries train{.label = "train (smoothed)"};
+  for (std::size_t i = skip_start; i < losses_.size(); ++i) {
+    train.x.push_back(static_cast<double>(i));
+    train.y.push_back(losses_[i]);
+  }
+  PlotSeries valid{.label = "valid", .markers = false};
+  for (std::size_t e = 0; e < history_.size() && e < epoch_end_iters_.size(); ++e) {
+    valid.x.push_back(static_cast<double>(epoch_end_iters_[e]));
+    valid.y.push_back(history_[e].valid_loss);
+  }
+  write_svg_plot(file, {train, valid}, {.title = "Loss", .xlabel = "training batches", .ylabel = "loss"});
+}
+
+void Recorder::plot_lr_find(const std::filesystem::path& file, std::size_t skip_end,
+                            std::optional<double> suggestion) const {
+  const std::size_t n = losses_.size() > skip_end ? losses_.size() - skip_end : 0;
+  PlotSeries curve{.x = {lrs_.begin(), lrs_.begin() + static_cast<std::ptrdiff_t>(n)},
+                   .y = {losses_.begin(), losses_.begin() + static_cast<std::ptrdiff_t>(n)}};
+  std::vector<PlotSeries> series{curve};
+  if (suggestion) {
+    // Mark the suggestion on the curve at the nearest recorded lr.
+    std::size_t best = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (std::abs(std::log(lrs_[i] / *suggestion)) < std::abs(std::log(lrs_[best] / *suggestion))) best = i;
+    }
+    if (n > 0) {
+      series.push_back({.label = fmt::format("valley {:.2e}", *suggestion), .x = {*suggestion},
+                        .y = {losses_[best]}, .markers = true});
+    }
+  }
+  write_svg_plot(file, series, {.title = "Learning rate finder", .xlabel = "learning rate", .ylabel = "loss",
+                                .log_x = true});
+}
+
+}  // namespace fastlearn

@@ -1,0 +1,100 @@
+#pragma once
+// Recorder: what happened during a fit. Per training batch: the smoothed loss (exponential moving
+// average, beta 0.98, debiased) and the learning rate; per epoch: a row with the average training
+// loss, the validation loss, each metric and the time. It writes loss and lr_find plots as SVG files.
+#include <fastlearn/learner/callback.h>
+#include <fastlearn/learner/metrics.h>
+
+#include <chrono>
+#include <filesystem>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fastlearn {
+
+struct EpochRecord {
+  int epoch = 0;
+  double train_loss = std::numeric_limits<double>::quiet_NaN();  ///< mean over the epoch's items
+  double valid_loss = std::numeric_limits<double>::quiet_NaN();  ///< mean over the validation items
+  std::vector<double> metrics;                                   ///< in the order of metric_names()
+  double seconds = 0;
+};
+
+/// Debiased exponential moving average (fastai's smooth loss): after n values,
+/// avg_n = beta * avg_{n-1} + (1 - beta) * x_n and value = avg_n / (1 - beta^n).
+class SmoothValue {
+ public:
+  explicit SmoothValue(double beta = 0.98) : beta_(beta) {}
+  void reset() { n_ = 0, avg_ = 0; }
+  void add(double x);
+  double value() const;
+  std::int64_t count() const { return n_; }
+
+ private:
+  double beta_;
+  std::int64_t n_ = 0;
+  double avg_ = 0;
+};
+
+struct RecorderOptions {
+  bool train_metrics = false;  ///< also compute the metrics over the training batches
+  double beta = 0.98;          ///< smoothing of the training loss
+};
+
+class Recorder : public Callback {
+ public:
+  explicit Recorder(std::vector<MetricPtr> metrics, RecorderOptions options = {});
+  std::string name() const override { return "recorder"; }
+
+  void before_fit() override;
+  void before_epoch() override;
+  void before_train() override;
+  void before_validate() override;
+  void after_batch() override;
+  void after_train() override;
+  void after_validate() override;
+  void after_epoch() override;
+
+  /// Smoothed training loss after each training batch of the current (or last) fit.
+  const std::vector<double>& losses() const { return losses_; }
+  /// Learning rate of the last parameter group at each training batch.
+  const std::vector<double>& lrs() const { return lrs_; }
+  /// One row per finished epoch of the current (or last) fit.
+  const std::vector<EpochRecord>& history() const { return history_; }
+  /// Names of the metrics, in the order of EpochRecord::metrics (with "train_" prefixes if train_metrics).
+  std::vector<std::string> metric_names() const;
+  /// Column names of a row: epoch, train_loss, valid_loss, the metrics, time.
+  std::vector<std::string> columns() const;
+  /// The value called `name` ("train_loss", "valid_loss" or a metric) in `record`; Error if unknown.
+  double value(const EpochRecord& record, const std::string& name) const;
+
+  /// Validation loss and metrics of the last validation pass (NaN when it was cancelled or empty).
+  double last_valid_loss() const { return valid_loss_; }
+  const std::vector<double>& last_valid_metrics() const { return valid_values_; }
+
+  /// Writes the smoothed training loss per batch (and validation loss per epoch) as an SVG plot.
+  void plot_loss(const std::filesystem::path& file, std::size_t skip_start = 5) const;
+  /// Writes smoothed loss against learning rate (log scale), marking `suggestion` if given.
+  void plot_lr_find(const std::filesystem::path& file, std::size_t skip_end = 5,
+                    std::optional<double> suggestion = {}) const;
+
+ private:
+  std::vector<MetricPtr> valid_metrics_;
+  std::vector<MetricPtr> train_metrics_;
+  RecorderOptions options_;
+  SmoothValue smooth_;
+  std::vector<double> losses_, lrs_;
+  std::vector<std::int64_t> epoch_end_iters_;  // training batches done at the end of each epoch, for plots
+  std::vector<EpochRecord> history_;
+  double loss_sum_ = 0;
+  std::int64_t loss_count_ = 0;
+  double train_loss_ = std::numeric_limits<double>::quiet_NaN();
+  double valid_loss_ = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> train_values_, valid_values_;
+  bool validated_ = false;
+  std::chrono::steady_clock::time_point epoch_start_;
+};
+
+}  // namespace fastlearn

@@ -1,0 +1,276 @@
+// The built-in callbacks: trackers (early stopping, save best, reduce lr), file logs (CSV,
+// metrics.json), the progress output, gradient accumulation and clipping, and mixed precision.
+#include <fastlearn/callbacks/epoch_logs.h>
+#include <fastlearn/callbacks/grad_accumulation.h>
+#include <fastlearn/callbacks/grad_clip.h>
+#include <fastlearn/callbacks/mixed_precision.h>
+#include <fastlearn/callbacks/progress.h>
+#include <fastlearn/callbacks/tracker.h>
+#include <fastlearn/core/error.h>
+#include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/models.h>
+#include <fastlearn/learner/recorder.h>
+
+#include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "support/tiny_tasks.h"
+
+namespace fl = fastlearn;
+namespace flt = fastlearn::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+class Callbacks : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("fastlearn-cbs-" + std::to_string(getpid()) + "-" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::unique_ptr<fl::Learner> classifier(std::vector<fl::MetricPtr> metrics = {fl::accuracy()},
+                                          fl::OptFunc opt = fl::Adam()) {
+    torch::manual_seed(0);
+    auto dls = flt::classification_data({.n_train = 64, .n_valid = 32, .bs = 8});
+    return std::make_unique<fl::Learner>(dls, fl::models::mlp(4, {16}, 3), fl::cross_entropy(),
+                                         fl::LearnerOptions{.opt_func = std::move(opt), .metrics = std::move(metrics),
+                                                            .path = dir_, .progress = false});
+  }
+
+  static std::string read(const fs::path& file) {
+    std::ifstream in(file);
+    return {std::istreambuf_iterator<char>(in), {}};
+  }
+
+  fs::path dir_;
+};
+
+}  // namespace
+
+TEST_F(Callbacks, EarlyStoppingStopsAfterPatienceEpochsWithoutImprovement) {
+  auto learn = classifier();
+  auto stop = std::make_shared<fl::EarlyStopping>(fl::EarlyStoppingOptions{.patience = 2});
+  learn->fit(10, 0.0, {.cbs = {stop}});  // lr 0: the valid loss never improves after the first epoch
+  ASSERT_TRUE(stop->stopped_after().has_value());
+  EXPECT_EQ(*stop->stopped_after(), 2);
+  EXPECT_EQ(learn->recorder().history().size(), 3u);
+}
+
+TEST_F(Callbacks, TrackerDirectionFollowsTheMonitoredName) {
+  auto learn = classifier();
+  auto acc = std::make_shared<fl::EarlyStopping>(fl::EarlyStoppingOptions{.tracker = {.monitor = "accuracy"}, .patience = 100});
+  learn->fit(3, 1e-2, {.cbs = {acc}});
+  double best = -1;
+  for (auto& r : learn->recorder().history()) best = std::max(best, r.metrics[0]);
+  EXPECT_EQ(acc->best(), best) << "higher is better for accuracy";
+  auto bad = std::make_shared<fl::EarlyStopping>(fl::EarlyStoppingOptions{.tracker = {.monitor = "f1"}});
+  try {
+    learn->fit(1, 1e-2, {.cbs = {bad}});
+    FAIL();
+  } catch (const fl::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no value called 'f1'"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Callbacks, SaveModelKeepsTheBestEpochAndLoadsItAtTheEnd) {
+  auto learn = classifier();
+  std::vector<std::vector<at::Tensor>> weights;
+  struct Snap : fl::Callback {
+    std::vector<std::vector<at::Tensor>>* out;
+    void after_epoch() override { out->push_back(flt::snapshot(learn().model())); }
+  };
+  auto snap = std::make_shared<Snap>();
+  snap->out = &weights;
+  snap->order = 55;  // before SaveModel (60)
+  auto save = std::make_shared<fl::SaveModel>(fl::SaveModelOptions{.fname = "best"});
+  learn->fit(4, 3e-2, {.cbs = {snap, save}});
+  ASSERT_TRUE(fs::exists(dir_ / "models" / "best.safetensors"));
+  const auto& history = learn->recorder().history();
+  std::size_t best = 0;
+  for (std::size_t i = 1; i < history.size(); ++i) {
+    if (history[i].valid_loss < history[best].valid_loss) best = i;
+  }
+  EXPECT_TRUE(flt::same_tensors(weights[best], flt::snapshot(learn->model()))) << "the best epoch is " << best;
+}
+
+TEST_F(Callbacks, SaveModelEveryEpoch) {
+  auto learn = classifier();
+  learn->fit(3, 1e-2, {.cbs = {std::make_shared<fl::SaveModel>(fl::SaveModelOptions{.fname = "e", .every_epoch = 1})}});
+  for (int e = 0; e < 3; ++e) EXPECT_TRUE(fs::exists(dir_ / "models" / ("e_" + std::to_string(e) + ".safetensors")));
+}
+
+TEST_F(Callbacks, ReduceLROnPlateauDividesTheLearningRate) {
+  auto learn = classifier({}, fl::SGD());
+  auto floor = std::make_shared<fl::ReduceLROnPlateau>(
+      fl::ReduceLROnPlateauOptions{.tracker = {.min_delta = 1e9}, .patience = 1, .factor = 10, .min_lr = 1e-3});
+  learn->fit(3, 1.0, {.cbs = {floor}});
+  // The first epoch improves on +inf; epochs 2 and 3 do not (min_delta is huge): 1 -> 0.1 -> 0.01.
+  EXPECT_NEAR(learn->opt().hyper("lr", 0), 0.01, 1e-12);
+}
+
+TEST_F(Callbacks, CsvLoggerWritesAHeaderAndOneRowPerEpoch) {
+  auto learn = classifier({fl::accuracy(), fl::error_rate()});
+  auto csv = std::make_shared<fl::CSVLogger>();
+  learn->fit(2, 1e-2, {.cbs = {csv}});
+  EXPECT_EQ(csv->path(), dir_ / "history.csv");
+  const auto text = read(csv->path());
+  std::istringstream lines(text);
+  std::string header, row0, row1, extra;
+  std::getline(lines, header), std::getline(lines, row0), std::getline(lines, row1);
+  EXPECT_FALSE(std::getline(lines, extra));
+  EXPECT_EQ(header, "epoch,train_loss,valid_loss,accuracy,error_rate,time");
+  EXPECT_EQ(row0.substr(0, 2), "0,");
+  EXPECT_EQ(row1.substr(0, 2), "1,");
+  const auto& r = learn->recorder().history()[1];
+  EXPECT_NE(row1.find(fmt::format("{:.6f}", r.valid_loss)), std::string::npos) << row1;
+  // append keeps the earlier rows and does not repeat the header
+  learn->fit(1, 1e-2, {.cbs = {std::make_shared<fl::CSVLogger>(fl::CSVLoggerOptions{.append = true})}});
+  const auto appended = read(csv->path());
+  EXPECT_EQ(std::count(appended.begin(), appended.end(), '\n'), 4);
+}
+
+TEST_F(Callbacks, MetricsJsonHasOneRecordPerEpoch) {
+  auto learn = classifier();
+  auto json_log = std::make_shared<fl::MetricsJson>();
+  learn->fit(2, 1e-2, {.cbs = {json_log}});
+  auto records = nlohmann::json::parse(read(dir_ / "metrics.json"));
+  ASSERT_EQ(records.size(), 2u);
+  const auto& history = learn->recorder().history();
+  for (std::size_t e = 0; e < 2; ++e) {
+    EXPECT_EQ(records[e]["epoch"], e);
+    EXPECT_DOUBLE_EQ(records[e]["train_loss"].get<double>(), history[e].train_loss);
+    EXPECT_DOUBLE_EQ(records[e]["valid_loss"].get<double>(), history[e].valid_loss);
+    EXPECT_DOUBLE_EQ(records[e]["accuracy"].get<double>(), history[e].metrics[0]);
+    EXPECT_GT(records[e]["seconds"].get<double>(), 0);
+  }
+}
+
+TEST_F(Callbacks, ProgressPrintsATableWhenNotATerminal) {
+  auto learn = classifier();
+  std::FILE* out = std::tmpfile();
+  ASSERT_NE(out, nullptr);
+  learn->fit(2, 1e-2, {.cbs = {std::make_shared<fl::Progress>(fl::ProgressOptions{.out = out})}});
+  std::rewind(out);
+  std::string text;
+  char buf[4096];
+  while (auto n = std::fread(buf, 1, sizeof buf, out)) text.append(buf, n);
+  std::fclose(out);
+  EXPECT_EQ(text.find('\r'), std::string::npos) << "no live bar when the output is not a terminal";
+  std::istringstream lines(text);
+  std::string header, row;
+  std::getline(lines, header);
+  EXPECT_EQ(header.substr(0, 5), "epoch");
+  EXPECT_NE(header.find("train_loss"), std::string::npos);
+  EXPECT_NE(header.find("accuracy"), std::string::npos);
+  int rows = 0;
+  while (std::getline(lines, row)) ++rows;
+  EXPECT_EQ(rows, 2);
+}
+
+TEST_F(Callbacks, ProgressDrawsLiveBarsOnATerminal) {
+  auto learn = classifier();
+  std::FILE* out = std::tmpfile();
+  learn->fit(1, 1e-2, {.cbs = {std::make_shared<fl::Progress>(fl::ProgressOptions{.out = out, .live = true,
+                                                                                  .refresh_seconds = 0})}});
+  std::rewind(out);
+  std::string text;
+  char buf[4096];
+  while (auto n = std::fread(buf, 1, sizeof buf, out)) text.append(buf, n);
+  std::fclose(out);
+  EXPECT_NE(text.find("train ["), std::string::npos);
+  EXPECT_NE(text.find("8/8"), std::string::npos) << "the bar reaches the end of the 8 training batches";
+  EXPECT_NE(text.find("epoch 1/1"), std::string::npos);
+  EXPECT_EQ(fl::Progress::format_time(3725), "1:02:05");
+  EXPECT_EQ(fl::Progress::format_time(65), "01:05");
+}
+
+TEST_F(Callbacks, GradientAccumulationMatchesOneLargeBatch) {
+  // SGD on 16 items: batches of 4 accumulated to 16 must equal one batch of 16 (up to float rounding).
+  auto make = [](std::int64_t bs) {
+    return flt::regression_learner(flt::regression_data({.n_train = 16, .n_valid = 4, .bs = bs, .shuffle = false}),
+                                   {.opt_func = fl::SGD()});
+  };
+  auto big = make(16);
+  big->fit(3, 0.1);
+  auto small = make(4);
+  small->fit(3, 0.1, {.cbs = {std::make_shared<fl::GradientAccumulation>(16)}});
+  auto a = flt::snapshot(big->model()), b = flt::snapshot(small->model());
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].allclose(b[i], 1e-5, 1e-6)) << a[i] << b[i];
+  EXPECT_EQ(small->opt().step_count(), 3) << "one step per 16 items";
+  // The logged losses are the real batch losses, not the scaled ones.
+  EXPECT_NEAR(small->recorder().history()[0].train_loss, big->recorder().history()[0].train_loss,
+              1e-5 * big->recorder().history()[0].train_loss);
+}
+
+TEST_F(Callbacks, GradientClipBoundsTheGlobalNorm) {
+  auto learn = classifier({}, fl::SGD());
+  struct Norm : fl::Callback {
+    double max_seen = 0;
+    void before_step() override {
+      double sq = 0;
+      for (auto& p : learn().model().parameters()) {
+        if (p.grad().defined()) sq += p.grad().pow(2).sum().item<double>();
+      }
+      max_seen = std::max(max_seen, std::sqrt(sq));
+    }
+  };
+  auto norm = std::make_shared<Norm>();
+  norm->order = 20;  // after the clip (11)
+  auto clip = std::make_shared<fl::GradientClip>(fl::GradientClipOptions{.max_norm = 0.01});
+  learn->fit(1, 1e-2, {.cbs = {clip, norm}});
+  EXPECT_GT(clip->last_norm(), 0.01) << "the gradients were larger than the bound before clipping";
+  EXPECT_LE(norm->max_seen, 0.01 * (1 + 1e-5));
+}
+
+TEST_F(Callbacks, MixedPrecisionBf16OnCpuTrainsAndLeavesAutocastOff) {
+  auto learn = classifier();
+  struct DtypeProbe : fl::Callback {
+    c10::ScalarType seen = c10::ScalarType::Undefined;
+    void after_pred() override { seen = learn().pred.scalar_type(); }
+  };
+  auto probe = std::make_shared<DtypeProbe>();
+  auto mp = std::make_shared<fl::MixedPrecision>();
+  learn->fit(2, 1e-2, {.cbs = {mp, probe}});
+  EXPECT_EQ(mp->dtype(), at::kBFloat16);
+  EXPECT_EQ(probe->seen, at::kBFloat16) << "the forward ran under autocast";
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU)) << "autocast is off outside the batch";
+  EXPECT_LT(learn->recorder().history().back().valid_loss, learn->recorder().history().front().train_loss);
+  EXPECT_EQ(mp->scale(), 1.0) << "no loss scaling with bfloat16";
+}
+
+TEST_F(Callbacks, LossScalingSkipsStepsWithNonFiniteGradientsAndBacksOff) {
+  auto learn = classifier({}, fl::SGD());
+  // Poison the gradients of the second training batch.
+  struct Poison : fl::Callback {
+    void after_backward() override {
+      if (learn().train_iter == 1) learn().model().parameters()[0].mutable_grad()[0][0] = INFINITY;
+    }
+  };
+  struct StepProbe : fl::Callback {
+    std::vector<bool> changed;
+    std::vector<at::Tensor> before;
+    void before_step() override { before = flt::snapshot(learn().model()); }
+    void after_step() override { changed.push_back(!flt::same_tensors(before, flt::snapshot(learn().model()))); }
+  };
+  auto poison = std::make_shared<Poison>();
+  auto probe = std::make_shared<StepProbe>();
+  probe->order = 5;  // its before_step snapshot runs before MixedPrecision (10) may skip the step
+  auto mp = std::make_shared<fl::MixedPrecision>(
+      fl::MixedPrecisionOptions{.dtype = at::kHalf, .loss_scaling = true, .init_scale = 1024});
+  learn->fit(1, 1e-2, {.cbs = {poison, probe, mp}});
+  ASSERT_EQ(probe->changed.size(), 8u);
+  EXPECT_TRUE(probe->changed[0]);
+  EXPECT_FALSE(probe->changed[1]) << "the step with an inf gradient is skipped";
+  EXPECT_TRUE(probe->changed[2]);
+  EXPECT_EQ(mp->skipped_steps(), 1);
+  EXPECT_EQ(mp->scale(), 512) << "the scale backs off by half";
+  for (auto& p : learn->model().parameters()) EXPECT_TRUE(p.isfinite().all().item<bool>());
+}

@@ -1,0 +1,404 @@
+// The Learner loop: the order of every event, each Cancel* effect, callback ordering and filtering,
+// callbacks added and removed at run time, evaluation helpers, freezing, and bit-for-bit determinism.
+#include <fastlearn/core/error.h>
+#include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/models.h>
+#include <fastlearn/learner/recorder.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "support/tiny_tasks.h"
+
+namespace fl = fastlearn;
+namespace flt = fastlearn::testing;
+using fl::Event;
+
+namespace {
+
+// Logs every event it receives; optionally throws a Cancel exception at one event (and batch).
+class EventLog : public fl::Callback {
+ public:
+  std::vector<std::string> events;
+  std::optional<Event> cancel_at;
+  std::function<void()> thrower;
+  std::optional<std::int64_t> only_iter;
+  std::optional<int> only_epoch;
+  bool only_training = true;
+
+  std::string name() const override { return "event_log"; }
+
+#define FASTLEARN_LOG_EVENT(e) \
+  void e() override { on(Event::e); }
+  FASTLEARN_LOG_EVENT(before_fit)
+  FASTLEARN_LOG_EVENT(before_epoch)
+  FASTLEARN_LOG_EVENT(before_train)
+  FASTLEARN_LOG_EVENT(before_batch)
+  FASTLEARN_LOG_EVENT(after_pred)
+  FASTLEARN_LOG_EVENT(after_loss)
+  FASTLEARN_LOG_EVENT(before_backward)
+  FASTLEARN_LOG_EVENT(after_cancel_backward)
+  FASTLEARN_LOG_EVENT(after_backward)
+  FASTLEARN_LOG_EVENT(before_step)
+  FASTLEARN_LOG_EVENT(after_cancel_step)
+  FASTLEARN_LOG_EVENT(after_step)
+  FASTLEARN_LOG_EVENT(after_cancel_batch)
+  FASTLEARN_LOG_EVENT(after_batch)
+  FASTLEARN_LOG_EVENT(after_cancel_train)
+  FASTLEARN_LOG_EVENT(after_train)
+  FASTLEARN_LOG_EVENT(before_validate)
+  FASTLEARN_LOG_EVENT(after_cancel_validate)
+  FASTLEARN_LOG_EVENT(after_validate)
+  FASTLEARN_LOG_EVENT(after_cancel_epoch)
+  FASTLEARN_LOG_EVENT(after_epoch)
+  FASTLEARN_LOG_EVENT(after_cancel_fit)
+  FASTLEARN_LOG_EVENT(after_fit)
+#undef FASTLEARN_LOG_EVENT
+
+ private:
+  void on(Event e) {
+    events.emplace_back(fl::to_string(e));
+    if (cancel_at != e || !thrower) return;
+    auto& l = learn();
+    if (only_iter && (l.iter != *only_iter || (fl::is_inner_loop(e) && l.training != only_training))) return;
+    if (only_epoch && l.epoch != *only_epoch) return;
+    thrower();
+  }
+};
+
+// 2 training batches of 4 and 1 validation batch of 4.
+fl::DataLoaders two_batches() { return flt::regression_data({.n_train = 8, .n_valid = 4, .bs = 4, .shuffle = false}); }
+
+std::unique_ptr<fl::Learner> learner_with(std::shared_ptr<EventLog> log, int epochs = 1) {
+  auto learn = flt::regression_learner(two_batches(), {.opt_func = fl::SGD()});
+  learn->add_cb(log);
+  learn->fit(epochs, 0.01);
+  return learn;
+}
+
+std::vector<std::string> train_batch() {
+  return {"before_batch", "after_pred", "after_loss", "before_backward", "after_backward",
+          "before_step",  "after_step", "after_batch"};
+}
+std::vector<std::string> valid_batch() { return {"before_batch", "after_pred", "after_loss", "after_batch"}; }
+
+std::vector<std::string> concat(std::initializer_list<std::vector<std::string>> parts) {
+  std::vector<std::string> out;
+  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+template <typename Cancel>
+std::function<void()> throws() {
+  return [] { throw Cancel(); };
+}
+
+}  // namespace
+
+TEST(Learner, FiresEveryEventInFastaiOrder) {
+  auto log = std::make_shared<EventLog>();
+  learner_with(log);
+  const auto expected = concat({{"before_fit", "before_epoch", "before_train"}, train_batch(), train_batch(),
+                                {"after_train", "before_validate"}, valid_batch(),
+                                {"after_validate", "after_epoch", "after_fit"}});
+  EXPECT_EQ(log->events, expected);
+}
+
+TEST(Learner, CancelBatchSkipsTheRestOfTheBatchAndZeroGrad) {
+  auto log = std::make_shared<EventLog>();
+  log->cancel_at = Event::after_backward;
+  log->only_iter = 0;
+  log->thrower = throws<fl::CancelBatchException>();
+  auto learn = flt::regression_learner(two_batches(), {.opt_func = fl::SGD()});
+  learn->add_cb(log);
+  // Stop right after the first batch to look at the gradients it left.
+  struct StopAfterFirst : fl::Callback {
+    at::Tensor grad;
+    void after_batch() override {
+      if (learn().training && learn().iter == 0) {
+        grad = learn().model().parameters()[0].grad().clone();
+        throw fl::CancelFitException();
+      }
+    }
+  };
+  auto stop = std::make_shared<StopAfterFirst>();
+  stop->order = 100;
+  learn->add_cb(stop);
+  const auto before = flt::snapshot(learn->model());
+  learn->fit(1, 0.01);
+  const auto first_batch = concat({{"before_fit", "before_epoch", "before_train", "before_batch", "after_pred",
+                                    "after_loss", "before_backward", "after_backward", "after_cancel_batch",
+                                    "after_batch"}});
+  ASSERT_GE(log->events.size(), first_batch.size());
+  EXPECT_EQ(std::vector<std::string>(log->events.begin(), log->events.begin() + first_batch.size()), first_batch);
+  ASSERT_TRUE(stop->grad.defined()) << "zero_grad must not run after CancelBatch: the gradient is kept";
+  EXPECT_GT(stop->grad.abs().sum().item<double>(), 0);
+  EXPECT_TRUE(flt::same_tensors(before, flt::snapshot(learn->model()))) << "no optimizer step after CancelBatch";
+}
+
+TEST(Learner, CancelStepSkipsOnlyTheStep) {
+  auto log = std::make_shared<EventLog>();
+  log->cancel_at = Event::before_step;
+  log->thrower = throws<fl::CancelStepException>();
+  auto learn = flt::regression_learner(two_batches(), {.opt_func = fl::SGD()});
+  learn->add_cb(log);
+  const auto before = flt::snapshot(learn->model());
+  learn->fit(1, 0.01);
+  auto step = std::vector<std::string>{"before_batch", "after_pred", "after_loss", "before_backward",
+                                       "after_backward", "before_step", "after_cancel_step", "after_step",
+                                       "after_batch"};
+  EXPECT_EQ(log->events, concat({{"before_fit", "before_epoch", "before_train"}, step, step,
+                                 {"after_train", "before_validate"}, valid_batch(),
+                                 {"after_validate", "after_epoch", "after_fit"}}));
+  EXPECT_TRUE(flt::same_tensors(before, flt::snapshot(learn->model())));
+  for (auto& p : learn->model().parameters()) EXPECT_FALSE(p.grad().defined()) << "zero_grad still runs";
+}
+
+TEST(Learner, CancelBackwardSkipsBackwardButStillSteps) {
+  auto log = std::make_shared<EventLog>();
+  log->cancel_at = Event::before_backward;
+  log->thrower = throws<fl::CancelBackwardException>();
+  auto learn = flt::regression_learner(two_batches(), {.opt_func = fl::SGD()});
+  learn->add_cb(log);
+  const auto before = flt::snapshot(learn->model());
+  learn->fit(1, 0.01);
+  auto batch = std::vector<std::string>{"before_batch", "after_pred", "after_loss", "before_backward",
+                                        "after_cancel_backward", "after_backward", "before_step", "after_step",
+                                        "after_batch"};
+  EXPECT_EQ(log->events, concat({{"before_fit", "before_epoch", "before_train"}, batch, batch,
+                                 {"after_train", "before_validate"}, valid_batch(),
+                                 {"after_validate", "after_epoch", "after_fit"}}));
+  EXPECT_TRUE(flt::same_tensors(before, flt::snapshot(learn->model()))) << "no gradient, so no change";
+}
+
+TEST(Learner, CancelTrainEndsTrainingButValidationRuns) {
+  auto log = std::make_shared<EventLog>();
+  log->cancel_at = Event::before_batch;
+  log->only_iter = 1;
+  log->thrower = throws<fl::CancelTrainException>();
+  learner_with(log);
+  EXPECT_EQ(log->events, concat({{"before_fit", "before_epoch", "before_train"}, train_batch(),
+                                 {"before_batch", "after_cancel_train", "after_train", "before_validate"},
+                                 valid_batch(), {"after_validate", "after_epoch", "after_fit"}}));
+}
+
+TEST(Learner, CancelValidateEndsValidation) {
+  auto log = std::make_shared<EventLog>();
+  log->cancel_at = Event::before_validate;
+  log->thrower = throws<fl::CancelValidException>();
+  learner_with(log);
+  EXPECT_EQ(log->events, concat({{"before_fit", "before_epoch", "before_train"}, train_batch(), train_batch(),
+                                 {"after_train", "before_validate", "after_cancel_validate", "after_validate",
+                                  "after_epoch", "after_fit"}}));
+}
+
+TEST(Learner, CancelEpochMovesToTheNextEpoch) {
+  auto log = std::make_shared<EventLog>();
+  log->cancel_at = Event::after_train;
+  log->only_epoch = 0;
+  log->thrower = throws<fl::CancelEpochException>();
+  learner_with(log, 2);
+  const auto second_epoch = concat({{"before_epoch", "before_train"}, train_batch(), train_batch(),
+                                    {"after_train", "before_validate"}, valid_batch(),
+                                    {"after_validate", "after_epoch"}});
+  EXPECT_EQ(log->events, concat({{"before_fit", "before_epoch", "before_train"}, train_batch(), train_batch(),
+                                 {"after_train", "after_cancel_epoch", "after_epoch"}, second_epoch,
+                                 {"after_fit"}}));
+}
+
+TEST(Learner, CancelFitEndsTheFitAndAfterFitStillRuns) {
+  auto log = std::make_shared<EventLog>();
+  log->cancel_at = Event::after_epoch;
+  log->thrower = throws<fl::CancelFitException>();
+  auto learn = learner_with(log, 3);
+  EXPECT_EQ(log->events.back(), "after_fit");
+  EXPECT_EQ(std::count(log->events.begin(), log->events.end(), "before_epoch"), 1);
+  EXPECT_EQ(log->events[log->events.size() - 2], "after_cancel_fit");
+  EXPECT_EQ(learn->recorder().history().size(), 1u);
+}
+
+TEST(Learner, CallbacksRunSortedByOrderAndStably) {
+  std::vector<std::string> seen;
+  struct Named : fl::Callback {
+    Named(std::string n, int o, std::vector<std::string>& s) : label(std::move(n)), sink(s) { order = o; }
+    void before_fit() override { sink.push_back(label); }
+    std::string label;
+    std::vector<std::string>& sink;
+  };
+  auto learn = flt::regression_learner(two_batches());
+  learn->add_cb(std::make_shared<Named>("late", 100, seen));
+  learn->add_cb(std::make_shared<Named>("first-zero", 0, seen));
+  learn->add_cb(std::make_shared<Named>("early", -5, seen));
+  learn->add_cb(std::make_shared<Named>("second-zero", 0, seen));
+  learn->fit(1);
+  EXPECT_EQ(seen, (std::vector<std::string>{"early", "first-zero", "second-zero", "late"}));
+  // The built-ins sit where fastai puts them: TrainEval first (-10), the Recorder at 50.
+  EXPECT_EQ(learn->cbs().front()->name(), "train_eval");
+}
+
+TEST(Learner, RunTrainAndRunValidFilterInnerLoopEvents) {
+  auto train_only = std::make_shared<EventLog>();
+  train_only->run_valid = false;
+  auto valid_only = std::make_shared<EventLog>();
+  valid_only->run_train = false;
+  auto learn = flt::regression_learner(two_batches());
+  learn->add_cbs({train_only, valid_only});
+  learn->fit(1);
+  auto count = [](const std::vector<std::string>& v, const char* e) { return std::count(v.begin(), v.end(), e); };
+  EXPECT_EQ(count(train_only->events, "before_batch"), 2);
+  EXPECT_EQ(count(valid_only->events, "before_batch"), 1);
+  // Events outside the batch reach both.
+  EXPECT_EQ(count(train_only->events, "after_validate"), 1);
+  EXPECT_EQ(count(valid_only->events, "before_train"), 1);
+}
+
+TEST(Learner, RunFalseSilencesACallbackUntilTheEndOfTheFit) {
+  struct Once : fl::Callback {
+    int batches = 0;
+    void after_batch() override {
+      ++batches;
+      run = false;
+    }
+  };
+  auto once = std::make_shared<Once>();
+  auto learn = flt::regression_learner(two_batches());
+  learn->add_cb(once);
+  learn->fit(2);
+  EXPECT_EQ(once->batches, 1);
+  learn->fit(1);  // run is reset at after_fit
+  EXPECT_EQ(once->batches, 2);
+}
+
+TEST(Learner, CallbacksCanBeAddedAndRemovedDuringAFit) {
+  auto late = std::make_shared<EventLog>();
+  struct Adder : fl::Callback {
+    std::shared_ptr<fl::Callback> to_add;
+    std::shared_ptr<fl::Callback> self;
+    void after_train() override {
+      learn().add_cb(to_add);
+      learn().remove_cb(self);
+    }
+  };
+  auto adder = std::make_shared<Adder>();
+  adder->to_add = late;
+  adder->self = adder;
+  auto learn = flt::regression_learner(two_batches());
+  learn->add_cb(adder);
+  learn->fit(1);
+  adder->self.reset();
+  EXPECT_EQ(late->events, concat({{"before_validate"}, valid_batch(), {"after_validate", "after_epoch", "after_fit"}}));
+  EXPECT_FALSE(adder->attached());
+  EXPECT_EQ(learn->cb<Adder>(), nullptr);
+}
+
+TEST(Learner, ScopedCallbacksAreAttachedOnlyInTheirScope) {
+  auto learn = flt::regression_learner(two_batches());
+  auto log = std::make_shared<EventLog>();
+  {
+    auto scope = learn->added_cbs({log});
+    EXPECT_EQ(learn->cb<EventLog>(), log);
+    learn->fit(1);
+  }
+  EXPECT_EQ(learn->cb<EventLog>(), nullptr);
+  const auto n = log->events.size();
+  learn->fit(1);
+  EXPECT_EQ(log->events.size(), n);
+  // Per-fit callbacks are detached after the fit, also when it throws.
+  auto extra = std::make_shared<EventLog>();
+  extra->cancel_at = Event::before_fit;
+  extra->thrower = [] { throw std::runtime_error("boom"); };
+  EXPECT_THROW(learn->fit(1, {}, {.cbs = {extra}}), std::runtime_error);
+  EXPECT_EQ(learn->cb<EventLog>(), nullptr);
+}
+
+TEST(Learner, TrainsALinearRegression) {
+  auto learn = flt::regression_learner(flt::regression_data({.n_train = 256, .n_valid = 64, .bs = 16}),
+                                       {.opt_func = fl::SGD({.mom = 0.9})});
+  learn->fit(10, 0.05);
+  const auto& history = learn->recorder().history();
+  ASSERT_EQ(history.size(), 10u);
+  EXPECT_LT(history.back().valid_loss, 1e-3);
+  EXPECT_LT(history.back().train_loss, history.front().train_loss);
+  EXPECT_NEAR(learn->validate().loss, history.back().valid_loss, 1e-9);
+}
+
+TEST(Learner, ValidateGetPredsAndPredict) {
+  auto dls = flt::classification_data({.n_train = 96, .n_valid = 30, .bs = 8, .shuffle = true});
+  torch::manual_seed(0);
+  fl::Learner learn(dls, fl::models::mlp(4, {16}, 3), fl::cross_entropy(),
+                    {.metrics = {fl::accuracy()}, .progress = false});
+  learn.fit_one_cycle(5, 0.05);
+  auto result = learn.validate();
+  EXPECT_GT(result.metric("accuracy"), 0.8);
+  EXPECT_THROW(result.metric("nope"), fl::Error);
+
+  auto preds = learn.get_preds();
+  ASSERT_EQ(preds.preds.sizes(), (at::IntArrayRef{30, 3}));
+  EXPECT_TRUE(preds.preds.sum(1).allclose(at::ones({30})));  // softmax activations
+  const auto& valid = static_cast<const fl::TensorDataset&>(learn.dls().valid().dataset());
+  EXPECT_TRUE(preds.targets.equal(valid.targets()[0])) << "targets come back in dataset order";
+  const double acc = preds.decoded.eq(preds.targets).to(at::kDouble).mean().item<double>();
+  EXPECT_NEAR(acc, result.metric("accuracy"), 1e-9);
+
+  auto one = learn.predict(valid.get(3));
+  EXPECT_EQ(one.decoded.item<std::int64_t>(), preds.decoded[3].item<std::int64_t>());
+  EXPECT_TRUE(one.probs.allclose(preds.preds[3], 1e-5, 1e-6));
+}
+
+TEST(Learner, FreezeKeepsBatchNormTrainableAndFineTuneUnfreezes) {
+  auto dls = flt::classification_data({.n_train = 32, .n_valid = 8, .bs = 8});
+  // A model of a linear body with BatchNorm and a linear head, split into two groups.
+  torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::BatchNorm1d(8), torch::nn::ReLU(),
+                              torch::nn::Linear(8, 3));
+  fl::Learner learn(dls, model, fl::cross_entropy(),
+                    {.splitter = fl::models::body_head_split, .progress = false});
+  learn.freeze();
+  EXPECT_FALSE(model[0]->parameters()[0].requires_grad());
+  EXPECT_TRUE(model[1]->parameters()[0].requires_grad()) << "BatchNorm stays trainable (train_bn)";
+  EXPECT_TRUE(model[3]->parameters()[0].requires_grad());
+  const auto body_before = model[0]->parameters()[0].clone();
+  learn.fit(1, 1e-2);
+  EXPECT_TRUE(model[0]->parameters()[0].equal(body_before)) << "a frozen group does not change";
+  learn.unfreeze();
+  for (auto& p : model->parameters()) EXPECT_TRUE(p.requires_grad());
+
+  learn.fine_tune(1, 1e-2);
+  auto& opt = learn.opt();
+  ASSERT_EQ(opt.n_groups(), 2u);
+  for (auto& p : model->parameters()) EXPECT_TRUE(p.requires_grad());
+  EXPECT_FALSE(model[0]->parameters()[0].equal(body_before));
+}
+
+TEST(Learner, LrSpecSpreadsLearningRatesOverGroups) {
+  EXPECT_EQ(fl::LrSpec(0.1).per_group(3), (std::vector<double>{0.1, 0.1, 0.1}));
+  EXPECT_EQ(fl::LrSpec::slice(1.0).per_group(3), (std::vector<double>{0.1, 0.1, 1.0}));
+  const auto geo = fl::LrSpec::slice(1e-4, 1e-2).per_group(3);
+  EXPECT_NEAR(geo[0], 1e-4, 1e-12);
+  EXPECT_NEAR(geo[1], 1e-3, 1e-12);
+  EXPECT_NEAR(geo[2], 1e-2, 1e-12);
+  EXPECT_THROW(fl::LrSpec(std::vector<double>{1, 2}).per_group(3), fl::ConfigError);
+}
+
+TEST(Learner, SeededCpuRunsAreBitForBitReproducible) {
+  auto run = [] {
+    torch::manual_seed(7);
+    auto dls = flt::classification_data({.n_train = 64, .n_valid = 16, .bs = 8, .seed = 3});
+    fl::Learner learn(dls, fl::models::mlp(4, {32, 32}, 3), fl::cross_entropy(), {.progress = false});
+    learn.fit_one_cycle(2, 1e-2);
+    return std::make_pair(learn.recorder().losses(), flt::snapshot(learn.model()));
+  };
+  const auto a = run();
+  const auto b = run();
+  EXPECT_EQ(a.first, b.first);
+  EXPECT_TRUE(flt::same_tensors(a.second, b.second));
+}
+
+TEST(Learner, ModelInputCountMismatchIsAClearError) {
+  auto learn = flt::regression_learner(two_batches());
+  try {
+    learn->forward({at::zeros({1, 4}), at::zeros({1, 4})});
+    FAIL() << "expected an error";
+  } catch (const fl::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("takes 1 input tensor(s) but the batch has 2"), std::string::npos) << e.what();
+  }
+}
