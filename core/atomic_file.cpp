@@ -87,7 +87,9 @@ class TempFile {
       fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
       if (fd_ >= 0) return;
       const int error = errno;
-      if (error != EEXIST || attempt == 100) fail(target, fmt::format("creating the temporary '{}'", path_.string()), error);
+      if (error != EEXIST || attempt == 100) {
+        fail(target, fmt::format("creating the temporary '{}'", path_.string()), error);
+      }
     }
   }
   TempFile(const TempFile&) = delete;
@@ -133,7 +135,9 @@ void write_file_atomically(const std::filesystem::path& path, const std::functio
     }
     if (buffer.error() != 0) fail(path, fmt::format("writing '{}'", temp.path().string()), buffer.error());
     // A stream in a failed state ignores further output and flushes: what reached the file may be partial.
-    if (!out) throw Error(fmt::format("cannot write '{}': the writer left the output stream in a failed state", path.string()));
+    if (!out) {
+      throw Error(fmt::format("cannot write '{}': the writer left the output stream in a failed state", path.string()));
+    }
   }
   if (::fsync(temp.fd()) != 0) {
     const int error = errno;  // read before fmt::format can change it
@@ -157,7 +161,9 @@ void write_file_atomically(const std::filesystem::path& path, const std::functio
 }
 
 void write_file_atomically(const std::filesystem::path& path, std::string_view bytes) {
-  write_file_atomically(path, [bytes](std::ostream& out) { out.write(bytes.data(), static_cast<std::streamsize>(bytes.size())); });
+  write_file_atomically(path, [bytes](std::ostream& out) {
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  });
 }
 
 }  // namespace fastlearn

@@ -109,7 +109,8 @@ std::string make_header(const NamedTensors& tensors, const Metadata& metadata, s
     if (tensor.layout() != at::kStrided) {
       std::ostringstream layout;
       layout << tensor.layout();
-      fail(origin, fmt::format("tensor '{}' has layout {}; only dense (strided) tensors can be saved", name, layout.str()));
+      fail(origin,
+           fmt::format("tensor '{}' has layout {}; only dense (strided) tensors can be saved", name, layout.str()));
     }
     const DType* dtype = dtype_by_type(tensor.scalar_type());
     if (!dtype) {
@@ -186,7 +187,9 @@ std::uint64_t header_length(const unsigned char* prefix, std::uint64_t file_size
                              "8-byte length); the file is truncated or not a safetensors file",
                              n, file_size, file_size - kLengthBytes));
   }
-  if (n > kMaxHeaderBytes) fail(origin, fmt::format("header length {} at byte 0 exceeds the limit of {} bytes", n, kMaxHeaderBytes));
+  if (n > kMaxHeaderBytes) {
+    fail(origin, fmt::format("header length {} at byte 0 exceeds the limit of {} bytes", n, kMaxHeaderBytes));
+  }
   return n;
 }
 
@@ -202,14 +205,18 @@ Json parse_json(std::string_view text, std::string_view origin) {
   // are refused here. The format nests root > entry > shape/data_offsets, i.e. containers at depth 0 to 2.
   auto check = [&](int depth, Json::parse_event_t event, Json& parsed) {
     if (event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start) {
-      if (depth > 2) fail(origin, fmt::format("the header nests JSON containers {} deep; the format has 3 levels", depth + 1));
+      if (depth > 2) {
+        fail(origin, fmt::format("the header nests JSON containers {} deep; the format has 3 levels", depth + 1));
+      }
       if (depth == 1) entry_keys.clear();
     } else if (event == Json::parse_event_t::key && depth == 1) {
       entry = parsed.get<std::string>();
       if (!keys.insert(entry).second) fail(origin, fmt::format("the header has the key '{}' twice", entry));
     } else if (event == Json::parse_event_t::key && depth == 2) {
       const auto& key = parsed.get_ref<const std::string&>();
-      if (!entry_keys.insert(key).second) fail(origin, fmt::format("the header entry '{}' has the key '{}' twice", entry, key));
+      if (!entry_keys.insert(key).second) {
+        fail(origin, fmt::format("the header entry '{}' has the key '{}' twice", entry, key));
+      }
     }
     return true;
   };
@@ -249,7 +256,9 @@ Entry parse_entry(const std::string& name, const Json& value, const Header& head
   }
   Entry entry{.name = name};
   const Json& dtype = field(value, name, "dtype", origin);
-  if (!dtype.is_string()) fail(origin, fmt::format("dtype of tensor '{}' is a JSON {}, not a string", name, dtype.type_name()));
+  if (!dtype.is_string()) {
+    fail(origin, fmt::format("dtype of tensor '{}' is a JSON {}, not a string", name, dtype.type_name()));
+  }
   entry.dtype = dtype_by_name(dtype.get_ref<const std::string&>());
   if (!entry.dtype) {
     fail(origin, fmt::format("unknown dtype '{}' for tensor '{}' (supported: {})", dtype.get_ref<const std::string&>(),
@@ -257,7 +266,9 @@ Entry parse_entry(const std::string& name, const Json& value, const Header& head
   }
 
   const Json& shape = field(value, name, "shape", origin);
-  if (!shape.is_array()) fail(origin, fmt::format("shape of tensor '{}' is a JSON {}, not an array", name, shape.type_name()));
+  if (!shape.is_array()) {
+    fail(origin, fmt::format("shape of tensor '{}' is a JSON {}, not an array", name, shape.type_name()));
+  }
   // `extent` counts zero dimensions as one: bounding it also keeps torch's strides from overflowing.
   std::uint64_t extent = entry.dtype->size;
   std::uint64_t numel = 1;
@@ -290,18 +301,22 @@ Entry parse_entry(const std::string& name, const Json& value, const Header& head
   }
   if (entry.end > header.data_size) {
     fail(origin, fmt::format("tensor '{}' data_offsets [{}, {}] exceed the data buffer of {} bytes (byte offset {} in "
-                             "the file, which has {} bytes); the file is truncated or its header is corrupt", name, entry.begin, entry.end, header.data_size,
-                             file_offset(header, entry.end), header.data_start + header.data_size));
+                             "the file, which has {} bytes); the file is truncated or its header is corrupt",
+                             name, entry.begin, entry.end, header.data_size, file_offset(header, entry.end),
+                             header.data_start + header.data_size));
   }
   if (entry.end - entry.begin != bytes) {
-    fail(origin, fmt::format("shape {} of tensor '{}' ({}) needs {} bytes but data_offsets [{}, {}] span {}", shape.dump(),
-                             name, entry.dtype->name, bytes, entry.begin, entry.end, entry.end - entry.begin));
+    fail(origin, fmt::format("shape {} of tensor '{}' ({}) needs {} bytes but data_offsets [{}, {}] span {}",
+                             shape.dump(), name, entry.dtype->name, bytes, entry.begin, entry.end,
+                             entry.end - entry.begin));
   }
   return entry;
 }
 
 Metadata parse_metadata(const Json& value, std::string_view origin) {
-  if (!value.is_object()) fail(origin, fmt::format("__metadata__ is a JSON {}, not an object of strings", value.type_name()));
+  if (!value.is_object()) {
+    fail(origin, fmt::format("__metadata__ is a JSON {}, not an object of strings", value.type_name()));
+  }
   Metadata metadata;
   for (const auto& [key, item] : value.items()) {
     if (!item.is_string()) {

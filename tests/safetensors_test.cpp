@@ -78,7 +78,9 @@ void expect_error(const std::string& bytes, std::initializer_list<std::string> p
   } catch (const fl::CheckpointError& e) {
     const std::string message = e.what();
     EXPECT_TRUE(message.starts_with("model.safetensors: ")) << message;
-    for (const auto& part : parts) EXPECT_NE(message.find(part), std::string::npos) << "missing '" << part << "' in: " << message;
+    for (const auto& part : parts) {
+      EXPECT_NE(message.find(part), std::string::npos) << "missing '" << part << "' in: " << message;
+    }
   }
 }
 
@@ -327,7 +329,8 @@ TEST_F(Safetensors, GapsOverlapsAndUncoveredBytesNameBothTensors) {
   expect_error(craft(json, std::string(11, 'x')),
                {fmt::format("the last 3 byte(s) of the data buffer, from byte offset {} in the file, belong to no "
                             "tensor; the last tensor is 'b'", 8 + json.size() + 8)});
-  expect_error(craft("{}", "x"), {"the last 1 byte(s) of the data buffer, from byte offset 10 in the file, belong to no tensor"});
+  expect_error(craft("{}", "x"),
+               {"the last 1 byte(s) of the data buffer, from byte offset 10 in the file, belong to no tensor"});
 }
 
 TEST_F(Safetensors, DuplicateKeysAndDeepNestingAreRejected) {
@@ -338,7 +341,8 @@ TEST_F(Safetensors, DuplicateKeysAndDeepNestingAreRejected) {
   expect_error(craft(R"({"a": {"dtype": "U8", "dtype": "F32", "shape": [1], "data_offsets": [0, 1]}})", "x"),
                {"the header entry 'a' has the key 'dtype' twice"});
   expect_error(craft(std::string(10000, '[') + std::string(10000, ']')), {"nests JSON containers"});
-  expect_error(craft(R"({"a": {"dtype": "U8", "shape": [[1]], "data_offsets": [0, 1]}})", "x"), {"nests JSON containers"});
+  expect_error(craft(R"({"a": {"dtype": "U8", "shape": [[1]], "data_offsets": [0, 1]}})", "x"),
+               {"nests JSON containers"});
 }
 
 TEST_F(Safetensors, BooleansOtherThanZeroOrOneAreRejected) {
@@ -366,8 +370,8 @@ TEST_F(Safetensors, LoadErrorsNameTheFile) {
     fl::load_safetensors(dir_ / "missing.safetensors");
     ADD_FAILURE() << "a missing file loaded";
   } catch (const fl::CheckpointError& e) {
-    EXPECT_NE(std::string(e.what()).find("missing.safetensors: cannot open: No such file or directory"), std::string::npos)
-        << e.what();
+    const std::string message = e.what();
+    EXPECT_NE(message.find("missing.safetensors: cannot open: No such file or directory"), std::string::npos) << message;
   }
   EXPECT_THROW(fl::load_safetensors(dir_), fl::CheckpointError);
 }
@@ -488,8 +492,8 @@ TEST_F(Safetensors, AtomicWriteThatFailsMidwayReportsErrnoAndLeavesTheOldFile) {
 TEST_F(Safetensors, SavingABadTensorKeepsTheOldCheckpoint) {
   fl::save_safetensors(dir_ / "m.safetensors", reference(), kMetadata);
   const auto before = read_bytes(dir_ / "m.safetensors");
-  EXPECT_THROW(fl::save_safetensors(dir_ / "m.safetensors", {{"ok", torch::ones(3)}, {"c", torch::ones(2, torch::kComplexDouble)}}),
-               fl::CheckpointError);
+  const fl::NamedTensors bad{{"ok", torch::ones(3)}, {"c", torch::ones(2, torch::kComplexDouble)}};
+  EXPECT_THROW(fl::save_safetensors(dir_ / "m.safetensors", bad), fl::CheckpointError);
   EXPECT_EQ(read_bytes(dir_ / "m.safetensors"), before);
   EXPECT_EQ(files(), std::vector<std::string>{"m.safetensors"});
 }
