@@ -1,0 +1,50 @@
+#pragma once
+// The safetensors format (Hugging Face): an 8-byte little-endian header length N, N bytes of JSON naming
+// each tensor's dtype, shape and [begin, end) byte range in the data buffer that follows, plus an optional
+// "__metadata__" object of strings. Data is little-endian and row-major; the tensors tile the buffer exactly.
+// Dtypes: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL.
+#include <ATen/core/Tensor.h>
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace fastlearn {
+
+/// Named tensors in a fixed order (the order they are written in, or their order in the data buffer).
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+/// The "__metadata__" of a safetensors file: string keys to string values.
+using Metadata = std::map<std::string, std::string>;
+
+/// What a safetensors file holds. Loaded tensors are CPU tensors that own their memory.
+struct SafetensorsContent {
+  NamedTensors tensors;
+  Metadata metadata;
+
+  /// The tensor called `name`, or nullptr.
+  const at::Tensor* find(std::string_view name) const;
+};
+
+/// Serializes `tensors` (any device, any strides; written as contiguous CPU data, in the given order) and
+/// `metadata`. Duplicate names, the reserved name "__metadata__", undefined or non-strided tensors,
+/// unsupported dtypes and strings that are not UTF-8 are a CheckpointError naming the tensor.
+std::string serialize_safetensors(const NamedTensors& tensors, const Metadata& metadata = {});
+
+/// Parses a whole safetensors file held in memory; `origin` (a file name) prefixes every error message.
+/// Any malformed input is a CheckpointError naming the tensor and/or byte offset at fault; memory use is
+/// bounded by the size of `bytes`.
+SafetensorsContent parse_safetensors(std::string_view bytes, std::string_view origin);
+
+/// serialize_safetensors into `path`, atomically (write_file_atomically): readers see the old file or the
+/// complete new one. Failures are a CheckpointError.
+void save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, const Metadata& metadata = {});
+
+/// Loads a safetensors file, reading each tensor's bytes straight into its own storage. Errors are a
+/// CheckpointError naming the file, as parse_safetensors.
+SafetensorsContent load_safetensors(const std::filesystem::path& path);
+
+}  // namespace fastlearn
