@@ -1,0 +1,525 @@
+#include <fastlearn/learner/optimizer.h>
+
+#include <fastlearn/core/error.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <initializer_list>
+#include <optional>
+#include <set>
+#include <string_view>
+#include <unordered_map>
+
+namespace fastlearn {
+
+namespace {
+
+std::string state_name(std::size_t group, std::size_t index, const std::string& name) {
+  return fmt::format("{}.{}.{}", group, index, name);
+}
+
+std::string shape_of(const at::Tensor& t) { return fmt::format("[{}]", fmt::join(t.sizes(), ", ")); }
+
+std::vector<std::string> keys_of(const Hypers& hypers) {
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : hypers) keys.push_back(k);
+  return keys;
+}
+
+// The value of a hyper-parameter inside step_group, where the group index is not known.
+double read_hyper(const ParamGroup& group, const char* name, const char* algorithm) {
+  const auto it = group.hypers.find(name);
+  if (it == group.hypers.end())
+    throw ConfigError(fmt::format("{}: a parameter group has no hyper-parameter '{}' (it has: {}); keep the hypers "
+                                  "the optimizer was created with",
+                                  algorithm, name, fmt::join(keys_of(group.hypers), ", ")));
+  return it->second;
+}
+
+void check_finite(const std::string& name, double value, const std::string& where) {
+  if (!std::isfinite(value))
+    throw ConfigError(fmt::format("{}: hyper-parameter '{}' must be finite, got {}; check the value or the schedule "
+                                  "that produced it",
+                                  where, name, value));
+}
+
+// Whether ATen's fused CPU kernels can update `p` from `g`: they walk raw contiguous memory.
+bool fusable(const at::Tensor& p, const at::Tensor& g) {
+  const auto dtype = p.scalar_type();
+  const bool floating = dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16;
+  return floating && p.device().is_cpu() && g.device().is_cpu() && p.layout() == at::kStrided &&
+         g.layout() == at::kStrided && g.scalar_type() == dtype && p.is_contiguous() && g.is_contiguous() &&
+         p.sizes() == g.sizes();
+}
+
+void reject_sparse(const ParamGroup& group, const std::vector<std::size_t>& active, const char* algorithm) {
+  for (const auto i : active)
+    if (group.params[i].grad().is_sparse())
+      throw ConfigError(fmt::format("{}: parameter {} of its group has a sparse gradient, which is not supported; use "
+                                    "a dense embedding (sparse=false)",
+                                    algorithm, i));
+}
+
+std::vector<ParamGroup> make_groups(std::vector<std::vector<at::Tensor>> params, const Hypers& hypers) {
+  std::vector<ParamGroup> groups;
+  groups.reserve(params.size());
+  for (auto& p : params) groups.push_back({std::move(p), hypers});
+  return groups;
+}
+
+// Parses a decimal index of a state tensor name; nullopt when `s` is not one.
+std::optional<std::size_t> parse_index(std::string_view s) {
+  std::size_t value = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (ec != std::errc() || end != s.data() + s.size() || s.empty()) return std::nullopt;
+  return value;
+}
+
+void validate(const SGDOptions& o) {
+  check_finite("mom", o.mom, "SGD");
+  check_finite("wd", o.wd, "SGD");
+  if (o.mom < 0) throw ConfigError(fmt::format("SGD: mom must be >= 0, got {}", o.mom));
+  if (o.wd < 0) throw ConfigError(fmt::format("SGD: wd must be >= 0, got {}", o.wd));
+  if (o.nesterov && o.mom <= 0)
+    throw ConfigError("SGD: nesterov needs momentum; set mom > 0 (e.g. {.mom = 0.9, .nesterov = true})");
+}
+
+void validate(const AdamOptions& o) {
+  for (const auto& [name, v] : std::initializer_list<std::pair<const char*, double>>{
+           {"mom", o.mom}, {"sqr_mom", o.sqr_mom}, {"eps", o.eps}, {"wd", o.wd}})
+    check_finite(name, v, "Adam");
+  if (o.mom < 0 || o.mom >= 1) throw ConfigError(fmt::format("Adam: mom (beta1) must be in [0, 1), got {}", o.mom));
+  if (o.sqr_mom < 0 || o.sqr_mom >= 1)
+    throw ConfigError(fmt::format("Adam: sqr_mom (beta2) must be in [0, 1), got {}", o.sqr_mom));
+  if (o.eps < 0) throw ConfigError(fmt::format("Adam: eps must be >= 0, got {}", o.eps));
+  if (o.wd < 0) throw ConfigError(fmt::format("Adam: wd must be >= 0, got {}", o.wd));
+}
+
+[[noreturn]] void load_fail(const std::string& what) {
+  throw CheckpointError(fmt::format("Optimizer::load_state: {}", what));
+}
+
+void validate_lr(double lr, const char* algorithm) {
+  check_finite("lr", lr, algorithm);
+  if (lr < 0) throw ConfigError(fmt::format("{}: lr must be >= 0, got {}", algorithm, lr));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------
+// Optimizer
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {
+  if (groups_.empty())
+    throw ConfigError("Optimizer: no parameter groups; pass at least one group (an empty group is fine)");
+  std::unordered_map<const c10::TensorImpl*, std::pair<std::size_t, std::size_t>> seen;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const auto& params = groups_[g].params;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const auto& p = params[i];
+      if (!p.defined())
+        throw ConfigError(fmt::format("Optimizer: parameter {} of group {} is an undefined tensor", i, g));
+      if (!p.is_floating_point())
+        throw ConfigError(fmt::format("Optimizer: parameter {} of group {} has dtype {}; only floating-point tensors "
+                                      "can be optimized",
+                                      i, g, c10::toString(p.scalar_type())));
+      const auto [it, fresh] = seen.emplace(p.unsafeGetTensorImpl(), std::pair{g, i});
+      if (!fresh)
+        throw ConfigError(fmt::format("Optimizer: parameter {} of group {} is also parameter {} of group {}; each "
+                                      "parameter may appear only once",
+                                      i, g, it->second.second, it->second.first));
+    }
+    for (const auto& [name, value] : groups_[g].hypers) check_finite(name, value, fmt::format("Optimizer group {}", g));
+  }
+  states_.resize(groups_.size());
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    auto& st = states_[g];
+    const auto n = groups_[g].params.size();
+    st.steps.assign(n, 0);
+    st.step_tensor = at::zeros({static_cast<std::int64_t>(n)}, at::kFloat);
+    for (std::size_t i = 0; i < n; ++i) st.step_views.push_back(st.step_tensor.select(0, static_cast<std::int64_t>(i)));
+  }
+}
+
+Optimizer::~Optimizer() = default;
+
+void Optimizer::step() {
+  at::NoGradGuard no_grad;
+  std::vector<std::size_t> active;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const auto& params = groups_[g].params;
+    active.clear();
+    for (std::size_t i = 0; i < params.size(); ++i)
+      if (params[i].grad().defined()) active.push_back(i);
+    if (active.empty()) continue;
+    auto& st = states_[g];
+    float* steps_f = st.step_tensor.data_ptr<float>();
+    for (const auto i : active) steps_f[i] = static_cast<float>(++st.steps[i]);
+    try {
+      step_group(groups_[g], st, active);
+    } catch (...) {
+      // Subclasses validate before they touch anything, so undoing the counts restores the state.
+      for (const auto i : active) steps_f[i] = static_cast<float>(--st.steps[i]);
+      throw;
+    }
+  }
+  ++step_count_;
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  std::vector<at::Tensor> to_zero;
+  for (auto& group : groups_) {
+    for (auto& p : group.params) {
+      auto& g = p.mutable_grad();
+      if (!g.defined()) continue;
+      if (set_to_none) {
+        g.reset();
+        continue;
+      }
+      // A gradient made with create_graph=true is part of a graph: cut it loose before zeroing (as torch does).
+      if (g.grad_fn())
+        g = g.detach();
+      else
+        g.requires_grad_(false);
+      to_zero.push_back(g);
+    }
+  }
+  if (!to_zero.empty()) at::_foreach_zero_(to_zero);
+}
+
+double Optimizer::hyper(const std::string& name, std::size_t group) const {
+  if (group >= groups_.size())
+    throw ConfigError(fmt::format("Optimizer::hyper('{}', {}): there are only {} parameter groups", name, group,
+                                  groups_.size()));
+  const auto& hypers = groups_[group].hypers;
+  const auto it = hypers.find(name);
+  if (it == hypers.end())
+    throw ConfigError(fmt::format("Optimizer::hyper: parameter group {} has no hyper-parameter '{}' (it has: {})", group,
+                                  name, fmt::join(keys_of(hypers), ", ")));
+  return it->second;
+}
+
+void Optimizer::set_hyper(const std::string& name, double value) { set_hyper(name, std::vector<double>{value}); }
+
+void Optimizer::set_hyper(const std::string& name, const std::vector<double>& per_group) {
+  if (per_group.size() != 1 && per_group.size() != groups_.size())
+    throw ConfigError(fmt::format("Optimizer::set_hyper('{}'): got {} values for {} parameter groups; pass one value "
+                                  "for all groups or one per group",
+                                  name, per_group.size(), groups_.size()));
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    if (!groups_[g].hypers.contains(name))
+      throw ConfigError(fmt::format("Optimizer::set_hyper: {} has no hyper-parameter '{}' (group {} has: {})", type(),
+                                    name, g, fmt::join(keys_of(groups_[g].hypers), ", ")));
+    check_finite(name, per_group.size() == 1 ? per_group[0] : per_group[g], fmt::format("set_hyper, group {}", g));
+  }
+  for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].hypers[name] = per_group.size() == 1 ? per_group[0] : per_group[g];
+}
+
+NamedTensors Optimizer::state_tensors() const {
+  NamedTensors out;
+  const auto names = state_names();
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const auto& st = states_[g];
+    for (std::size_t i = 0; i < st.steps.size(); ++i) {
+      if (st.steps[i] == 0) continue;
+      for (const auto& name : names) out.emplace_back(state_name(g, i, name), st.tensors.at(name).at(i));
+    }
+  }
+  return out;
+}
+
+std::string Optimizer::state_json() const {
+  nlohmann::json groups = nlohmann::json::array();
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    nlohmann::json hypers = nlohmann::json::object();
+    for (const auto& [k, v] : groups_[g].hypers) hypers[k] = v;
+    groups.push_back({{"hypers", hypers}, {"steps", states_[g].steps}});
+  }
+  return nlohmann::json{{"type", type()}, {"step_count", step_count_}, {"groups", groups}}.dump();
+}
+
+void Optimizer::load_state(const NamedTensors& tensors, const std::string& json) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json);
+  } catch (const nlohmann::json::exception& e) {
+    load_fail(fmt::format("the state JSON does not parse ({}); pass the string state_json() returned", e.what()));
+  }
+  if (!j.is_object() || !j.contains("type") || !j.contains("step_count") || !j.contains("groups") ||
+      !j["type"].is_string() || !j["step_count"].is_number_integer() || !j["groups"].is_array())
+    load_fail("the state JSON lacks \"type\", \"step_count\" or \"groups\"; pass the string state_json() returned");
+  if (j["type"].get<std::string>() != type())
+    load_fail(fmt::format("the checkpoint holds the state of {} but this optimizer is {}; create the optimizer the "
+                     "checkpoint was made with",
+                     j["type"].get<std::string>(), type()));
+  const auto step_count = j["step_count"].get<std::int64_t>();
+  if (step_count < 0) load_fail(fmt::format("step_count is {}", step_count));
+  const auto& jgroups = j["groups"];
+  if (jgroups.size() != groups_.size())
+    load_fail(fmt::format("the checkpoint has {} parameter groups, this optimizer {}; split the model the same way as "
+                     "when it was saved",
+                     jgroups.size(), groups_.size()));
+
+  // Everything is built aside and swapped in at the end, so a failed load leaves the optimizer as it was.
+  std::vector<Hypers> hypers(groups_.size());
+  std::vector<GroupState> states(groups_.size());
+  const auto names = state_names();
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const auto& jg = jgroups[g];
+    const auto n = groups_[g].params.size();
+    if (!jg.is_object() || !jg.contains("hypers") || !jg.contains("steps") || !jg["hypers"].is_object() ||
+        !jg["steps"].is_array())
+      load_fail(fmt::format("group {} of the state JSON lacks \"hypers\" or \"steps\"", g));
+    if (jg["steps"].size() != n)
+      load_fail(fmt::format("group {} has {} parameters in the checkpoint but {} here; build the same model and groups",
+                       g, jg["steps"].size(), n));
+    for (const auto& [k, v] : jg["hypers"].items()) {
+      if (!v.is_number()) load_fail(fmt::format("hyper-parameter '{}' of group {} is not a number", k, g));
+      hypers[g][k] = v.get<double>();
+    }
+    if (keys_of(hypers[g]) != keys_of(groups_[g].hypers))
+      load_fail(fmt::format("group {} has hyper-parameters [{}] in the checkpoint but [{}] here", g,
+                       fmt::join(keys_of(hypers[g]), ", "), fmt::join(keys_of(groups_[g].hypers), ", ")));
+    auto& st = states[g];
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto& s = jg["steps"][i];
+      if (!s.is_number_integer() || s.get<std::int64_t>() < 0)
+        load_fail(fmt::format("the step count of parameter {} of group {} is not a count", i, g));
+      st.steps.push_back(s.get<std::int64_t>());
+    }
+    st.step_tensor = at::zeros({static_cast<std::int64_t>(n)}, at::kFloat);
+    for (std::size_t i = 0; i < n; ++i) {
+      st.step_tensor.data_ptr<float>()[i] = static_cast<float>(st.steps[i]);
+      st.step_views.push_back(st.step_tensor.select(0, static_cast<std::int64_t>(i)));
+    }
+    for (const auto& name : names) st.tensors[name].resize(n);
+  }
+
+  at::NoGradGuard no_grad;
+  std::set<std::string> loaded;
+  for (const auto& [name, t] : tensors) {
+    // "<group>.<index>.<state name>"
+    const auto dot1 = name.find('.');
+    const auto dot2 = dot1 == std::string::npos ? std::string::npos : name.find('.', dot1 + 1);
+    const auto g = dot1 == std::string::npos ? std::nullopt : parse_index(std::string_view(name).substr(0, dot1));
+    const auto i = dot2 == std::string::npos ? std::nullopt
+                                             : parse_index(std::string_view(name).substr(dot1 + 1, dot2 - dot1 - 1));
+    const auto what = dot2 == std::string::npos ? std::string() : name.substr(dot2 + 1);
+    const bool known = g && i && *g < groups_.size() && *i < groups_[*g].params.size() &&
+                       std::find(names.begin(), names.end(), what) != names.end() && states[*g].steps[*i] > 0;
+    if (!known)
+      load_fail(fmt::format("unexpected state tensor '{}': {} keeps [{}] per updated parameter, named "
+                       "\"<group>.<index>.<state>\"; the checkpoint was made by a different optimizer or model",
+                       name, type(), fmt::join(names, ", ")));
+    if (!loaded.insert(name).second) load_fail(fmt::format("state tensor '{}' appears twice", name));
+    const auto& p = groups_[*g].params[*i];
+    if (!t.defined()) load_fail(fmt::format("state tensor '{}' is undefined", name));
+    if (t.scalar_type() != p.scalar_type())
+      load_fail(fmt::format("state tensor '{}' has dtype {} but its parameter has {}; convert the model to the dtype it "
+                       "was trained with before loading",
+                       name, c10::toString(t.scalar_type()), c10::toString(p.scalar_type())));
+    if (t.sizes() != p.sizes())
+      load_fail(fmt::format("state tensor '{}' has shape {} but its parameter has shape {}", name, shape_of(t),
+                       shape_of(p)));
+    states[*g].tensors[what][*i] = at::empty_like(p, at::MemoryFormat::Preserve).copy_(t.detach());
+  }
+  for (std::size_t g = 0; g < groups_.size(); ++g)
+    for (std::size_t i = 0; i < states[g].steps.size(); ++i)
+      if (states[g].steps[i] > 0)
+        for (const auto& name : names)
+          if (!states[g].tensors[name][i].defined())
+            load_fail(fmt::format("missing state tensor '{}' (parameter {} of group {} was updated {} times)",
+                             state_name(g, i, name), i, g, states[g].steps[i]));
+
+  for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].hypers = std::move(hypers[g]);
+  states_ = std::move(states);
+  step_count_ = step_count;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// SGD
+
+SGDOptimizer::SGDOptimizer(std::vector<std::vector<at::Tensor>> param_groups, double lr, SGDOptions options)
+    : Optimizer((validate(options), validate_lr(lr, "SGD"),
+                 make_groups(std::move(param_groups), {{"lr", lr}, {"mom", options.mom}, {"wd", options.wd}}))),
+      options_(options),
+      has_momentum_(options.mom != 0) {}
+
+std::vector<std::string> SGDOptimizer::state_names() const {
+  return has_momentum_ ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
+}
+
+void SGDOptimizer::step_group(ParamGroup& group, GroupState& state, const std::vector<std::size_t>& active) {
+  reject_sparse(group, active, "SGD");
+  const double lr = read_hyper(group, "lr", "SGD");
+  const double wd = read_hyper(group, "wd", "SGD");
+  const double mom = has_momentum_ ? read_hyper(group, "mom", "SGD") : 0.0;
+  const bool decoupled = options_.decouple_wd && wd != 0;
+  const double l2 = options_.decouple_wd ? 0.0 : wd;
+  auto* bufs = has_momentum_ ? &state.tensors["momentum_buffer"] : nullptr;
+  if (bufs) bufs->resize(group.params.size());
+
+  std::vector<at::Tensor> params, grads;
+  for (const auto i : active) {
+    params.push_back(group.params[i]);
+    grads.push_back(group.params[i].grad());
+  }
+  if (decoupled) at::_foreach_mul_(params, 1 - lr * wd);
+
+  // The fused kernel skips the buffer when momentum is 0; a buffer that exists must still decay, so then
+  // the group takes the general path.
+  const bool fuse_group = options_.fused && !(has_momentum_ && mom == 0);
+  std::vector<at::Tensor> fp[2], fg[2], fb[2];  // fused lists; [1]: first update (the buffer starts as the gradient)
+  std::vector<std::size_t> general;
+  for (std::size_t k = 0; k < active.size(); ++k) {
+    const auto i = active[k];
+    const bool first = state.steps[i] == 1;
+    if (fuse_group && fusable(params[k], grads[k]) && (!bufs || first || (*bufs)[i].is_contiguous())) {
+      fp[first].push_back(params[k]);
+      fg[first].push_back(grads[k]);
+      if (bufs) {
+        if (first) (*bufs)[i] = at::empty_like(params[k]);
+        fb[first].push_back((*bufs)[i]);
+      }
+    } else {
+      general.push_back(k);
+    }
+  }
+  for (int first = 0; first < 2; ++first)
+    if (!fp[first].empty())
+      at::_fused_sgd_(fp[first], fg[first], fb[first], l2, mom, lr, /*dampening=*/0.0, options_.nesterov,
+                      /*maximize=*/false, /*is_first_step=*/first == 1);
+  if (general.empty()) return;
+
+  std::vector<at::Tensor> gp, gd;
+  for (const auto k : general) {
+    gp.push_back(params[k]);
+    gd.push_back(grads[k]);
+  }
+  if (l2 != 0) gd = at::_foreach_add(gd, gp, l2);  // a new list: the gradients themselves stay untouched
+  if (bufs) {
+    std::vector<at::Tensor> all_bufs, old_bufs, old_d;
+    for (std::size_t n = 0; n < general.size(); ++n) {
+      const auto i = active[general[n]];
+      auto& buf = (*bufs)[i];
+      if (state.steps[i] == 1) {
+        buf = at::empty_like(gp[n], at::MemoryFormat::Preserve).copy_(gd[n]);
+      } else {
+        old_bufs.push_back(buf);
+        old_d.push_back(gd[n]);
+      }
+      all_bufs.push_back(buf);
+    }
+    if (!old_bufs.empty()) {
+      at::_foreach_mul_(old_bufs, mom);
+      at::_foreach_add_(old_bufs, old_d);
+    }
+    if (options_.nesterov)
+      gd = at::_foreach_add(gd, all_bufs, mom);
+    else
+      gd = std::move(all_bufs);
+  }
+  at::_foreach_add_(gp, gd, -lr);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Adam
+
+AdamOptimizer::AdamOptimizer(std::vector<std::vector<at::Tensor>> param_groups, double lr, AdamOptions options)
+    : Optimizer((validate(options), validate_lr(lr, "Adam"),
+                 make_groups(std::move(param_groups), {{"lr", lr},
+                                                       {"mom", options.mom},
+                                                       {"sqr_mom", options.sqr_mom},
+                                                       {"eps", options.eps},
+                                                       {"wd", options.wd}}))),
+      options_(options) {}
+
+std::vector<std::string> AdamOptimizer::state_names() const { return {"exp_avg", "exp_avg_sq"}; }
+
+void AdamOptimizer::step_group(ParamGroup& group, GroupState& state, const std::vector<std::size_t>& active) {
+  reject_sparse(group, active, "Adam");
+  const double lr = read_hyper(group, "lr", "Adam");
+  const double beta1 = read_hyper(group, "mom", "Adam");
+  const double beta2 = read_hyper(group, "sqr_mom", "Adam");
+  const double eps = read_hyper(group, "eps", "Adam");
+  const double wd = read_hyper(group, "wd", "Adam");
+  auto& exp_avg = state.tensors["exp_avg"];
+  auto& exp_avg_sq = state.tensors["exp_avg_sq"];
+  exp_avg.resize(group.params.size());
+  exp_avg_sq.resize(group.params.size());
+
+  std::vector<at::Tensor> fp, fg, fm, fv, fs;  // fused lists
+  std::vector<at::Tensor> gp, gg, gm, gv;      // general lists
+  std::vector<at::Scalar> neg_step_size, bc2_sqrt;
+  for (const auto i : active) {
+    const auto& p = group.params[i];
+    const auto& g = p.grad();
+    if (state.steps[i] == 1) {
+      exp_avg[i] = at::zeros_like(p, at::MemoryFormat::Preserve);
+      exp_avg_sq[i] = at::zeros_like(p, at::MemoryFormat::Preserve);
+    }
+    if (options_.fused && fusable(p, g) && exp_avg[i].is_contiguous() && exp_avg_sq[i].is_contiguous()) {
+      fp.push_back(p);
+      fg.push_back(g);
+      fm.push_back(exp_avg[i]);
+      fv.push_back(exp_avg_sq[i]);
+      fs.push_back(state.step_views[i]);
+    } else {
+      gp.push_back(p);
+      gg.push_back(g);
+      gm.push_back(exp_avg[i]);
+      gv.push_back(exp_avg_sq[i]);
+      // Bias corrections in double from the exact step count, as torch::optim::Adam computes them.
+      const auto t = static_cast<double>(state.steps[i]);
+      neg_step_size.emplace_back(-lr / (1 - std::pow(beta1, t)));
+      bc2_sqrt.emplace_back(std::sqrt(1 - std::pow(beta2, t)));
+    }
+  }
+  if (!fp.empty()) {
+    if (options_.decouple_wd)
+      at::_fused_adamw_(fp, fg, fm, fv, {}, fs, lr, beta1, beta2, wd, eps, /*amsgrad=*/false, /*maximize=*/false);
+    else
+      at::_fused_adam_(fp, fg, fm, fv, {}, fs, lr, beta1, beta2, wd, eps, /*amsgrad=*/false, /*maximize=*/false);
+  }
+  if (gp.empty()) return;
+  if (wd != 0) {
+    if (options_.decouple_wd)
+      at::_foreach_mul_(gp, 1 - lr * wd);
+    else
+      gg = at::_foreach_add(gg, gp, wd);  // a new list: the gradients themselves stay untouched
+  }
+  at::_foreach_mul_(gm, beta1);
+  at::_foreach_add_(gm, gg, 1 - beta1);
+  at::_foreach_mul_(gv, beta2);
+  at::_foreach_addcmul_(gv, gg, gg, 1 - beta2);
+  auto denom = at::_foreach_sqrt(gv);
+  at::_foreach_div_(denom, bc2_sqrt);
+  at::_foreach_add_(denom, eps);
+  at::_foreach_addcdiv_(gp, gm, denom, neg_step_size);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Factories
+
+OptFunc SGD(SGDOptions options) {
+  validate(options);
+  return [options](std::vector<std::vector<at::Tensor>> param_groups, double lr) -> std::unique_ptr<Optimizer> {
+    return std::make_unique<SGDOptimizer>(std::move(param_groups), lr, options);
+  };
+}
+
+OptFunc Adam(AdamOptions options) {
+  validate(options);
+  return [options](std::vector<std::vector<at::Tensor>> param_groups, double lr) -> std::unique_ptr<Optimizer> {
+    return std::make_unique<AdamOptimizer>(std::move(param_groups), lr, options);
+  };
+}
+
+OptFunc AdamW(AdamOptions options) { return Adam(options); }
+
+}  // namespace fastlearn

@@ -1,0 +1,158 @@
+#pragma once
+// Optimizers in fastai's shape: parameter groups, each with its own hyper-parameters ("lr", "mom",
+// "sqr_mom", "eps", "wd") that are read at every step, so a scheduler can change them between steps.
+// SGD (momentum, nesterov) and Adam / AdamW, with weight decay either decoupled (fastai's true weight
+// decay, p *= 1 - lr*wd before the update) or as L2 (grad += wd*p, like torch.optim's weight_decay).
+// On CPU the update of contiguous parameters is one fused, vectorized pass per tensor (ATen's
+// _fused_sgd_ / _fused_adam(w)_ kernels); anything else goes through at::_foreach_* ops.
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fastlearn {
+
+using Hypers = std::map<std::string, double>;
+
+struct ParamGroup {
+  std::vector<at::Tensor> params;
+  Hypers hypers;
+};
+
+/// Named state tensors, as state_tensors() returns them and load_state() takes them.
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+class Optimizer {
+ public:
+  /// Takes the groups as they are; a parameter in two groups, an undefined or non-floating-point
+  /// parameter, or no group at all is a ConfigError.
+  explicit Optimizer(std::vector<ParamGroup> groups);
+  virtual ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  /// One update of every parameter that has a gradient (parameters without .grad() are skipped).
+  void step();
+  /// Drops every gradient (set to undefined, as torch's set_to_none=True), or zeroes in place when set_to_none is false.
+  void zero_grad(bool set_to_none = true);
+
+  std::vector<ParamGroup>& param_groups() { return groups_; }
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  std::size_t n_groups() const { return groups_.size(); }
+
+  /// The value of hyper-parameter `name` in group `group`; ConfigError naming both if absent.
+  double hyper(const std::string& name, std::size_t group) const;
+  /// Sets `name` in every group; ConfigError if the groups do not have that hyper-parameter.
+  void set_hyper(const std::string& name, double value);
+  /// Sets `name` per group: one value for all groups, or one per group; any other size is a ConfigError.
+  void set_hyper(const std::string& name, const std::vector<double>& per_group);
+
+  /// Calls of step() so far (restored by load_state).
+  std::int64_t step_count() const { return step_count_; }
+
+  /// A short name of the algorithm ("SGD", "Adam"), recorded in checkpoints and checked on load.
+  virtual std::string type() const = 0;
+
+  /// Checkpointing: every state tensor, named "<group>.<param index in group>.<state name>" (e.g.
+  /// "0.3.exp_avg"), for the parameters that have been updated at least once. The tensors are the live
+  /// state (not copies): serialize them before the next step().
+  NamedTensors state_tensors() const;
+  /// The rest of the state as a JSON object: {"type": "Adam", "step_count": 12, "groups": [{"hypers":
+  /// {"lr": 0.001, ...}, "steps": [12, 12, 0]}, ...]} where "steps" counts the updates of each parameter.
+  std::string state_json() const;
+  /// Inverse of state_tensors() + state_json(): restores the hypers, the step counts and a copy of every
+  /// state tensor (moved to its parameter's device). A missing or extra tensor, a shape or dtype mismatch,
+  /// a different group layout or optimizer type is a CheckpointError that names the culprit; on error the
+  /// optimizer is left unchanged.
+  void load_state(const NamedTensors& tensors, const std::string& json);
+
+ protected:
+  /// The per-parameter state of one group.
+  struct GroupState {
+    std::vector<std::int64_t> steps;  ///< updates each parameter received, the one in progress included
+    std::map<std::string, std::vector<at::Tensor>> tensors;  ///< state name -> one per parameter (undefined before its first update)
+    at::Tensor step_tensor;  ///< `steps` as a float32 CPU tensor, for fused kernels that read steps from tensors
+    std::vector<at::Tensor> step_views;  ///< 0-dim views of step_tensor, one per parameter
+  };
+
+  /// Subclasses update the params of `group` listed in `active` (those with a gradient), whose step
+  /// counts in `state.steps` already include this update. Runs under a NoGradGuard.
+  virtual void step_group(ParamGroup& group, GroupState& state, const std::vector<std::size_t>& active) = 0;
+  /// Names of the per-parameter state tensors the algorithm keeps, each shaped like its parameter.
+  virtual std::vector<std::string> state_names() const = 0;
+
+ private:
+  std::vector<ParamGroup> groups_;
+  std::vector<GroupState> states_;
+  std::int64_t step_count_ = 0;
+};
+
+using OptFunc = std::function<std::unique_ptr<Optimizer>(std::vector<std::vector<at::Tensor>> param_groups, double lr)>;
+
+struct SGDOptions {
+  double mom = 0.0;
+  double wd = 0.0;
+  bool nesterov = false;
+  bool decouple_wd = true;  ///< true: p *= 1 - lr*wd before the update; false: L2, grad += wd*p
+  bool fused = true;        ///< fused CPU kernels where the tensors allow; false: at::_foreach_* ops only
+};
+
+struct AdamOptions {
+  double mom = 0.9;       ///< beta1
+  double sqr_mom = 0.99;  ///< beta2
+  double eps = 1e-5;
+  double wd = 0.01;
+  bool decouple_wd = true;  ///< true: p *= 1 - lr*wd before the update (AdamW); false: L2, grad += wd*p
+  bool fused = true;        ///< fused CPU kernels where the tensors allow; false: at::_foreach_* ops only
+};
+
+/// SGD with optional momentum (no dampening; the buffer starts as the first gradient) and nesterov, as
+/// torch.optim.SGD. With mom == 0 at construction there is no momentum buffer and "mom" is ignored later.
+/// Hypers: lr, mom, wd.
+class SGDOptimizer : public Optimizer {
+ public:
+  SGDOptimizer(std::vector<std::vector<at::Tensor>> param_groups, double lr, SGDOptions options = {});
+  std::string type() const override { return "SGD"; }
+  const SGDOptions& options() const { return options_; }
+
+ protected:
+  void step_group(ParamGroup& group, GroupState& state, const std::vector<std::size_t>& active) override;
+  std::vector<std::string> state_names() const override;
+
+ private:
+  SGDOptions options_;
+  bool has_momentum_;
+};
+
+/// Adam with bias correction as torch.optim.Adam (denominator sqrt(v)/sqrt(1 - sqr_mom^t) + eps).
+/// Hypers: lr, mom, sqr_mom, eps, wd. State: "exp_avg", "exp_avg_sq".
+class AdamOptimizer : public Optimizer {
+ public:
+  AdamOptimizer(std::vector<std::vector<at::Tensor>> param_groups, double lr, AdamOptions options = {});
+  std::string type() const override { return "Adam"; }
+  const AdamOptions& options() const { return options_; }
+
+ protected:
+  void step_group(ParamGroup& group, GroupState& state, const std::vector<std::size_t>& active) override;
+  std::vector<std::string> state_names() const override;
+
+ private:
+  AdamOptions options_;
+};
+
+/// SGD, fastai's defaults (no momentum, no weight decay).
+OptFunc SGD(SGDOptions options = {});
+/// Adam with fastai's defaults (mom 0.9, sqr_mom 0.99, eps 1e-5, decoupled wd 0.01).
+OptFunc Adam(AdamOptions options = {});
+/// Adam with decoupled weight decay and torch.optim.AdamW's defaults (0.9, 0.999, 1e-8, wd 0.01). Those
+/// defaults apply only when no options are passed: AdamW({.wd = 0.1}) starts from AdamOptions' (fastai's)
+/// defaults, so spell out sqr_mom and eps when passing options.
+OptFunc AdamW(AdamOptions options = {.mom = 0.9, .sqr_mom = 0.999, .eps = 1e-8, .wd = 0.01, .decouple_wd = true});
+
+}  // namespace fastlearn

@@ -1,0 +1,167 @@
+// Metrics: hand-computed small cases, batch-size weighting, whole-set vs per-batch values, F1 with absent
+// classes, clone independence, NaN when empty, detached inputs.
+#include <fastlearn/core/error.h>
+#include <fastlearn/learner/metrics.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+namespace fl = fastlearn;
+
+namespace {
+
+// Scores whose argmax over the last dim is `classes`, out of `n` classes.
+at::Tensor scores_for(std::vector<std::int64_t> classes, std::int64_t n) {
+  auto idx = torch::tensor(classes);
+  return torch::one_hot(idx, n).to(torch::kFloat) * 2 + 0.1 * torch::rand({idx.size(0), n});
+}
+
+at::Tensor labels(std::vector<std::int64_t> v) { return torch::tensor(v); }
+at::Tensor floats(std::vector<float> v) { return torch::tensor(v); }
+
+TEST(Metrics, AccuracyAndErrorRate) {
+  auto acc = fl::accuracy();
+  auto err = fl::error_rate();
+  const auto pred = scores_for({0, 2, 1, 1}, 3);
+  const auto targ = labels({0, 1, 1, 1});
+  acc->accumulate(pred, targ);
+  err->accumulate(pred, targ);
+  EXPECT_DOUBLE_EQ(acc->value(), 0.75);
+  EXPECT_DOUBLE_EQ(err->value(), 0.25);
+  EXPECT_EQ(acc->name(), "accuracy");
+  EXPECT_EQ(err->name(), "error_rate");
+}
+
+TEST(Metrics, UnevenBatchesAreWeightedByBatchSize) {
+  auto acc = fl::accuracy();
+  acc->accumulate(scores_for({0, 1}, 3), labels({0, 1}));                          // 2 items, 2 right
+  acc->accumulate(scores_for({0, 0, 0, 2, 2, 2}, 3), labels({0, 1, 1, 2, 0, 0}));  // 6 items, 2 right
+  EXPECT_DOUBLE_EQ(acc->value(), 4.0 / 8) << "not the mean of the batch accuracies (1 + 1/3) / 2";
+  auto err = fl::error_rate();
+  err->accumulate(scores_for({0, 1}, 3), labels({0, 1}));
+  err->accumulate(scores_for({0, 0, 0, 2, 2, 2}, 3), labels({0, 1, 1, 2, 0, 0}));
+  EXPECT_DOUBLE_EQ(err->value(), 0.5);
+}
+
+TEST(Metrics, TopKAccuracy) {
+  // Scores per row: class order by score, highest first.
+  const auto pred = torch::tensor({{0.5, 0.3, 0.2, 0.0}, {0.1, 0.2, 0.3, 0.4}, {0.4, 0.1, 0.3, 0.2}}).to(torch::kFloat);
+  const auto targ = labels({1, 1, 2});  // rank 2, rank 3, rank 2
+  auto top2 = fl::top_k_accuracy(2);
+  top2->accumulate(pred, targ);
+  EXPECT_DOUBLE_EQ(top2->value(), 2.0 / 3);
+  auto top3 = fl::top_k_accuracy(3);
+  top3->accumulate(pred, targ);
+  EXPECT_DOUBLE_EQ(top3->value(), 1.0);
+  EXPECT_EQ(top3->name(), "top_k_accuracy");
+  auto top5 = fl::top_k_accuracy();  // 5 > 4 classes
+  EXPECT_THROW(top5->accumulate(pred, targ), fl::ConfigError);
+  EXPECT_THROW(fl::top_k_accuracy(0), fl::ConfigError);
+}
+
+TEST(Metrics, F1MacroOverPresentClassesAccumulated) {
+  // Classes 0, 1, 3 appear; 2 appears nowhere and is excluded. Per class 2TP / (predicted + actual):
+  // 0: 2*1 / (2+2) = 1/2, 1: 2*2 / (3+2) = 4/5, 3: 2*1 / (1+2) = 2/3.
+  auto f1 = fl::f1_macro();
+  f1->accumulate(scores_for({0, 1}, 4), labels({0, 0}));
+  f1->accumulate(scores_for({1, 1, 3, 0}, 4), labels({1, 1, 3, 3}));
+  EXPECT_NEAR(f1->value(), (0.5 + 0.8 + 2.0 / 3) / 3, 1e-12);
+  EXPECT_EQ(f1->name(), "f1_macro");
+  // A class predicted but absent from the targets scores 0 (sklearn's zero_division=0):
+  // f1_score([0, 0, 1], [0, 2, 1], average="macro") = (2/3 + 1 + 0) / 3.
+  f1->reset();
+  f1->accumulate(scores_for({0, 2, 1}, 3), labels({0, 0, 1}));
+  EXPECT_NEAR(f1->value(), 5.0 / 9, 1e-12);
+  // Accumulated over the set: per-batch F1s would average differently.
+  f1->reset();
+  f1->accumulate(scores_for({0}, 2), labels({0}));
+  f1->accumulate(scores_for({0, 1, 1}, 2), labels({1, 1, 1}));
+  // 0: 2*1 / (2+1) = 2/3, 1: 2*2 / (2+3) = 4/5.
+  EXPECT_NEAR(f1->value(), (2.0 / 3 + 0.8) / 2, 1e-12);
+  f1->accumulate(scores_for({0}, 2), labels({-100}));
+  EXPECT_THROW(f1->value(), fl::ConfigError);
+}
+
+TEST(Metrics, RegressionMetrics) {
+  const auto pred = floats({1, 2, 3}).view({3, 1}), targ = floats({2, 2, 5});
+  auto m = fl::mse(), a = fl::mae(), r = fl::rmse();
+  for (auto& metric : {m, a, r}) metric->accumulate(pred, targ);
+  EXPECT_NEAR(m->value(), 5.0 / 3, 1e-7);
+  EXPECT_NEAR(a->value(), 1.0, 1e-7);
+  EXPECT_NEAR(r->value(), std::sqrt(5.0 / 3), 1e-7);
+  EXPECT_EQ(m->name(), "mse");
+  EXPECT_EQ(a->name(), "mae");
+  EXPECT_EQ(r->name(), "rmse");
+  EXPECT_THROW(m->accumulate(floats({1, 2}), floats({1, 2, 3})), fl::ConfigError);
+}
+
+TEST(Metrics, RmseIsTheRootOfTheWholeSetMse) {
+  auto r = fl::rmse();
+  r->accumulate(floats({0, 0}), floats({1, 1}));  // batch MSE 1, RMSE 1
+  r->accumulate(floats({0, 0}), floats({3, 3}));  // batch MSE 9, RMSE 3
+  EXPECT_NEAR(r->value(), std::sqrt(5.0), 1e-7) << "not the mean of the batch roots, 2";
+  auto m = fl::mse();  // uneven batches: (1*1 + 3*9) / 4
+  m->accumulate(floats({0}), floats({1}));
+  m->accumulate(floats({0, 0, 0}), floats({3, 3, 3}));
+  EXPECT_NEAR(m->value(), 7.0, 1e-6);
+}
+
+// One batch that fits any of the metrics above: 6 scores per item for classification, 6 items for regression.
+// `other` gives a batch with different values.
+void feed(fl::Metric& m, bool other = false) {
+  const bool regression = m.name() == "mse" || m.name() == "mae" || m.name() == "rmse";
+  if (regression)
+    m.accumulate(floats({1, 2, 3, 4, 5, 6}), other ? floats({0, 0, 0, 0, 0, 0}) : floats({1, 2, 3, 4, 5, 0}));
+  else
+    m.accumulate(scores_for({0, 1, 2, 3, 4, 5}, 6), other ? labels({5, 5, 5, 5, 5, 0}) : labels({0, 1, 2, 3, 4, 0}));
+}
+
+TEST(Metrics, NaNWhenEmpty) {
+  for (const auto& m : {fl::accuracy(), fl::error_rate(), fl::top_k_accuracy(), fl::f1_macro(), fl::mse(), fl::mae(),
+                        fl::rmse()}) {
+    EXPECT_TRUE(std::isnan(m->value())) << m->name();
+    feed(*m);
+    m->reset();
+    EXPECT_TRUE(std::isnan(m->value())) << m->name() << " after reset";
+  }
+}
+
+TEST(Metrics, CloneIsFreshAndIndependent) {
+  for (const auto& m : {fl::accuracy(), fl::f1_macro(), fl::rmse()}) {
+    feed(*m);
+    const double before = m->value();
+    auto c = m->clone();
+    EXPECT_EQ(c->name(), m->name());
+    EXPECT_TRUE(std::isnan(c->value())) << m->name() << ": a clone starts reset";
+    feed(*c, /*other=*/true);
+    EXPECT_NE(c->value(), before) << m->name() << ": the test batches do not tell the two apart";
+    EXPECT_EQ(m->value(), before) << m->name() << ": accumulating into the clone changed the original";
+    m->reset();
+    EXPECT_FALSE(std::isnan(c->value())) << m->name() << ": resetting the original reset the clone";
+  }
+}
+
+TEST(Metrics, InputsAreDetached) {
+  auto w = torch::randn({4, 3}, torch::requires_grad());
+  const auto pred = w * 2;
+  const auto targ = labels({0, 1, 2, 0});
+  fl::AvgMetric avg("avg", [](const at::Tensor& p, const at::Tensor&) {
+    EXPECT_FALSE(p.requires_grad());
+    return p.mean();
+  });
+  fl::AccumMetric accum("accum", [](const at::Tensor& p, const at::Tensor&) {
+    EXPECT_FALSE(p.requires_grad());
+    return p.sum().item<double>();
+  });
+  avg.accumulate(pred, targ);
+  accum.accumulate(pred, targ);
+  EXPECT_NEAR(avg.value(), (w * 2).mean().item<double>(), 1e-6);
+  EXPECT_NEAR(accum.value(), (w * 2).sum().item<double>(), 1e-5);
+  // The graph belongs to the caller alone: backward still works and only sees the caller's use.
+  pred.sum().backward();
+  EXPECT_TRUE(torch::allclose(w.grad(), torch::full({4, 3}, 2.0)));
+}
+
+}  // namespace
