@@ -86,8 +86,8 @@ int main(int argc, char** argv) {
   auto loop_model = fl::models::simple_cnn(10);
   std::FILE* devnull = std::fopen("/dev/null", "w");
   fl::Learner learn(learner_dls, learner_model, fl::cross_entropy(),
-                    {.opt_func = fl::Adam(), .metrics = {fl::accuracy()}, .progress = false,
-                     .cbs = {std::make_shared<fl::Progress>(fl::ProgressOptions{.out = devnull})}});
+                    {.opt_func = fl::Adam(), .metrics = {fl::accuracy()},
+                     .cbs = {std::make_shared<fl::Progress>(fl::ProgressOptions{.out = devnull})}, .progress = false});
   auto loop_opt = fl::Adam()({loop_model->parameters()}, 1e-3);
 
   double acc = 0;

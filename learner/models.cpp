@@ -9,7 +9,8 @@ namespace fastlearn::models {
 namespace nn = torch::nn;
 
 nn::Sequential mlp(std::int64_t in, const std::vector<std::int64_t>& hidden, std::int64_t out) {
-  nn::Sequential model(nn::Flatten());
+  nn::Sequential model;
+  model->push_back(nn::Flatten());
   std::int64_t width = in;
   for (auto h : hidden) {
     model->push_back(nn::Linear(width, h));
@@ -30,24 +31,34 @@ nn::Sequential simple_cnn(std::int64_t classes, std::int64_t in_channels) {
 
 namespace {
 
-nn::Sequential conv_bn(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride, bool relu,
-                       bool zero_bn = false) {
-  nn::Sequential layer(nn::Conv2d(nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false)));
-  nn::BatchNorm2d bn(out);
-  // The last BN of a residual branch starts at zero, so each block starts as the identity (as xresnet).
-  if (zero_bn) torch::nn::init::zeros_(bn->weight);
-  layer->push_back(bn);
-  if (relu) layer->push_back(nn::ReLU());
-  return layer;
-}
+// Convolution (no bias), BatchNorm, optional ReLU: the unit every layer of the ResNet is made of.
+struct ConvBnImpl : nn::Module {
+  ConvBnImpl(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride, bool relu_,
+             bool zero_bn = false)
+      : conv(register_module("conv", nn::Conv2d(nn::Conv2dOptions(in, out, kernel)
+                                                       .stride(stride).padding(kernel / 2).bias(false)))),
+        bn(register_module("bn", nn::BatchNorm2d(out))),
+        relu(relu_) {
+    // The last BN of a residual branch starts at zero, so each block starts as the identity (as xresnet).
+    if (zero_bn) nn::init::zeros_(bn->weight);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto y = bn->forward(conv->forward(x));
+    return relu ? torch::relu(y) : y;
+  }
+  nn::Conv2d conv;
+  nn::BatchNorm2d bn;
+  bool relu;
+};
+TORCH_MODULE(ConvBn);
 
 struct ResBlockImpl : nn::Module {
   ResBlockImpl(std::int64_t in, std::int64_t out, std::int64_t stride)
-      : branch(register_module("branch", nn::Sequential(conv_bn(in, out, 3, stride, true),
-                                                         conv_bn(out, out, 3, 1, false, true)))),
+      : branch(register_module("branch", nn::Sequential(ConvBn(in, out, 3, stride, true),
+                                                         ConvBn(out, out, 3, 1, false, true)))),
         shortcut(register_module("shortcut", nn::Sequential())) {
     if (stride != 1) shortcut->push_back(nn::AvgPool2d(nn::AvgPool2dOptions(stride).ceil_mode(true)));
-    if (in != out) shortcut->push_back(conv_bn(in, out, 1, 1, false));
+    if (in != out) shortcut->push_back(ConvBn(in, out, 1, 1, false));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     auto identity = shortcut->is_empty() ? x : shortcut->forward(x);
@@ -63,8 +74,8 @@ nn::Sequential resnet(const ResNetOptions& options) {
   if (options.widths.empty() || options.blocks_per_stage < 1 || options.classes < 1) {
     throw ConfigError("models::resnet: needs at least one stage width, blocks_per_stage >= 1 and classes >= 1");
   }
-  nn::Sequential model(conv_bn(options.in_channels, options.stem_width, 3, 1, true),
-                       conv_bn(options.stem_width, options.stem_width, 3, 1, true));
+  nn::Sequential model(ConvBn(options.in_channels, options.stem_width, 3, 1, true),
+                       ConvBn(options.stem_width, options.stem_width, 3, 1, true));
   std::int64_t channels = options.stem_width;
   for (std::size_t stage = 0; stage < options.widths.size(); ++stage) {
     for (std::int64_t b = 0; b < options.blocks_per_stage; ++b) {

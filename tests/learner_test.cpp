@@ -210,6 +210,7 @@ TEST(Learner, CancelFitEndsTheFitAndAfterFitStillRuns) {
   auto log = std::make_shared<EventLog>();
   log->cancel_at = Event::after_epoch;
   log->thrower = throws<fl::CancelFitException>();
+  log->order = 100;  // after the Recorder, which then has recorded the epoch
   auto learn = learner_with(log, 3);
   EXPECT_EQ(log->events.back(), "after_fit");
   EXPECT_EQ(std::count(log->events.begin(), log->events.end(), "before_epoch"), 1);

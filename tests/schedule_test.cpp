@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <fstream>
 #include <numbers>
 
 #include "support/tiny_tasks.h"

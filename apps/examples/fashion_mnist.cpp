@@ -33,8 +33,8 @@ int main(int argc, char** argv) {
     fl::set_seed(seed);
     auto dls = fl::ImageDataLoaders::from_idx(data, {.bs = bs, .num_workers = workers, .seed = seed});
     fl::Learner learn(dls, fl::models::simple_cnn(dls.c()), fl::cross_entropy(),
-                      {.opt_func = fl::Adam(), .metrics = {fl::accuracy()}, .path = out,
-                       .cbs = {std::make_shared<fl::CSVLogger>(), std::make_shared<fl::MetricsJson>()}});
+                      {.opt_func = fl::Adam(), .metrics = {fl::accuracy()},
+                       .cbs = {std::make_shared<fl::CSVLogger>(), std::make_shared<fl::MetricsJson>()}, .path = out});
     learn.fit_one_cycle(epochs, lr);
     learn.save("fashion_cnn");
     learn.recorder().plot_loss(std::filesystem::path(out) / "loss.svg");
