@@ -474,4 +474,25 @@ TEST(Optimizer, DeterministicAcrossRuns) {
   }
 }
 
+// The fused kernels split big tensors across threads on fixed 64-byte boundaries, so the result does not
+// depend on the thread count either.
+TEST(Optimizer, DeterministicAcrossThreadCounts) {
+  const int threads = at::get_num_threads();
+  for (const auto& f : {fl::SGD({.mom = 0.9, .wd = 0.01}), fl::Adam()}) {
+    Params runs[2];
+    for (int r = 0; r < 2; ++r) {
+      at::set_num_threads(r == 0 ? 1 : 4);
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+      runs[r] = {at::randn({300001}, gen).requires_grad_(true), at::randn({513, 77}, gen).requires_grad_(true)};
+      auto opt = make(f, runs[r], 1e-2);
+      for (int s = 0; s < 5; ++s) {
+        set_grads(runs[r], s);
+        opt->step();
+      }
+    }
+    expect_equal(runs[0], runs[1], "1 thread vs 4");
+  }
+  at::set_num_threads(threads);
+}
+
 }  // namespace
