@@ -39,9 +39,10 @@ Schedule sched_exp(double start, double end) {
   check_finite("sched_exp", "start", start);
   check_finite("sched_exp", "end", end);
   if (start <= 0 || end <= 0)
-    throw ConfigError(fmt::format("sched_exp({}, {}): start and end must be > 0 for an exponential schedule; use "
-                                  "sched_lin or sched_cos to reach 0",
-                                  start, end));
+    throw ConfigError(
+        fmt::format("sched_exp({}, {}): start and end must be > 0 for an exponential schedule; use "
+                    "sched_lin or sched_cos to reach 0",
+                    start, end));
   return [=](double pos) { return start * std::pow(end / start, pos); };
 }
 
@@ -55,9 +56,10 @@ Schedule sched_poly(double start, double end, double power) {
 
 Schedule combine_scheds(std::vector<double> pcts, std::vector<Schedule> scheds) {
   if (pcts.empty() || pcts.size() != scheds.size())
-    throw ConfigError(fmt::format("combine_scheds: got {} fractions and {} schedules; pass one fraction per "
-                                  "schedule (at least one)",
-                                  pcts.size(), scheds.size()));
+    throw ConfigError(
+        fmt::format("combine_scheds: got {} fractions and {} schedules; pass one fraction per "
+                    "schedule (at least one)",
+                    pcts.size(), scheds.size()));
   for (std::size_t k = 0; k < pcts.size(); ++k) {
     if (!std::isfinite(pcts[k]) || pcts[k] < 0)
       throw ConfigError(fmt::format("combine_scheds: fraction {} is {}; fractions must be >= 0", k, pcts[k]));
@@ -72,8 +74,10 @@ Schedule combine_scheds(std::vector<double> pcts, std::vector<Schedule> scheds) 
   for (const double p : pcts) bounds.push_back(bounds.back() + p);
   bounds.back() = 1.0;
   return [bounds = std::move(bounds), scheds = std::move(scheds)](double pos) {
-    if (!(pos >= 0 && pos <= 1))
+    // Rounding in the caller's iter / total may overshoot a bound by an ulp or so: that much is clamped.
+    if (!(pos >= -1e-9 && pos <= 1 + 1e-9))
       throw ConfigError(fmt::format("combine_scheds: position {} is outside [0, 1]", pos));
+    pos = std::clamp(pos, 0.0, 1.0);
     // The last phase whose start is <= pos (so zero-length phases are skipped), but never past the last.
     std::size_t k = scheds.size() - 1;
     while (k > 0 && pos < bounds[k]) --k;

@@ -23,7 +23,7 @@ Schedule sched_poly(double start, double end, double power);
 /// Chains `scheds`: phase k covers a fraction pcts[k] of training and runs scheds[k] over its own [0, 1].
 /// pcts must be >= 0 and sum to 1, with one schedule each (ConfigError otherwise). At a boundary the later
 /// phase applies (zero-length phases are skipped), and pos == 1 is the last schedule at 1 (also when the
-/// last phase has length 0). A pos outside [0, 1] is a ConfigError.
+/// last phase has length 0). A pos outside [0, 1] (by more than 1e-9, which is clamped) is a ConfigError.
 Schedule combine_scheds(std::vector<double> pcts, std::vector<Schedule> scheds);
 /// Two cosine phases: start -> middle over the first `pct` of training, then middle -> end
 /// (fastai's one-cycle shape; pct in [0, 1]).

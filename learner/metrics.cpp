@@ -16,16 +16,15 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // pred and targ flattened, after checking that they hold the same number of items (fastai's flatten_check).
 std::pair<at::Tensor, at::Tensor> flatten_check(const char* metric, const at::Tensor& pred, const at::Tensor& targ) {
   if (pred.numel() != targ.numel())
-    throw ConfigError(fmt::format("{}: the predictions hold {} values but the targets {}; the metric does not fit "
-                                  "the model's output",
-                                  metric, pred.numel(), targ.numel()));
+    throw ConfigError(
+        fmt::format("{}: the predictions hold {} values but the targets {}; the metric does not fit "
+                    "the model's output",
+                    metric, pred.numel(), targ.numel()));
   return {pred.flatten(), targ.flatten()};
 }
 
 // Regression metrics compute in at least float32, whatever the model's dtype.
-at::ScalarType regression_dtype(const at::Tensor& pred) {
-  return at::promote_types(pred.scalar_type(), at::kFloat);
-}
+at::ScalarType regression_dtype(const at::Tensor& pred) { return at::promote_types(pred.scalar_type(), at::kFloat); }
 
 AvgMetric::Fn squared_error(const char* metric) {
   return [metric](const at::Tensor& pred, const at::Tensor& targ) {
@@ -63,9 +62,10 @@ void AvgMetric::accumulate(const at::Tensor& pred, const at::Tensor& targ) {
   if (bs == 0) return;  // an empty batch would add a NaN mean
   const auto v = fn_(pred.detach(), targ.detach()).detach();
   if (v.numel() != 1)
-    throw ConfigError(fmt::format("{}: the metric function returned {} values; it must return the batch's mean as "
-                                  "one value",
-                                  name_, v.numel()));
+    throw ConfigError(
+        fmt::format("{}: the metric function returned {} values; it must return the batch's mean as "
+                    "one value",
+                    name_, v.numel()));
   const auto weighted = v.reshape({}).to(at::kDouble) * static_cast<double>(bs);
   total_ = total_.defined() ? total_ + weighted.to(total_.device()) : weighted;
   count_ += bs;
@@ -105,9 +105,7 @@ double AccumMetric::value() const {
   return fn_(at::cat(preds_), at::cat(targs_));
 }
 
-std::unique_ptr<Metric> AccumMetric::clone() const {
-  return std::make_unique<AccumMetric>(name_, fn_, activation_);
-}
+std::unique_ptr<Metric> AccumMetric::clone() const { return std::make_unique<AccumMetric>(name_, fn_, activation_); }
 
 // ---------------------------------------------------------------------------------------------------------------
 // Ready-made metrics
@@ -115,9 +113,8 @@ std::unique_ptr<Metric> AccumMetric::clone() const {
 MetricPtr accuracy() { return std::make_shared<AvgMetric>("accuracy", batch_accuracy); }
 
 MetricPtr error_rate() {
-  return std::make_shared<AvgMetric>("error_rate", [](const at::Tensor& pred, const at::Tensor& targ) {
-    return 1 - batch_accuracy(pred, targ);
-  });
+  return std::make_shared<AvgMetric>(
+      "error_rate", [](const at::Tensor& pred, const at::Tensor& targ) { return 1 - batch_accuracy(pred, targ); });
 }
 
 MetricPtr top_k_accuracy(int k) {
@@ -129,9 +126,10 @@ MetricPtr top_k_accuracy(int k) {
     const auto top = std::get<1>(pred.topk(k, -1));  // (..., k) class indices
     const auto items = top.numel() / k;
     if (targ.numel() != items)
-      throw ConfigError(fmt::format("top_k_accuracy: the predictions hold {} items but the targets {}; the metric "
-                                    "does not fit the model's output",
-                                    items, targ.numel()));
+      throw ConfigError(
+          fmt::format("top_k_accuracy: the predictions hold {} items but the targets {}; the metric "
+                      "does not fit the model's output",
+                      items, targ.numel()));
     const auto hits = top.reshape({items, k}).eq(targ.reshape({items, 1})).any(-1);
     return hits.to(at::kDouble).mean();
   });
@@ -144,8 +142,8 @@ MetricPtr f1_macro() {
     if (p.numel() == 0) return kNaN;
     const auto lowest = std::min(p.min().item<std::int64_t>(), t.min().item<std::int64_t>());
     if (lowest < 0)
-      throw ConfigError(fmt::format("f1_macro: class index {} is negative; drop ignored items (e.g. -100) first",
-                                    lowest));
+      throw ConfigError(
+          fmt::format("f1_macro: class index {} is negative; drop ignored items (e.g. -100) first", lowest));
     const auto n = std::max(p.max().item<std::int64_t>(), t.max().item<std::int64_t>()) + 1;
     const auto tp = at::bincount(t.masked_select(p.eq(t)), {}, n).to(at::kDouble);
     // 2*TP + FP + FN = (items predicted as c) + (items of class c); > 0 exactly for the classes present.
@@ -170,7 +168,8 @@ MetricPtr mae() {
 MetricPtr rmse() {
   // The batch-size-weighted mean of per-batch MSEs is the whole-set MSE (items of equal size), so its root
   // is the whole-set RMSE without keeping the predictions.
-  return std::make_shared<AvgMetric>("rmse", squared_error("rmse"), [](double mse_value) { return std::sqrt(mse_value); });
+  return std::make_shared<AvgMetric>("rmse", squared_error("rmse"),
+                                     [](double mse_value) { return std::sqrt(mse_value); });
 }
 
 }  // namespace fastlearn

@@ -35,17 +35,19 @@ std::vector<std::string> keys_of(const Hypers& hypers) {
 double read_hyper(const ParamGroup& group, const char* name, const char* algorithm) {
   const auto it = group.hypers.find(name);
   if (it == group.hypers.end())
-    throw ConfigError(fmt::format("{}: a parameter group has no hyper-parameter '{}' (it has: {}); keep the hypers "
-                                  "the optimizer was created with",
-                                  algorithm, name, fmt::join(keys_of(group.hypers), ", ")));
+    throw ConfigError(
+        fmt::format("{}: a parameter group has no hyper-parameter '{}' (it has: {}); keep the hypers "
+                    "the optimizer was created with",
+                    algorithm, name, fmt::join(keys_of(group.hypers), ", ")));
   return it->second;
 }
 
 void check_finite(const std::string& name, double value, const std::string& where) {
   if (!std::isfinite(value))
-    throw ConfigError(fmt::format("{}: hyper-parameter '{}' must be finite, got {}; check the value or the schedule "
-                                  "that produced it",
-                                  where, name, value));
+    throw ConfigError(
+        fmt::format("{}: hyper-parameter '{}' must be finite, got {}; check the value or the schedule "
+                    "that produced it",
+                    where, name, value));
 }
 
 // Whether ATen's fused CPU kernels can update `p` from `g`: they walk raw contiguous memory.
@@ -57,12 +59,20 @@ bool fusable(const at::Tensor& p, const at::Tensor& g) {
          p.sizes() == g.sizes();
 }
 
-void reject_sparse(const ParamGroup& group, const std::vector<std::size_t>& active, const char* algorithm) {
-  for (const auto i : active)
-    if (group.params[i].grad().is_sparse())
-      throw ConfigError(fmt::format("{}: parameter {} of its group has a sparse gradient, which is not supported; use "
-                                    "a dense embedding (sparse=false)",
-                                    algorithm, i));
+// Gradients the update can use: dense and shaped like their parameter. Checked before anything changes.
+void check_grads(const ParamGroup& group, const std::vector<std::size_t>& active, const char* algorithm) {
+  for (const auto i : active) {
+    const auto& p = group.params[i];
+    const auto& g = p.grad();
+    if (g.is_sparse())
+      throw ConfigError(
+          fmt::format("{}: parameter {} of its group has a sparse gradient, which is not supported; use "
+                      "a dense embedding (sparse=false)",
+                      algorithm, i));
+    if (g.sizes() != p.sizes())
+      throw ConfigError(fmt::format("{}: parameter {} of its group has shape {} but its gradient has shape {}",
+                                    algorithm, i, shape_of(p), shape_of(g)));
+  }
 }
 
 std::vector<ParamGroup> make_groups(std::vector<std::vector<at::Tensor>> params, const Hypers& hypers) {
@@ -125,14 +135,16 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
       if (!p.defined())
         throw ConfigError(fmt::format("Optimizer: parameter {} of group {} is an undefined tensor", i, g));
       if (!p.is_floating_point())
-        throw ConfigError(fmt::format("Optimizer: parameter {} of group {} has dtype {}; only floating-point tensors "
-                                      "can be optimized",
-                                      i, g, c10::toString(p.scalar_type())));
+        throw ConfigError(
+            fmt::format("Optimizer: parameter {} of group {} has dtype {}; only floating-point tensors "
+                        "can be optimized",
+                        i, g, c10::toString(p.scalar_type())));
       const auto [it, fresh] = seen.emplace(p.unsafeGetTensorImpl(), std::pair{g, i});
       if (!fresh)
-        throw ConfigError(fmt::format("Optimizer: parameter {} of group {} is also parameter {} of group {}; each "
-                                      "parameter may appear only once",
-                                      i, g, it->second.second, it->second.first));
+        throw ConfigError(
+            fmt::format("Optimizer: parameter {} of group {} is also parameter {} of group {}; each "
+                        "parameter may appear only once",
+                        i, g, it->second.second, it->second.first));
     }
     for (const auto& [name, value] : groups_[g].hypers) check_finite(name, value, fmt::format("Optimizer group {}", g));
   }
@@ -150,6 +162,17 @@ Optimizer::~Optimizer() = default;
 
 void Optimizer::step() {
   at::NoGradGuard no_grad;
+  if (groups_.size() != states_.size())
+    throw ConfigError(
+        fmt::format("Optimizer::step: the optimizer was made with {} parameter groups and now has {}; "
+                    "create a new optimizer for a different split",
+                    states_.size(), groups_.size()));
+  for (std::size_t g = 0; g < groups_.size(); ++g)
+    if (groups_[g].params.size() != states_[g].steps.size())
+      throw ConfigError(
+          fmt::format("Optimizer::step: parameter group {} was made with {} parameters and now has {}; "
+                      "create a new optimizer for a different set of parameters",
+                      g, states_[g].steps.size(), groups_[g].params.size()));
   std::vector<std::size_t> active;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const auto& params = groups_[g].params;
@@ -194,13 +217,13 @@ void Optimizer::zero_grad(bool set_to_none) {
 
 double Optimizer::hyper(const std::string& name, std::size_t group) const {
   if (group >= groups_.size())
-    throw ConfigError(fmt::format("Optimizer::hyper('{}', {}): there are only {} parameter groups", name, group,
-                                  groups_.size()));
+    throw ConfigError(
+        fmt::format("Optimizer::hyper('{}', {}): there are only {} parameter groups", name, group, groups_.size()));
   const auto& hypers = groups_[group].hypers;
   const auto it = hypers.find(name);
   if (it == hypers.end())
-    throw ConfigError(fmt::format("Optimizer::hyper: parameter group {} has no hyper-parameter '{}' (it has: {})", group,
-                                  name, fmt::join(keys_of(hypers), ", ")));
+    throw ConfigError(fmt::format("Optimizer::hyper: parameter group {} has no hyper-parameter '{}' (it has: {})",
+                                  group, name, fmt::join(keys_of(hypers), ", ")));
   return it->second;
 }
 
@@ -208,16 +231,18 @@ void Optimizer::set_hyper(const std::string& name, double value) { set_hyper(nam
 
 void Optimizer::set_hyper(const std::string& name, const std::vector<double>& per_group) {
   if (per_group.size() != 1 && per_group.size() != groups_.size())
-    throw ConfigError(fmt::format("Optimizer::set_hyper('{}'): got {} values for {} parameter groups; pass one value "
-                                  "for all groups or one per group",
-                                  name, per_group.size(), groups_.size()));
+    throw ConfigError(
+        fmt::format("Optimizer::set_hyper('{}'): got {} values for {} parameter groups; pass one value "
+                    "for all groups or one per group",
+                    name, per_group.size(), groups_.size()));
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (!groups_[g].hypers.contains(name))
       throw ConfigError(fmt::format("Optimizer::set_hyper: {} has no hyper-parameter '{}' (group {} has: {})", type(),
                                     name, g, fmt::join(keys_of(groups_[g].hypers), ", ")));
     check_finite(name, per_group.size() == 1 ? per_group[0] : per_group[g], fmt::format("set_hyper, group {}", g));
   }
-  for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].hypers[name] = per_group.size() == 1 ? per_group[0] : per_group[g];
+  for (std::size_t g = 0; g < groups_.size(); ++g)
+    groups_[g].hypers[name] = per_group.size() == 1 ? per_group[0] : per_group[g];
 }
 
 NamedTensors Optimizer::state_tensors() const {
@@ -254,16 +279,18 @@ void Optimizer::load_state(const NamedTensors& tensors, const std::string& json)
       !j["type"].is_string() || !j["step_count"].is_number_integer() || !j["groups"].is_array())
     load_fail("the state JSON lacks \"type\", \"step_count\" or \"groups\"; pass the string state_json() returned");
   if (j["type"].get<std::string>() != type())
-    load_fail(fmt::format("the checkpoint holds the state of {} but this optimizer is {}; create the optimizer the "
-                     "checkpoint was made with",
-                     j["type"].get<std::string>(), type()));
+    load_fail(
+        fmt::format("the checkpoint holds the state of {} but this optimizer is {}; create the optimizer the "
+                    "checkpoint was made with",
+                    j["type"].get<std::string>(), type()));
   const auto step_count = j["step_count"].get<std::int64_t>();
   if (step_count < 0) load_fail(fmt::format("step_count is {}", step_count));
   const auto& jgroups = j["groups"];
   if (jgroups.size() != groups_.size())
-    load_fail(fmt::format("the checkpoint has {} parameter groups, this optimizer {}; split the model the same way as "
-                     "when it was saved",
-                     jgroups.size(), groups_.size()));
+    load_fail(
+        fmt::format("the checkpoint has {} parameter groups, this optimizer {}; split the model the same way as "
+                    "when it was saved",
+                    jgroups.size(), groups_.size()));
 
   // Everything is built aside and swapped in at the end, so a failed load leaves the optimizer as it was.
   std::vector<Hypers> hypers(groups_.size());
@@ -277,14 +304,14 @@ void Optimizer::load_state(const NamedTensors& tensors, const std::string& json)
       load_fail(fmt::format("group {} of the state JSON lacks \"hypers\" or \"steps\"", g));
     if (jg["steps"].size() != n)
       load_fail(fmt::format("group {} has {} parameters in the checkpoint but {} here; build the same model and groups",
-                       g, jg["steps"].size(), n));
+                            g, jg["steps"].size(), n));
     for (const auto& [k, v] : jg["hypers"].items()) {
       if (!v.is_number()) load_fail(fmt::format("hyper-parameter '{}' of group {} is not a number", k, g));
       hypers[g][k] = v.get<double>();
     }
     if (keys_of(hypers[g]) != keys_of(groups_[g].hypers))
       load_fail(fmt::format("group {} has hyper-parameters [{}] in the checkpoint but [{}] here", g,
-                       fmt::join(keys_of(hypers[g]), ", "), fmt::join(keys_of(groups_[g].hypers), ", ")));
+                            fmt::join(keys_of(hypers[g]), ", "), fmt::join(keys_of(groups_[g].hypers), ", ")));
     auto& st = states[g];
     for (std::size_t i = 0; i < n; ++i) {
       const auto& s = jg["steps"][i];
@@ -313,19 +340,21 @@ void Optimizer::load_state(const NamedTensors& tensors, const std::string& json)
     const bool known = g && i && *g < groups_.size() && *i < groups_[*g].params.size() &&
                        std::find(names.begin(), names.end(), what) != names.end() && states[*g].steps[*i] > 0;
     if (!known)
-      load_fail(fmt::format("unexpected state tensor '{}': {} keeps [{}] per updated parameter, named "
-                       "\"<group>.<index>.<state>\"; the checkpoint was made by a different optimizer or model",
-                       name, type(), fmt::join(names, ", ")));
+      load_fail(
+          fmt::format("unexpected state tensor '{}': {} keeps [{}] per updated parameter, named "
+                      "\"<group>.<index>.<state>\"; the checkpoint was made by a different optimizer or model",
+                      name, type(), fmt::join(names, ", ")));
     if (!loaded.insert(name).second) load_fail(fmt::format("state tensor '{}' appears twice", name));
     const auto& p = groups_[*g].params[*i];
     if (!t.defined()) load_fail(fmt::format("state tensor '{}' is undefined", name));
     if (t.scalar_type() != p.scalar_type())
-      load_fail(fmt::format("state tensor '{}' has dtype {} but its parameter has {}; convert the model to the dtype it "
-                       "was trained with before loading",
-                       name, c10::toString(t.scalar_type()), c10::toString(p.scalar_type())));
+      load_fail(
+          fmt::format("state tensor '{}' has dtype {} but its parameter has {}; convert the model to the dtype it "
+                      "was trained with before loading",
+                      name, c10::toString(t.scalar_type()), c10::toString(p.scalar_type())));
     if (t.sizes() != p.sizes())
-      load_fail(fmt::format("state tensor '{}' has shape {} but its parameter has shape {}", name, shape_of(t),
-                       shape_of(p)));
+      load_fail(
+          fmt::format("state tensor '{}' has shape {} but its parameter has shape {}", name, shape_of(t), shape_of(p)));
     states[*g].tensors[what][*i] = at::empty_like(p, at::MemoryFormat::Preserve).copy_(t.detach());
   }
   for (std::size_t g = 0; g < groups_.size(); ++g)
@@ -334,7 +363,7 @@ void Optimizer::load_state(const NamedTensors& tensors, const std::string& json)
         for (const auto& name : names)
           if (!states[g].tensors[name][i].defined())
             load_fail(fmt::format("missing state tensor '{}' (parameter {} of group {} was updated {} times)",
-                             state_name(g, i, name), i, g, states[g].steps[i]));
+                                  state_name(g, i, name), i, g, states[g].steps[i]));
 
   for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].hypers = std::move(hypers[g]);
   states_ = std::move(states);
@@ -355,7 +384,7 @@ std::vector<std::string> SGDOptimizer::state_names() const {
 }
 
 void SGDOptimizer::step_group(ParamGroup& group, GroupState& state, const std::vector<std::size_t>& active) {
-  reject_sparse(group, active, "SGD");
+  check_grads(group, active, "SGD");
   const double lr = read_hyper(group, "lr", "SGD");
   const double wd = read_hyper(group, "wd", "SGD");
   const double mom = has_momentum_ ? read_hyper(group, "mom", "SGD") : 0.0;
@@ -442,7 +471,7 @@ AdamOptimizer::AdamOptimizer(std::vector<std::vector<at::Tensor>> param_groups, 
 std::vector<std::string> AdamOptimizer::state_names() const { return {"exp_avg", "exp_avg_sq"}; }
 
 void AdamOptimizer::step_group(ParamGroup& group, GroupState& state, const std::vector<std::size_t>& active) {
-  reject_sparse(group, active, "Adam");
+  check_grads(group, active, "Adam");
   const double lr = read_hyper(group, "lr", "Adam");
   const double beta1 = read_hyper(group, "mom", "Adam");
   const double beta2 = read_hyper(group, "sqr_mom", "Adam");

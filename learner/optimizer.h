@@ -39,9 +39,12 @@ class Optimizer {
 
   /// One update of every parameter that has a gradient (parameters without .grad() are skipped).
   void step();
-  /// Drops every gradient (set to undefined, as torch's set_to_none=True), or zeroes in place when set_to_none is false.
+  /// Drops every gradient (set to undefined, as torch's set_to_none=True), or zeroes in place when
+  /// set_to_none is false.
   void zero_grad(bool set_to_none = true);
 
+  /// The groups; hypers may be changed freely, the parameter lists only in place (adding or removing
+  /// parameters or groups needs a new optimizer: step() throws a ConfigError).
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
   std::size_t n_groups() const { return groups_.size(); }
@@ -75,10 +78,14 @@ class Optimizer {
  protected:
   /// The per-parameter state of one group.
   struct GroupState {
-    std::vector<std::int64_t> steps;  ///< updates each parameter received, the one in progress included
-    std::map<std::string, std::vector<at::Tensor>> tensors;  ///< state name -> one per parameter (undefined before its first update)
-    at::Tensor step_tensor;  ///< `steps` as a float32 CPU tensor, for fused kernels that read steps from tensors
-    std::vector<at::Tensor> step_views;  ///< 0-dim views of step_tensor, one per parameter
+    /// Updates each parameter received, the one in progress included.
+    std::vector<std::int64_t> steps;
+    /// State name -> one tensor per parameter (undefined before the parameter's first update).
+    std::map<std::string, std::vector<at::Tensor>> tensors;
+    /// `steps` as a float32 CPU tensor, for the fused kernels, which read step counts from tensors.
+    at::Tensor step_tensor;
+    /// 0-dim views of step_tensor, one per parameter.
+    std::vector<at::Tensor> step_views;
   };
 
   /// Subclasses update the params of `group` listed in `active` (those with a gradient), whose step

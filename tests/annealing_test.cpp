@@ -62,10 +62,10 @@ TEST(Annealing, OneCycleLearningRate) {
   auto s = fl::combined_cos(0.25, start, lr_max, end);
   EXPECT_DOUBLE_EQ(s(0), 4e-4);
   EXPECT_DOUBLE_EQ(s(0.0625), 4e-4 + kCosQuarter * (1e-2 - 4e-4));  // a quarter into the warm-up
-  EXPECT_DOUBLE_EQ(s(0.125), (4e-4 + 1e-2) / 2);                     // half-way up
-  EXPECT_DOUBLE_EQ(s(0.25), 1e-2);                                   // the peak: the second phase at 0
-  EXPECT_DOUBLE_EQ(s(0.4375), 1e-2 + kCosQuarter * (1e-7 - 1e-2));   // a quarter into the annealing
-  EXPECT_DOUBLE_EQ(s(0.625), (1e-2 + 1e-7) / 2);                     // half-way down
+  EXPECT_DOUBLE_EQ(s(0.125), (4e-4 + 1e-2) / 2);                    // half-way up
+  EXPECT_DOUBLE_EQ(s(0.25), 1e-2);                                  // the peak: the second phase at 0
+  EXPECT_DOUBLE_EQ(s(0.4375), 1e-2 + kCosQuarter * (1e-7 - 1e-2));  // a quarter into the annealing
+  EXPECT_DOUBLE_EQ(s(0.625), (1e-2 + 1e-7) / 2);                    // half-way down
   EXPECT_NEAR(s(1), 1e-7, 1e-18);
   EXPECT_LT(s(0.2499999), 1e-2);
   EXPECT_GT(s(0.2499999), 0.99e-2);
@@ -125,6 +125,7 @@ TEST(Annealing, BadInputsAreConfigErrors) {
   EXPECT_THROW(s(1.5), fl::ConfigError);
   EXPECT_THROW(s(-0.1), fl::ConfigError);
   EXPECT_THROW(s(std::nan("")), fl::ConfigError);
+  EXPECT_DOUBLE_EQ(s(1 + 1e-12), 3) << "an ulp-sized overshoot is clamped";
 }
 
 }  // namespace

@@ -119,8 +119,8 @@ void feed(fl::Metric& m, bool other = false) {
 }
 
 TEST(Metrics, NaNWhenEmpty) {
-  for (const auto& m : {fl::accuracy(), fl::error_rate(), fl::top_k_accuracy(), fl::f1_macro(), fl::mse(), fl::mae(),
-                        fl::rmse()}) {
+  for (const auto& m :
+       {fl::accuracy(), fl::error_rate(), fl::top_k_accuracy(), fl::f1_macro(), fl::mse(), fl::mae(), fl::rmse()}) {
     EXPECT_TRUE(std::isnan(m->value())) << m->name();
     feed(*m);
     m->reset();

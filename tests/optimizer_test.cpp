@@ -26,8 +26,8 @@ using Params = std::vector<at::Tensor>;
 Params make_params(at::ScalarType dtype, std::uint64_t seed = 0) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   auto opts = at::TensorOptions().dtype(dtype);
-  Params ps{at::randn({7, 5}, gen, opts), at::randn({5}, gen, opts), at::randn({3, 4, 2}, gen, opts),
-            at::randn({37}, gen, opts), at::randn({6, 4}, gen, opts).t(), at::randn({1}, gen, opts)};
+  Params ps{at::randn({7, 5}, gen, opts), at::randn({5}, gen, opts),        at::randn({3, 4, 2}, gen, opts),
+            at::randn({37}, gen, opts),   at::randn({6, 4}, gen, opts).t(), at::randn({1}, gen, opts)};
   for (auto& p : ps) p = p.detach().requires_grad_(true);
   return ps;
 }
@@ -67,8 +67,9 @@ void expect_equal(const Params& a, const Params& b, const std::string& what) {
 std::unique_ptr<fl::Optimizer> make(const fl::OptFunc& f, const Params& ps, double lr) { return f({ps}, lr); }
 
 // Runs kSteps of both optimizers over the same gradients and compares the parameters after every step.
-void run_parity(const fl::OptFunc& ours_fn, const std::function<std::unique_ptr<torch::optim::Optimizer>(Params)>& ref_fn,
-                double lr, at::ScalarType dtype, const std::string& what, const Skip& skip = nullptr) {
+void run_parity(const fl::OptFunc& ours_fn,
+                const std::function<std::unique_ptr<torch::optim::Optimizer>(Params)>& ref_fn, double lr,
+                at::ScalarType dtype, const std::string& what, const Skip& skip = nullptr) {
   auto ours_p = make_params(dtype), ref_p = copy(ours_p);
   auto ours = make(ours_fn, ours_p, lr);
   auto ref = ref_fn(ref_p);
@@ -98,15 +99,16 @@ class Parity : public ::testing::TestWithParam<ParityCase> {
 using torch::optim::SGDOptions;
 
 TEST_P(Parity, PlainSGD) {
-  run_parity(fl::SGD({.fused = GetParam().fused}),
-             [](Params p) { return std::make_unique<torch::optim::SGD>(p, SGDOptions(0.1)); }, 0.1, GetParam().dtype,
-             tag());
+  run_parity(
+      fl::SGD({.fused = GetParam().fused}),
+      [](Params p) { return std::make_unique<torch::optim::SGD>(p, SGDOptions(0.1)); }, 0.1, GetParam().dtype, tag());
 }
 
 TEST_P(Parity, SGDMomentum) {
-  run_parity(fl::SGD({.mom = 0.9, .fused = GetParam().fused}),
-             [](Params p) { return std::make_unique<torch::optim::SGD>(p, SGDOptions(0.05).momentum(0.9)); }, 0.05,
-             GetParam().dtype, tag());
+  run_parity(
+      fl::SGD({.mom = 0.9, .fused = GetParam().fused}),
+      [](Params p) { return std::make_unique<torch::optim::SGD>(p, SGDOptions(0.05).momentum(0.9)); }, 0.05,
+      GetParam().dtype, tag());
 }
 
 TEST_P(Parity, SGDNesterov) {
@@ -117,57 +119,61 @@ TEST_P(Parity, SGDNesterov) {
 }
 
 TEST_P(Parity, SGDL2WeightDecayWithMomentum) {
-  run_parity(fl::SGD({.mom = 0.8, .wd = 0.1, .decouple_wd = false, .fused = GetParam().fused}),
-             [](Params p) {
-               return std::make_unique<torch::optim::SGD>(p, SGDOptions(0.05).momentum(0.8).weight_decay(0.1));
-             },
-             0.05, GetParam().dtype, tag());
-  run_parity(fl::SGD({.wd = 0.1, .decouple_wd = false, .fused = GetParam().fused}),
-             [](Params p) { return std::make_unique<torch::optim::SGD>(p, SGDOptions(0.05).weight_decay(0.1)); },
-             0.05, GetParam().dtype, tag() + " no momentum");
+  run_parity(
+      fl::SGD({.mom = 0.8, .wd = 0.1, .decouple_wd = false, .fused = GetParam().fused}),
+      [](Params p) { return std::make_unique<torch::optim::SGD>(p, SGDOptions(0.05).momentum(0.8).weight_decay(0.1)); },
+      0.05, GetParam().dtype, tag());
+  run_parity(
+      fl::SGD({.wd = 0.1, .decouple_wd = false, .fused = GetParam().fused}),
+      [](Params p) { return std::make_unique<torch::optim::SGD>(p, SGDOptions(0.05).weight_decay(0.1)); }, 0.05,
+      GetParam().dtype, tag() + " no momentum");
 }
 
 TEST_P(Parity, AdamL2WeightDecay) {
-  run_parity(fl::Adam({.mom = 0.9, .sqr_mom = 0.99, .eps = 1e-5, .wd = 0.01, .decouple_wd = false,
-                       .fused = GetParam().fused}),
-             [](Params p) {
-               return std::make_unique<torch::optim::Adam>(
-                   p, torch::optim::AdamOptions(1e-2).betas({0.9, 0.99}).eps(1e-5).weight_decay(0.01));
-             },
-             1e-2, GetParam().dtype, tag());
+  run_parity(
+      fl::Adam({.mom = 0.9, .sqr_mom = 0.99, .eps = 1e-5, .wd = 0.01, .decouple_wd = false, .fused = GetParam().fused}),
+      [](Params p) {
+        return std::make_unique<torch::optim::Adam>(
+            p, torch::optim::AdamOptions(1e-2).betas({0.9, 0.99}).eps(1e-5).weight_decay(0.01));
+      },
+      1e-2, GetParam().dtype, tag());
 }
 
 TEST_P(Parity, AdamW) {
-  run_parity(fl::AdamW({.mom = 0.9, .sqr_mom = 0.999, .eps = 1e-8, .wd = 0.01, .fused = GetParam().fused}),
-             [](Params p) {
-               return std::make_unique<torch::optim::AdamW>(
-                   p, torch::optim::AdamWOptions(1e-2).betas({0.9, 0.999}).eps(1e-8).weight_decay(0.01));
-             },
-             1e-2, GetParam().dtype, tag());
+  run_parity(
+      fl::AdamW({.mom = 0.9, .sqr_mom = 0.999, .eps = 1e-8, .wd = 0.01, .fused = GetParam().fused}),
+      [](Params p) {
+        return std::make_unique<torch::optim::AdamW>(
+            p, torch::optim::AdamWOptions(1e-2).betas({0.9, 0.999}).eps(1e-8).weight_decay(0.01));
+      },
+      1e-2, GetParam().dtype, tag());
 }
 
 TEST_P(Parity, FastaiAdamIsAdamWWithFastaiDefaults) {
-  run_parity(fl::Adam({.fused = GetParam().fused}),
-             [](Params p) {
-               return std::make_unique<torch::optim::AdamW>(
-                   p, torch::optim::AdamWOptions(3e-3).betas({0.9, 0.99}).eps(1e-5).weight_decay(0.01));
-             },
-             3e-3, GetParam().dtype, tag());
+  run_parity(
+      fl::Adam({.fused = GetParam().fused}),
+      [](Params p) {
+        return std::make_unique<torch::optim::AdamW>(
+            p, torch::optim::AdamWOptions(3e-3).betas({0.9, 0.99}).eps(1e-5).weight_decay(0.01));
+      },
+      3e-3, GetParam().dtype, tag());
 }
 
 // Parameters that miss gradients on some steps are skipped, and their per-parameter step counts (bias
 // correction, first momentum step) stay their own, as in torch::optim.
 TEST_P(Parity, ParametersWithoutGradientsOnSomeSteps) {
   const Skip skip = [](int step, std::size_t i) { return (i == 1 && step % 3 != 2) || (i == 4 && step < 5); };
-  run_parity(fl::SGD({.mom = 0.9, .fused = GetParam().fused}),
-             [](Params p) { return std::make_unique<torch::optim::SGD>(p, SGDOptions(0.05).momentum(0.9)); }, 0.05,
-             GetParam().dtype, tag() + " SGD", skip);
+  run_parity(
+      fl::SGD({.mom = 0.9, .fused = GetParam().fused}),
+      [](Params p) { return std::make_unique<torch::optim::SGD>(p, SGDOptions(0.05).momentum(0.9)); }, 0.05,
+      GetParam().dtype, tag() + " SGD", skip);
   // Designated initializers start from AdamOptions' (fastai's) defaults, so torch's are spelled out.
-  run_parity(fl::AdamW({.mom = 0.9, .sqr_mom = 0.999, .eps = 1e-8, .wd = 0.01, .fused = GetParam().fused}),
-             [](Params p) {
-               return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
-             },
-             1e-2, GetParam().dtype, tag() + " AdamW", skip);
+  run_parity(
+      fl::AdamW({.mom = 0.9, .sqr_mom = 0.999, .eps = 1e-8, .wd = 0.01, .fused = GetParam().fused}),
+      [](Params p) {
+        return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
+      },
+      1e-2, GetParam().dtype, tag() + " AdamW", skip);
 }
 
 // Hypers changed between steps take effect, per group: the reference is torch::optim::Adam with two groups
@@ -328,6 +334,22 @@ TEST(Optimizer, BadConstructionIsAConfigError) {
   EXPECT_NO_THROW(fl::SGD()({Params{}}, 0.1)->step());  // an empty group is fine
 }
 
+TEST(Optimizer, ChangedGroupsAndMisshapenGradientsAreConfigErrors) {
+  auto ps = make_params(at::kFloat);
+  auto opt = fl::SGD()({Params{ps[0]}}, 0.1);
+  auto bad = at::randn({5, 7});
+  ps[0].mutable_grad() = bad;
+  EXPECT_THROW(opt->step(), fl::ConfigError);
+  set_grads(ps, 0);
+  opt->param_groups()[0].params.push_back(ps[1]);
+  EXPECT_THROW(opt->step(), fl::ConfigError);
+  opt->param_groups()[0].params.pop_back();
+  opt->param_groups().push_back({{ps[1]}, {{"lr", 0.1}}});
+  EXPECT_THROW(opt->step(), fl::ConfigError);
+  opt->param_groups().pop_back();
+  EXPECT_NO_THROW(opt->step());
+}
+
 TEST(Optimizer, SparseGradientsAreRejectedWithoutSideEffects) {
   auto p = at::randn({4, 3}).requires_grad_(true);
   auto opt = fl::Adam()({Params{p}}, 1e-2);
@@ -450,6 +472,27 @@ TEST(Optimizer, DeterministicAcrossRuns) {
     }
     expect_equal(runs[0], runs[1], fused ? "fused" : "foreach");
   }
+}
+
+// The fused kernels split big tensors across threads on fixed 64-byte boundaries, so the result does not
+// depend on the thread count either.
+TEST(Optimizer, DeterministicAcrossThreadCounts) {
+  const int threads = at::get_num_threads();
+  for (const auto& f : {fl::SGD({.mom = 0.9, .wd = 0.01}), fl::Adam()}) {
+    Params runs[2];
+    for (int r = 0; r < 2; ++r) {
+      at::set_num_threads(r == 0 ? 1 : 4);
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+      runs[r] = {at::randn({300001}, gen).requires_grad_(true), at::randn({513, 77}, gen).requires_grad_(true)};
+      auto opt = make(f, runs[r], 1e-2);
+      for (int s = 0; s < 5; ++s) {
+        set_grads(runs[r], s);
+        opt->step();
+      }
+    }
+    expect_equal(runs[0], runs[1], "1 thread vs 4");
+  }
+  at::set_num_threads(threads);
 }
 
 }  // namespace
