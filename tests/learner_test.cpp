@@ -403,3 +403,24 @@ TEST(Learner, ModelInputCountMismatchIsAClearError) {
     EXPECT_NE(std::string(e.what()).find("takes 1 input tensor(s) but the batch has 2"), std::string::npos) << e.what();
   }
 }
+
+TEST(Models, ShapesNamesAndGroups) {
+  auto mlp = fl::models::mlp(8, {16, 4}, 3);
+  EXPECT_EQ(mlp->forward(at::zeros({5, 2, 4})).sizes(), (at::IntArrayRef{5, 3}));
+  std::vector<std::string> names;
+  for (const auto& p : mlp->named_parameters()) names.push_back(p.key());
+  EXPECT_EQ(names, (std::vector<std::string>{"1.weight", "1.bias", "3.weight", "3.bias", "5.weight", "5.bias"}))
+      << "the same names as a Python nn.Sequential(Flatten, Linear, ReLU, Linear, ReLU, Linear)";
+
+  auto net = fl::models::resnet({.widths = {8, 16}, .classes = 5, .in_channels = 1, .stem_width = 8});
+  EXPECT_EQ(net->forward(at::randn({2, 1, 28, 28})).sizes(), (at::IntArrayRef{2, 5}));
+  EXPECT_EQ(net->forward(at::randn({2, 1, 13, 13})).sizes(), (at::IntArrayRef{2, 5})) << "any input size";
+  std::size_t batchnorms = 0;
+  for (const auto& m : net->modules()) batchnorms += m->name().find("BatchNorm") != std::string::npos;
+  EXPECT_EQ(batchnorms, 2u + 2 * 2 + 1) << "stem 2, two per block, one in the widening shortcut";
+  auto groups = fl::models::body_head_split(*net);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[1].size(), 2u) << "the head is the final Linear";
+  EXPECT_EQ(groups[0].size() + groups[1].size(), net->parameters().size());
+  EXPECT_THROW(fl::models::resnet({.widths = {}}), fl::ConfigError);
+}
