@@ -26,7 +26,7 @@ test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
 demo: build
-	$(BUILD_DIR)/bin/fashion_quickstart
+	$(BUILD_DIR)/bin/fashion_mnist --epochs 3 --out $(BUILD_DIR)/demo
 
 clean:
 	rm -rf $(BUILD_DIR)
