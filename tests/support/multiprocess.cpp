@@ -8,6 +8,9 @@
 #include <sys/wait.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <unistd.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <arpa/inet.h>
 
 #include <csignal>
 #include <cstring>
@@ -185,6 +188,33 @@ std::string read_file(const std::filesystem::path& path) {
 }
 
 }  // namespace
+
+int free_tcp_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    throw std::runtime_error(std::string("free_tcp_port: ") + std::strerror(errno));
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::function<std::map<std::string, std::string>(int rank)> torchrun_env(int world_size) {
+  // The port is picked when the parent starts the ranks (the lambda runs only there), not when the test
+  // body runs in a child.
+  auto port = std::make_shared<int>(0);
+  return [port, world_size](int rank) {
+    if (*port == 0) *port = free_tcp_port();
+    return std::map<std::string, std::string>{
+        {"RANK", std::to_string(rank)},           {"WORLD_SIZE", std::to_string(world_size)},
+        {"LOCAL_RANK", std::to_string(rank)},     {"LOCAL_WORLD_SIZE", std::to_string(world_size)},
+        {"MASTER_ADDR", "127.0.0.1"},             {"MASTER_PORT", std::to_string(*port)}};
+  };
+}
 
 bool in_rank_process() { return std::getenv(kRankVar) != nullptr; }
 

@@ -57,6 +57,13 @@ std::vector<RankResult> run_ranks(int world_size, const std::function<void(const
 void run_on_ranks(int world_size, const std::function<void(const RankContext&)>& body,
                   const MultiProcessOptions& options = {});
 
+/// Environment of a torchrun-style job for MultiProcessOptions::env: RANK, WORLD_SIZE, LOCAL_RANK,
+/// LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and a MASTER_PORT that is free when the ranks start.
+std::function<std::map<std::string, std::string>(int rank)> torchrun_env(int world_size);
+
+/// A TCP port nobody listens on right now (on 127.0.0.1).
+int free_tcp_port();
+
 /// True in a rank's child process.
 bool in_rank_process();
 

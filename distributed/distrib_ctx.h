@@ -1,0 +1,27 @@
+#pragma once
+// DistribCtx: a scope in which this process is part of its distributed job. It sets up the process group
+// only when the job has several processes and none is set up yet (or adopts one rank0_first set up
+// implicitly), and on scope exit, also by exception, tears down only what it set up. In a job of one
+// process it does nothing, so the same program runs with or without a launcher.
+#include <fastlearn/distributed/runtime.h>
+
+namespace fastlearn {
+
+class DistribCtx {
+ public:
+  explicit DistribCtx(const SetupOptions& options = {});
+  ~DistribCtx();
+  DistribCtx(const DistribCtx&) = delete;
+  DistribCtx& operator=(const DistribCtx&) = delete;
+
+  /// Whether this scope runs distributed (more than one process).
+  bool active() const { return active_; }
+  /// Whether this scope set up (or adopted) the process group and will tear it down.
+  bool owns_setup() const { return owns_; }
+
+ private:
+  bool active_ = false;
+  bool owns_ = false;
+};
+
+}  // namespace fastlearn

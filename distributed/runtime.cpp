@@ -1,0 +1,249 @@
+#include <fastlearn/distributed/runtime.h>
+
+#include <fastlearn/core/error.h>
+#include <fastlearn/distributed/rendezvous.h>
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/cuda.h>
+#include <unistd.h>
+#ifdef FASTLEARN_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <numeric>
+
+namespace fastlearn {
+
+namespace {
+
+struct State {
+  DistEnv env;
+  c10::intrusive_ptr<c10d::Store> store;
+  GroupPtr world;
+  SetupOptions options;
+  BackendKind kind = BackendKind::gloo;
+  bool debug = false;
+  bool implicit = false;  // set up by rank0_first, to be adopted by a DistribCtx
+  int groups_made = 0;
+  std::int64_t rank0_first_calls = 0;
+};
+
+std::recursive_mutex state_mutex;
+std::unique_ptr<State> state;
+
+State& current() {
+  if (!state) {
+    throw DistributedError("no process group is set up: call setup_distrib() (or use a DistribCtx) first");
+  }
+  return *state;
+}
+
+bool env_debug() {
+  const char* ours = std::getenv("FASTLEARN_DISTRIBUTED_DEBUG");
+  const char* torch_var = std::getenv("TORCH_DISTRIBUTED_DEBUG");
+  return (ours && std::string(ours) == "1") || (torch_var && std::string(torch_var) == "DETAIL");
+}
+
+// The local address Gloo should bind to: loopback for a job on loopback, otherwise the address of the
+// interface that routes to the master (found by "connecting" a UDP socket, which sends nothing).
+std::string transport_address(const std::string& master_addr) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(master_addr.c_str(), "9", &hints, &found) != 0 || !found) return "127.0.0.1";
+  std::string address = "127.0.0.1";
+  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof local;
+    char text[INET_ADDRSTRLEN] = {};
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        inet_ntop(AF_INET, &local.sin_addr, text, sizeof text)) {
+      address = text;
+    }
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  return address;
+}
+
+BackendKind choose_backend(const SetupOptions& options) {
+  if (options.backend) return *options.backend;
+  return torch::cuda::is_available() ? BackendKind::nccl : BackendKind::gloo;
+}
+
+void bind_local_gpu([[maybe_unused]] const DistEnv& env) {
+#ifdef FASTLEARN_WITH_CUDA
+  const auto devices = static_cast<int>(torch::cuda::device_count());
+  if (env.local_rank >= devices) {
+    throw DistributedError(fmt::format("rank {}: local rank {} has no GPU (this node has {}); start at most {} ranks "
+                                       "per node with NCCL, or use the gloo backend", env.rank, env.local_rank,
+                                       devices, devices));
+  }
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));
+#endif
+}
+
+BackendOptions backend_options(const State& s) {
+  BackendOptions options;
+  options.timeout = s.options.timeout;
+  options.hostname = transport_address(s.env.master_addr);
+  options.gloo_threads = s.options.gloo_threads;
+  return options;
+}
+
+}  // namespace
+
+void setup_distrib(const SetupOptions& options) {
+  std::lock_guard lock(state_mutex);
+  if (state) {
+    throw DistributedError(fmt::format("setup_distrib: a process group is already set up (rank {} of {}); call "
+                                       "teardown_distrib() first", state->env.rank, state->env.world_size));
+  }
+  auto s = std::make_unique<State>();
+  s->options = options;
+  s->env = resolve_env(options.env);
+  s->kind = choose_backend(options);
+  if (!backend_compiled_in(s->kind)) {
+    throw DistributedError(fmt::format("the {} backend is not compiled into this build", to_string(s->kind)));
+  }
+  if (s->kind == BackendKind::nccl) bind_local_gpu(s->env);
+  s->debug = options.debug.value_or(env_debug());
+  s->store = rendezvous(s->env, parse_init_method(options.init_method), options.timeout);
+  auto world_store = c10::make_intrusive<c10d::PrefixStore>("world/", s->store);
+  auto backend = make_backend(s->kind, world_store, s->env.rank, s->env.world_size, backend_options(*s));
+  std::vector<int> ranks(static_cast<std::size_t>(s->env.world_size));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  s->world = std::make_shared<Group>("world", std::move(ranks), s->env.rank, std::move(backend), s->kind,
+                                     options.timeout);
+  state = std::move(s);
+}
+
+void teardown_distrib() {
+  std::lock_guard lock(state_mutex);
+  state.reset();
+}
+
+bool is_initialized() {
+  std::lock_guard lock(state_mutex);
+  return state != nullptr;
+}
+
+DistEnv dist_env() {
+  std::lock_guard lock(state_mutex);
+  return state ? state->env : resolve_env();
+}
+
+int rank() { return dist_env().rank; }
+int world_size() { return dist_env().world_size; }
+int local_rank() { return dist_env().local_rank; }
+int local_world_size() { return dist_env().local_world_size; }
+bool is_main() { return rank() == 0; }
+
+Group& world_group() {
+  std::lock_guard lock(state_mutex);
+  return *current().world;
+}
+
+c10d::Store& dist_store() {
+  std::lock_guard lock(state_mutex);
+  return *current().store;
+}
+
+bool debug_checks_enabled() {
+  std::lock_guard lock(state_mutex);
+  return state && state->debug;
+}
+
+c10::Device distrib_device() {
+  std::lock_guard lock(state_mutex);
+  if (state && state->kind == BackendKind::nccl) {
+    return {c10::kCUDA, static_cast<c10::DeviceIndex>(state->env.local_rank)};
+  }
+  return c10::Device(c10::kCPU);
+}
+
+GroupPtr new_group(std::vector<int> ranks, std::optional<BackendKind> backend) {
+  std::lock_guard lock(state_mutex);
+  auto& s = current();
+  std::sort(ranks.begin(), ranks.end());
+  if (ranks.empty() || std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() || ranks.front() < 0 ||
+      ranks.back() >= s.env.world_size) {
+    throw DistributedError(fmt::format("new_group: ranks [{}] must be distinct and within [0, {})",
+                                       fmt::join(ranks, ", "), s.env.world_size));
+  }
+  const auto kind = backend.value_or(s.kind);
+  const auto name = fmt::format("group{}", ++s.groups_made);
+  c10::intrusive_ptr<c10d::Backend> group_backend;
+  auto it = std::find(ranks.begin(), ranks.end(), s.env.rank);
+  if (it != ranks.end()) {
+    auto store = c10::make_intrusive<c10d::PrefixStore>(name + "/", s.store);
+    group_backend = make_backend(kind, store, static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()),
+                                 backend_options(s));
+  }
+  return std::make_shared<Group>(name, std::move(ranks), s.env.rank, std::move(group_backend), kind, s.options.timeout);
+}
+
+namespace detail {
+
+bool adopt_implicit_setup() {
+  std::lock_guard lock(state_mutex);
+  if (!state || !state->implicit) return false;
+  state->implicit = false;
+  return true;
+}
+
+bool rank0_first_needs_sync() {
+  std::lock_guard lock(state_mutex);
+  if (state) return state->env.world_size > 1;
+  if (resolve_env().world_size == 1) return false;
+  setup_distrib();
+  state->implicit = true;
+  return true;
+}
+
+void rank0_first_done(bool ok, const std::string& error) {
+  std::lock_guard lock(state_mutex);
+  auto& s = current();
+  const auto key = fmt::format("rank0_first/{}", s.rank0_first_calls++);
+  const std::string value = ok ? "ok" : "error: " + error;
+  s.store->set(key, std::vector<std::uint8_t>(value.begin(), value.end()));
+}
+
+void rank0_first_wait() {
+  c10::intrusive_ptr<c10d::Store> store;
+  std::string key;
+  std::chrono::milliseconds timeout{};
+  {
+    std::lock_guard lock(state_mutex);
+    auto& s = current();
+    key = fmt::format("rank0_first/{}", s.rank0_first_calls++);
+    store = s.store;
+    timeout = s.options.timeout;
+  }
+  try {
+    store->wait({key}, timeout);
+  } catch (const std::exception& e) {
+    throw DistributedError(fmt::format("rank {}: waited {} ms for rank 0 to finish rank0_first: {}", rank(),
+                                       timeout.count(), e.what()));
+  }
+  const auto value = store->get(key);
+  const std::string text(value.begin(), value.end());
+  if (text != "ok") throw DistributedError("rank 0 failed in rank0_first, so this rank does not run it: " + text.substr(7));
+}
+
+}  // namespace detail
+
+}  // namespace fastlearn

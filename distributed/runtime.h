@@ -1,0 +1,97 @@
+#pragma once
+// The distributed runtime of this process: setup_distrib() resolves where the process sits in the job
+// (distributed/env.h), meets the other ranks (distributed/rendezvous.h) and creates the world process
+// group; teardown_distrib() undoes it. rank(), world_size(), ... answer from the environment before setup
+// too, so a program asks the same questions on one process or many.
+#include <fastlearn/distributed/env.h>
+#include <fastlearn/distributed/group.h>
+#include <fastlearn/distributed/process_group.h>
+
+#include <c10/core/Device.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace c10d {
+class Store;
+}
+
+namespace fastlearn {
+
+struct SetupOptions {
+  std::string init_method = "env://";            ///< env://, tcp://HOST:PORT or file:///PATH
+  std::optional<BackendKind> backend;            ///< default: NCCL when CUDA is available (binding the local rank's GPU), else Gloo
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);  ///< rendezvous and every collective
+  EnvOptions env;                                ///< overrides of the environment
+  std::optional<bool> debug;                     ///< check every collective's op, shape and dtype across ranks; default: FASTLEARN_DISTRIBUTED_DEBUG=1 or TORCH_DISTRIBUTED_DEBUG=DETAIL
+  int gloo_threads = 2;
+};
+
+/// Sets up the world process group; DistributedError when it is already set up, the environment is
+/// inconsistent, or the rendezvous fails.
+void setup_distrib(const SetupOptions& options = {});
+/// Destroys every process group and the store; nothing happens when nothing is set up.
+void teardown_distrib();
+bool is_initialized();
+
+/// This process's rank in the job (from the environment before setup; 0 for a single process).
+int rank();
+int world_size();
+int local_rank();
+int local_world_size();
+/// rank() == 0
+bool is_main();
+/// The resolved layout of the job (set up or not).
+DistEnv dist_env();
+
+/// The world group; DistributedError when nothing is set up.
+Group& world_group();
+/// The job's store; DistributedError when nothing is set up.
+c10d::Store& dist_store();
+/// A new group of the given global ranks. Every rank of the job must call it, in the same order
+/// (members and non-members alike), as with torch.distributed.new_group.
+GroupPtr new_group(std::vector<int> ranks, std::optional<BackendKind> backend = {});
+/// Whether collectives check op, shape and dtype across ranks before running.
+bool debug_checks_enabled();
+/// The device this rank computes on: cuda:<local rank> with NCCL, CPU otherwise.
+c10::Device distrib_device();
+
+namespace detail {
+/// For DistribCtx: takes ownership of a setup made implicitly by rank0_first (true if there was one).
+bool adopt_implicit_setup();
+bool rank0_first_needs_sync();
+void rank0_first_done(bool ok, const std::string& error);
+void rank0_first_wait();
+}  // namespace detail
+
+/// Runs `fn` on rank 0 first, then on the other ranks once rank 0 finished (e.g. a download the others
+/// then find in the cache); returns fn's result. With one process it is just fn(). With several and no
+/// process group yet, it sets one up from the environment (a DistribCtx later adopts it). If fn throws
+/// on rank 0, the other ranks throw a DistributedError carrying rank 0's message instead of running fn.
+template <typename Fn>
+auto rank0_first(Fn&& fn) -> decltype(fn()) {
+  if (!detail::rank0_first_needs_sync()) return fn();
+  if (rank() != 0) {
+    detail::rank0_first_wait();
+    return fn();
+  }
+  try {
+    if constexpr (std::is_void_v<decltype(fn())>) {
+      fn();
+      detail::rank0_first_done(true, "");
+    } else {
+      auto result = fn();
+      detail::rank0_first_done(true, "");
+      return result;
+    }
+  } catch (const std::exception& e) {
+    detail::rank0_first_done(false, e.what());
+    throw;
+  }
+}
+
+}  // namespace fastlearn

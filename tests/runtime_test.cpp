@@ -1,0 +1,410 @@
+// The distributed runtime on CPU with Gloo, ranks in separate processes: every collective and
+// point-to-point call on 2 and 3 ranks, groups, the three init methods, rank0_first, DistribCtx,
+// debug-mode mismatch errors, timeouts and dead peers, and launches by torchrun and Open MPI variables.
+#include <fastlearn/core/error.h>
+#include <fastlearn/distributed/collectives.h>
+#include <fastlearn/distributed/distrib_ctx.h>
+#include <fastlearn/distributed/runtime.h>
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "support/multiprocess.h"
+
+namespace fl = fastlearn;
+namespace flt = fastlearn::testing;
+namespace fs = std::filesystem;
+using flt::RankContext;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr auto kTimeout = std::chrono::seconds(20);
+
+flt::MultiProcessOptions torchrun(int world) { return {.env = flt::torchrun_env(world)}; }
+
+// Sets up from the torchrun variables the runner gives each rank; torn down at scope exit.
+struct Distributed {
+  explicit Distributed(fl::SetupOptions options = {}) {
+    if (options.timeout == std::chrono::minutes(30)) options.timeout = kTimeout;
+    fl::setup_distrib(options);
+  }
+  ~Distributed() { fl::teardown_distrib(); }
+};
+
+class Runtime : public ::testing::TestWithParam<int> {};
+
+std::string message_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST_P(Runtime, AllReduceEveryOpIncludingAnExactAverage) {
+  const int n = GetParam();
+  flt::run_on_ranks(n, [](const RankContext&) {
+    Distributed dist;
+    const int r = fl::rank(), w = fl::world_size();
+    EXPECT_EQ(fl::world_group().kind(), fl::BackendKind::gloo);
+    auto values = [&] { return torch::tensor({1.0 + r, 2.0 * (r + 1), -1.0 * r}, torch::kFloat64); };
+    auto t = values();
+    fl::all_reduce(t);
+    EXPECT_DOUBLE_EQ(t[0].item<double>(), w + w * (w - 1) / 2.0);
+    t = values();
+    fl::all_reduce(t, fl::ReduceOp::product);
+    double product = 1;
+    for (int k = 0; k < w; ++k) product *= 1.0 + k;
+    EXPECT_DOUBLE_EQ(t[0].item<double>(), product);
+    t = values();
+    fl::all_reduce(t, fl::ReduceOp::min);
+    EXPECT_DOUBLE_EQ(t[2].item<double>(), -(w - 1.0));
+    t = values();
+    fl::all_reduce(t, fl::ReduceOp::max);
+    EXPECT_DOUBLE_EQ(t[1].item<double>(), 2.0 * w);
+    // avg over 3 ranks of 1, 2, 3: exactly 2 (sum then one division), also for a float tensor.
+    auto f = torch::full({5}, 1.0f + static_cast<float>(r));
+    fl::all_reduce(f, fl::ReduceOp::avg);
+    EXPECT_TRUE(torch::equal(f, torch::full({5}, (w + 1) / 2.0f))) << f;
+    auto ints = torch::full({2}, r, torch::kLong);
+    EXPECT_NE(message_of([&] { fl::all_reduce(ints, fl::ReduceOp::avg); }).find("integer tensor"), std::string::npos);
+    // Non-contiguous tensors work too.
+    auto wide = torch::arange(12, torch::kFloat32).reshape({3, 4}).t() * (r + 1);
+    fl::all_reduce(wide);
+    EXPECT_TRUE(torch::equal(wide, torch::arange(12, torch::kFloat32).reshape({3, 4}).t() * (w * (w + 1) / 2)));
+  }, torchrun(n));
+}
+
+TEST_P(Runtime, BroadcastReduceScatterGatherAllGather) {
+  const int n = GetParam();
+  flt::run_on_ranks(n, [](const RankContext&) {
+    Distributed dist;
+    const int r = fl::rank(), w = fl::world_size();
+    for (int root = 0; root < w; ++root) {
+      auto t = r == root ? torch::arange(6, torch::kFloat32) + root : torch::zeros({6});
+      fl::broadcast(t, root);
+      EXPECT_TRUE(torch::equal(t, torch::arange(6, torch::kFloat32) + root));
+
+      auto red = torch::full({3}, static_cast<double>(r + 1), torch::kFloat64);
+      fl::reduce(red, root);
+      if (r == root) {
+        EXPECT_DOUBLE_EQ(red[0].item<double>(), w * (w + 1) / 2.0);
+      }
+
+      std::vector<at::Tensor> pieces;
+      if (r == root) {
+        for (int k = 0; k < w; ++k) pieces.push_back(torch::full({2, 2}, 10 * root + k, torch::kInt32));
+      }
+      auto mine = torch::zeros({2, 2}, torch::kInt32);
+      fl::scatter(mine, pieces, root);
+      EXPECT_TRUE(torch::equal(mine, torch::full({2, 2}, 10 * root + r, torch::kInt32)));
+
+      std::vector<at::Tensor> gathered;
+      if (r == root) {
+        for (int k = 0; k < w; ++k) gathered.push_back(torch::zeros({2}, torch::kLong));
+      }
+      fl::gather(torch::full({2}, 100 + r, torch::kLong), gathered, root);
+      for (int k = 0; r == root && k < w; ++k) EXPECT_EQ(gathered[k][1].item<std::int64_t>(), 100 + k);
+    }
+    std::vector<at::Tensor> all;
+    for (int k = 0; k < w; ++k) all.push_back(torch::empty({3}));
+    fl::all_gather(all, torch::full({3}, static_cast<float>(r * r)));
+    for (int k = 0; k < w; ++k) EXPECT_EQ(all[k][0].item<float>(), static_cast<float>(k * k));
+    EXPECT_NE(message_of([&] { fl::all_gather({torch::empty({3})}, torch::zeros({3})); }).find("1 tensors given"),
+              std::string::npos);
+  }, torchrun(n));
+}
+
+TEST_P(Runtime, BarrierHoldsEveryRankUntilTheLastArrives) {
+  const int n = GetParam();
+  flt::run_on_ranks(n, [](const RankContext&) {
+    Distributed dist;
+    fl::barrier();
+    const auto start = Clock::now();
+    if (fl::rank() == fl::world_size() - 1) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    fl::barrier();
+    EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(350)) << "rank " << fl::rank() << " left too early";
+  }, torchrun(n));
+}
+
+TEST_P(Runtime, PointToPointRingAndAnySource) {
+  const int n = GetParam();
+  flt::run_on_ranks(n, [](const RankContext&) {
+    Distributed dist;
+    const int r = fl::rank(), w = fl::world_size();
+    // A ring: everyone sends to the right and receives from the left, asynchronously.
+    auto out = torch::full({4}, static_cast<float>(r));
+    auto in = torch::empty({4});
+    auto sent = fl::isend(out, (r + 1) % w, 7);
+    auto received = fl::irecv(in, (r + w - 1) % w, 7);
+    received.wait();
+    sent.wait();
+    EXPECT_TRUE(received.is_completed());
+    EXPECT_EQ(in[0].item<float>(), static_cast<float>((r + w - 1) % w));
+    // Everyone sends to rank 0, which receives from any source and learns who sent what.
+    if (r == 0) {
+      std::set<int> senders;
+      for (int k = 1; k < w; ++k) {
+        auto t = torch::empty({1}, torch::kLong);
+        const int from = fl::recv(t, std::nullopt, 3);
+        EXPECT_EQ(t.item<std::int64_t>(), 1000 + from);
+        senders.insert(from);
+      }
+      EXPECT_EQ(static_cast<int>(senders.size()), w - 1);
+    } else {
+      fl::send(torch::full({1}, 1000 + r, torch::kLong), 0, 3);
+    }
+  }, torchrun(n));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Runtime, ::testing::Values(2, 3),
+                         [](const ::testing::TestParamInfo<int>& param) { return std::to_string(param.param) + "ranks"; });
+
+TEST(RuntimeGroups, CollectivesWithinASubgroupUseGlobalRanks) {
+  flt::run_on_ranks(3, [](const RankContext&) {
+    Distributed dist;
+    auto evens = fl::new_group({2, 0});
+    auto odd = fl::new_group({1});
+    const int r = fl::rank();
+    EXPECT_EQ(evens->ranks(), (std::vector<int>{0, 2}));
+    if (r == 1) {
+      EXPECT_FALSE(evens->is_member());
+      EXPECT_NE(message_of([&] { fl::all_reduce(torch::ones({1}), fl::ReduceOp::sum, evens.get()); })
+                    .find("not a member of group"), std::string::npos);
+      auto t = torch::ones({1});
+      fl::all_reduce(t, fl::ReduceOp::sum, odd.get());
+      EXPECT_EQ(t.item<float>(), 1.0f);
+    } else {
+      auto t = torch::full({2}, static_cast<float>(r));
+      fl::all_reduce(t, fl::ReduceOp::sum, evens.get());
+      EXPECT_EQ(t[0].item<float>(), 2.0f);
+      auto b = r == 2 ? torch::full({1}, 42.0f) : torch::zeros({1});
+      fl::broadcast(b, 2, evens.get());  // global rank 2 is group rank 1
+      EXPECT_EQ(b.item<float>(), 42.0f);
+    }
+    fl::barrier();
+  }, torchrun(3));
+  EXPECT_THROW(fl::new_group({0}), fl::DistributedError) << "nothing set up in the test's own process";
+}
+
+TEST(RuntimeInit, TcpInitMethod) {
+  const int port = flt::in_rank_process() ? 0 : flt::free_tcp_port();
+  flt::run_on_ranks(2, [](const RankContext& ctx) {
+    Distributed dist({.init_method = "tcp://127.0.0.1:" + std::string(std::getenv("TEST_PORT")),
+                 .env = {.rank = ctx.rank, .world_size = 2}});
+    auto t = torch::ones({1});
+    fl::all_reduce(t);
+    EXPECT_EQ(t.item<float>(), 2.0f);
+  }, {.env = [port](int) { return std::map<std::string, std::string>{{"TEST_PORT", std::to_string(port)}}; }});
+}
+
+TEST(RuntimeInit, FileInitMethod) {
+  const auto dir = fs::temp_directory_path() / ("fastlearn-filestore-" + std::to_string(flt::test_process_id()));
+  if (!flt::in_rank_process()) fs::create_directories(dir);
+  flt::run_on_ranks(2, [&dir](const RankContext& ctx) {
+    Distributed dist({.init_method = "file://" + (dir / "store").string(), .env = {.rank = ctx.rank, .world_size = 2}});
+    auto t = torch::full({1}, static_cast<float>(ctx.rank + 1));
+    fl::all_reduce(t);
+    EXPECT_EQ(t.item<float>(), 3.0f);
+  });
+  if (!flt::in_rank_process()) fs::remove_all(dir);
+}
+
+TEST(RuntimeInit, MasterPortInUseIsAClearError) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  const auto msg = message_of([&] {
+    fl::setup_distrib({.timeout = std::chrono::seconds(2),
+                       .env = {.rank = 0, .world_size = 2, .master_port = port, .master_addr = "127.0.0.1"}});
+  });
+  close(fd);
+  EXPECT_NE(msg.find(fmt::format("cannot listen on 127.0.0.1:{}", port)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Address already in use"), std::string::npos) << msg;
+  EXPECT_FALSE(fl::is_initialized());
+}
+
+TEST(RuntimeSingleProcess, CollectivesAreNoOpsAndQueriesWork) {
+  ASSERT_FALSE(fl::is_initialized());
+  EXPECT_EQ(fl::rank(), 0);
+  EXPECT_EQ(fl::world_size(), 1);
+  EXPECT_TRUE(fl::is_main());
+  auto t = torch::ones({2});
+  fl::all_reduce(t, fl::ReduceOp::avg);
+  fl::broadcast(t, 0);
+  fl::barrier();
+  EXPECT_TRUE(torch::equal(t, torch::ones({2})));
+  std::vector<at::Tensor> out{torch::zeros({2})};
+  fl::all_gather(out, t);
+  EXPECT_TRUE(torch::equal(out[0], t));
+  EXPECT_EQ(fl::rank0_first([] { return 5; }), 5);
+  { fl::DistribCtx ctx; EXPECT_FALSE(ctx.active()); EXPECT_FALSE(fl::is_initialized()); }
+  EXPECT_THROW(fl::send(t, 0), fl::DistributedError);
+}
+
+TEST(RuntimeRank0First, RankZerosSideEffectIsVisibleBeforeTheOthersRun) {
+  const auto file = fs::temp_directory_path() / ("fastlearn-r0f-" + std::to_string(flt::test_process_id()));
+  flt::run_on_ranks(3, [&file](const RankContext&) {
+    // No setup: rank0_first sets the group up from the environment, and a DistribCtx adopts it.
+    const auto seen = fl::rank0_first([&] {
+      if (fl::rank() == 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others must wait for this
+        std::ofstream(file) << "downloaded";
+        return std::string("wrote");
+      }
+      std::ifstream in(file);
+      std::string text;
+      in >> text;
+      return text;
+    });
+    EXPECT_EQ(seen, fl::rank() == 0 ? "wrote" : "downloaded");
+    EXPECT_TRUE(fl::is_initialized());
+    {
+      fl::DistribCtx ctx;
+      EXPECT_TRUE(ctx.owns_setup()) << "the implicit setup is adopted";
+      // A failure on rank 0 reaches the others as an error instead of a hang.
+      const auto msg = message_of([] {
+        fl::rank0_first([] {
+          if (fl::rank() == 0) throw std::runtime_error("mirror unreachable");
+        });
+      });
+      if (fl::rank() == 0) {
+        EXPECT_EQ(msg, "mirror unreachable");
+      } else {
+        EXPECT_NE(msg.find("rank 0 failed in rank0_first"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("mirror unreachable"), std::string::npos) << msg;
+      }
+    }
+    EXPECT_FALSE(fl::is_initialized());
+  }, {.env = flt::torchrun_env(3)});
+  if (!flt::in_rank_process()) fs::remove(file);
+}
+
+TEST(RuntimeDistribCtx, TearsDownWhatItCreatedAlsoOnException) {
+  flt::run_on_ranks(2, [](const RankContext&) {
+    try {
+      fl::DistribCtx ctx({.timeout = kTimeout});
+      EXPECT_TRUE(ctx.active());
+      EXPECT_TRUE(fl::is_initialized());
+      throw std::runtime_error("training failed");
+    } catch (const std::runtime_error&) {
+    }
+    EXPECT_FALSE(fl::is_initialized());
+    // A group set up before the scope is left alone.
+    fl::setup_distrib({.timeout = kTimeout});
+    { fl::DistribCtx ctx; EXPECT_FALSE(ctx.owns_setup()); }
+    EXPECT_TRUE(fl::is_initialized());
+    fl::teardown_distrib();
+  }, torchrun(2));
+}
+
+TEST(RuntimeDebug, MismatchedCallsNameEachRanksCall) {
+  flt::run_on_ranks(2, [](const RankContext&) {
+    Distributed dist({.debug = true});
+    auto t = torch::zeros({fl::rank() == 0 ? 4 : 5});
+    const auto msg = message_of([&] { fl::all_reduce(t); });
+    EXPECT_NE(msg.find("mismatched collective calls"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 0: call #0 all_reduce(sum) of Float [4]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 1: call #0 all_reduce(sum) of Float [5]"), std::string::npos) << msg;
+    // Different operations are named too.
+    const auto other = message_of([&] {
+      if (fl::rank() == 0) {
+        fl::broadcast(torch::zeros({2}), 0);
+      } else {
+        fl::all_reduce(torch::zeros({2}));
+      }
+    });
+    EXPECT_NE(other.find("broadcast"), std::string::npos) << other;
+    EXPECT_NE(other.find("all_reduce"), std::string::npos) << other;
+  }, torchrun(2));
+}
+
+TEST(RuntimeFaults, AHungRankMakesTheOthersFailWithinTheTimeoutNamingTheOperation) {
+  flt::run_on_ranks(2, [](const RankContext&) {
+    Distributed dist({.timeout = std::chrono::seconds(2)});
+    if (fl::rank() == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(5));  // never joins the collective
+      return;
+    }
+    const auto start = Clock::now();
+    const auto msg = message_of([] { fl::all_reduce(torch::ones({8})); });
+    const auto waited = Clock::now() - start;
+    EXPECT_NE(msg.find("all_reduce(sum) of Float [8]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("timeout is 2000 ms"), std::string::npos) << msg;
+    EXPECT_LT(waited, std::chrono::seconds(4));
+  }, torchrun(2));
+}
+
+TEST(RuntimeFaults, ADeadPeerIsReportedWithoutWaitingForTheTimeout) {
+  flt::run_on_ranks(2, [](const RankContext&) {
+    Distributed dist({.timeout = std::chrono::seconds(30)});
+    fl::barrier();
+    if (fl::rank() == 1) std::_Exit(0);  // dies without a word
+    const auto start = Clock::now();
+    const auto msg = message_of([] { fl::all_reduce(torch::ones({8})); });
+    EXPECT_NE(msg.find("all_reduce(sum) of Float [8]"), std::string::npos) << msg;
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(10)) << "detected long before the 30 s timeout";
+  }, torchrun(2));
+}
+
+TEST(RuntimeLaunch, OpenMpiStyleVariables) {
+  const int port = flt::in_rank_process() ? 0 : flt::free_tcp_port();
+  flt::run_on_ranks(2, [](const RankContext&) {
+    Distributed dist;
+    EXPECT_EQ(fl::dist_env().source, "Open MPI");
+    auto t = torch::full({1}, static_cast<float>(fl::rank() + 1));
+    fl::all_reduce(t);
+    EXPECT_EQ(t.item<float>(), 3.0f);
+  }, {.env = [port](int rank) {
+        return std::map<std::string, std::string>{{"OMPI_COMM_WORLD_RANK", std::to_string(rank)},
+                                                  {"OMPI_COMM_WORLD_SIZE", "2"},
+                                                  {"OMPI_COMM_WORLD_LOCAL_RANK", std::to_string(rank)},
+                                                  {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                                  {"MASTER_PORT", std::to_string(port)}};
+      }});
+}
+
+// Started by torchrun itself (python -m torch.distributed.run --no-python): this same binary is each rank.
+TEST(RuntimeLaunch, UnderTorchrun) {
+  if (std::getenv("FASTLEARN_UNDER_TORCHRUN")) {
+    ASSERT_NE(std::getenv("TORCHELASTIC_RUN_ID"), nullptr) << "expected torchrun's environment";
+    Distributed dist;
+    EXPECT_EQ(fl::dist_env().source, "torchrun");
+    auto t = torch::full({2}, static_cast<float>(fl::rank() + 1));
+    fl::all_reduce(t);
+    EXPECT_EQ(t[1].item<float>(), 3.0f);
+    return;
+  }
+  const std::string python = FASTLEARN_PYTHON;
+  if (python.empty() || std::system((python + " -c 'import torch.distributed.run' 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << "no Python torch to provide torchrun";
+  }
+  const auto self = fs::read_symlink("/proc/self/exe");
+  const auto command = fmt::format(
+      "FASTLEARN_UNDER_TORCHRUN=1 {} -m torch.distributed.run --no-python --nproc-per-node 2 --master-port {} "
+      "{} --gtest_filter=RuntimeLaunch.UnderTorchrun > {}.log 2>&1",
+      python, flt::free_tcp_port(), self.string(), (fs::temp_directory_path() / "fastlearn-torchrun").string());
+  const int rc = std::system(command.c_str());
+  std::ifstream log(fs::temp_directory_path() / "fastlearn-torchrun.log");
+  std::string text((std::istreambuf_iterator<char>(log)), {});
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_NE(text.find("[  PASSED  ] 1 test"), std::string::npos) << text;
+}
