@@ -4,6 +4,7 @@
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
+#include <fastlearn/callbacks/schedule.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -24,10 +25,15 @@ std::string csv_number(double v) { return std::isnan(v) ? "" : fmt::format("{:.6
 
 }  // namespace
 
-CSVLogger::CSVLogger(CSVLoggerOptions options) : options_(std::move(options)) { order = 60; }
+// Order 55: after the Recorder wrote the epoch's row (50), before trackers (60) that may stop the fit.
+CSVLogger::CSVLogger(CSVLoggerOptions options) : options_(std::move(options)) { order = 55; }
 
 void CSVLogger::before_fit() {
   auto& l = learn();
+  if (lr_finder_attached(l)) {  // an lr_find sweep is not an epoch to log (and must not truncate the log)
+    run = false;
+    return;
+  }
   path_ = under_learner(l, options_.file);
   if (path_.has_parent_path()) std::filesystem::create_directories(path_.parent_path());
   const bool keep = options_.append && std::filesystem::exists(path_) && std::filesystem::file_size(path_) > 0;
@@ -53,11 +59,28 @@ void CSVLogger::after_epoch() {
 
 void CSVLogger::after_fit() { out_.close(); }
 
-MetricsJson::MetricsJson(MetricsJsonOptions options) : options_(std::move(options)) { order = 60; }
+MetricsJson::MetricsJson(MetricsJsonOptions options) : options_(std::move(options)) { order = 55; }
 
 void MetricsJson::before_fit() {
+  if (lr_finder_attached(learn())) {
+    run = false;
+    return;
+  }
   path_ = under_learner(learn(), options_.file);
   records_.clear();
+  // A resumed fit (start_epoch > 0) keeps the records of the epochs before it.
+  const int start = learn().epoch;
+  if (start > 0 && std::filesystem::exists(path_)) {
+    std::ifstream in(path_);
+    const auto previous = nlohmann::ordered_json::parse(in, nullptr, false);
+    if (previous.is_array()) {
+      for (const auto& record : previous) {
+        if (record.contains("epoch") && record["epoch"].is_number_integer() && record["epoch"].get<int>() < start) {
+          records_ += (records_.empty() ? "\n  " : ",\n  ") + record.dump();
+        }
+      }
+    }
+  }
 }
 
 void MetricsJson::after_epoch() {

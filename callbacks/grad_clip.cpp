@@ -14,7 +14,9 @@ GradientClip::GradientClip(GradientClipOptions options) : options_(options) {
 }
 
 void GradientClip::before_step() {
-  last_norm_ = torch::nn::utils::clip_grad_norm_(learn().model().parameters(), options_.max_norm, options_.norm_type);
+  std::vector<at::Tensor> params;  // the optimizer's: each parameter once, also when layers share a weight
+  for (auto& group : learn().opt().param_groups()) params.insert(params.end(), group.params.begin(), group.params.end());
+  last_norm_ = torch::nn::utils::clip_grad_norm_(params, options_.max_norm, options_.norm_type);
 }
 
 }  // namespace fastlearn

@@ -34,6 +34,7 @@ void MixedPrecision::before_fit() {
 }
 
 void MixedPrecision::enter_autocast() {
+  exit_autocast();  // a region left open by an exception between before_batch and after_loss
   previous_enabled_ = at::autocast::is_autocast_enabled(device_type_);
   previous_dtype_ = at::autocast::get_autocast_dtype(device_type_);
   at::autocast::set_autocast_enabled(device_type_, true);
@@ -53,21 +54,34 @@ void MixedPrecision::exit_autocast() {
 
 void MixedPrecision::before_batch() { enter_autocast(); }
 void MixedPrecision::after_loss() { exit_autocast(); }
+// Any cancel can leave the batch between before_batch and after_loss: close the region at every exit.
 void MixedPrecision::after_cancel_batch() { exit_autocast(); }
+void MixedPrecision::after_train() { exit_autocast(); }
+void MixedPrecision::after_validate() { exit_autocast(); }
+void MixedPrecision::after_epoch() { exit_autocast(); }
 void MixedPrecision::after_fit() { exit_autocast(); }
+
+void MixedPrecision::after_pred() {
+  // Metrics, the Recorder and get_preds see full-precision predictions (as fastai's to_float).
+  auto& pred = learn().pred;
+  if (pred.defined() && (pred.scalar_type() == at::kHalf || pred.scalar_type() == at::kBFloat16)) pred = pred.to(at::kFloat);
+}
 
 void MixedPrecision::before_backward() {
   unscaled_ = false;
   if (!scaling_) return;
   auto& l = learn();
-  l.loss_grad = l.loss_grad * scale_.to(l.loss_grad.scalar_type());
+  l.loss_grad = l.loss_grad * scale_;  // float32: a half loss is promoted, so the scale cannot overflow it
 }
 
 void MixedPrecision::before_step() {
   if (!scaling_) return;
   std::vector<at::Tensor> grads;
-  for (auto& p : learn().model().parameters()) {
-    if (p.grad().defined()) grads.push_back(p.mutable_grad());
+  // The optimizer's parameters: each exactly once, also when layers share a weight.
+  for (auto& group : learn().opt().param_groups()) {
+    for (auto& p : group.params) {
+      if (p.grad().defined()) grads.push_back(p.mutable_grad());
+    }
   }
   found_inf_.zero_();
   at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, scale_.reciprocal());

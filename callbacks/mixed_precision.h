@@ -30,11 +30,15 @@ class MixedPrecision : public Callback {
 
   void before_fit() override;
   void before_batch() override;
+  void after_pred() override;
   void after_loss() override;
   void before_backward() override;
   void before_step() override;
   void after_step() override;
   void after_cancel_batch() override;
+  void after_train() override;
+  void after_validate() override;
+  void after_epoch() override;
   void after_fit() override;
 
   /// The current loss scale (1 without loss scaling).

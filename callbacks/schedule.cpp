@@ -68,11 +68,18 @@ void LRFinder::after_batch() {
 void LRFinder::before_validate() { throw CancelValidException(); }
 
 void LRFinder::after_fit() {
-  auto& l = learn();
-  if (l.has_opt()) l.opt().zero_grad();
-  if (saved_) restore_state(l, *saved_, {.with_opt = true}, "lr_find's saved state");
-  saved_.reset();
+  if (learn().has_opt()) learn().opt().zero_grad();
+  restore();
 }
+
+void LRFinder::restore() {
+  if (!saved_ || !attached()) return;
+  auto saved = std::move(*saved_);
+  saved_.reset();
+  restore_state(learn(), saved, {.with_opt = true}, "lr_find's saved state");
+}
+
+bool lr_finder_attached(const Learner& learn) { return learn.cb<LRFinder>() != nullptr; }
 
 double valley(const std::vector<double>& lrs, const std::vector<double>& losses) {
   const std::size_t n = std::min(lrs.size(), losses.size());

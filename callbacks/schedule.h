@@ -58,12 +58,17 @@ class LRFinder : public ParamScheduler {
   void after_batch() override;
   void before_validate() override;
   void after_fit() override;
+  /// Puts back the state saved at before_fit (done by after_fit; lr_find also calls it on an error).
+  void restore();
 
  private:
   LRFinderOptions options_;
   double best_loss_ = 0;
   std::optional<CheckpointState> saved_;
 };
+
+/// True while an LRFinder is attached: trackers and file logs stand aside during the sweep (as fastai).
+bool lr_finder_attached(const Learner& learn);
 
 /// fastai's "valley" rule: the lr a third and a half into the longest strictly decreasing run of losses.
 double valley(const std::vector<double>& lrs, const std::vector<double>& losses);

@@ -45,7 +45,8 @@ std::vector<double> linear_ticks(double lo, double hi, int target = 5) {
     if (span / step <= target) break;
   }
   std::vector<double> ticks;
-  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push_back(t);
+  // Bounded: a step below the resolution of lo would otherwise never advance.
+  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9 && ticks.size() < 50; t += step) ticks.push_back(t);
   return ticks;
 }
 

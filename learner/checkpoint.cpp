@@ -65,6 +65,7 @@ class CheckpointIO {
     if (!learn.opt_) learn.create_opt();
     return *learn.opt_;
   }
+  static void drop_opt(Learner& learn) { learn.opt_.reset(); }
 };
 
 CheckpointState capture_state(Learner& learn, SaveOptions options) {
@@ -135,15 +136,29 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
   if (restore_training) {
     epochs_completed = static_cast<int>(metadata_int(state.metadata, "epochs_completed", origin));
     train_dl_epoch = metadata_int(state.metadata, "train_dl_epoch", origin);
+    // RNG states are checked here too, so that setting them below cannot fail.
+    const auto gens = rng_generators();
+    for (std::size_t i = 0; i < gens.size(); ++i) {
+      auto it = in_file.find(rng_name(i));
+      if (it == in_file.end()) continue;
+      const auto expected = gens[i].get_state();
+      if (it->second->scalar_type() != at::kByte || it->second->numel() != expected.numel()) {
+        throw CheckpointError(fmt::format("{}: tensor '{}' is {} of {} elements but a generator state is Byte of {}",
+                                          origin, rng_name(i), c10::toString(it->second->scalar_type()),
+                                          it->second->numel(), expected.numel()));
+      }
+    }
   }
   if (options.with_opt && state.metadata.contains("optimizer")) {
     NamedTensors opt_tensors;
     for (const auto& [name, t] : state.tensors) {
       if (starts_with(name, kOptimizerPrefix)) opt_tensors.emplace_back(name.substr(kOptimizerPrefix.size()), t);
     }
+    const bool had_opt = learn.has_opt();
     try {
       CheckpointIO::ensure_opt(learn).load_state(opt_tensors, state.metadata.at("optimizer"));
     } catch (const CheckpointError& e) {
+      if (!had_opt) CheckpointIO::drop_opt(learn);  // leave the learner as it was
       throw CheckpointError(fmt::format("{}: optimizer state: {}", origin, e.what()));
     }
   }

@@ -64,7 +64,18 @@ std::int64_t find_bs(const std::vector<at::Tensor>& yb) {
   return yb.front().dim() > 0 ? yb.front().size(0) : 1;
 }
 
-std::vector<std::vector<at::Tensor>> trainable_params(torch::nn::Module& model) { return {model.parameters()}; }
+std::vector<at::Tensor> unique_params(const std::vector<at::Tensor>& params) {
+  std::set<const void*> seen;
+  std::vector<at::Tensor> out;
+  for (const auto& p : params) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<std::vector<at::Tensor>> trainable_params(torch::nn::Module& model) {
+  return {unique_params(model.parameters())};
+}
 
 namespace detail {
 void check_input_count(const std::vector<at::Tensor>& xb, std::size_t expected) {
@@ -76,7 +87,13 @@ void check_input_count(const std::vector<at::Tensor>& xb, std::size_t expected) 
 }  // namespace detail
 
 ScopedCallbacks::ScopedCallbacks(Learner& learn, std::vector<CallbackPtr> cbs) : learn_(learn), cbs_(std::move(cbs)) {
-  learn_.add_cbs(cbs_);
+  std::size_t added = 0;
+  try {
+    for (; added < cbs_.size(); ++added) learn_.add_cb(cbs_[added]);
+  } catch (...) {
+    for (std::size_t i = 0; i < added; ++i) learn_.remove_cb(cbs_[i]);
+    throw;
+  }
 }
 
 ScopedCallbacks::~ScopedCallbacks() {
@@ -107,8 +124,9 @@ Learner::~Learner() {
 
 void Learner::add_cb(CallbackPtr cb) {
   if (!cb) throw Error("Learner::add_cb: null callback");
-  if (cb->learn_ && cb->learn_ != this) {
-    throw Error("Learner::add_cb: callback '" + cb->name() + "' is already attached to another Learner");
+  if (cb->learn_) {
+    throw Error("Learner::add_cb: callback '" + cb->name() + "' is already attached to " +
+                (cb->learn_ == this ? "this Learner" : "another Learner"));
   }
   cb->learn_ = this;
   cbs_.push_back(std::move(cb));
@@ -201,13 +219,25 @@ void Learner::freeze_to(int n) {
       if (!p.requires_grad()) p.mutable_grad() = at::Tensor();
     }
   }
-  // As fastai: the optimizer state starts over after freezing or unfreezing.
-  opt_.reset();
+  // As fastai: the optimizer state starts over after freezing or unfreezing; its hyper-parameters stay,
+  // and it is replaced at once so that a callback may (un)freeze in the middle of a fit.
+  if (opt_) {
+    auto old = std::move(opt_);
+    create_opt();
+    if (opt_->n_groups() == old->n_groups()) {
+      for (std::size_t g = 0; g < old->n_groups(); ++g) opt_->param_groups()[g].hypers = old->param_groups()[g].hypers;
+    }
+  }
 }
 
 // --- the loop --------------------------------------------------------------------------------------
 
+void Learner::check_not_in_fit(const char* what) const {
+  if (in_fit_) throw Error(fmt::format("Learner::{} was called during a fit (from a callback?)", what));
+}
+
 void Learner::fit(int n_epoch_, std::optional<LrSpec> lr, FitOptions options) {
+  check_not_in_fit("fit");
   if (options.reset_opt || !opt_) create_opt();
   const auto lrs = lr.value_or(LrSpec(options_.lr)).per_group(opt_->n_groups());
   options.reset_opt = false;
@@ -219,7 +249,7 @@ void Learner::run_fit(int n_epoch_, const std::vector<double>& lrs, FitOptions o
   if (options.start_epoch < 0 || options.start_epoch > n_epoch_) {
     throw ConfigError(fmt::format("fit: start_epoch {} is outside [0, {}]", options.start_epoch, n_epoch_));
   }
-  if (in_fit_) throw Error("Learner: fit() was called from inside a fit (from a callback?)");
+  check_not_in_fit("fit");
   if (!opt_) create_opt();
   ScopedCallbacks extra(*this, std::move(options.cbs));
   if (auto wd = options.wd ? options.wd : options_.wd) opt_->set_hyper("wd", *wd);
@@ -309,6 +339,7 @@ void Learner::do_grad_opt() {
 // --- schedules -----------------------------------------------------------------------------------
 
 void Learner::fit_one_cycle(int n_epoch_, std::optional<LrSpec> lr_max, OneCycleOptions options) {
+  check_not_in_fit("fit_one_cycle");
   if (options.fit.reset_opt || !opt_) create_opt();
   options.fit.reset_opt = false;
   const auto lrs = lr_max.value_or(LrSpec(options_.lr)).per_group(opt_->n_groups());
@@ -323,6 +354,7 @@ void Learner::fit_one_cycle(int n_epoch_, std::optional<LrSpec> lr_max, OneCycle
 }
 
 void Learner::fit_flat_cos(int n_epoch_, std::optional<LrSpec> lr, FlatCosOptions options) {
+  check_not_in_fit("fit_flat_cos");
   if (options.fit.reset_opt || !opt_) create_opt();
   options.fit.reset_opt = false;
   const auto lrs = lr.value_or(LrSpec(options_.lr)).per_group(opt_->n_groups());
@@ -347,7 +379,15 @@ LrFindResult Learner::lr_find(LrFindOptions options) {
   auto finder = std::make_shared<LRFinder>(LRFinderOptions{.start_lr = options.start_lr, .end_lr = options.end_lr,
                                                            .num_it = options.num_it, .stop_div = options.stop_div});
   const int epochs = static_cast<int>(finder->num_it() / batches) + 1;
-  fit(epochs, {}, {.cbs = {finder}});
+  const int epochs_completed = epochs_completed_;  // a loaded checkpoint's resume point survives lr_find
+  try {
+    fit(epochs, {}, {.cbs = {finder}});
+  } catch (...) {
+    finder->restore();  // also when the sweep dies of an error, not only when it is cancelled
+    epochs_completed_ = epochs_completed;
+    throw;
+  }
+  epochs_completed_ = epochs_completed;
 
   const auto& rec = recorder();
   LrFindResult result;
@@ -391,16 +431,18 @@ class GatherPreds : public Callback {
 
 ValidationResult Learner::validate(DataLoader* loader) {
   DataLoader& target = loader ? *loader : dls_.valid();
-  if (in_fit_) throw Error("Learner::validate: called during a fit");
-  const bool was_training = model_->is_training();
+  check_not_in_fit("validate");
   {
-    struct Restore {
+    struct Restore {  // also when validation throws
       Learner& l;
-      ~Restore() { l.dl = nullptr; }
-    } restore{*this};
+      bool was_training;
+      ~Restore() {
+        l.dl = nullptr;
+        l.model_->train(was_training);
+      }
+    } restore{*this, model_->is_training()};
     do_epoch_validate(target);
   }
-  model_->train(was_training);
   ValidationResult result{.loss = recorder().last_valid_loss()};
   const auto& values = recorder().last_valid_metrics();
   for (std::size_t i = 0; i < options_.metrics.size() && i < values.size(); ++i) {
@@ -430,10 +472,13 @@ Prediction Learner::predict(const Item& item) {
   for (const auto& tfm : dls_.valid().options().batch_tfms) tfm(batch, generator);
   if (auto device = dls_.device()) batch = batch.to(*device);
   torch::NoGradGuard no_grad;
-  const bool was_training = model_->is_training();
+  struct RestoreMode {
+    torch::nn::Module& m;
+    bool was_training;
+    ~RestoreMode() { m.train(was_training); }
+  } restore{*model_, model_->is_training()};
   model_->eval();
   auto out = forward_(batch.inputs);
-  model_->train(was_training);
   auto probs = loss_func_.activate(out);
   return {.decoded = loss_func_.decode(probs)[0], .probs = probs[0]};
 }

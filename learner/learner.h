@@ -41,6 +41,9 @@ using Splitter = std::function<std::vector<std::vector<at::Tensor>>(torch::nn::M
 /// Items in a batch, as fastai's find_bs: the first dimension of the first target (0 without targets).
 std::int64_t find_bs(const std::vector<at::Tensor>& yb);
 
+/// `params` without repeats (a weight shared by two layers appears once), in first-seen order.
+std::vector<at::Tensor> unique_params(const std::vector<at::Tensor>& params);
+
 /// The default splitter: one group with every parameter.
 std::vector<std::vector<at::Tensor>> trainable_params(torch::nn::Module& model);
 
@@ -190,7 +193,7 @@ class Learner {
   // --- callbacks ------------------------------------------------------------------------------
   void add_cb(CallbackPtr cb);
   void add_cbs(const std::vector<CallbackPtr>& cbs);
-  /// Detaches `cb`; takes effect at the next event.
+  /// Detaches `cb`; it receives no further event, also within the event running now.
   void remove_cb(const CallbackPtr& cb);
   /// Attaches `cbs` until the returned guard goes out of scope.
   ScopedCallbacks added_cbs(std::vector<CallbackPtr> cbs) { return ScopedCallbacks(*this, std::move(cbs)); }
@@ -221,7 +224,8 @@ class Learner {
   /// Parameter groups as the splitter makes them.
   std::vector<std::vector<at::Tensor>> param_groups();
   /// Freezes the groups before `n` (negative counts from the end): no gradients, except BatchNorm's
-  /// when train_bn. freeze() = freeze_to(-1), unfreeze() = freeze_to(0).
+  /// when train_bn. freeze() = freeze_to(-1), unfreeze() = freeze_to(0). The optimizer keeps its
+  /// hyper-parameters but its state starts over (as fastai); allowed from a callback during a fit.
   void freeze_to(int n);
   void freeze() { freeze_to(-1); }
   void unfreeze() { freeze_to(0); }
@@ -269,6 +273,7 @@ class Learner {
   void do_one_batch();
   void do_grad_opt();
   void sort_cbs();
+  void check_not_in_fit(const char* what) const;
 
   DataLoaders dls_;
   std::shared_ptr<torch::nn::Module> model_;

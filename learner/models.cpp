@@ -4,6 +4,8 @@
 
 #include <torch/torch.h>
 
+#include <set>
+
 namespace fastlearn::models {
 
 namespace nn = torch::nn;
@@ -93,11 +95,18 @@ nn::Sequential resnet(const ResNetOptions& options) {
 std::vector<std::vector<at::Tensor>> body_head_split(torch::nn::Module& model) {
   const auto children = model.children();
   if (children.size() < 2) return {model.parameters()};
+  auto head = children.back()->parameters();
+  std::set<const void*> in_head;
+  for (const auto& p : head) in_head.insert(p.unsafeGetTensorImpl());
   std::vector<at::Tensor> body;
+  std::set<const void*> seen;
   for (std::size_t i = 0; i + 1 < children.size(); ++i) {
-    for (auto& p : children[i]->parameters()) body.push_back(p);
+    for (auto& p : children[i]->parameters()) {
+      // A weight shared with the head, or between layers, belongs to one group once.
+      if (!in_head.contains(p.unsafeGetTensorImpl()) && seen.insert(p.unsafeGetTensorImpl()).second) body.push_back(p);
+    }
   }
-  return {body, children.back()->parameters()};
+  return {body, head};
 }
 
 }  // namespace fastlearn::models

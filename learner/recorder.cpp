@@ -103,7 +103,7 @@ void Recorder::after_batch() {
   auto& l = learn();
   if (l.yb.empty() || !l.loss.defined()) return;
   const auto bs = find_bs(l.yb);
-  const double loss = l.loss.item<double>();
+  const double loss = l.loss.mean().item<double>();  // also for a loss without reduction
   loss_sum_ += loss * static_cast<double>(bs);
   loss_count_ += bs;
   for (auto& m : l.training ? train_metrics_ : valid_metrics_) m->accumulate(l.pred, l.yb.front());

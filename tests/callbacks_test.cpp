@@ -274,3 +274,43 @@ TEST_F(Callbacks, LossScalingSkipsStepsWithNonFiniteGradientsAndBacksOff) {
   EXPECT_EQ(mp->scale(), 512) << "the scale backs off by half";
   for (auto& p : learn->model().parameters()) EXPECT_TRUE(p.isfinite().all().item<bool>());
 }
+
+TEST_F(Callbacks, LrFindLeavesLogsAndTrackersAlone) {
+  torch::manual_seed(0);
+  auto dls = flt::classification_data({.n_train = 64, .n_valid = 32, .bs = 8});
+  auto csv = std::make_shared<fl::CSVLogger>();
+  auto save = std::make_shared<fl::SaveModel>(fl::SaveModelOptions{.fname = "end", .at_end = true});
+  fl::Learner learn(dls, fl::models::mlp(4, {16}, 3), fl::cross_entropy(),
+                    {.metrics = {fl::accuracy()}, .cbs = {csv, save}, .path = dir_, .progress = false});
+  learn.fit(1, 1e-2);
+  const auto log = read(dir_ / "history.csv");
+  fs::remove(dir_ / "models" / "end.safetensors");
+  learn.lr_find({.num_it = 20});
+  EXPECT_EQ(read(dir_ / "history.csv"), log) << "the sweep neither truncates nor extends the CSV log";
+  EXPECT_FALSE(fs::exists(dir_ / "models" / "end.safetensors")) << "SaveModel stands aside during lr_find";
+}
+
+TEST_F(Callbacks, MetricsJsonOfAResumedFitKeepsTheEarlierEpochs) {
+  auto learn = classifier();
+  learn->fit(3, 1e-2, {.cbs = {std::make_shared<fl::MetricsJson>()}});
+  const auto first = nlohmann::json::parse(read(dir_ / "metrics.json"));
+  learn->fit(3, 1e-2, {.cbs = {std::make_shared<fl::MetricsJson>()}, .start_epoch = 2});
+  const auto resumed = nlohmann::json::parse(read(dir_ / "metrics.json"));
+  ASSERT_EQ(resumed.size(), 3u);
+  EXPECT_EQ(resumed[0], first[0]);
+  EXPECT_EQ(resumed[1], first[1]);
+  EXPECT_EQ(resumed[2]["epoch"], 2);
+}
+
+TEST_F(Callbacks, AnUnknownMonitorFailsBeforeTheFirstEpoch) {
+  auto learn = classifier();
+  struct Count : fl::Callback {
+    int epochs = 0;
+    void before_epoch() override { ++epochs; }
+  };
+  auto count = std::make_shared<Count>();
+  EXPECT_THROW(learn->fit(2, 1e-2, {.cbs = {count, std::make_shared<fl::EarlyStopping>(
+                                                       fl::EarlyStoppingOptions{.tracker = {.monitor = "acuracy"}})}}),
+               fl::Error);
+  EXPECT_EQ(count->epochs, 0);
+}

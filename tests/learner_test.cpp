@@ -424,3 +424,53 @@ TEST(Models, ShapesNamesAndGroups) {
   EXPECT_EQ(groups[0].size() + groups[1].size(), net->parameters().size());
   EXPECT_THROW(fl::models::resnet({.widths = {}}), fl::ConfigError);
 }
+
+TEST(Learner, UnfreezingFromACallbackDuringAFitKeepsTraining) {
+  auto dls = flt::classification_data({.n_train = 32, .n_valid = 8, .bs = 8});
+  torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 3));
+  fl::Learner learn(dls, model, fl::cross_entropy(), {.splitter = fl::models::body_head_split, .progress = false});
+  learn.freeze();
+  struct UnfreezeAfterFirstEpoch : fl::Callback {
+    void after_epoch() override {
+      if (learn().epoch == 0) learn().unfreeze();
+    }
+  };
+  const auto body = model[0]->parameters()[0].clone();
+  struct BodyProbe : fl::Callback {
+    at::Tensor body_after_epoch0;
+    void after_epoch() override {
+      if (learn().epoch == 0) body_after_epoch0 = learn().model().parameters()[0].clone();
+    }
+  };
+  auto probe = std::make_shared<BodyProbe>();
+  learn.fit(2, 1e-2, {.cbs = {probe, std::make_shared<UnfreezeAfterFirstEpoch>()}});
+  EXPECT_TRUE(probe->body_after_epoch0.equal(body)) << "frozen during epoch 0";
+  EXPECT_FALSE(model[0]->parameters()[0].equal(body)) << "trained after unfreezing in the middle of the fit";
+  EXPECT_DOUBLE_EQ(learn.opt().hyper("lr", 0), 1e-2) << "hyper-parameters survive the new optimizer";
+}
+
+namespace {
+// One weight registered under two names, as tied layers are: parameters() lists it twice.
+struct TiedImpl : torch::nn::Module {
+  TiedImpl() {
+    w = register_parameter("w", torch::randn({4, 4}) * 0.1);
+    register_parameter("w_again", w);
+    head = register_module("head", torch::nn::Linear(4, 1));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return head->forward(x.matmul(w).matmul(w)); }
+  torch::Tensor w;
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(Tied);
+}  // namespace
+
+TEST(Learner, ASharedWeightIsOneParameter) {
+  auto dls = flt::regression_data({.n_train = 16, .n_valid = 8, .bs = 8});
+  Tied model;
+  ASSERT_EQ(model->parameters().size(), 4u);
+  fl::Learner learn(dls, model, fl::mse_loss(), {.progress = false});
+  EXPECT_EQ(learn.param_groups()[0].size(), 3u);
+  const auto before = model->w.clone();
+  learn.fit(1, 1e-2);  // no "parameter appears twice" from the optimizer
+  EXPECT_FALSE(model->w.equal(before));
+}
