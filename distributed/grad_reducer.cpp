@@ -1,0 +1,277 @@
+#include <fastlearn/distributed/grad_reducer.h>
+
+#include <fastlearn/core/error.h>
+#include <fastlearn/distributed/collectives.h>
+
+#include <fmt/format.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/torch.h>
+
+#include <map>
+#include <mutex>
+
+namespace fastlearn {
+
+namespace {
+
+struct ParamSlot {
+  std::string name;
+  at::Tensor tensor;
+  std::size_t bucket = 0;
+  std::int64_t offset = 0;
+  bool ready = false;
+};
+
+struct Bucket {
+  std::vector<std::size_t> params;
+  at::Tensor flat;
+  std::int64_t pending = 0;
+  c10::intrusive_ptr<c10d::Work> work;
+};
+
+// Copies rank `root`'s tensors to every rank, one broadcast per dtype and device.
+void broadcast_coalesced(const std::vector<at::Tensor>& tensors, int root, Group& group) {
+  std::map<std::pair<c10::ScalarType, std::string>, std::vector<at::Tensor>> by_kind;
+  for (const auto& t : tensors) by_kind[{t.scalar_type(), t.device().str()}].push_back(t);
+  torch::NoGradGuard no_grad;
+  for (auto& [kind, list] : by_kind) {
+    std::vector<at::Tensor> flat_parts;
+    for (const auto& t : list) flat_parts.push_back(t.reshape(-1));
+    auto flat = at::cat(flat_parts);
+    broadcast(flat, root, &group);
+    std::int64_t offset = 0;
+    for (auto& t : list) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view_as(t));
+      offset += t.numel();
+    }
+  }
+}
+
+}  // namespace
+
+class GradReducer::Impl {
+ public:
+  Impl(std::vector<std::pair<std::string, at::Tensor>> params, std::vector<at::Tensor> buffers, Group& group,
+       GradReducerOptions options)
+      : group_(group), options_(options), buffers_(std::move(buffers)) {
+    for (auto& [name, t] : params) {
+      if (t.requires_grad()) params_.push_back({.name = name, .tensor = t});
+    }
+    if (!group_.is_member()) throw DistributedError("GradReducer: this rank is not a member of group '" + group_.name() + "'");
+    std::vector<at::Tensor> to_sync;
+    for (auto& [name, t] : params) to_sync.push_back(t);
+    to_sync.insert(to_sync.end(), buffers_.begin(), buffers_.end());
+    broadcast_coalesced(to_sync, group_.ranks().front(), group_);
+    std::vector<std::size_t> reverse;
+    for (std::size_t i = params_.size(); i-- > 0;) reverse.push_back(i);
+    build_buckets(reverse);
+    for (std::size_t i = 0; i < params_.size(); ++i) install_hook(i);
+  }
+
+  ~Impl() {
+    for (auto& p : params_) torch::autograd::impl::set_post_acc_grad_hooks(p.tensor, nullptr);
+  }
+
+  void broadcast_buffers() {
+    if (!buffers_.empty()) broadcast_coalesced(buffers_, group_.ranks().front(), group_);
+  }
+
+  void finalize_if_pending() {
+    std::unique_lock lock(mutex_);
+    if (in_backward_) finalize(lock);
+  }
+
+  bool sync = true;
+  ReducerStats stats;
+  std::int64_t iterations = 0;
+  std::size_t bucket_count() const { return buckets_.size(); }
+
+ private:
+  struct Hook : torch::autograd::PostAccumulateGradHook {
+    Hook(Impl* impl, std::size_t index) : impl_(impl), index_(index) {}
+    void operator()(const torch::autograd::Variable&) override { impl_->on_grad(index_); }
+    Impl* impl_;
+    std::size_t index_;
+  };
+
+  void install_hook(std::size_t i) {
+    torch::autograd::impl::set_post_acc_grad_hooks(params_[i].tensor, std::make_unique<Hook>(this, i));
+  }
+
+  void build_buckets(const std::vector<std::size_t>& order) {
+    buckets_.clear();
+    const double mb = 1024.0 * 1024.0;
+    std::map<std::pair<c10::ScalarType, std::string>, std::size_t> open;  // kind -> bucket being filled
+    std::map<std::size_t, std::int64_t> bytes;
+    for (std::size_t i : order) {
+      auto& p = params_[i];
+      const auto dtype = options_.compression.value_or(p.tensor.scalar_type());
+      const std::pair key{dtype, p.tensor.device().str()};
+      const auto item_bytes = static_cast<std::int64_t>(c10::elementSize(dtype)) * p.tensor.numel();
+      auto it = open.find(key);
+      if (it != open.end()) {
+        // The first bucket is small so that communication starts early in backward.
+        const double cap = (it->second == 0 ? options_.first_bucket_mb : options_.bucket_cap_mb) * mb;
+        if (bytes[it->second] > 0 && static_cast<double>(bytes[it->second] + item_bytes) > cap) {
+          open.erase(it);
+          it = open.end();
+        }
+      }
+      if (it == open.end()) {
+        buckets_.emplace_back();
+        it = open.emplace(key, buckets_.size() - 1).first;
+      }
+      const auto b = it->second;
+      p.bucket = b;
+      p.offset = bytes[b] / static_cast<std::int64_t>(c10::elementSize(dtype));
+      bytes[b] += item_bytes;
+      buckets_[b].params.push_back(i);
+    }
+    stats.bucket_bytes.clear();
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      const auto& first = params_[buckets_[b].params.front()].tensor;
+      const auto dtype = options_.compression.value_or(first.scalar_type());
+      buckets_[b].flat = torch::zeros({bytes[b] / static_cast<std::int64_t>(c10::elementSize(dtype))},
+                                      torch::TensorOptions().dtype(dtype).device(first.device()));
+      stats.bucket_bytes.push_back(bytes[b]);
+    }
+  }
+
+  void start_iteration() {
+    in_backward_ = true;
+    for (auto& p : params_) p.ready = false;
+    for (auto& b : buckets_) {
+      b.pending = static_cast<std::int64_t>(b.params.size());
+      b.work.reset();
+    }
+    next_launch_ = 0;
+    stats.hooks = 0;
+    stats.launched_after.clear();
+    arrival_.clear();
+    // Runs once the whole backward pass is done, on the thread that ran it.
+    torch::autograd::Engine::get_default_engine().queue_callback([this] {
+      std::unique_lock lock(mutex_);
+      if (in_backward_) finalize(lock);
+    });
+  }
+
+  void on_grad(std::size_t i) {
+    if (!sync) return;
+    std::unique_lock lock(mutex_);
+    if (!in_backward_) start_iteration();
+    auto& p = params_[i];
+    if (p.ready) return;
+    p.ready = true;
+    ++stats.hooks;
+    arrival_.push_back(i);
+    auto& bucket = buckets_[p.bucket];
+    {
+      torch::NoGradGuard no_grad;
+      // Pre-divided by the world size: Gloo has no average, and the sum of the shares is the mean.
+      bucket.flat.narrow(0, p.offset, p.tensor.numel()).copy_(p.tensor.grad().reshape(-1).div(group_.size()));
+    }
+    if (--bucket.pending == 0) launch_ready();
+  }
+
+  // Starts every complete bucket whose predecessors have started: the same order on every rank.
+  void launch_ready() {
+    while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
+      auto& b = buckets_[next_launch_];
+      std::vector<at::Tensor> tensors{b.flat};
+      b.work = group_.backend().allreduce(tensors);
+      stats.launched_after.push_back(stats.hooks);
+      ++next_launch_;
+    }
+  }
+
+  void finalize(std::unique_lock<std::mutex>& lock) {
+    std::vector<std::string> unused;
+    for (auto& p : params_) {
+      if (p.ready) continue;
+      // No gradient on this rank: contribute zeros so that every rank's buckets still match.
+      unused.push_back(p.name);
+      p.ready = true;
+      auto& b = buckets_[p.bucket];
+      b.flat.narrow(0, p.offset, p.tensor.numel()).zero_();
+      --b.pending;
+    }
+    launch_ready();
+    for (std::size_t k = 0; k < buckets_.size(); ++k) {
+      try {
+        buckets_[k].work->wait(group_.timeout());
+      } catch (const std::exception& e) {
+        in_backward_ = false;
+        throw DistributedError(fmt::format(
+            "gradient all_reduce of bucket {} of {} ({} parameters, {} bytes) failed on rank {}: {}. A rank that "
+            "died, hangs, or runs a different model or backward causes this; the timeout is {} ms",
+            k, buckets_.size(), buckets_[k].params.size(), stats.bucket_bytes[k], group_.ranks()[group_.rank()],
+            e.what(), group_.timeout().count()));
+      }
+    }
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : params_) {
+        auto averaged = buckets_[p.bucket].flat.narrow(0, p.offset, p.tensor.numel()).view(p.tensor.sizes());
+        if (p.tensor.grad().defined()) {
+          p.tensor.mutable_grad().copy_(averaged);
+        } else {
+          p.tensor.mutable_grad() = averaged.to(p.tensor.scalar_type()).clone();
+        }
+      }
+    }
+    in_backward_ = false;
+    const bool first = iterations++ == 0;
+    if (first && options_.rebuild_buckets && unused.empty()) rebuild_in_arrival_order(lock);
+    if (!unused.empty() && !options_.find_unused_parameters) {
+      std::string names;
+      for (std::size_t k = 0; k < unused.size() && k < 10; ++k) names += (k ? ", " : "") + unused[k];
+      throw DistributedError(fmt::format(
+          "rank {}: {} parameter(s) got no gradient in this backward: {}{}. Their gradients were averaged as zeros "
+          "so the ranks stay in step; if the model leaves parameters unused on purpose, construct the reducer with "
+          "find_unused_parameters = true, otherwise check that every parameter takes part in the loss",
+          group_.ranks()[group_.rank()], unused.size(), names, unused.size() > 10 ? ", ..." : ""));
+    }
+  }
+
+  // Rank 0's arrival order, shared, so that every rank builds the same buckets.
+  void rebuild_in_arrival_order(std::unique_lock<std::mutex>&) {
+    auto order = torch::tensor(std::vector<std::int64_t>(arrival_.begin(), arrival_.end()), torch::kLong);
+    if (order.numel() != static_cast<std::int64_t>(params_.size())) return;
+    if (group_.kind() == BackendKind::nccl) order = order.to(params_.front().tensor.device());
+    broadcast(order, group_.ranks().front(), &group_);
+    auto cpu = order.cpu();
+    std::vector<std::size_t> arrival;
+    for (std::int64_t k = 0; k < cpu.numel(); ++k) arrival.push_back(static_cast<std::size_t>(cpu[k].item<std::int64_t>()));
+    build_buckets(arrival);
+  }
+
+  Group& group_;
+  GradReducerOptions options_;
+  std::vector<at::Tensor> buffers_;
+  std::vector<ParamSlot> params_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::size_t> arrival_;
+  std::size_t next_launch_ = 0;
+  bool in_backward_ = false;
+  std::mutex mutex_;
+};
+
+GradReducer::GradReducer(std::vector<std::pair<std::string, at::Tensor>> params, std::vector<at::Tensor> buffers,
+                         Group& group, GradReducerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(params), std::move(buffers), group, options)) {}
+
+GradReducer::~GradReducer() = default;
+
+void GradReducer::broadcast_buffers() { impl_->broadcast_buffers(); }
+void GradReducer::set_sync(bool sync) { impl_->sync = sync; }
+bool GradReducer::sync() const { return impl_->sync; }
+void GradReducer::finalize_if_pending() { impl_->finalize_if_pending(); }
+std::size_t GradReducer::bucket_count() const { return impl_->bucket_count(); }
+const ReducerStats& GradReducer::last_stats() const { return impl_->stats; }
+std::int64_t GradReducer::iterations() const { return impl_->iterations; }
+
+}  // namespace fastlearn

@@ -1,0 +1,164 @@
+// The bucketed gradient reducer on 2 ranks with Gloo: averaged gradients equal the mean of every rank's
+// own gradients, parameters start equal, buckets follow the caps and start before backward ends,
+// gradient accumulation communicates once, unused parameters are named, compression stays close.
+#include <fastlearn/core/error.h>
+#include <fastlearn/distributed/grad_reducer.h>
+#include <fastlearn/distributed/runtime.h>
+#include <fastlearn/learner/models.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "support/multiprocess.h"
+
+namespace fl = fastlearn;
+namespace flt = fastlearn::testing;
+using flt::RankContext;
+
+namespace {
+
+struct Distributed {
+  Distributed() { fl::setup_distrib({.timeout = std::chrono::seconds(30)}); }
+  ~Distributed() { fl::teardown_distrib(); }
+};
+
+std::vector<std::pair<std::string, at::Tensor>> named(torch::nn::Module& m) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& p : m.named_parameters()) out.emplace_back(p.key(), p.value());
+  return out;
+}
+
+// Each rank's batch: seeded by the rank, so every rank can also compute the others' gradients.
+std::pair<at::Tensor, at::Tensor> batch_of(int rank, std::int64_t n = 8) {
+  auto gen = at::detail::createCPUGenerator(100 + rank);
+  return {at::randn({n, 16}, gen), at::randint(0, 4, {n}, gen, at::TensorOptions().dtype(at::kLong))};
+}
+
+at::Tensor loss_of(torch::nn::Sequential& model, const std::pair<at::Tensor, at::Tensor>& b) {
+  return torch::nn::functional::cross_entropy(model->forward(b.first), b.second);
+}
+
+// The mean over ranks of each rank's gradients, computed locally on a copy of the model.
+std::vector<at::Tensor> expected_average(torch::nn::Sequential& model, int world, int micro_batches = 1) {
+  auto copy = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model->clone());
+  torch::nn::Sequential ref(copy);
+  for (auto& p : ref->parameters()) p.mutable_grad() = at::Tensor();
+  for (int r = 0; r < world; ++r) {
+    for (int m = 0; m < micro_batches; ++m) loss_of(ref, batch_of(r + 10 * m)).backward();
+  }
+  std::vector<at::Tensor> out;
+  for (auto& p : ref->parameters()) out.push_back(p.grad() / world);
+  return out;
+}
+
+void expect_grads(torch::nn::Sequential& model, const std::vector<at::Tensor>& expected, double tol = 1e-6) {
+  auto params = model->parameters();
+  ASSERT_EQ(params.size(), expected.size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    ASSERT_TRUE(params[i].grad().defined()) << "parameter " << i;
+    EXPECT_TRUE(params[i].grad().allclose(expected[i], tol, tol)) << "parameter " << i;
+  }
+}
+
+}  // namespace
+
+TEST(GradReducer, AveragesGradientsAndStartsFromRankZerosWeights) {
+  flt::run_on_ranks(2, [](const RankContext&) {
+    Distributed dist;
+    torch::manual_seed(fl::rank());  // different initial weights: the reducer must broadcast rank 0's
+    auto model = fl::models::mlp(16, {32, 32}, 4);
+    fl::GradReducer reducer(named(*model), {}, fl::world_group());
+    torch::manual_seed(0);
+    auto rank0 = fl::models::mlp(16, {32, 32}, 4);
+    for (std::size_t i = 0; i < model->parameters().size(); ++i) {
+      EXPECT_TRUE(model->parameters()[i].equal(rank0->parameters()[i])) << "parameter " << i << " not broadcast";
+    }
+    const auto expected = expected_average(model, 2);
+    for (int iteration = 0; iteration < 3; ++iteration) {  // the buckets are rebuilt after the first
+      for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+      loss_of(model, batch_of(fl::rank())).backward();
+      expect_grads(model, expected);
+    }
+    EXPECT_EQ(reducer.iterations(), 3);
+  }, {.env = flt::torchrun_env(2)});
+}
+
+TEST(GradReducer, BucketsFollowTheCapsAndStartBeforeBackwardEnds) {
+  flt::run_on_ranks(2, [](const RankContext&) {
+    Distributed dist;
+    torch::manual_seed(0);
+    // 31 Linear layers of 64x64 (+ bias): 62 parameter tensors of 16 KiB / 256 B.
+    std::vector<std::int64_t> hidden(30, 64);
+    auto model = fl::models::mlp(16, hidden, 4);
+    ASSERT_GE(model->parameters().size(), 60u);
+    fl::GradReducer reducer(named(*model), {}, fl::world_group(),
+                            {.first_bucket_mb = 0.05, .bucket_cap_mb = 0.1});
+    std::int64_t total = 0;
+    for (auto& p : model->parameters()) total += p.numel() * 4;
+    // First bucket ~50 KiB, then ~100 KiB each: about 1 + (total - 50 KiB) / 100 KiB buckets.
+    const auto expected = 1 + (total - 51200 + 102399) / 102400;
+    EXPECT_NEAR(static_cast<double>(reducer.bucket_count()), static_cast<double>(expected), 1.0);
+    loss_of(model, batch_of(fl::rank())).backward();
+    const auto& stats = reducer.last_stats();
+    ASSERT_EQ(stats.launched_after.size(), reducer.bucket_count());
+    EXPECT_EQ(stats.hooks, static_cast<std::int64_t>(model->parameters().size()));
+    EXPECT_LT(stats.launched_after.front(), stats.hooks / 4) << "the first bucket starts early in backward";
+    EXPECT_LT(stats.launched_after[stats.launched_after.size() / 2], stats.hooks);
+    expect_grads(model, expected_average(model, 2), 1e-5);
+  }, {.env = flt::torchrun_env(2)});
+}
+
+TEST(GradReducer, NoSyncAccumulatesLocallyAndCommunicatesOnce) {
+  flt::run_on_ranks(2, [](const RankContext&) {
+    Distributed dist;
+    torch::manual_seed(0);
+    auto model = fl::models::mlp(16, {32}, 4);
+    fl::GradReducer reducer(named(*model), {}, fl::world_group());
+    reducer.set_sync(false);
+    loss_of(model, batch_of(fl::rank())).backward();
+    EXPECT_EQ(reducer.iterations(), 0) << "nothing communicated";
+    reducer.set_sync(true);
+    loss_of(model, batch_of(fl::rank() + 10)).backward();
+    EXPECT_EQ(reducer.iterations(), 1);
+    expect_grads(model, expected_average(model, 2, 2));
+  }, {.env = flt::torchrun_env(2)});
+}
+
+TEST(GradReducer, UnusedParametersAreNamedOrToleratedOnRequest) {
+  flt::run_on_ranks(2, [](const RankContext&) {
+    Distributed dist;
+    torch::manual_seed(0);
+    auto model = fl::models::mlp(16, {32}, 4);
+    torch::nn::Linear spare(4, 4);  // trained alongside, but never used in the loss
+    auto params = named(*model);
+    params.emplace_back("spare.weight", spare->weight);
+    params.emplace_back("spare.bias", spare->bias);
+    {
+      fl::GradReducer reducer(params, {}, fl::world_group());
+      try {
+        loss_of(model, batch_of(fl::rank())).backward();
+        ADD_FAILURE() << "expected an error about the unused parameters";
+      } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("spare.weight"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("find_unused_parameters"), std::string::npos) << e.what();
+      }
+    }
+    for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+    fl::GradReducer tolerant(params, {}, fl::world_group(), {.find_unused_parameters = true});
+    loss_of(model, batch_of(fl::rank())).backward();
+    EXPECT_TRUE(spare->weight.grad().defined());
+    EXPECT_EQ(spare->weight.grad().abs().sum().item<float>(), 0.0f);
+  }, {.env = flt::torchrun_env(2)});
+}
+
+TEST(GradReducer, Bf16CompressionStaysClose) {
+  flt::run_on_ranks(2, [](const RankContext&) {
+    Distributed dist;
+    torch::manual_seed(0);
+    auto model = fl::models::mlp(16, {32}, 4);
+    fl::GradReducer reducer(named(*model), {}, fl::world_group(), {.compression = at::kBFloat16});
+    loss_of(model, batch_of(fl::rank())).backward();
+    expect_grads(model, expected_average(model, 2), 2e-2);
+    EXPECT_EQ(model->parameters()[0].grad().scalar_type(), at::kFloat);
+  }, {.env = flt::torchrun_env(2)});
+}
