@@ -1,5 +1,7 @@
 #include <fastlearn/distributed/distrib_ctx.h>
 
+#include <fastlearn/distributed/distributed_trainer.h>
+
 namespace fastlearn {
 
 DistribCtx::DistribCtx(const SetupOptions& options) {
@@ -15,7 +17,23 @@ DistribCtx::DistribCtx(const SetupOptions& options) {
   active_ = world_size() > 1;
 }
 
+DistribCtx::DistribCtx(Learner& learn) : DistribCtx(learn, DistributedTrainerOptions{}) {}
+
+DistribCtx::DistribCtx(Learner& learn, const DistributedTrainerOptions& trainer, const SetupOptions& options)
+    : DistribCtx(options) {
+  try {
+    if (active_) {
+      to_distributed(learn, trainer);
+      learn_ = &learn;
+    }
+  } catch (...) {
+    if (owns_) teardown_distrib();
+    throw;
+  }
+}
+
 DistribCtx::~DistribCtx() {
+  if (learn_) detach_distributed(*learn_);
   if (owns_) teardown_distrib();
 }
 

@@ -1,5 +1,6 @@
 #pragma once
-// DistribCtx: a scope in which this process is part of its distributed job. It sets up the process group
+// DistribCtx: a scope in which this process is part of its distributed job (and, given a Learner, in
+// which the learner trains data parallel: see distributed/distributed_trainer.h). It sets up the process group
 // only when the job has several processes and none is set up yet (or adopts one rank0_first set up
 // implicitly), and on scope exit, also by exception, tears down only what it set up. In a job of one
 // process it does nothing, so the same program runs with or without a launcher.
@@ -7,9 +8,15 @@
 
 namespace fastlearn {
 
+class Learner;
+struct DistributedTrainerOptions;
+
 class DistribCtx {
  public:
   explicit DistribCtx(const SetupOptions& options = {});
+  /// Also makes `learn` train data parallel for the scope (to_distributed / detach_distributed).
+  explicit DistribCtx(Learner& learn);
+  DistribCtx(Learner& learn, const DistributedTrainerOptions& trainer, const SetupOptions& options = {});
   ~DistribCtx();
   DistribCtx(const DistribCtx&) = delete;
   DistribCtx& operator=(const DistribCtx&) = delete;
@@ -22,6 +29,7 @@ class DistribCtx {
  private:
   bool active_ = false;
   bool owns_ = false;
+  Learner* learn_ = nullptr;
 };
 
 }  // namespace fastlearn

@@ -459,8 +459,14 @@ Preds Learner::get_preds(DataLoader* loader) {
   }
   Preds out;
   if (gather->preds.empty()) return out;
-  out.preds = loss_func_.activate(at::cat(gather->preds));
-  if (!gather->targets.empty()) out.targets = at::cat(gather->targets);
+  auto preds = at::cat(gather->preds);
+  auto targets = gather->targets.empty() ? at::Tensor() : at::cat(gather->targets);
+  if (coordination_.gather_items) {  // data parallel: every rank's share, in dataset order, padding removed
+    preds = coordination_.gather_items(preds);
+    if (targets.defined()) targets = coordination_.gather_items(targets);
+  }
+  out.preds = loss_func_.activate(preds);
+  if (targets.defined()) out.targets = targets;
   out.decoded = loss_func_.decode(out.preds);
   return out;
 }
@@ -491,10 +497,14 @@ std::filesystem::path Learner::checkpoint_path(const std::string& name) const {
 
 std::filesystem::path Learner::save(const std::string& name, SaveOptions options) {
   const auto file = checkpoint_path(name);
-  save_checkpoint(*this, file, options);
+  if (coordination_.writes_files) save_checkpoint(*this, file, options);
+  if (coordination_.barrier) coordination_.barrier();  // the file is complete before anyone reads it
   return file;
 }
 
-void Learner::load(const std::string& name, LoadOptions options) { load_checkpoint(*this, checkpoint_path(name), options); }
+void Learner::load(const std::string& name, LoadOptions options) {
+  if (coordination_.barrier) coordination_.barrier();
+  load_checkpoint(*this, checkpoint_path(name), options);
+}
 
 }  // namespace fastlearn

@@ -240,6 +240,16 @@ class Learner {
   /// Epochs finished in the fit that was running when the last loaded checkpoint was saved (resume point).
   int epochs_completed() const { return epochs_completed_; }
 
+  /// How this learner cooperates with the other processes of a data parallel job (set by the
+  /// DistributedTrainer; the defaults are those of a single process).
+  struct Coordination {
+    bool writes_files = true;             ///< save() writes (only rank 0 does in a job of several)
+    std::function<void()> barrier;        ///< save() waits after writing, load() before reading
+    /// Turns this process's per-item predictions of the last validation pass into those of the whole set.
+    std::function<at::Tensor(const at::Tensor&)> gather_items;
+  };
+  Coordination& coordination() { return coordination_; }
+
   // --- loop state (fastai's names); callbacks read and may change these ------------------------
   std::vector<at::Tensor> xb;  ///< inputs of the current batch
   std::vector<at::Tensor> yb;  ///< targets of the current batch
@@ -284,6 +294,7 @@ class Learner {
   std::vector<CallbackPtr> cbs_;  // sorted by order
   int epochs_completed_ = 0;
   bool in_fit_ = false;
+  Coordination coordination_;
   friend class TrainEval;
   friend class CheckpointIO;
 };

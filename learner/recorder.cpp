@@ -124,6 +124,20 @@ void Recorder::after_validate() {
   valid_values_ = values_of(valid_metrics_);
 }
 
+void Recorder::set_validation(const at::Tensor& preds, const at::Tensor& targets, const Loss& loss_func) {
+  if (preds.size(0) == 0) {
+    valid_loss_ = kNaN;
+    valid_values_.assign(valid_metrics_.size(), kNaN);
+    return;
+  }
+  valid_loss_ = loss_func(preds, targets).mean().item<double>();
+  for (auto& m : valid_metrics_) {
+    m->reset();
+    m->accumulate(preds, targets);
+  }
+  valid_values_ = values_of(valid_metrics_);
+}
+
 void Recorder::after_epoch() {
   EpochRecord record{.epoch = learn().epoch, .train_loss = train_loss_, .valid_loss = valid_loss_};
   record.metrics = train_values_;

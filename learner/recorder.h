@@ -3,6 +3,7 @@
 // average, beta 0.98, debiased) and the learning rate; per epoch: a row with the average training
 // loss, the validation loss, each metric and the time. It writes loss and lr_find plots as SVG files.
 #include <fastlearn/learner/callback.h>
+#include <fastlearn/learner/loss.h>
 #include <fastlearn/learner/metrics.h>
 
 #include <chrono>
@@ -73,6 +74,10 @@ class Recorder : public Callback {
   /// Validation loss and metrics of the last validation pass (NaN when it was cancelled or empty).
   double last_valid_loss() const { return valid_loss_; }
   const std::vector<double>& last_valid_metrics() const { return valid_values_; }
+
+  /// Replaces the last validation's loss and metrics by their values over `preds` and `targets` (the
+  /// whole validation set, e.g. gathered from every rank): loss_func over all items, each metric afresh.
+  void set_validation(const at::Tensor& preds, const at::Tensor& targets, const Loss& loss_func);
 
   /// Writes the smoothed training loss per batch (and validation loss per epoch) as an SVG plot.
   void plot_loss(const std::filesystem::path& file, std::size_t skip_start = 5) const;

@@ -1,0 +1,68 @@
+#pragma once
+// DistributedTrainer: the callback that makes a Learner train data parallel (fastai's
+// DistributedTrainer). Each phase's loader yields only this rank's share (DistributedDL); a GradReducer
+// averages the gradients during backward, communicating only on the last micro-batch under gradient
+// accumulation; BatchNorm layers become SyncBatchNorm (sync_bn); validation metrics are computed on the
+// predictions of every rank, gathered with the padding removed, so they are exact and the same on every
+// rank. Only rank 0 shows progress, writes logs and checkpoints; every rank loads after a barrier.
+#include <fastlearn/distributed/distrib_ctx.h>
+#include <fastlearn/distributed/distributed_dl.h>
+#include <fastlearn/distributed/grad_reducer.h>
+#include <fastlearn/learner/callback.h>
+
+#include <memory>
+#include <optional>
+
+namespace fastlearn {
+
+class Learner;
+
+struct DistributedTrainerOptions {
+  bool sync_bn = true;            ///< convert BatchNorm layers to SyncBatchNorm
+  bool broadcast_buffers = true;  ///< copy rank 0's buffers to every rank before each training forward
+  GradReducerOptions reducer;
+  Group* group = nullptr;         ///< default: the world group
+};
+
+class DistributedTrainer : public Callback {
+ public:
+  explicit DistributedTrainer(DistributedTrainerOptions options = {});
+  ~DistributedTrainer() override;
+  std::string name() const override { return "distributed_trainer"; }
+
+  void before_fit() override;
+  void before_train() override;
+  void before_validate() override;
+  void before_batch() override;
+  void before_backward() override;
+  void after_backward() override;
+  void after_batch() override;
+  void after_validate() override;
+  void after_fit() override;
+
+  /// The reducer of the running fit (null outside a fit).
+  const GradReducer* reducer() const { return reducer_.get(); }
+  /// Puts the learner's loaders back as they were (called when the callback is detached).
+  void unwrap_loaders();
+
+ private:
+  friend void to_distributed(Learner&, DistributedTrainerOptions);
+  friend void detach_distributed(Learner&);
+  void attach(Learner& learn);
+  void detach(Learner& learn);
+  Group& group() const;
+  void wrap(DataLoader& loader);
+
+  DistributedTrainerOptions options_;
+  std::unique_ptr<GradReducer> reducer_;
+  std::optional<DistributedDL> wrapped_;
+  std::vector<at::Tensor> valid_preds_, valid_targets_;
+};
+
+/// Makes `learn` train data parallel over the process group set up (see DistribCtx): converts BatchNorm
+/// when sync_bn, recreates the optimizer if there was one, attaches a DistributedTrainer. No-op with one process.
+void to_distributed(Learner& learn, DistributedTrainerOptions options = {});
+/// Removes the DistributedTrainer (SyncBatchNorm layers stay; with one process they act as BatchNorm).
+void detach_distributed(Learner& learn);
+
+}  // namespace fastlearn

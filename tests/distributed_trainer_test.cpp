@@ -1,0 +1,184 @@
+// Data parallel training with the Learner on 2 ranks (Gloo): step by step the same parameters as one
+// process fed the same samples with twice the batch (mlp, simple_cnn, the BatchNorm ResNet with
+// SyncBatchNorm, and with gradient accumulation); validation metrics and get_preds over exactly the
+// whole validation set on every rank; only rank 0 writes checkpoints.
+#include <fastlearn/callbacks/grad_accumulation.h>
+#include <fastlearn/distributed/distrib_ctx.h>
+#include <fastlearn/distributed/distributed_trainer.h>
+#include <fastlearn/distributed/runtime.h>
+#include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/models.h>
+#include <fastlearn/learner/recorder.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "support/multiprocess.h"
+#include "support/tiny_tasks.h"
+
+namespace fl = fastlearn;
+namespace flt = fastlearn::testing;
+namespace fs = std::filesystem;
+using flt::RankContext;
+
+namespace {
+
+constexpr std::int64_t kItems = 64, kValid = 13;
+
+// Images 1x8x8 with 3 classes, seeded: the same on every rank.
+std::pair<at::Tensor, at::Tensor> images(std::int64_t n, std::uint64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  auto y = at::randint(0, 3, {n}, gen, at::TensorOptions().dtype(at::kLong));
+  auto x = at::randn({n, 1, 8, 8}, gen) + y.to(at::kFloat).view({n, 1, 1, 1});
+  return {x, y};
+}
+
+// A fixed order: what a single process must see so that its batch k is the union of every rank's batch k
+// (rank r's share is the contiguous block [r * n/2, (r+1) * n/2) of the order).
+class FixedSampler : public fl::Sampler {
+ public:
+  explicit FixedSampler(std::vector<std::int64_t> order) : order_(std::move(order)) {}
+  std::int64_t size() const override { return static_cast<std::int64_t>(order_.size()); }
+  std::vector<std::int64_t> order(std::int64_t) const override { return order_; }
+
+ private:
+  std::vector<std::int64_t> order_;
+};
+
+fl::DataLoaders loaders(std::int64_t bs, bool single_process_twin) {
+  auto [x, y] = images(kItems, 1);
+  auto [vx, vy] = images(kValid, 2);
+  auto train = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
+  auto valid = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{vx}, std::vector<at::Tensor>{vy});
+  fl::DataLoader train_dl(train, {.bs = bs, .seed = 3});
+  if (single_process_twin) {
+    // Batch k of 2*b items = rank 0's batch k (items [k*b, (k+1)*b)) then rank 1's (offset n/2).
+    std::vector<std::int64_t> order;
+    const std::int64_t b = bs / 2, half = kItems / 2;
+    for (std::int64_t k = 0; k * b < half; ++k) {
+      for (std::int64_t i = 0; i < b; ++i) order.push_back(k * b + i);
+      for (std::int64_t i = 0; i < b; ++i) order.push_back(half + k * b + i);
+    }
+    train_dl.set_sampler(std::make_shared<FixedSampler>(order));
+  }
+  return fl::DataLoaders(std::move(train_dl), fl::DataLoader(valid, {.bs = 4}), 3);
+}
+
+torch::nn::Sequential make_model(const std::string& kind) {
+  torch::manual_seed(0);
+  if (kind == "mlp") return fl::models::mlp(64, {32, 16}, 3);
+  if (kind == "cnn") {
+    return torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 8, 3).padding(1)), torch::nn::ReLU(),
+                                 torch::nn::Flatten(), torch::nn::Linear(8 * 64, 3));
+  }
+  return fl::models::resnet({.widths = {8, 16}, .classes = 3, .in_channels = 1, .stem_width = 8});
+}
+
+// Parameters after every optimizer step.
+struct StepLog : fl::Callback {
+  std::vector<std::vector<at::Tensor>> params;
+  void after_step() override { params.push_back(flt::snapshot(learn().model())); }
+};
+
+std::vector<std::vector<at::Tensor>> train_steps(const std::string& kind, std::int64_t bs, bool accumulate,
+                                                 bool distributed) {
+  auto model = make_model(kind);
+  fl::Learner learn(loaders(bs, !distributed), model, fl::cross_entropy(),
+                    {.opt_func = fl::SGD({.mom = 0.9}), .progress = false});
+  auto log = std::make_shared<StepLog>();
+  std::vector<fl::CallbackPtr> cbs{log};
+  if (accumulate) cbs.push_back(std::make_shared<fl::GradientAccumulation>(bs * 2));
+  if (distributed) {
+    fl::DistribCtx ctx(learn);
+    learn.fit(2, 0.05, {.cbs = cbs});
+  } else {
+    learn.fit(2, 0.05, {.cbs = cbs});
+  }
+  return log->params;
+}
+
+void expect_same_steps(const std::vector<std::vector<at::Tensor>>& a, const std::vector<std::vector<at::Tensor>>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_GT(a.size(), 0u);
+  for (std::size_t s = 0; s < a.size(); ++s) {
+    ASSERT_EQ(a[s].size(), b[s].size());
+    for (std::size_t i = 0; i < a[s].size(); ++i) {
+      if (a[s][i].is_floating_point()) {
+        ASSERT_TRUE(a[s][i].allclose(b[s][i], 1e-5, 1e-5)) << "step " << s << " tensor " << i << " differs by "
+                                                            << (a[s][i] - b[s][i]).abs().max().item<double>();
+      }
+    }
+  }
+}
+
+class Equivalence : public ::testing::TestWithParam<std::string> {};
+
+}  // namespace
+
+TEST_P(Equivalence, TwoRanksMatchOneProcessWithTwiceTheBatch) {
+  const std::string kind = GetParam();
+  flt::run_on_ranks(2, [&kind](const RankContext&) {
+    const auto reference = train_steps(kind, 16, false, false);  // one process, batch 16
+    fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+    const auto ours = train_steps(kind, 8, false, true);  // 2 ranks, batch 8 each
+    fl::teardown_distrib();
+    expect_same_steps(reference, ours);
+  }, {.env = flt::torchrun_env(2)});
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Equivalence, ::testing::Values("mlp", "cnn", "resnet_syncbn"),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
+TEST(DistributedTrainer, GradientAccumulationCommunicatesOnlyTheLastMicroBatch) {
+  flt::run_on_ranks(2, [](const RankContext&) {
+    const auto reference = train_steps("mlp", 16, false, false);
+    fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+    const auto ours = train_steps("mlp", 4, true, true);  // 2 micro-batches of 4 per rank per step
+    fl::teardown_distrib();
+    expect_same_steps(reference, ours);
+  }, {.env = flt::torchrun_env(2)});
+}
+
+TEST(DistributedTrainer, ValidationAndGetPredsCoverExactlyTheWholeSetOnEveryRank) {
+  flt::run_on_ranks(2, [](const RankContext&) {
+    auto model = make_model("mlp");
+    fl::Learner single(loaders(8, false), model, fl::cross_entropy(), {.metrics = {fl::accuracy()}, .progress = false});
+    const auto expected = single.validate();
+    const auto expected_preds = single.get_preds();
+    fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+    {
+      auto model2 = make_model("mlp");
+      fl::Learner learn(loaders(8, false), model2, fl::cross_entropy(), {.metrics = {fl::accuracy()}, .progress = false});
+      fl::DistribCtx ctx(learn);
+      learn.fit(1, 0.0);  // lr 0: the weights stay those of `single`
+      const auto& row = learn.recorder().history().back();
+      EXPECT_NEAR(row.valid_loss, expected.loss, 1e-6) << "13 items, 1 padded: the padding is not counted";
+      EXPECT_NEAR(row.metrics[0], expected.metric("accuracy"), 1e-9);
+      auto preds = learn.get_preds();
+      ASSERT_EQ(preds.preds.size(0), kValid);
+      EXPECT_TRUE(preds.preds.allclose(expected_preds.preds, 1e-6, 1e-6));
+      EXPECT_TRUE(preds.targets.equal(expected_preds.targets)) << "dataset order";
+    }
+    fl::teardown_distrib();
+  }, {.env = flt::torchrun_env(2)});
+}
+
+TEST(DistributedTrainer, OnlyRankZeroWritesCheckpointsAndEveryRankLoadsThem) {
+  const auto dir = fs::temp_directory_path() / ("fastlearn-dt-" + std::to_string(flt::test_process_id()));
+  flt::run_on_ranks(2, [&dir](const RankContext&) {
+    fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+    {
+      auto model = make_model("mlp");
+      fl::Learner learn(loaders(8, false), model, fl::cross_entropy(),
+                        {.path = dir / std::to_string(fl::rank()), .progress = false});
+      fl::DistribCtx ctx(learn);
+      learn.fit(1, 0.05);
+      learn.save("shared");
+      EXPECT_EQ(fs::exists(dir / std::to_string(fl::rank()) / "models" / "shared.safetensors"), fl::rank() == 0);
+    }
+    fl::teardown_distrib();
+  }, {.env = flt::torchrun_env(2)});
+  if (!flt::in_rank_process()) fs::remove_all(dir);
+}
