@@ -29,6 +29,9 @@ CLI::App* add_launch(CLI::App& app, LaunchArgs& a) {
       "Run a program on N processes of this node with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, "
       "MASTER_ADDR, MASTER_PORT, ...), output prefixed with the rank; when one rank fails the others are stopped. "
       "Put the program after `--`: fastlearn launch --nproc-per-node 2 -- ./train --epochs 3");
+  launch->footer(
+      "Exit code: 0 when every rank exited with 0; else the first failing rank's exit code (128 + signal when a "
+      "signal killed it), of the last attempt with --max-restarts; 128 + signal when SIGINT/SIGTERM stopped the run.");
   auto& o = a.options;
   launch->add_option("--nproc-per-node", o.nproc_per_node, "Processes (ranks) to start on this node")
       ->check(CLI::PositiveNumber)

@@ -189,7 +189,8 @@ struct Rank {
   int pidfd = -1;
   std::array<Stream, 2> streams;  // stdout, stderr
   std::FILE* log = nullptr;
-  bool exited = false;
+  bool exited = false;  // its exit status is known (it may not be reaped yet)
+  bool reaped = false;
   std::string prefix;
 };
 
@@ -388,7 +389,7 @@ class Group {
 
   ~Group() {
     // Left by an exception: nothing may outlive the launcher, and reaping must not wait on a live rank.
-    if (std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.exit.pid > 0 && !r.exited; }))
+    if (std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.exit.pid > 0 && !r.reaped && !r.exited; }))
       kill_all(SIGKILL);
     reap_and_close();
   }
@@ -455,7 +456,7 @@ class Group {
           stop(sig);
         } else {
           if (!a.forwarded_signal) a.forwarded_signal = sig;
-          // A second signal while stopping: the user does not want to wait for the grace period.
+          // A signal while already stopping (after a failure or a first signal): do not wait for the grace period.
           kill_all(SIGKILL);
           killed = true;
         }
@@ -566,11 +567,11 @@ class Group {
 
   void reap_and_close() {
     for (auto& r : ranks_) {
-      if (r.exit.pid > 0) {
+      if (r.exit.pid > 0 && !r.reaped) {
         int status = 0;
         while (waitpid(r.exit.pid, &status, 0) < 0 && errno == EINTR) {
         }
-        r.exit.pid = -r.exit.pid;  // reaped; the sign keeps the number for reports
+        r.reaped = true;
       }
       if (r.pidfd >= 0) close(r.pidfd);
       r.pidfd = -1;
@@ -602,11 +603,10 @@ std::string signal_name(int signal) {
 }
 
 std::string RankExit::describe() const {
-  const int shown_pid = pid < 0 ? -pid : pid;
   if (signal != 0)
-    return fmt::format("rank {} (local {}, pid {}) was killed by signal {} ({})", rank, local_rank, shown_pid, signal,
+    return fmt::format("rank {} (local {}, pid {}) was killed by signal {} ({})", rank, local_rank, pid, signal,
                        signal_name(signal));
-  return fmt::format("rank {} (local {}, pid {}) exited with code {}", rank, local_rank, shown_pid, exit_code);
+  return fmt::format("rank {} (local {}, pid {}) exited with code {}", rank, local_rank, pid, exit_code);
 }
 
 int pick_free_port(const std::string& addr) {

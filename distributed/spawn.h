@@ -2,8 +2,9 @@
 // spawn(): run a function on N processes of this program, like torch.multiprocessing.spawn with the
 // "spawn" start method.
 //
-// The calling process (the parent) re-executes its own binary (/proc/self/exe with the same argv, plus
-// SpawnOptions::extra_args) once per rank through launch(), so each child gets torchrun's variables
+// The calling process (the parent) re-executes its own binary (/proc/self/exe; argv[0] becomes its absolute
+// path, the other arguments stay as they were, then SpawnOptions::extra_args) once per rank through launch()
+// (output prefixed, all or nothing, signals forwarded), so each child gets torchrun's variables
 // (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) and fastlearn's FASTLEARN_SPAWN_* variables. A child
 // runs main() from the start; when it reaches the matching spawn() call, that call runs fn(rank) and
 // ends the process: exit code 0, or 1 after writing the exception's message to an error file the parent
@@ -39,7 +40,8 @@ struct SpawnOptions {
 
 /// Runs fn(rank) for rank 0..nprocs-1, each in its own child process, and returns when all have finished.
 /// Throws DistributedError naming the first failing rank and its exception message (or its exit code or
-/// signal) after stopping the other ranks; ConfigError when nprocs < 1. In a child, runs fn and exits.
+/// signal) after stopping the other ranks, also when SIGINT/SIGTERM stopped the run; ConfigError when nprocs < 1.
+/// In a child, runs fn and exits.
 void spawn(int nprocs, const std::function<void(int rank)>& fn, SpawnOptions options = {});
 
 /// True in a process started by spawn() (also after its fn has started running).

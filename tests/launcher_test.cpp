@@ -487,12 +487,17 @@ void expect_forwarded_signal_ends_all(int sig) {
   Cli cli({"launch", "--nproc-per-node", "2", "--grace-period", "1", "--", FASTLEARN_LAUNCH_PROBE, "grandchild",
            "record=" + ranks.path.string(), "sleep"});
   wait_for_records(ranks.path, 2);
+  std::vector<int> pids;
+  for (int rank = 0; rank < 2; ++rank) pids.push_back(std::stoi(read_record(ranks.path, rank)["probe.pid"]));
   const auto start = Clock::now();
   kill(cli.pid, sig);
+  while (std::any_of(pids.begin(), pids.end(), alive) && Clock::now() - start < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  const double ranks_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   EXPECT_EQ(cli.wait_exit_code(), 128 + sig) << read_text(cli.err());
-  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-  std::printf("[ figure ] %s to `fastlearn launch` -> exited, 2 ranks gone: %.1f ms\n",
-              fl::signal_name(sig).c_str(), ms);
+  const double exit_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  std::printf("[ figure ] %s to `fastlearn launch` -> 2 ranks dead: %.1f ms, launcher exited: %.1f ms\n",
+              fl::signal_name(sig).c_str(), ranks_ms, exit_ms);
   EXPECT_NE(read_text(cli.err()).find("interrupted by " + fl::signal_name(sig)), std::string::npos)
       << read_text(cli.err());
   expect_all_gone(ranks.path, 2);
