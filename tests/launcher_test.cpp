@@ -88,8 +88,14 @@ Record read_record(const fs::path& dir, int rank, int restart = 0) {
 // Alive and not a zombie (an orphan that init has not reaped yet is dead for us).
 bool alive(int pid) {
   if (pid <= 0 || kill(pid, 0) != 0) return false;
-  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
-  std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  // read(), not a stream: the process may vanish while we read (ESRCH), which libstdc++ streams throw on.
+  const int fd = open(fmt::format("/proc/{}/stat", pid).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buffer[512];
+  const ssize_t n = read(fd, buffer, sizeof buffer);
+  close(fd);
+  if (n <= 0) return false;
+  const std::string content(buffer, static_cast<std::size_t>(n));
   const auto paren = content.rfind(')');
   return paren == std::string::npos || paren + 2 >= content.size() || content[paren + 2] != 'Z';
 }
