@@ -1,17 +1,108 @@
 // The fastlearn command line.
 #include <fastlearn/core/build_info.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/distributed/launcher.h>
 
 #include <CLI/CLI.hpp>
 
+#include <chrono>
+#include <optional>
 #include <iostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+struct LaunchArgs {
+  fastlearn::LaunchOptions options;
+  std::optional<std::vector<std::string>> after_dashes;  // after the first "--": kept from CLI11, which would read them as its options
+  std::string log_dir;
+  double grace_seconds = 10;
+  bool no_prefix = false;
+};
+
+// `fastlearn launch [options] -- program args...`: torchrun for any program.
+CLI::App* add_launch(CLI::App& app, LaunchArgs& a) {
+  auto* launch = app.add_subcommand(
+      "launch",
+      "Run a program on N processes of this node with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, "
+      "MASTER_ADDR, MASTER_PORT, ...), output prefixed with the rank; when one rank fails the others are stopped. "
+      "Put the program after `--`: fastlearn launch --nproc-per-node 2 -- ./train --epochs 3");
+  launch->footer(
+      "Exit code: 0 when every rank exited with 0; else the first failing rank's exit code (128 + signal when a "
+      "signal killed it), of the last attempt with --max-restarts; 128 + signal when SIGINT/SIGTERM stopped the run.");
+  auto& o = a.options;
+  launch->add_option("--nproc-per-node", o.nproc_per_node, "Processes (ranks) to start on this node")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  launch->add_option("--nnodes", o.nnodes, "Nodes in the job; run one `fastlearn launch` per node")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  launch->add_option("--node-rank", o.node_rank, "This node's index in [0, nnodes): global rank = node_rank * "
+                                                 "nproc_per_node + local rank")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  launch->add_option("--master-addr", o.master_addr, "Address of the node that runs rank 0 (the rendezvous store "
+                                                     "binds there; it has no authentication)")
+      ->capture_default_str();
+  launch->add_option("--master-port", o.master_port, "Port of the rendezvous store; 0 picks a free one (one node "
+                                                     "only: several nodes need the same explicit port)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  launch->add_option("--max-restarts", o.max_restarts, "Restart all ranks of this node up to this many times after "
+                                                       "a failure (TORCHELASTIC_RESTART_COUNT tells which attempt)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  launch->add_option("--log-dir", a.log_dir, "Also write each rank's output to DIR/rank<R>.log (DIR/restart_<k>/ "
+                                             "after restarts)");
+  launch->add_option("--grace-period", a.grace_seconds, "Seconds between SIGTERM and SIGKILL when stopping ranks")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  launch->add_flag("--no-prefix", a.no_prefix, "Do not put \"[rank R] \" before each line of the ranks' output");
+  // Without `--`, everything from the first argument that is not one of the options above is the command.
+  launch->prefix_command();
+  return launch;
+}
+
+int run_launch(CLI::App& launch, LaunchArgs& a) {
+  auto& o = a.options;
+  o.command = launch.remaining();
+  if (a.after_dashes) {
+    // `launch prog x -- y`: the `--` belongs to prog's arguments.
+    if (!o.command.empty()) o.command.emplace_back("--");
+    o.command.insert(o.command.end(), a.after_dashes->begin(), a.after_dashes->end());
+  }
+  if (o.command.empty())
+    throw fastlearn::ConfigError("launch: no program given; put it after `--`: fastlearn launch -- ./train args...");
+  if (!a.log_dir.empty()) o.log_dir = a.log_dir;
+  o.grace_period = std::chrono::milliseconds(static_cast<long long>(a.grace_seconds * 1000.0));
+  o.prefix_output = !a.no_prefix;
+  const auto result = fastlearn::launch(o);
+  if (result.exit_code != 0) std::cerr << "fastlearn launch: " << result.summary << "\n";
+  return result.exit_code;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"fastlearn: fastai-style training over LibTorch, on one process or many"};
   app.set_version_flag("-V,--version", [] { return fastlearn::describe(fastlearn::build_info()); },
                        "Print the fastlearn and LibTorch versions and whether CUDA, NCCL and Gloo are compiled in");
+  LaunchArgs launch_args;
+  auto* launch = add_launch(app, launch_args);
+  int parsed_argc = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) != "--") continue;
+    launch_args.after_dashes = std::vector<std::string>(argv + i + 1, argv + argc);
+    parsed_argc = i;
+    break;
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(parsed_argc, argv);
+    if (launch->parsed()) return run_launch(*launch, launch_args);
+    if (launch_args.after_dashes)
+      throw fastlearn::ConfigError("arguments after `--` need a subcommand: fastlearn launch [options] -- program args...");
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const fastlearn::Error& e) {
