@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 
 namespace fastlearn {
 
@@ -17,7 +18,10 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 Progress::Progress(ProgressOptions options) : options_(options) {
   order = 60;
-  live_ = options_.live.value_or(options_.out && isatty(fileno(options_.out)) == 1);
+  // Under `fastlearn launch` the output is a pipe; the launcher says whether its own output is a terminal.
+  const char* launcher_live = std::getenv("FASTLEARN_PROGRESS_LIVE");
+  live_ = options_.live.value_or((options_.out && isatty(fileno(options_.out)) == 1) ||
+                                 (launcher_live && std::string(launcher_live) == "1"));
 }
 
 std::string Progress::format_time(double seconds) {

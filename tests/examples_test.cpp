@@ -1,0 +1,44 @@
+// The distributed example apps, started by `fastlearn launch` as a user would: the tutorial's ring
+// allreduce on 3 ranks and its synchronous SGD on 2 ranks.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+namespace {
+
+// Runs `command`, returns its exit status and output.
+std::pair<int, std::string> run(const std::string& command) {
+  std::string out;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return {-1, ""};
+  char buf[4096];
+  while (auto n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+}  // namespace
+
+TEST(Examples, RingAllreduceOnThreeRanksMatchesAllReduce) {
+  const auto [code, out] = run(std::string(FASTLEARN_CLI) + " launch --nproc-per-node 3 " + FASTLEARN_BIN_DIR +
+                               "/ring_allreduce --numel 100003");
+  EXPECT_EQ(code, 0) << out;
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(out.find("[rank " + std::to_string(r) + "] rank " + std::to_string(r) + " of 3: ring allreduce of 100003"),
+              std::string::npos) << out;
+  }
+}
+
+TEST(Examples, DistributedSgdKeepsTheReplicasIdentical) {
+  if (FILE* f = std::fopen("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", "r")) {
+    std::fclose(f);
+  } else {
+    GTEST_SKIP() << "Debian's dataset-fashion-mnist is not installed";
+  }
+  const auto [code, out] =
+      run(std::string(FASTLEARN_CLI) + " launch --nproc-per-node 2 " + FASTLEARN_BIN_DIR + "/distributed_sgd --epochs 1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("rank 0: replicas identical: yes"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank 1: replicas identical: yes"), std::string::npos) << out;
+}
