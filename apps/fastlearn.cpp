@@ -6,8 +6,8 @@
 #include <CLI/CLI.hpp>
 
 #include <chrono>
-#include <optional>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,7 +16,8 @@ namespace {
 
 struct LaunchArgs {
   fastlearn::LaunchOptions options;
-  std::optional<std::vector<std::string>> after_dashes;  // after the first "--": kept from CLI11, which would read them as its options
+  std::optional<std::vector<std::string>>
+      after_dashes;  // after the first "--": kept from CLI11, which would read them as its options
   std::string log_dir;
   double grace_seconds = 10;
   bool no_prefix = false;
@@ -39,23 +40,32 @@ CLI::App* add_launch(CLI::App& app, LaunchArgs& a) {
   launch->add_option("--nnodes", o.nnodes, "Nodes in the job; run one `fastlearn launch` per node")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  launch->add_option("--node-rank", o.node_rank, "This node's index in [0, nnodes): global rank = node_rank * "
-                                                 "nproc_per_node + local rank")
+  launch
+      ->add_option("--node-rank", o.node_rank,
+                   "This node's index in [0, nnodes): global rank = node_rank * "
+                   "nproc_per_node + local rank")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  launch->add_option("--master-addr", o.master_addr, "Address of the node that runs rank 0 (the rendezvous store "
-                                                     "binds there; it has no authentication)")
+  launch
+      ->add_option("--master-addr", o.master_addr,
+                   "Address of the node that runs rank 0 (the rendezvous store "
+                   "binds there; it has no authentication)")
       ->capture_default_str();
-  launch->add_option("--master-port", o.master_port, "Port of the rendezvous store; 0 picks a free one (one node "
-                                                     "only: several nodes need the same explicit port)")
+  launch
+      ->add_option("--master-port", o.master_port,
+                   "Port of the rendezvous store; 0 picks a free one (one node "
+                   "only: several nodes need the same explicit port)")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
-  launch->add_option("--max-restarts", o.max_restarts, "Restart all ranks of this node up to this many times after "
-                                                       "a failure (TORCHELASTIC_RESTART_COUNT tells which attempt)")
+  launch
+      ->add_option("--max-restarts", o.max_restarts,
+                   "Restart all ranks of this node up to this many times after "
+                   "a failure (TORCHELASTIC_RESTART_COUNT tells which attempt)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  launch->add_option("--log-dir", a.log_dir, "Also write each rank's output to DIR/rank<R>.log (DIR/restart_<k>/ "
-                                             "after restarts)");
+  launch->add_option("--log-dir", a.log_dir,
+                     "Also write each rank's output to DIR/rank<R>.log (DIR/restart_<k>/ "
+                     "after restarts)");
   launch->add_option("--grace-period", a.grace_seconds, "Seconds between SIGTERM and SIGKILL when stopping ranks")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -87,8 +97,9 @@ int run_launch(CLI::App& launch, LaunchArgs& a) {
 
 int main(int argc, char** argv) {
   CLI::App app{"fastlearn: fastai-style training over LibTorch, on one process or many"};
-  app.set_version_flag("-V,--version", [] { return fastlearn::describe(fastlearn::build_info()); },
-                       "Print the fastlearn and LibTorch versions and whether CUDA, NCCL and Gloo are compiled in");
+  app.set_version_flag(
+      "-V,--version", [] { return fastlearn::describe(fastlearn::build_info()); },
+      "Print the fastlearn and LibTorch versions and whether CUDA, NCCL and Gloo are compiled in");
   LaunchArgs launch_args;
   auto* launch = add_launch(app, launch_args);
   int parsed_argc = argc;
@@ -102,7 +113,8 @@ int main(int argc, char** argv) {
     app.parse(parsed_argc, argv);
     if (launch->parsed()) return run_launch(*launch, launch_args);
     if (launch_args.after_dashes)
-      throw fastlearn::ConfigError("arguments after `--` need a subcommand: fastlearn launch [options] -- program args...");
+      throw fastlearn::ConfigError(
+          "arguments after `--` need a subcommand: fastlearn launch [options] -- program args...");
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const fastlearn::Error& e) {

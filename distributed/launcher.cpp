@@ -7,10 +7,10 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
-#include <sys/syscall.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,10 +34,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Variables the launcher owns; extra_env may not set them.
-constexpr std::array kReservedVariables{"RANK",        "WORLD_SIZE",  "LOCAL_RANK",
-                                        "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                                        "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
-                                        "TORCHELASTIC_MAX_RESTARTS", "FASTLEARN_PROGRESS_LIVE"};
+constexpr std::array kReservedVariables{
+    "RANK",        "WORLD_SIZE",  "LOCAL_RANK",                 "LOCAL_WORLD_SIZE",          "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "FASTLEARN_PROGRESS_LIVE"};
 // A partial line longer than this is written out anyway (a program that never ends its lines).
 constexpr std::size_t kMaxHeldLine = 64 * 1024;
 // After the last rank has exited: how long to wait for the end of output still held by stragglers.
@@ -119,8 +118,8 @@ fs::path resolve_program(const std::string& program) {
     if (!fs::exists(program))
       throw ConfigError(fmt::format("launch: program '{}' does not exist; check the path of the command", program));
     if (!is_executable_file(program))
-      throw ConfigError(fmt::format("launch: program '{}' is not an executable file; check its path and mode (chmod +x)",
-                                    program));
+      throw ConfigError(
+          fmt::format("launch: program '{}' is not an executable file; check its path and mode (chmod +x)", program));
     return program;
   }
   const char* path_env = std::getenv("PATH");
@@ -134,25 +133,28 @@ fs::path resolve_program(const std::string& program) {
     if (end == std::string::npos) break;
     start = end + 1;
   }
-  throw ConfigError(fmt::format("launch: program '{}' was not found in PATH ({}); pass its full path or fix PATH",
-                                program, path));
+  throw ConfigError(
+      fmt::format("launch: program '{}' was not found in PATH ({}); pass its full path or fix PATH", program, path));
 }
 
 void validate(const LaunchOptions& o) {
   auto fail = [](const std::string& what) { throw ConfigError("launch: " + what); };
   if (o.nproc_per_node < 1)
-    fail(fmt::format("nproc_per_node is {}; it must be at least 1 (processes to start on this node)", o.nproc_per_node));
+    fail(
+        fmt::format("nproc_per_node is {}; it must be at least 1 (processes to start on this node)", o.nproc_per_node));
   if (o.nnodes < 1) fail(fmt::format("nnodes is {}; it must be at least 1", o.nnodes));
   if (o.node_rank < 0 || o.node_rank >= o.nnodes)
     fail(fmt::format("node_rank is {} but nnodes is {}; node_rank must be in [0, {}]", o.node_rank, o.nnodes,
                      o.nnodes - 1));
   if (o.master_addr.empty()) fail("master_addr is empty; pass the address of the node that runs rank 0");
   if (o.master_port < 0 || o.master_port > 65535)
-    fail(fmt::format("master_port {} is not a TCP port; pass 1-65535, or 0 for a free one (single node)", o.master_port));
+    fail(fmt::format("master_port {} is not a TCP port; pass 1-65535, or 0 for a free one (single node)",
+                     o.master_port));
   if (o.master_port == 0 && o.nnodes > 1)
-    fail(fmt::format("master_port 0 (pick a free port) only works on one node; with {} nodes pass the same "
-                     "explicit master_port to every node",
-                     o.nnodes));
+    fail(
+        fmt::format("master_port 0 (pick a free port) only works on one node; with {} nodes pass the same "
+                    "explicit master_port to every node",
+                    o.nnodes));
   if (o.max_restarts < 0) fail(fmt::format("max_restarts is {}; it must be 0 or more", o.max_restarts));
   if (o.grace_period.count() < 0)
     fail(fmt::format("grace_period is {} ms; it must be 0 or more", o.grace_period.count()));
@@ -161,7 +163,8 @@ void validate(const LaunchOptions& o) {
     if (key.empty() || key.find('=') != std::string::npos)
       fail(fmt::format("extra_env has the invalid variable name '{}'", key));
     if (std::find(kReservedVariables.begin(), kReservedVariables.end(), key) != kReservedVariables.end())
-      fail(fmt::format("extra_env sets {}, which the launcher sets for each rank; use the launch options instead", key));
+      fail(
+          fmt::format("extra_env sets {}, which the launcher sets for each rank; use the launch options instead", key));
   }
   if (!o.out || !o.err) fail("the out and err streams must not be null");
 }
@@ -214,8 +217,10 @@ void consume(Stream& s, const std::string& prefix, const char* data, std::size_t
     const void* hit_n = std::memchr(data + i, '\n', size - i);
     const void* hit_r = std::memchr(data + i, '\r', size - i);
     const char* end = nullptr;
-    if (hit_n && hit_r) end = std::min(static_cast<const char*>(hit_n), static_cast<const char*>(hit_r));
-    else end = static_cast<const char*>(hit_n ? hit_n : hit_r);
+    if (hit_n && hit_r)
+      end = std::min(static_cast<const char*>(hit_n), static_cast<const char*>(hit_r));
+    else
+      end = static_cast<const char*>(hit_n ? hit_n : hit_r);
     if (!end) {
       s.held.append(data + i, size - i);
       s.after_cr = false;
@@ -294,8 +299,8 @@ int exit_code_of(const RankExit& e) { return e.signal != 0 ? 128 + e.signal : e.
 
 struct Attempt {
   std::optional<RankExit> first_failure;
-  int forwarded_signal = 0;        // a SIGINT/SIGTERM the launcher received and passed on
-  bool forwarded_first = false;    // ... before any rank failed
+  int forwarded_signal = 0;             // a SIGINT/SIGTERM the launcher received and passed on
+  bool forwarded_first = false;         // ... before any rank failed
   std::vector<int> killed_after_grace;  // ranks still alive when the grace period ended
   int nranks = 0;
 };
@@ -354,8 +359,8 @@ class Group {
       std::error_code ec;
       fs::create_directories(*log_dir, ec);
       if (ec)
-        throw DistributedError(fmt::format("launch: cannot create the log folder '{}': {}", log_dir->string(),
-                                           ec.message()));
+        throw DistributedError(
+            fmt::format("launch: cannot create the log folder '{}': {}", log_dir->string(), ec.message()));
     }
     devnull_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
     ranks_.resize(static_cast<std::size_t>(o.nproc_per_node));
@@ -371,7 +376,8 @@ class Group {
           const auto path = *log_dir / fmt::format("rank{}.log", r.exit.rank);
           r.log = std::fopen(path.c_str(), "wb");
           if (!r.log)
-            throw DistributedError(fmt::format("launch: cannot write the log file '{}': {}", path.string(), errno_text()));
+            throw DistributedError(
+                fmt::format("launch: cannot write the log file '{}': {}", path.string(), errno_text()));
         }
         ExecPlan plan;
         plan.path = program.string();
@@ -389,7 +395,8 @@ class Group {
 
   ~Group() {
     // Left by an exception: nothing may outlive the launcher, and reaping must not wait on a live rank.
-    if (std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.exit.pid > 0 && !r.reaped && !r.exited; }))
+    if (std::any_of(ranks_.begin(), ranks_.end(),
+                    [](const Rank& r) { return r.exit.pid > 0 && !r.reaped && !r.exited; }))
       kill_all(SIGKILL);
     reap_and_close();
   }
@@ -446,8 +453,7 @@ class Group {
       if (polling_exits) timeout = timeout < 0 ? kExitPollMs : std::min(timeout, kExitPollMs);
 
       const int ready = poll(fds.data(), fds.size(), timeout);
-      if (ready < 0 && errno != EINTR)
-        throw DistributedError(fmt::format("launch: poll() failed: {}", errno_text()));
+      if (ready < 0 && errno != EINTR) throw DistributedError(fmt::format("launch: poll() failed: {}", errno_text()));
 
       for (int sig : signals_.take()) {
         if (!stopping) {
@@ -494,9 +500,8 @@ class Group {
           kill_all(SIGKILL);
           drain_until = Clock::now() + kDrainTimeout;
         }
-        const bool streams_open = std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) {
-          return r.streams[0].fd >= 0 || r.streams[1].fd >= 0;
-        });
+        const bool streams_open = std::any_of(
+            ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.streams[0].fd >= 0 || r.streams[1].fd >= 0; });
         if (!streams_open || Clock::now() >= *drain_until) break;
       }
     }
@@ -512,8 +517,8 @@ class Group {
       const int e = errno;
       for (int fd : {out[0], out[1], err[0], err[1]})
         if (fd >= 0) close(fd);
-      throw DistributedError(fmt::format("launch: cannot create the output pipes of rank {}: {}", r.exit.rank,
-                                         errno_text(e)));
+      throw DistributedError(
+          fmt::format("launch: cannot create the output pipes of rank {}: {}", r.exit.rank, errno_text(e)));
     }
     const pid_t parent = getpid();
     const pid_t group = pgid_;
@@ -554,7 +559,8 @@ class Group {
     }
     if (pgid_ == 0) pgid_ = pid;
     r.exit.pid = pid;
-    // glibc 2.36 declares pidfd_open() without C linkage, so go through syscall(); -1 before Linux 5.3: exits are then polled.
+    // glibc 2.36 declares pidfd_open() without C linkage, so go through syscall(); -1 before Linux 5.3: exits are then
+    // polled.
     r.pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
     r.streams[0].fd = out[0];
     r.streams[1].fd = err[0];
@@ -616,8 +622,8 @@ int pick_free_port(const std::string& addr) {
   hints.ai_flags = AI_PASSIVE;
   addrinfo* found = nullptr;
   if (const int rc = getaddrinfo(addr.c_str(), "0", &hints, &found); rc != 0)
-    throw ConfigError(fmt::format("launch: cannot resolve master_addr '{}': {}; pass an address of this machine",
-                                  addr, gai_strerror(rc)));
+    throw ConfigError(fmt::format("launch: cannot resolve master_addr '{}': {}; pass an address of this machine", addr,
+                                  gai_strerror(rc)));
   std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(found, &freeaddrinfo);
   std::string last_error = "no address";
   for (const addrinfo* a = found; a; a = a->ai_next) {
@@ -628,17 +634,18 @@ int pick_free_port(const std::string& addr) {
     }
     sockaddr_storage bound{};
     socklen_t length = sizeof bound;
-    const bool ok = bind(fd, a->ai_addr, a->ai_addrlen) == 0 &&
-                    getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) == 0;
+    const bool ok =
+        bind(fd, a->ai_addr, a->ai_addrlen) == 0 && getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) == 0;
     if (!ok) last_error = errno_text();
     close(fd);
     if (!ok) continue;
     if (bound.ss_family == AF_INET) return ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
     if (bound.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
   }
-  throw ConfigError(fmt::format("launch: cannot bind a free port on master_addr '{}' ({}); use an address of this "
-                                "machine or pass master_port",
-                                addr, last_error));
+  throw ConfigError(
+      fmt::format("launch: cannot bind a free port on master_addr '{}' ({}); use an address of this "
+                  "machine or pass master_port",
+                  addr, last_error));
 }
 
 LaunchResult launch(const LaunchOptions& options) {
@@ -671,8 +678,7 @@ LaunchResult launch(const LaunchOptions& options) {
     LaunchResult result;
     result.restarts = restart;
     result.first_failure = a.first_failure;
-    const std::string after =
-        restart > 0 ? fmt::format(" (after {})", plural(restart, "restart")) : std::string();
+    const std::string after = restart > 0 ? fmt::format(" (after {})", plural(restart, "restart")) : std::string();
     std::string killed;
     if (!a.killed_after_grace.empty()) {
       killed = "; still running after the grace period of " +
@@ -700,8 +706,7 @@ LaunchResult launch(const LaunchOptions& options) {
       if (!late_signal) late_signal = sig;
     if (restart < options.max_restarts && !late_signal) {
       std::fprintf(options.err, "fastlearn launch: %s; restarting all %s (restart %d of %d)\n",
-                   first.describe().c_str(), plural(nranks, "local rank").c_str(), restart + 1,
-                   options.max_restarts);
+                   first.describe().c_str(), plural(nranks, "local rank").c_str(), restart + 1, options.max_restarts);
       std::fflush(options.err);
       continue;
     }

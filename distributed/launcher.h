@@ -11,8 +11,10 @@
 //
 // All or nothing: when one rank exits non-zero or is killed by a signal, every other rank (its whole
 // process group, so also the processes a rank started) gets SIGTERM, and SIGKILL after grace_period.
-// SIGINT and SIGTERM sent to the launcher are forwarded the same way (a second one kills at once).
-// Ranks die with the launcher (PR_SET_PDEATHSIG), so a killed launcher leaves no orphans behind.
+// SIGINT and SIGTERM sent to the launcher are forwarded the same way; one that comes while ranks are
+// already being stopped (after a failure or a first signal) SIGKILLs them at once.
+// Ranks die with the launcher (PR_SET_PDEATHSIG), so even a SIGKILLed launcher leaves no rank behind (the
+// processes a rank started die with it only if the rank arranges it: the launcher had no chance to kill the group).
 //
 // Restarts (max_restarts > 0) stop and restart the whole local group after a failure, never after a
 // forwarded signal. There is no cross-node coordination: with several nodes each node's launcher

@@ -24,9 +24,9 @@ namespace fs = std::filesystem;
 namespace {
 
 // Set by the parent for its children; the torchrun variables (RANK, ...) come from launch().
-constexpr const char* kDirVar = "FASTLEARN_SPAWN_DIR";      // error files and "done" markers of the ranks
-constexpr const char* kKeyVar = "FASTLEARN_SPAWN_KEY";      // hash of extra_args: which series of calls
-constexpr const char* kCallVar = "FASTLEARN_SPAWN_CALL";    // index of the call within that series
+constexpr const char* kDirVar = "FASTLEARN_SPAWN_DIR";    // error files and "done" markers of the ranks
+constexpr const char* kKeyVar = "FASTLEARN_SPAWN_KEY";    // hash of extra_args: which series of calls
+constexpr const char* kCallVar = "FASTLEARN_SPAWN_CALL";  // index of the call within that series
 constexpr const char* kNprocsVar = "FASTLEARN_SPAWN_NPROCS";
 
 std::mutex g_mutex;
@@ -124,6 +124,7 @@ void spawn(int nprocs, const std::function<void(int rank)>& fn, SpawnOptions opt
   if (!fn) throw ConfigError("spawn: the function to run is empty");
   const std::string key = key_of(options.extra_args);
   int call = 0;
+  bool ours = false;
   {
     std::lock_guard lock(g_mutex);
     if (g_in_fn)
@@ -131,12 +132,12 @@ void spawn(int nprocs, const std::function<void(int rank)>& fn, SpawnOptions opt
     call = g_calls[key]++;
     if (in_spawned_process()) {
       const char* child_key = std::getenv(kKeyVar);
-      const bool ours = child_key && key == child_key && std::atoi(std::getenv(kCallVar)) == call;
+      ours = child_key && key == child_key && std::atoi(std::getenv(kCallVar)) == call;
       if (!ours) return;  // a call that runs in the parent only (it comes before ours)
       g_in_fn = true;
     }
   }
-  if (g_in_fn) run_child(nprocs, fn);
+  if (ours) run_child(nprocs, fn);
 
   for (const auto& [name, value] : options.extra_env)
     if (name.starts_with("FASTLEARN_SPAWN_"))
@@ -164,8 +165,8 @@ void spawn(int nprocs, const std::function<void(int rank)>& fn, SpawnOptions opt
   if (result.first_failure) {
     const RankExit& first = *result.first_failure;
     const auto file = error_file(dir.path, first.rank);
-    const std::string cause = fs::exists(file) ? fmt::format("rank {} raised {}", first.rank, read_text(file))
-                                               : first.describe();
+    const std::string cause =
+        fs::exists(file) ? fmt::format("rank {} raised {}", first.rank, read_text(file)) : first.describe();
     throw DistributedError(fmt::format("spawn: {} (of {} ranks); the other ranks were stopped", cause, nprocs));
   }
   if (result.exit_code != 0) throw DistributedError(fmt::format("spawn: {}", result.summary));

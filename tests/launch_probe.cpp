@@ -82,7 +82,8 @@ int main(int argc, char** argv) {
     } else if (name == "sleep-ms") {
       std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(value.c_str())));
     } else if (name == "record") {
-      std::string text = "probe.pid=" + std::to_string(getpid()) + "\nprobe.grandchild=" + std::to_string(grandchild) + "\n";
+      std::string text =
+          "probe.pid=" + std::to_string(getpid()) + "\nprobe.grandchild=" + std::to_string(grandchild) + "\n";
       for (char** e = environ; *e; ++e) text.append(*e).append("\n");
       write_atomically(fs::path(value) / ("rank" + std::to_string(rank) + ".restart" + std::to_string(restart)), text);
     } else if (name == "wait") {
@@ -94,8 +95,9 @@ int main(int argc, char** argv) {
       grandchild = fork();
       if (grandchild == 0) sleep_forever();
     } else if (name == "stamp") {
-      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::steady_clock::now().time_since_epoch()).count();
+      const auto ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+              .count();
       write_atomically(value, std::to_string(ns));
     } else if (name == "ignore-sigterm") {
       std::signal(SIGTERM, SIG_IGN);

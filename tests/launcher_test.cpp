@@ -137,12 +137,16 @@ struct ScopedEnv {
   std::optional<std::string> old;
   ScopedEnv(std::string n, const char* value) : name(std::move(n)) {
     if (const char* v = std::getenv(name.c_str())) old = v;
-    if (value) setenv(name.c_str(), value, 1);
-    else unsetenv(name.c_str());
+    if (value)
+      setenv(name.c_str(), value, 1);
+    else
+      unsetenv(name.c_str());
   }
   ~ScopedEnv() {
-    if (old) setenv(name.c_str(), old->c_str(), 1);
-    else unsetenv(name.c_str());
+    if (old)
+      setenv(name.c_str(), old->c_str(), 1);
+    else
+      unsetenv(name.c_str());
   }
 };
 
@@ -317,9 +321,9 @@ TEST(Launcher, AFailingRankStopsTheOthersAndIsNamed) {
   TempDir dir;
   Capture out, err;
   const auto d = dir.path.string();
-  const auto result = fl::launch(probe(3, {"grandchild", "record=" + d, "wait=" + d + ":3", "r1:stamp=" + d + "/failed",
-                                           "r1:exit=3", "sleep"},
-                                       out, err));
+  const auto result = fl::launch(
+      probe(3, {"grandchild", "record=" + d, "wait=" + d + ":3", "r1:stamp=" + d + "/failed", "r1:exit=3", "sleep"},
+            out, err));
   const double gone_after = seconds_since_stamp(dir.path / "failed");
   EXPECT_EQ(result.exit_code, 3);
   ASSERT_TRUE(result.first_failure);
@@ -328,7 +332,7 @@ TEST(Launcher, AFailingRankStopsTheOthersAndIsNamed) {
   const auto pid1 = read_record(dir.path, 1)["probe.pid"];
   EXPECT_NE(result.summary.find(fmt::format("rank 1 (local 1, pid {}) exited with code 3", pid1)), std::string::npos)
       << result.summary;
-  EXPECT_LT(gone_after, 0.5) << "the others die on SIGTERM: no need to wait for the grace period";
+  EXPECT_LT(gone_after, 1.0) << "the others die on SIGTERM, before the grace period is over";
   std::printf("[ figure ] rank failure -> all 3 ranks gone and launch() returned: %.1f ms\n", gone_after * 1000);
   expect_all_gone(dir.path, 3);
 }
@@ -337,15 +341,16 @@ TEST(Launcher, ARankIgnoringSigtermIsKilledAfterTheGracePeriod) {
   TempDir dir;
   Capture out, err;
   const auto d = dir.path.string();
-  const auto result = fl::launch(probe(2, {"r0:ignore-sigterm", "record=" + d, "wait=" + d + ":2",
-                                           "r1:stamp=" + d + "/failed", "r1:exit=3", "sleep"},
-                                       out, err));
+  const auto result = fl::launch(probe(
+      2, {"r0:ignore-sigterm", "record=" + d, "wait=" + d + ":2", "r1:stamp=" + d + "/failed", "r1:exit=3", "sleep"},
+      out, err));
   const double gone_after = seconds_since_stamp(dir.path / "failed");
   EXPECT_EQ(result.exit_code, 3);
   EXPECT_NE(result.summary.find("killed: rank 0"), std::string::npos) << result.summary;
   EXPECT_GE(gone_after, 1.0);
-  EXPECT_LT(gone_after, 1.0 + 0.5);
-  std::printf("[ figure ] rank failure -> SIGTERM-ignoring rank SIGKILLed, grace 1000 ms: %.1f ms\n", gone_after * 1000);
+  EXPECT_LT(gone_after, 1.0 + 1.0) << "SIGKILL right after the grace period";
+  std::printf("[ figure ] rank failure -> SIGTERM-ignoring rank SIGKILLed, grace 1000 ms: %.1f ms\n",
+              gone_after * 1000);
   expect_all_gone(dir.path, 2);
 }
 
@@ -415,8 +420,13 @@ TEST(Launcher, BadOptionsAreConfigErrorsThatSayWhatToDo) {
     }
   };
   expect_error([](auto& o) { o.nproc_per_node = 0; }, "nproc_per_node is 0; it must be at least 1");
-  expect_error([](auto& o) { o.node_rank = 2; o.nnodes = 2; o.master_port = 29500; },
-               "node_rank is 2 but nnodes is 2; node_rank must be in [0, 1]");
+  expect_error(
+      [](auto& o) {
+        o.node_rank = 2;
+        o.nnodes = 2;
+        o.master_port = 29500;
+      },
+      "node_rank is 2 but nnodes is 2; node_rank must be in [0, 1]");
   expect_error([](auto& o) { o.nnodes = 2; }, "with 2 nodes pass the same explicit master_port");
   expect_error([](auto& o) { o.command.clear(); }, "the command is empty");
   expect_error([](auto& o) { o.command = {"/no/such/program"}; }, "program '/no/such/program' does not exist");
@@ -513,6 +523,15 @@ TEST(LaunchCli, SigintStopsAllRanksAndExitsWith130) { expect_forwarded_signal_en
 
 TEST(LaunchCli, SigtermStopsAllRanksAndExitsWith143) { expect_forwarded_signal_ends_all(SIGTERM); }
 
+TEST(LaunchCli, AKilledLauncherTakesItsRanksWithIt) {
+  TempDir ranks;
+  Cli cli({"launch", "--nproc-per-node", "2", "--", FASTLEARN_LAUNCH_PROBE, "record=" + ranks.path.string(), "sleep"});
+  wait_for_records(ranks.path, 2);
+  kill(cli.pid, SIGKILL);  // no chance to stop anything: PR_SET_PDEATHSIG does it
+  EXPECT_EQ(cli.wait_exit_code(), 128 + SIGKILL);
+  expect_all_gone(ranks.path, 2);
+}
+
 TEST(LaunchCli, AFailingRankSetsTheExitCodeAndTheSummaryGoesToStderr) {
   Cli cli({"launch", "--nproc-per-node", "2", "--grace-period", "1", "--", FASTLEARN_LAUNCH_PROBE, "print=hi",
            "r1:exit=5", "sleep"});
@@ -564,10 +583,13 @@ fl::SpawnOptions spawn_options(const Capture& out, const Capture& err) {
 TEST(Spawn, EachOfThreeRanksRunsTheFunction) {
   const auto dir = shared_dir();
   Capture out, err;
-  fl::spawn(3, [&](int rank) {
-    std::ofstream(dir / fmt::format("rank{}", rank)) << rank << " " << std::getenv("WORLD_SIZE") << " " << getpid();
-    std::printf("hello from %d\n", rank);
-  }, spawn_options(out, err));
+  fl::spawn(
+      3,
+      [&](int rank) {
+        std::ofstream(dir / fmt::format("rank{}", rank)) << rank << " " << std::getenv("WORLD_SIZE") << " " << getpid();
+        std::printf("hello from %d\n", rank);
+      },
+      spawn_options(out, err));
   std::set<std::string> pids;
   for (int rank = 0; rank < 3; ++rank) {
     std::istringstream in(read_text(dir / fmt::format("rank{}", rank)));
@@ -588,10 +610,13 @@ TEST(Spawn, AFailingRankIsADistributedErrorWithItsMessage) {
   Capture out, err;
   const auto start = Clock::now();
   try {
-    fl::spawn(3, [](int rank) {
-      if (rank == 1) throw std::runtime_error("the data of rank 1 is broken");
-      pause();  // the others wait, as if in a collective, until they are stopped
-    }, spawn_options(out, err));
+    fl::spawn(
+        3,
+        [](int rank) {
+          if (rank == 1) throw std::runtime_error("the data of rank 1 is broken");
+          pause();  // the others wait, as if in a collective, until they are stopped
+        },
+        spawn_options(out, err));
     ADD_FAILURE() << "spawn() returned";
   } catch (const fl::DistributedError& e) {
     const std::string what = e.what();
@@ -604,9 +629,12 @@ TEST(Spawn, AFailingRankIsADistributedErrorWithItsMessage) {
 TEST(Spawn, ARankKilledByASignalIsNamed) {
   Capture out, err;
   try {
-    fl::spawn(2, [](int rank) {
-      if (rank == 0) raise(SIGKILL);
-    }, spawn_options(out, err));
+    fl::spawn(
+        2,
+        [](int rank) {
+          if (rank == 0) raise(SIGKILL);
+        },
+        spawn_options(out, err));
     ADD_FAILURE() << "spawn() returned";
   } catch (const fl::DistributedError& e) {
     EXPECT_NE(std::string(e.what()).find("rank 0 (local 0, pid "), std::string::npos) << e.what();
@@ -619,7 +647,8 @@ TEST(Spawn, ChildrenThatNeverReachSpawnAreAnError) {
   auto options = spawn_options(out, err);
   options.extra_args = {"--gtest_filter=NoSuchSuite.NoSuchTest"};
   try {
-    fl::spawn(2, [](int) {}, options);
+    fl::spawn(
+        2, [](int) {}, options);
     ADD_FAILURE() << "spawn() returned";
   } catch (const fl::DistributedError& e) {
     EXPECT_NE(std::string(e.what()).find("did not reach the matching spawn() call"), std::string::npos) << e.what();
@@ -629,8 +658,10 @@ TEST(Spawn, ChildrenThatNeverReachSpawnAreAnError) {
 TEST(Spawn, TwoCallsInOneTestEachRunTheirOwnFunction) {
   const auto dir = shared_dir();
   Capture out, err;
-  fl::spawn(2, [&](int rank) { std::ofstream(dir / fmt::format("first{}", rank)) << "x"; }, spawn_options(out, err));
-  fl::spawn(2, [&](int rank) { std::ofstream(dir / fmt::format("second{}", rank)) << "x"; }, spawn_options(out, err));
+  fl::spawn(
+      2, [&](int rank) { std::ofstream(dir / fmt::format("first{}", rank)) << "x"; }, spawn_options(out, err));
+  fl::spawn(
+      2, [&](int rank) { std::ofstream(dir / fmt::format("second{}", rank)) << "x"; }, spawn_options(out, err));
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_TRUE(fs::exists(dir / fmt::format("first{}", rank)));
     EXPECT_TRUE(fs::exists(dir / fmt::format("second{}", rank)));
