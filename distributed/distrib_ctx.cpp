@@ -1,7 +1,5 @@
 #include <fastlearn/distributed/distrib_ctx.h>
 
-#include <fastlearn/distributed/distributed_trainer.h>
-
 namespace fastlearn {
 
 DistribCtx::DistribCtx(const SetupOptions& options) {
@@ -17,23 +15,8 @@ DistribCtx::DistribCtx(const SetupOptions& options) {
   active_ = world_size() > 1;
 }
 
-DistribCtx::DistribCtx(Learner& learn) : DistribCtx(learn, DistributedTrainerOptions{}) {}
-
-DistribCtx::DistribCtx(Learner& learn, const DistributedTrainerOptions& trainer, const SetupOptions& options)
-    : DistribCtx(options) {
-  try {
-    if (active_) {
-      to_distributed(learn, trainer);
-      learn_ = &learn;
-    }
-  } catch (...) {
-    if (owns_) teardown_distrib();
-    throw;
-  }
-}
-
 DistribCtx::~DistribCtx() {
-  if (learn_) detach_distributed(*learn_);
+  if (detach_learner_) detach_learner_();
   if (owns_) teardown_distrib();
 }
 

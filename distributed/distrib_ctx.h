@@ -6,6 +6,8 @@
 // process it does nothing, so the same program runs with or without a launcher.
 #include <fastlearn/distributed/runtime.h>
 
+#include <functional>
+
 namespace fastlearn {
 
 class Learner;
@@ -29,7 +31,7 @@ class DistribCtx {
  private:
   bool active_ = false;
   bool owns_ = false;
-  Learner* learn_ = nullptr;
+  std::function<void()> detach_learner_;  // set by the Learner constructors (distributed_trainer.cpp)
 };
 
 }  // namespace fastlearn

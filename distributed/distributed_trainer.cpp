@@ -126,6 +126,21 @@ void to_distributed(Learner& learn, DistributedTrainerOptions options) {
   trainer->attach(learn);
 }
 
+DistribCtx::DistribCtx(Learner& learn) : DistribCtx(learn, DistributedTrainerOptions{}) {}
+
+DistribCtx::DistribCtx(Learner& learn, const DistributedTrainerOptions& trainer, const SetupOptions& options)
+    : DistribCtx(options) {
+  try {
+    if (active_) {
+      to_distributed(learn, trainer);
+      detach_learner_ = [&learn] { detach_distributed(learn); };
+    }
+  } catch (...) {
+    if (owns_) teardown_distrib();
+    throw;
+  }
+}
+
 void detach_distributed(Learner& learn) {
   auto trainer = learn.cb<DistributedTrainer>();
   if (!trainer) return;

@@ -18,11 +18,23 @@ std::pair<int, std::string> run(const std::string& command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
+// The CLI followed by `args` (appended: GCC 12 warns falsely on std::string(macro) + literal).
+std::string cli(const std::string& args) {
+  std::string command = FASTLEARN_CLI;
+  command.append(" ").append(args);
+  return command;
+}
+
+std::string bin(const char* name) {
+  std::string path = FASTLEARN_BIN_DIR;
+  path.append("/").append(name);
+  return path;
+}
+
 }  // namespace
 
 TEST(Examples, RingAllreduceOnThreeRanksMatchesAllReduce) {
-  const auto [code, out] = run(std::string(FASTLEARN_CLI) + " launch --nproc-per-node 3 " + FASTLEARN_BIN_DIR +
-                               "/ring_allreduce --numel 100003");
+  const auto [code, out] = run(cli("launch --nproc-per-node 3 " + bin("ring_allreduce") + " --numel 100003"));
   EXPECT_EQ(code, 0) << out;
   for (int r = 0; r < 3; ++r) {
     EXPECT_NE(out.find("[rank " + std::to_string(r) + "] rank " + std::to_string(r) + " of 3: ring allreduce of 100003"),
@@ -36,8 +48,7 @@ TEST(Examples, DistributedSgdKeepsTheReplicasIdentical) {
   } else {
     GTEST_SKIP() << "Debian's dataset-fashion-mnist is not installed";
   }
-  const auto [code, out] =
-      run(std::string(FASTLEARN_CLI) + " launch --nproc-per-node 2 " + FASTLEARN_BIN_DIR + "/distributed_sgd --epochs 1");
+  const auto [code, out] = run(cli("launch --nproc-per-node 2 " + bin("distributed_sgd") + " --epochs 1"));
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("rank 0: replicas identical: yes"), std::string::npos) << out;
   EXPECT_NE(out.find("rank 1: replicas identical: yes"), std::string::npos) << out;
