@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <typeinfo>
 #include <variant>
 
 namespace fastlearn {
@@ -153,6 +154,13 @@ std::int64_t DataLoader::size() const { return EpochRun::batch_count(n(), option
 void DataLoader::set_sampler(std::shared_ptr<const Sampler> sampler) {
   if (!sampler) throw DataError("DataLoader::set_sampler: no sampler given");
   sampler_ = std::move(sampler);
+}
+
+void DataLoader::set_seed(std::uint64_t seed) {
+  seed_ = seed;
+  // Only the plain RandomSampler is the seed's; any other sampler (a subclass too) keeps its own order.
+  const Sampler& current = *sampler_;
+  if (typeid(current) == typeid(RandomSampler)) sampler_ = std::make_shared<RandomSampler>(sampler_->size(), seed_);
 }
 
 DataLoader::Iterator DataLoader::begin() {

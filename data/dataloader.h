@@ -40,6 +40,8 @@ class DataLoader {
   std::shared_ptr<const Dataset> dataset_ptr() const { return dataset_; }
   const DataLoaderOptions& options() const { return options_; }
   std::uint64_t seed() const { return seed_; }
+  /// Sets the order and augmentation seed; a RandomSampler in use is redrawn from it (other samplers stay).
+  void set_seed(std::uint64_t seed);
 
   /// The epoch the next iteration runs (each begin() runs one epoch, then advances it).
   std::int64_t epoch() const { return epoch_; }
@@ -47,6 +49,7 @@ class DataLoader {
 
   /// The sampler in use; replace it to change the order or the subset (as DistributedDL does).
   const Sampler& sampler() const { return *sampler_; }
+  std::shared_ptr<const Sampler> sampler_ptr() const { return sampler_; }
   void set_sampler(std::shared_ptr<const Sampler> sampler);
 
   void set_device(std::optional<c10::Device> device) { options_.device = device; }

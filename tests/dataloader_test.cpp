@@ -44,6 +44,27 @@ TEST(DataLoader, ShuffleIsReproducibleBySeedAndNewEachEpoch) {
   EXPECT_EQ(epoch_items(a), a1) << "set_epoch(1) must replay epoch 1";
 }
 
+TEST(DataLoader, SetSeedRedrawsTheRandomOrderOnly) {
+  fl::DataLoader a(numbered(50), {.bs = 8, .shuffle = true, .seed = 1});
+  fl::DataLoader b(numbered(50), {.bs = 8, .shuffle = true, .seed = 2});
+  a.set_seed(2);
+  EXPECT_EQ(a.seed(), 2u);
+  EXPECT_EQ(epoch_items(a), epoch_items(b)) << "set_seed(2) must give the order of a loader seeded with 2";
+  // Another sampler keeps its order; an unshuffled loader stays sequential.
+  struct Backwards : fl::Sampler {
+    std::int64_t size() const override { return 3; }
+    std::vector<std::int64_t> order(std::int64_t) const override { return {2, 1, 0}; }
+  };
+  auto backwards = std::make_shared<Backwards>();
+  a.set_sampler(backwards);
+  a.set_seed(3);
+  EXPECT_EQ(a.sampler_ptr(), backwards);
+  EXPECT_EQ(epoch_items(a), (std::vector<std::int64_t>{2, 1, 0}));
+  fl::DataLoader seq(numbered(5), {.bs = 2, .seed = 1});
+  seq.set_seed(9);
+  EXPECT_EQ(epoch_items(seq), (std::vector<std::int64_t>{0, 1, 2, 3, 4}));
+}
+
 TEST(DataLoader, WithoutShuffleItemsComeInOrder) {
   fl::DataLoader dl(numbered(10), {.bs = 4});
   std::vector<std::int64_t> expected(10);
