@@ -1,6 +1,7 @@
 #include <fastlearn/learner/models.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/distributed/sync_batch_norm.h>
 
 #include <torch/torch.h>
 
@@ -39,17 +40,18 @@ struct ConvBnImpl : nn::Module {
              bool zero_bn = false)
       : conv(register_module("conv", nn::Conv2d(nn::Conv2dOptions(in, out, kernel)
                                                        .stride(stride).padding(kernel / 2).bias(false)))),
-        bn(register_module("bn", nn::BatchNorm2d(out))),
         relu(relu_) {
+    nn::BatchNorm2d bn(out);
     // The last BN of a residual branch starts at zero, so each block starts as the identity (as xresnet).
     if (zero_bn) nn::init::zeros_(bn->weight);
+    register_module("bn", bn);  // held by the module tree only (see forward)
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    auto y = bn->forward(conv->forward(x));
+    // The norm is called through the module tree, so that convert_sync_batchnorm can swap it.
+    auto y = batch_norm_forward(*children()[1], conv->forward(x));
     return relu ? torch::relu(y) : y;
   }
   nn::Conv2d conv;
-  nn::BatchNorm2d bn;
   bool relu;
 };
 TORCH_MODULE(ConvBn);
