@@ -1,5 +1,5 @@
 #pragma once
-// fastlearn in one include: data, Learner, callbacks, metrics, optimizers, models.
+// fastlearn in one include: data, Learner, callbacks, metrics, optimizers, models, distributed training.
 #include <fastlearn/callbacks/epoch_logs.h>
 #include <fastlearn/callbacks/grad_accumulation.h>
 #include <fastlearn/callbacks/grad_clip.h>
@@ -12,6 +12,16 @@
 #include <fastlearn/core/random.h>
 #include <fastlearn/data/dataloaders.h>
 #include <fastlearn/data/untar_data.h>
+#include <fastlearn/distributed/collectives.h>
+#include <fastlearn/distributed/distrib_ctx.h>
+#include <fastlearn/distributed/distributed_dl.h>
+#include <fastlearn/distributed/distributed_trainer.h>
+#include <fastlearn/distributed/grad_reducer.h>
+#include <fastlearn/distributed/launcher.h>
+#include <fastlearn/distributed/parallel_trainer.h>
+#include <fastlearn/distributed/runtime.h>
+#include <fastlearn/distributed/spawn.h>
+#include <fastlearn/distributed/sync_batch_norm.h>
 #include <fastlearn/learner/annealing.h>
 #include <fastlearn/learner/checkpoint.h>
 #include <fastlearn/learner/learner.h>

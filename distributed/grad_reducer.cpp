@@ -172,7 +172,13 @@ class GradReducer::Impl {
     {
       torch::NoGradGuard no_grad;
       // Pre-divided by the world size: Gloo has no average, and the sum of the shares is the mean.
-      bucket.flat.narrow(0, p.offset, p.tensor.numel()).copy_(p.tensor.grad().reshape(-1).div(group_.size()));
+      auto slot = bucket.flat.narrow(0, p.offset, p.tensor.numel());
+      const auto grad = p.tensor.grad().reshape(-1);
+      if (grad.scalar_type() == slot.scalar_type()) {
+        at::mul_out(slot, grad, 1.0 / group_.size());  // one pass, no temporary
+      } else {
+        slot.copy_(grad.div(group_.size()));  // compression: divide before narrowing the type
+      }
     }
     if (--bucket.pending == 0) launch_ready();
   }

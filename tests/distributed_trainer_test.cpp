@@ -3,8 +3,10 @@
 // SyncBatchNorm, and with gradient accumulation); validation metrics and get_preds over exactly the
 // whole validation set on every rank; only rank 0 writes checkpoints.
 #include <fastlearn/callbacks/grad_accumulation.h>
+#include <fastlearn/core/error.h>
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/distributed_trainer.h>
+#include <fastlearn/distributed/parallel_trainer.h>
 #include <fastlearn/distributed/runtime.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/models.h>
@@ -181,4 +183,31 @@ TEST(DistributedTrainer, OnlyRankZeroWritesCheckpointsAndEveryRankLoadsThem) {
     fl::teardown_distrib();
   }, {.env = flt::torchrun_env(2)});
   if (!flt::in_rank_process()) fs::remove_all(dir);
+}
+
+TEST(ParallelTrainer, WithoutAGpuItSaysSoAndChangesNothing) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "this machine has a GPU; the next test covers it";
+  auto model = make_model("mlp");
+  fl::Learner learn(loaders(8, false), model, fl::cross_entropy(), {.progress = false});
+  try {
+    fl::ParallelCtx ctx(learn);
+    FAIL() << "expected an error";
+  } catch (const fl::DistributedError& e) {
+    EXPECT_NE(std::string(e.what()).find("no CUDA device"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(learn.cb<fl::ParallelTrainer>(), nullptr);
+  learn.fit(1, 0.01);  // still trains on the CPU
+}
+
+TEST(ParallelTrainer, SplitsBatchesOverTwoGpus) {
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices; this machine has " << torch::cuda::device_count();
+  auto model = make_model("mlp");
+  fl::Learner learn(loaders(8, false), model, fl::cross_entropy(), {.progress = false});
+  {
+    fl::ParallelCtx ctx(learn);
+    learn.fit(1, 0.01);
+    EXPECT_NE(learn.cb<fl::ParallelTrainer>(), nullptr);
+  }
+  EXPECT_EQ(learn.cb<fl::ParallelTrainer>(), nullptr);
+  EXPECT_TRUE(std::isfinite(learn.recorder().history().back().valid_loss));
 }
