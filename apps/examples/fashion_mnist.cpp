@@ -1,5 +1,6 @@
-// Fashion-MNIST with the Learner on one process: simple_cnn, fit_one_cycle, accuracy, a CSV log,
-// metrics.json and a checkpoint in --out.
+// Fashion-MNIST with the Learner: simple_cnn, fit_one_cycle, accuracy, a CSV log, metrics.json and a
+// checkpoint in --out. One process by default; data parallel when started by a launcher:
+//   fastlearn launch --nproc-per-node 2 build/bin/fashion_mnist --bs 64
 //   fashion_mnist [--data DIR] [--epochs 3] [--lr 3e-3] [--bs 128] [--workers 1] [--out DIR] [--seed 0]
 #include <fastlearn/fastlearn.h>
 
@@ -35,7 +36,11 @@ int main(int argc, char** argv) {
     fl::Learner learn(dls, fl::models::simple_cnn(dls.c()), fl::cross_entropy(),
                       {.opt_func = fl::Adam(), .metrics = {fl::accuracy()},
                        .cbs = {std::make_shared<fl::CSVLogger>(), std::make_shared<fl::MetricsJson>()}, .path = out});
-    learn.fit_one_cycle(epochs, lr);
+    {
+      fl::DistribCtx ctx(learn);  // data parallel under `fastlearn launch` / torchrun; nothing with one process
+      learn.fit_one_cycle(epochs, lr);
+    }
+    if (!fl::is_main()) return 0;  // after the scope every rank holds the same weights: rank 0 reports
     learn.save("fashion_cnn");
     learn.recorder().plot_loss(std::filesystem::path(out) / "loss.svg");
     const auto result = learn.validate();
