@@ -308,12 +308,18 @@ TEST(RuntimeDistribCtx, TearsDownWhatItCreatedAlsoOnException) {
     } catch (const std::runtime_error&) {
     }
     EXPECT_FALSE(fl::is_initialized());
-    // A group set up before the scope is left alone.
-    fl::setup_distrib({.timeout = kTimeout});
+    // A group set up before the scope is left alone. (A second job on another port: right after a teardown,
+    // rank 1 could otherwise reach rank 0's old store before rank 0 has closed it.)
+    fl::setup_distrib({.timeout = kTimeout, .env = {.master_port = std::atoi(std::getenv("SECOND_PORT"))}});
     { fl::DistribCtx ctx; EXPECT_FALSE(ctx.owns_setup()); }
     EXPECT_TRUE(fl::is_initialized());
     fl::teardown_distrib();
-  }, torchrun(2));
+  }, {.env = [env = flt::torchrun_env(2), port = std::make_shared<int>(0)](int rank) {
+        auto vars = env(rank);
+        if (*port == 0) *port = flt::free_tcp_port();
+        vars["SECOND_PORT"] = std::to_string(*port);
+        return vars;
+      }});
 }
 
 TEST(RuntimeDebug, MismatchedCallsNameEachRanksCall) {
