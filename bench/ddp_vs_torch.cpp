@@ -1,0 +1,95 @@
+// ddp_vs_torch: median time of one data parallel training step on 2 ranks (Gloo, this machine), fastlearn
+// (GradReducer + our SGD) vs PyTorch's DistributedDataParallel in Python (torchrun), both on simple_cnn
+// with a fixed batch of 64 images per rank, SGD with momentum, 1 thread per rank. ratio = torch / ours.
+// Prints one JSON object.
+#include <fastlearn/distributed/collectives.h>
+#include <fastlearn/distributed/grad_reducer.h>
+#include <fastlearn/distributed/launcher.h>
+#include <fastlearn/distributed/runtime.h>
+#include <fastlearn/distributed/spawn.h>
+#include <fastlearn/learner/models.h>
+#include <fastlearn/learner/optimizer.h>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <vector>
+
+namespace fl = fastlearn;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int kBatch = 64, kSteps = 40;
+
+void run_rank(int) {
+  at::set_num_threads(1);
+  fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+  torch::manual_seed(0);
+  auto model = fl::models::simple_cnn(10);
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  for (const auto& p : model->named_parameters()) params.emplace_back(p.key(), p.value());
+  auto opt = fl::SGD({.mom = 0.9})({model->parameters()}, 0.01);
+  auto x = torch::randn({kBatch, 1, 28, 28});
+  auto y = torch::randint(0, 10, {kBatch}, torch::kLong);
+  auto steps = [&] {
+    std::vector<double> times;
+    for (int step = 0; step < kSteps + 5; ++step) {
+      fl::barrier();
+      const auto start = Clock::now();
+      torch::nn::functional::cross_entropy(model->forward(x), y).backward();
+      opt->step();
+      opt->zero_grad();
+      if (step >= 5) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    std::sort(times.begin(), times.end());
+    return times;
+  };
+  const auto compute_only = steps();  // the same step without gradient averaging: what communication adds
+  std::vector<double> times;
+  {
+    fl::GradReducer reducer(params, {}, fl::world_group());
+    times = steps();
+  }
+  if (fl::rank() == 0) {
+    std::ofstream(std::getenv("FASTLEARN_BENCH_OUT")) << times[times.size() / 2] << " " << times.front() << " "
+                                                      << times.back() << " " << compute_only[compute_only.size() / 2];
+  }
+  fl::teardown_distrib();
+}
+
+}  // namespace
+
+int main() {
+  const auto out = std::filesystem::temp_directory_path() / fmt::format("fastlearn-ddp-bench-{}", getpid());
+  fl::spawn(2, run_rank, {.extra_env = {{"FASTLEARN_BENCH_OUT", out.string()}}, .prefix_output = false});
+  double ours = 0, ours_min = 0, ours_max = 0, compute = 0;
+  std::ifstream(out) >> ours >> ours_min >> ours_max >> compute;
+  std::filesystem::remove(out);
+
+  const std::string python = FASTLEARN_PYTHON;
+  const auto command = fmt::format("OMP_NUM_THREADS=1 {} -m torch.distributed.run --nproc-per-node 2 --master-port {} "
+                                   "{}/bench/python/ddp_step.py {} {} 2>/dev/null",
+                                   python, fl::pick_free_port("127.0.0.1"), FASTLEARN_SOURCE_DIR, kBatch, kSteps);
+  double anchor = 0, anchor_min = 0, anchor_max = 0;
+  if (FILE* pipe = popen(command.c_str(), "r")) {
+    if (std::fscanf(pipe, "%lf %lf %lf", &anchor, &anchor_min, &anchor_max) != 3) anchor = 0;
+    pclose(pipe);
+  }
+  if (anchor <= 0 || ours <= 0) {
+    std::cerr << "ddp_vs_torch: a side did not report (python: " << python << ")\n";
+    return 1;
+  }
+  fmt::print(
+      R"({{"ddp_vs_torch": {{"ours": {:.6f}, "anchor": {:.6f}, "ratio": {:.3f}, "unit": "s/step", "higher_is_better": false, )"
+      R"("ours_range": [{:.6f}, {:.6f}], "anchor_range": [{:.6f}, {:.6f}], "ours_without_averaging": {:.6f}, "ranks": 2, "batch_per_rank": {}, "steps": {}, )"
+      R"("what": "2-rank data parallel step (forward, backward with gradient averaging, SGD momentum) on simple_cnn: fastlearn GradReducer vs PyTorch DDP, Gloo, 1 thread per rank"}}}})"
+      "\n",
+      ours, anchor, anchor / ours, ours_min, ours_max, anchor_min, anchor_max, compute, kBatch, kSteps);
+  return 0;
+}
