@@ -29,11 +29,11 @@ namespace {
 
 constexpr std::int64_t kItems = 64, kValid = 13;
 
-// Images 1x8x8 with 3 classes, seeded: the same on every rank.
+// Images 1x28x28 with 3 classes, seeded: the same on every rank.
 std::pair<at::Tensor, at::Tensor> images(std::int64_t n, std::uint64_t seed) {
   auto gen = at::detail::createCPUGenerator(seed);
   auto y = at::randint(0, 3, {n}, gen, at::TensorOptions().dtype(at::kLong));
-  auto x = at::randn({n, 1, 8, 8}, gen) + y.to(at::kFloat).view({n, 1, 1, 1});
+  auto x = at::randn({n, 1, 28, 28}, gen) + y.to(at::kFloat).view({n, 1, 1, 1});
   return {x, y};
 }
 
@@ -70,11 +70,8 @@ fl::DataLoaders loaders(std::int64_t bs, bool single_process_twin) {
 
 torch::nn::Sequential make_model(const std::string& kind) {
   torch::manual_seed(0);
-  if (kind == "mlp") return fl::models::mlp(64, {32, 16}, 3);
-  if (kind == "cnn") {
-    return torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 8, 3).padding(1)), torch::nn::ReLU(),
-                                 torch::nn::Flatten(), torch::nn::Linear(8 * 64, 3));
-  }
+  if (kind == "mlp") return fl::models::mlp(28 * 28, {32, 16}, 3);
+  if (kind == "simple_cnn") return fl::models::simple_cnn(3);
   return fl::models::resnet({.widths = {8, 16}, .classes = 3, .in_channels = 1, .stem_width = 8});
 }
 
@@ -130,7 +127,7 @@ TEST_P(Equivalence, TwoRanksMatchOneProcessWithTwiceTheBatch) {
   }, {.env = flt::torchrun_env(2)});
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Equivalence, ::testing::Values("mlp", "cnn", "resnet_syncbn"),
+INSTANTIATE_TEST_SUITE_P(Models, Equivalence, ::testing::Values("mlp", "simple_cnn", "resnet_syncbn"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 TEST(DistributedTrainer, GradientAccumulationCommunicatesOnlyTheLastMicroBatch) {
