@@ -306,6 +306,8 @@ TEST(Launcher, LogDirHoldsEachRanksOutputPerRestart) {
     for (int rank = 0; rank < 2; ++rank) {
       const auto file = dir.path / "logs" / sub / fmt::format("rank{}.log", rank);
       ASSERT_TRUE(fs::exists(file)) << file;
+      // In the failed first attempt rank 0 may be stopped (rank 1's failure) before it prints anything.
+      if (sub.empty() && rank == 0) continue;
       const auto text = read_text(file);
       EXPECT_NE(text.find("hello\n"), std::string::npos) << file << ": " << text;
       EXPECT_NE(text.find("oops\n"), std::string::npos) << file << ": " << text;
