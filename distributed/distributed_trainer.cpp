@@ -62,7 +62,9 @@ void DistributedTrainer::before_fit() {
   for (const auto& p : l.model().named_parameters()) params.emplace_back(p.key(), p.value());
   std::vector<at::Tensor> buffers;
   for (const auto& b : l.model().buffers()) buffers.push_back(b);
-  reducer_ = std::make_unique<GradReducer>(std::move(params), std::move(buffers), group(), options_.reducer);
+  auto reducer_options = options_.reducer;
+  reducer_options.divide_by_world_size = false;  // before_backward divides the loss instead: one pass fewer
+  reducer_ = std::make_unique<GradReducer>(std::move(params), std::move(buffers), group(), reducer_options);
 }
 
 void DistributedTrainer::before_train() { wrap(learn().dls().train()); }
@@ -79,6 +81,9 @@ void DistributedTrainer::before_batch() {
 
 void DistributedTrainer::before_backward() {
   if (!reducer_) return;
+  // The gradients' sum over ranks is then their mean; dividing the scalar loss costs nothing.
+  auto& l = learn();
+  l.loss_grad = l.loss_grad / static_cast<double>(group().size());
   // Under gradient accumulation only the micro-batch that steps communicates.
   auto accumulation = learn().cb<GradientAccumulation>();
   reducer_->set_sync(!(accumulation && accumulation->accumulating()));

@@ -24,11 +24,13 @@ struct ParamSlot {
   std::size_t bucket = 0;
   std::int64_t offset = 0;
   bool ready = false;
+  at::Tensor view;  ///< its part of the bucket, shaped like the parameter; .grad points here when possible
 };
 
 struct Bucket {
   std::vector<std::size_t> params;
-  at::Tensor flat;
+  at::Tensor flat;    ///< packed gradients; undefined for a bucket reduced in place
+  bool in_place = false;  ///< one large parameter, all_reduced in its own .grad
   std::int64_t pending = 0;
   c10::intrusive_ptr<c10d::Work> work;
 };
@@ -112,6 +114,15 @@ class GradReducer::Impl {
       const auto dtype = options_.compression.value_or(p.tensor.scalar_type());
       const std::pair key{dtype, p.tensor.device().str()};
       const auto item_bytes = static_cast<std::int64_t>(c10::elementSize(dtype)) * p.tensor.numel();
+      if (reduce_in_place(p, item_bytes)) {
+        buckets_.emplace_back();
+        buckets_.back().in_place = true;
+        buckets_.back().params.push_back(i);
+        p.bucket = buckets_.size() - 1;
+        p.offset = 0;
+        bytes[p.bucket] = item_bytes;
+        continue;
+      }
       auto it = open.find(key);
       if (it != open.end()) {
         // The first bucket is small so that communication starts early in backward.
@@ -133,11 +144,26 @@ class GradReducer::Impl {
     }
     stats.bucket_bytes.clear();
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      stats.bucket_bytes.push_back(bytes[b]);
+      if (buckets_[b].in_place) continue;
       const auto& first = params_[buckets_[b].params.front()].tensor;
       const auto dtype = options_.compression.value_or(first.scalar_type());
       buckets_[b].flat = torch::zeros({bytes[b] / static_cast<std::int64_t>(c10::elementSize(dtype))},
                                       torch::TensorOptions().dtype(dtype).device(first.device()));
-      stats.bucket_bytes.push_back(bytes[b]);
+    }
+    torch::NoGradGuard no_grad;
+    for (auto& p : params_) {
+      if (buckets_[p.bucket].in_place) {
+        p.view = at::Tensor();
+        continue;
+      }
+      p.view = buckets_[p.bucket].flat.narrow(0, p.offset, p.tensor.numel()).view(p.tensor.sizes());
+      // Gradients that live in the old buckets (after the first iteration's rebuild) move to the new ones.
+      auto& grad = p.tensor.mutable_grad();
+      if (grad.defined() && can_be_view(p)) {
+        p.view.copy_(grad);
+        grad = p.view;
+      }
     }
   }
 
@@ -168,26 +194,60 @@ class GradReducer::Impl {
     p.ready = true;
     ++stats.hooks;
     arrival_.push_back(i);
-    auto& bucket = buckets_[p.bucket];
-    {
-      torch::NoGradGuard no_grad;
-      // Pre-divided by the world size: Gloo has no average, and the sum of the shares is the mean.
-      auto slot = bucket.flat.narrow(0, p.offset, p.tensor.numel());
-      const auto grad = p.tensor.grad().reshape(-1);
-      if (grad.scalar_type() == slot.scalar_type()) {
-        at::mul_out(slot, grad, 1.0 / group_.size());  // one pass, no temporary
-      } else {
-        slot.copy_(grad.div(group_.size()));  // compression: divide before narrowing the type
+    stage(p);
+    if (--buckets_[p.bucket].pending == 0) launch_ready();
+  }
+
+  // Puts the parameter's local gradient, divided by the world size, into its bucket (Gloo has no average,
+  // and the sum of the shares is the mean): one pass. Afterwards .grad is the bucket's view whenever the
+  // types allow, so the averaged result needs no copy back.
+  void stage(ParamSlot& p) {
+    torch::NoGradGuard no_grad;
+    auto& grad = p.tensor.mutable_grad();
+    const double share = options_.divide_by_world_size ? 1.0 / group_.size() : 1.0;
+    if (buckets_[p.bucket].in_place) {
+      if (!grad.defined()) {
+        grad = at::zeros_like(p.tensor);
+      } else if (!grad.is_contiguous()) {
+        grad = grad.contiguous();
       }
+      if (share != 1.0) grad.mul_(share);
+      return;
     }
-    if (--bucket.pending == 0) launch_ready();
+    if (!grad.defined()) {
+      p.view.zero_();  // no gradient on this rank: it contributes zeros
+    } else if (is_view_of_bucket(grad, p)) {
+      if (share != 1.0) p.view.mul_(share);  // accumulated in place (in-place zero_grad, or no_sync micro-batches)
+    } else if (grad.scalar_type() == p.view.scalar_type()) {
+      at::mul_out(p.view, grad, share);
+    } else {
+      p.view.copy_(grad.mul(share));  // compression: divide before narrowing the type
+      return;
+    }
+    if (can_be_view(p)) grad = p.view;
+  }
+
+  // Large, dense, contiguous, float as it is communicated: reduced in its own .grad.
+  bool reduce_in_place(const ParamSlot& p, std::int64_t bytes) const {
+    return !options_.compression && p.tensor.is_contiguous() && !p.tensor.is_sparse() &&
+           static_cast<double>(bytes) >= options_.in_place_mb * 1024.0 * 1024.0;
+  }
+
+  static bool is_view_of_bucket(const at::Tensor& grad, const ParamSlot& p) {
+    return grad.is_alias_of(p.view) && grad.data_ptr() == p.view.data_ptr();
+  }
+
+  // A contiguous dense parameter can take its bucket view as .grad (the layout autograd and the optimizer
+  // expect); with compression the bucket has another dtype.
+  bool can_be_view(const ParamSlot& p) const {
+    return options_.gradient_as_bucket_view && p.view.scalar_type() == p.tensor.scalar_type() && p.tensor.is_contiguous() && !p.tensor.is_sparse();
   }
 
   // Starts every complete bucket whose predecessors have started: the same order on every rank.
   void launch_ready() {
     while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
       auto& b = buckets_[next_launch_];
-      std::vector<at::Tensor> tensors{b.flat};
+      std::vector<at::Tensor> tensors{b.in_place ? params_[b.params.front()].tensor.grad().view(-1) : b.flat};
       b.work = group_.backend().allreduce(tensors);
       stats.launched_after.push_back(stats.hooks);
       ++next_launch_;
@@ -198,12 +258,12 @@ class GradReducer::Impl {
     std::vector<std::string> unused;
     for (auto& p : params_) {
       if (p.ready) continue;
-      // No gradient on this rank: contribute zeros so that every rank's buckets still match.
+      // No gradient in this backward: contribute what it holds (earlier no_sync micro-batches) or zeros,
+      // so that every rank's buckets still match.
       unused.push_back(p.name);
       p.ready = true;
-      auto& b = buckets_[p.bucket];
-      b.flat.narrow(0, p.offset, p.tensor.numel()).zero_();
-      --b.pending;
+      stage(p);
+      --buckets_[p.bucket].pending;
     }
     launch_ready();
     for (std::size_t k = 0; k < buckets_.size(); ++k) {
@@ -221,11 +281,13 @@ class GradReducer::Impl {
     {
       torch::NoGradGuard no_grad;
       for (auto& p : params_) {
-        auto averaged = buckets_[p.bucket].flat.narrow(0, p.offset, p.tensor.numel()).view(p.tensor.sizes());
-        if (p.tensor.grad().defined()) {
-          p.tensor.mutable_grad().copy_(averaged);
+        auto& grad = p.tensor.mutable_grad();
+        if (buckets_[p.bucket].in_place) continue;                   // reduced in .grad itself
+        if (grad.defined() && is_view_of_bucket(grad, p)) continue;  // already the averaged result
+        if (grad.defined()) {
+          grad.copy_(p.view);
         } else {
-          p.tensor.mutable_grad() = averaged.to(p.tensor.scalar_type()).clone();
+          grad = p.view.to(p.tensor.scalar_type()).clone();
         }
       }
     }

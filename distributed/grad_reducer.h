@@ -5,11 +5,15 @@
 //
 // Parameters are packed, in reverse registration order (about the order backward produces gradients),
 // into flat buckets: the first up to first_bucket_mb, the others up to bucket_cap_mb. A hook after each
-// parameter's gradient accumulation copies the gradient, pre-divided by the world size, into its bucket;
-// a full bucket starts an asynchronous all_reduce at once, buckets starting in order, so communication
-// overlaps the rest of backward. At the end of backward every bucket is waited for and the averaged
-// gradients are written back into .grad. After the first iteration the buckets are rebuilt in the order
-// gradients actually arrived (rank 0's order, shared, so the buckets match on every rank).
+// parameter's gradient accumulation puts the gradient, pre-divided by the world size, into its bucket and
+// makes .grad a view of that part of the bucket; a full bucket starts an asynchronous all_reduce at once,
+// buckets starting in order, so communication overlaps the rest of backward. At the end of backward every
+// bucket is waited for, and the averaged gradients are already in .grad (no copy back; a parameter that
+// cannot alias its bucket, non-contiguous or compressed, gets a copy). Gradients stay bucket views between
+// steps, so zeroing in place or accumulating (no_sync) works in the bucket directly. A large gradient is a
+// bucket of its own and is reduced in place, without any copy. After the first
+// iteration the buckets are rebuilt in the order gradients actually arrived (rank 0's order, shared, so the
+// buckets match on every rank).
 #include <fastlearn/distributed/group.h>
 
 #include <ATen/core/Tensor.h>
@@ -29,6 +33,15 @@ struct GradReducerOptions {
   bool find_unused_parameters = false;  ///< tolerate parameters without gradient (they count as zero)
   std::optional<c10::ScalarType> compression;  ///< communicate gradients as Half or BFloat16
   bool rebuild_buckets = true;  ///< after the first iteration, bucket in the order gradients arrived
+  /// .grad becomes a view into its bucket (no copy back after the all_reduce); false keeps gradients as
+  /// their own tensors, for code that replaces .grad tensors and expects them not to alias each other.
+  bool gradient_as_bucket_view = true;
+  /// A parameter with at least this many MiB of gradient is a bucket of its own, communicated in place in
+  /// its .grad: no copy, and at this size one call's latency is small next to its transfer.
+  double in_place_mb = 4.0;
+  /// false when the loss that backward runs on is already divided by the world size (DistributedTrainer
+  /// divides it): the reducer then only sums, which spares a pass over the gradients communicated in place.
+  bool divide_by_world_size = true;
 };
 
 /// What happened in the last synchronized backward (for tests and diagnostics).

@@ -1,6 +1,7 @@
 // The bucketed gradient reducer on 2 ranks with Gloo: averaged gradients equal the mean of every rank's
 // own gradients, parameters start equal, buckets follow the caps and start before backward ends,
-// gradient accumulation communicates once, unused parameters are named, compression stays close.
+// gradient accumulation communicates once, unused parameters are named, compression stays close, and
+// gradients are views into the buckets.
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/grad_reducer.h>
 #include <fastlearn/distributed/runtime.h>
@@ -160,5 +161,72 @@ TEST(GradReducer, Bf16CompressionStaysClose) {
     loss_of(model, batch_of(fl::rank())).backward();
     expect_grads(model, expected_average(model, 2), 2e-2);
     EXPECT_EQ(model->parameters()[0].grad().scalar_type(), at::kFloat);
+  }, {.env = flt::torchrun_env(2)});
+}
+
+TEST(GradReducer, GradientsAreBucketViewsWhateverTheZeroing) {
+  flt::run_on_ranks(2, [](const RankContext&) {
+    Distributed dist;
+    torch::manual_seed(0);
+    auto model = fl::models::mlp(16, {32, 32}, 4);
+    fl::GradReducer reducer(named(*model), {}, fl::world_group());
+    const auto expected = expected_average(model, 2);
+    for (int iteration = 0; iteration < 4; ++iteration) {
+      for (auto& p : model->parameters()) {  // torch's two ways: set to none, or zero in place (in the bucket)
+        if (iteration % 2 == 0) {
+          p.mutable_grad() = at::Tensor();
+        } else if (p.grad().defined()) {
+          p.mutable_grad().zero_();
+        }
+      }
+      loss_of(model, batch_of(fl::rank())).backward();
+      expect_grads(model, expected);
+      // One bucket holds this small model: every gradient lives in it, so nothing was copied back.
+      const auto params = model->parameters();
+      ASSERT_EQ(reducer.bucket_count(), 1u);
+      for (const auto& p : params) EXPECT_TRUE(p.grad().is_alias_of(params.front().grad())) << "iteration " << iteration;
+    }
+  }, {.env = flt::torchrun_env(2)});
+}
+
+TEST(GradReducer, ParameterUnusedInTheLastMicroBatchKeepsItsAccumulatedGradient) {
+  flt::run_on_ranks(2, [](const RankContext&) {
+    Distributed dist;
+    torch::manual_seed(0);
+    torch::nn::Linear a(16, 4), b(16, 4);
+    fl::GradReducer reducer({{"a.weight", a->weight}, {"a.bias", a->bias}, {"b.weight", b->weight}, {"b.bias", b->bias}},
+                            {}, fl::world_group(), {.find_unused_parameters = true});
+    auto loss = [](torch::nn::Linear& m, const std::pair<at::Tensor, at::Tensor>& batch) {
+      return torch::nn::functional::cross_entropy(m->forward(batch.first), batch.second);
+    };
+    reducer.set_sync(false);
+    (loss(a, batch_of(fl::rank())) + loss(b, batch_of(fl::rank()))).backward();  // b used only here
+    reducer.set_sync(true);
+    loss(a, batch_of(fl::rank() + 10)).backward();
+    // b's gradient: the mean over ranks of what each accumulated in the first micro-batch.
+    auto ref = std::dynamic_pointer_cast<torch::nn::LinearImpl>(b->clone());
+    for (int r = 0; r < 2; ++r) torch::nn::functional::cross_entropy(ref->forward(batch_of(r).first), batch_of(r).second).backward();
+    EXPECT_TRUE(b->weight.grad().allclose(ref->weight.grad() / 2, 1e-6, 1e-6));
+    EXPECT_TRUE(b->bias.grad().allclose(ref->bias.grad() / 2, 1e-6, 1e-6));
+  }, {.env = flt::torchrun_env(2)});
+}
+
+TEST(GradReducer, LargeGradientsAreReducedInPlaceAndAPredividedLossOnlySums) {
+  flt::run_on_ranks(2, [](const RankContext&) {
+    Distributed dist;
+    torch::manual_seed(0);
+    auto model = fl::models::mlp(16, {64}, 4);  // the 64x16 weight (4 KiB) goes in place, the rest is packed
+    const auto expected = expected_average(model, 2);
+    for (const bool divide : {true, false}) {
+      fl::GradReducer reducer(named(*model), {}, fl::world_group(),
+                              {.in_place_mb = 4096.0 / (1024 * 1024), .divide_by_world_size = divide});
+      EXPECT_EQ(reducer.bucket_count(), 2u);
+      for (int iteration = 0; iteration < 3; ++iteration) {
+        for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+        auto loss = loss_of(model, batch_of(fl::rank()));
+        (divide ? loss : loss / 2).backward();
+        expect_grads(model, expected);
+      }
+    }
   }, {.env = flt::torchrun_env(2)});
 }
