@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -156,6 +157,21 @@ TEST(Config, TheResolvedConfigSpellsOutEveryDefault) {
                            "[distributed]", "sync_bn = true", "bucket_cap_mb = 25.0", "[output]", "dir = \"runs/train\""}) {
     expect_contains(resolved, std::string("\n") + line + "\n");
   }
+}
+
+TEST(Config, TheShippedConfigsAreValid) {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(FASTLEARN_SOURCE_DIR) + "/configs")) {
+    if (entry.path().extension() != ".toml") continue;
+    EXPECT_NO_THROW(fastlearn::cli::load_config(entry.path().string())) << entry.path();
+    ++n;
+  }
+  EXPECT_GE(n, 3);
+  const auto demo = fastlearn::cli::load_config(std::string(FASTLEARN_SOURCE_DIR) + "/configs/fashion_mnist.toml");
+  EXPECT_EQ(demo.model.arch, "simple_cnn");
+  const auto resnet = fastlearn::cli::load_config(std::string(FASTLEARN_SOURCE_DIR) + "/configs/fashion_mnist_resnet.toml");
+  EXPECT_EQ(resnet.model.arch, "resnet");
+  EXPECT_TRUE(resnet.distributed.sync_bn);
 }
 
 }  // namespace

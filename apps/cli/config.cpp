@@ -37,7 +37,7 @@ std::string type_name(const toml::node& node) {
     case toml::node_type::array: return "an array";
     case toml::node_type::string: return fmt::format("the string \"{}\"", *node.value<std::string>());
     case toml::node_type::integer: return fmt::format("the integer {}", *node.value<std::int64_t>());
-    case toml::node_type::floating_point: return fmt::format("the float {}", *node.value<double>());
+    case toml::node_type::floating_point: return fmt::format("the float {}", *node.value_exact<double>());
     case toml::node_type::boolean: return fmt::format("the boolean {}", *node.value<bool>());
     case toml::node_type::date: return "a date";
     case toml::node_type::time: return "a time";
@@ -124,7 +124,9 @@ class Section {
     std::string range = fmt::format("a number {} {}", min_inclusive ? ">=" : ">", min);
     if (std::isfinite(max)) range += fmt::format(" and <= {}", max);
     if (!node->is_number()) expected(key, *node, range);
-    const double value = *node->value<double>();
+    // Not value<double>(): it refuses integers a double cannot hold exactly.
+    const double value = node->is_integer() ? static_cast<double>(*node->value<std::int64_t>())
+                                            : *node->value_exact<double>();
     const bool ok = (min_inclusive ? value >= min : value > min) && value <= max && std::isfinite(value);
     if (!ok) expected(key, *node, range);
     out = value;

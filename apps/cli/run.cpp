@@ -239,6 +239,9 @@ int run_train(const TrainArgs& args) {
   auto config = load_config(args.config_path, args.sets);  // throws before anything is written
   const fs::path out = args.out.empty() ? fs::path(config.output.dir) : fs::path(args.out);
   config.output.dir = out.string();
+  if (!config.data.path.empty() && !fs::is_directory(config.data.path))
+    throw ConfigError(fmt::format("{}: data.path '{}' is not a folder; point it at an MNIST-format folder, or leave it "
+                                  "out to use the default Fashion-MNIST", args.config_path, config.data.path));
   if (!under_launcher() && (args.nproc_per_node > 1 || args.max_restarts > 0)) return relaunch(args, out.string());
 
   JobScope job(config.distributed);
