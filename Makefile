@@ -25,8 +25,10 @@ build: configure
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
+# The README's main job: configs/fashion_mnist.toml on 2 local ranks on CPU (live progress on rank 0,
+# the per-epoch table, the final test accuracy); the run's files go to build/demo.
 demo: build
-	$(BUILD_DIR)/bin/fashion_mnist --epochs 3 --out $(BUILD_DIR)/demo
+	$(BUILD_DIR)/bin/fastlearn train configs/fashion_mnist.toml --nproc-per-node 2 --out $(BUILD_DIR)/demo
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -3,6 +3,8 @@
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/launcher.h>
 
+#include "cli/run.h"
+
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -93,6 +95,67 @@ int run_launch(CLI::App& launch, LaunchArgs& a) {
   return result.exit_code;
 }
 
+// The options train, lr-find and validate share: the config and its overrides.
+void add_config_options(CLI::App& cmd, fastlearn::cli::TrainArgs& a) {
+  cmd.add_option("config", a.config_path, "The run's TOML configuration (see configs/ and README.md)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd.add_option("--set", a.sets,
+                 "Override one key of the config: --set train.epochs=5 --set model.arch=resnet. The value is read "
+                 "as TOML (5, 3e-3, true, [64, 32], \"text\"), anything else as a string; repeatable")
+      ->allow_extra_args(false);
+}
+
+std::string config_keys_footer() {
+  return "Config keys (a wrong name, type or range is an error that says where and what is expected):\n  " +
+         fastlearn::cli::describe_keys();
+}
+
+CLI::App* add_train(CLI::App& app, fastlearn::cli::TrainArgs& a) {
+  auto* train = app.add_subcommand(
+      "train",
+      "Train as CONFIG says and write the run into the output directory: config.toml (the resolved config), "
+      "metrics.json, history.csv, checkpoints/ (epoch_<n> after every epoch, model at the end), loss.svg. "
+      "Nothing is written before the config is valid.");
+  add_config_options(*train, a);
+  train->add_option("--out", a.out, "Output directory (default: output.dir of the config)");
+  train->add_flag("--resume", a.resume,
+                  "Continue from the newest checkpoints/epoch_<n> in the output directory (from scratch if none)");
+  train
+      ->add_option("--nproc-per-node", a.nproc_per_node,
+                   "Train data parallel on N local processes, started through `fastlearn launch`; ignored when this "
+                   "process was started by a launcher (fastlearn launch, torchrun: RANK is set)")
+      ->check(CLI::PositiveNumber);
+  train
+      ->add_option("--max-restarts", a.max_restarts,
+                   "Restart the ranks up to R times after a failure; a restart resumes from the last checkpoint")
+      ->check(CLI::NonNegativeNumber);
+  train->footer(config_keys_footer());
+  return train;
+}
+
+CLI::App* add_lr_find(CLI::App& app, fastlearn::cli::TrainArgs& a) {
+  auto* cmd = app.add_subcommand(
+      "lr-find",
+      "The learning-rate range test on CONFIG's data and model (one process): writes lr_find.svg into the output "
+      "directory and prints the suggested learning rate (fastai's valley)");
+  add_config_options(*cmd, a);
+  cmd->add_option("--out", a.out, "Where lr_find.svg goes (default: output.dir of the config)");
+  return cmd;
+}
+
+CLI::App* add_validate(CLI::App& app, fastlearn::cli::TrainArgs& a, std::string& checkpoint) {
+  auto* cmd = app.add_subcommand(
+      "validate",
+      "Load a checkpoint's weights into CONFIG's model and print the loss and metrics on the validation set "
+      "(Fashion-MNIST: the 10,000 test images)");
+  add_config_options(*cmd, a);
+  cmd->add_option("--checkpoint", checkpoint, "A .safetensors checkpoint written by `fastlearn train`")
+      ->required()
+      ->check(CLI::ExistingFile);
+  return cmd;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -102,6 +165,11 @@ int main(int argc, char** argv) {
       "Print the fastlearn and LibTorch versions and whether CUDA, NCCL and Gloo are compiled in");
   LaunchArgs launch_args;
   auto* launch = add_launch(app, launch_args);
+  fastlearn::cli::TrainArgs train_args, lr_find_args, validate_args;
+  std::string checkpoint;
+  auto* train = add_train(app, train_args);
+  auto* lr_find = add_lr_find(app, lr_find_args);
+  auto* validate = add_validate(app, validate_args, checkpoint);
   int parsed_argc = argc;
   for (int i = 1; i < argc; ++i) {
     if (std::string_view(argv[i]) != "--") continue;
@@ -112,12 +180,18 @@ int main(int argc, char** argv) {
   try {
     app.parse(parsed_argc, argv);
     if (launch->parsed()) return run_launch(*launch, launch_args);
+    if (train->parsed()) return fastlearn::cli::run_train(train_args);
+    if (lr_find->parsed()) return fastlearn::cli::run_lr_find(lr_find_args);
+    if (validate->parsed()) return fastlearn::cli::run_validate(validate_args, checkpoint);
     if (launch_args.after_dashes)
       throw fastlearn::ConfigError(
           "arguments after `--` need a subcommand: fastlearn launch [options] -- program args...");
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const fastlearn::Error& e) {
+    std::cerr << "fastlearn: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {  // e.g. a torch error while training
     std::cerr << "fastlearn: error: " << e.what() << "\n";
     return 1;
   }

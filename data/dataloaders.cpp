@@ -71,7 +71,10 @@ DataLoaders ImageDataLoaders::from_idx(const std::filesystem::path& dir, const I
                                   .device = options.device};
   if (options.augment) {
     const auto side = train->inputs().front().size(2);
-    train_options.batch_tfms.insert(train_options.batch_tfms.begin(), {random_crop(side, 2), random_flip(0.5)});
+    std::vector<BatchTransform> augment;
+    if (options.crop_padding > 0) augment.push_back(random_crop(side, options.crop_padding));
+    if (options.flip_p > 0) augment.push_back(random_flip(options.flip_p));
+    train_options.batch_tfms.insert(train_options.batch_tfms.begin(), augment.begin(), augment.end());
   }
   DataLoaderOptions valid_options{.bs = options.valid_bs > 0 ? options.valid_bs : 2 * options.bs,
                                   .num_workers = options.num_workers, .seed = options.seed, .batch_tfms = common,

@@ -1,0 +1,157 @@
+#pragma once
+// The configuration of `fastlearn train CONFIG.toml`: its sections as plain structs, the strict
+// TOML reader (unknown keys, wrong types and out-of-range values are errors that say where and what
+// is expected) and the writer of the resolved configuration. No torch here: this is parsed, fuzzed
+// and tested on bytes alone; apps/cli/run.h turns a TrainConfig into a Learner.
+#include <fastlearn/core/error.h>
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fastlearn::cli {
+
+/// A configuration that cannot be used: says which key (when one is to blame), where (file:line:col, or
+/// the --set argument), and what is expected.
+class ConfigFileError : public ConfigError {
+ public:
+  ConfigFileError(const std::string& message, std::string key, int line, int column)
+      : ConfigError(message), key_(std::move(key)), line_(line), column_(column) {}
+  /// The dotted key at fault ("train.epochs"); empty for a syntax error.
+  const std::string& key() const { return key_; }
+  /// 1-based position in the file, 0 when unknown (e.g. a value given with --set).
+  int line() const { return line_; }
+  int column() const { return column_; }
+
+ private:
+  std::string key_;
+  int line_;
+  int column_;
+};
+
+struct TransformsConfig {
+  bool normalize = true;                 ///< to [0, 1], then the training images' mean / std
+  std::int64_t random_crop_padding = 0;  ///< > 0: pad by this and crop back to the image size at random (training)
+  double random_flip = 0.0;              ///< probability of a left-right flip (training); 0: off
+  bool operator==(const TransformsConfig&) const = default;
+};
+
+/// y = x . w + b + noise, x ~ N(0, 1), w and b drawn from the seed as well.
+struct SyntheticRegressionConfig {
+  std::int64_t n_train = 2048;
+  std::int64_t n_valid = 512;
+  std::int64_t features = 8;
+  double noise = 0.1;  ///< standard deviation of the noise added to y
+  std::int64_t seed = 0;
+  bool operator==(const SyntheticRegressionConfig&) const = default;
+};
+
+struct DataConfig {
+  std::string dataset = "fashion_mnist";  ///< fashion_mnist | synthetic_regression
+  std::string path;                       ///< fashion_mnist: a local MNIST-format folder (default: url)
+  std::string url;                        ///< fashion_mnist: an archive for untar_data (default: Debian's copy)
+  std::int64_t bs = 128;
+  std::int64_t valid_bs = 0;  ///< 0: twice bs
+  std::int64_t workers = 1;
+  TransformsConfig transforms;
+  SyntheticRegressionConfig synthetic;  ///< synthetic_regression only
+  bool operator==(const DataConfig&) const = default;
+};
+
+struct ModelConfig {
+  std::string arch = "simple_cnn";                 ///< mlp | simple_cnn | resnet
+  std::vector<std::int64_t> hidden{256, 128};      ///< mlp: hidden layer sizes
+  std::vector<std::int64_t> widths{32, 64, 128};   ///< resnet: channels of each stage
+  std::int64_t blocks_per_stage = 1;               ///< resnet
+  std::int64_t stem_width = 32;                    ///< resnet
+  bool operator==(const ModelConfig&) const = default;
+};
+
+struct TrainSectionConfig {
+  std::int64_t epochs = 3;
+  double lr = 3e-3;
+  std::string schedule = "one_cycle";  ///< one_cycle | flat_cos | constant
+  double pct_start = 0.25;             ///< one_cycle: warm-up fraction; flat_cos: flat fraction
+  std::string optimizer = "adam";      ///< adam | adamw | sgd
+  std::optional<double> wd;            ///< default: the optimizer's
+  double momentum = 0.9;               ///< sgd only
+  std::int64_t seed = 0;
+  bool mixed_precision = false;        ///< bf16 autocast on CPU, fp16 with loss scaling on CUDA
+  std::int64_t grad_accumulation = 0;  ///< > 0: step once this many items were seen
+  double grad_clip = 0.0;              ///< > 0: clip the gradients' global norm to this
+  std::string loss;                    ///< default: cross_entropy (classification), mse (regression)
+  /// Classification: accuracy, error_rate, top_k_accuracy (top 5), f1_macro (default: accuracy);
+  /// regression: rmse, mse, mae (default: rmse).
+  std::vector<std::string> metrics;
+  bool operator==(const TrainSectionConfig&) const = default;
+};
+
+struct DistributedConfig {
+  std::string backend = "auto";  ///< auto (NCCL on CUDA, else Gloo) | gloo | nccl
+  bool sync_bn = true;
+  double bucket_cap_mb = 25.0;
+  double first_bucket_mb = 1.0;
+  double timeout_seconds = 1800;
+  bool find_unused_parameters = false;
+  bool operator==(const DistributedConfig&) const = default;
+};
+
+struct EarlyStoppingConfig {
+  std::string monitor = "valid_loss";
+  std::int64_t patience = 3;
+  double min_delta = 0.0;
+  bool operator==(const EarlyStoppingConfig&) const = default;
+};
+
+struct SaveBestConfig {
+  std::string monitor = "valid_loss";  ///< the best epoch's weights go to checkpoints/best and are loaded back at the end
+  bool operator==(const SaveBestConfig&) const = default;
+};
+
+struct CallbacksConfig {
+  std::optional<EarlyStoppingConfig> early_stopping;  ///< on when the table is present
+  std::optional<SaveBestConfig> save_best;            ///< on when the table is present
+  bool csv_log = true;                                ///< history.csv
+  bool operator==(const CallbacksConfig&) const = default;
+};
+
+struct OutputConfig {
+  std::string dir = "runs/train";  ///< --out overrides
+  bool checkpoints = true;         ///< checkpoints/epoch_<e> after every epoch (what --resume continues from)
+  bool plots = true;               ///< loss.svg
+  bool operator==(const OutputConfig&) const = default;
+};
+
+struct TrainConfig {
+  DataConfig data;
+  ModelConfig model;
+  TrainSectionConfig train;
+  DistributedConfig distributed;
+  CallbacksConfig callbacks;
+  OutputConfig output;
+  bool operator==(const TrainConfig&) const = default;
+};
+
+/// Reads a TOML configuration, applies `overrides` ("key.path=value", as `--set`; the value is TOML, or a
+/// bare string) and validates everything; the result has every default filled in. ConfigFileError on a
+/// syntax error (line and column), an unknown key (its line and the closest valid key), a wrong type or
+/// an out-of-range value (the key and what is expected). `source_name` names the text in messages.
+TrainConfig parse_config(std::string_view toml_text, std::string_view source_name,
+                         std::span<const std::string> overrides = {});
+
+/// Reads the file `path` and parse_config()s it; ConfigFileError when it cannot be read.
+TrainConfig load_config(const std::string& path, std::span<const std::string> overrides = {});
+
+/// The configuration as TOML, every key spelled out; parse_config(to_toml(c), ...) == c.
+std::string to_toml(const TrainConfig& config);
+
+/// Every key of the schema, one line per section ("[train] epochs, lr, ..."), for --help.
+std::string describe_keys();
+
+/// Whether the data is a classification task (the loss and metrics that fit it differ).
+bool is_classification(const DataConfig& data);
+
+}  // namespace fastlearn::cli

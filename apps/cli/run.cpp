@@ -1,0 +1,295 @@
+#include "cli/run.h"
+
+#include <fastlearn/core/atomic_file.h>
+#include <fastlearn/fastlearn.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <regex>
+
+namespace fastlearn::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool under_launcher() { return std::getenv("RANK") != nullptr; }
+
+// A restart by the launcher (--max-restarts) continues from the last checkpoint.
+bool restarted_by_launcher() {
+  const char* count = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  return count && std::atoi(count) > 0;
+}
+
+// y = x . w + b + noise with x ~ N(0, 1); w, b and the noise all drawn from the seed.
+DataLoaders synthetic_regression(const DataConfig& d) {
+  const auto& s = d.synthetic;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<std::uint64_t>(s.seed));
+  const auto w = at::randn({s.features, 1}, gen);
+  const auto b = at::randn({1}, gen);
+  auto make = [&](std::int64_t n) {
+    auto x = at::randn({n, s.features}, gen);
+    auto y = x.mm(w) + b + s.noise * at::randn({n, 1}, gen);
+    return std::make_shared<TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
+  };
+  auto train = make(s.n_train);
+  auto valid = make(s.n_valid);
+  return DataLoaders(DataLoader(train, {.bs = d.bs, .shuffle = true, .num_workers = static_cast<int>(d.workers)}),
+                     DataLoader(valid, {.bs = d.valid_bs > 0 ? d.valid_bs : 2 * d.bs,
+                                        .num_workers = static_cast<int>(d.workers)}),
+                     1);
+}
+
+DataLoaders make_data(const TrainConfig& c) {
+  const auto& d = c.data;
+  if (!is_classification(d)) return synthetic_regression(d);
+  fs::path dir = d.path;
+  if (dir.empty()) {
+    dir = rank0_first([&] { return d.url.empty() ? untar_data(urls::fashion_mnist()) : untar_data(d.url); });
+  }
+  const auto& t = d.transforms;
+  return ImageDataLoaders::from_idx(dir, {.bs = d.bs, .valid_bs = d.valid_bs, .num_workers = static_cast<int>(d.workers),
+                                          .seed = static_cast<std::uint64_t>(c.train.seed), .normalize = t.normalize,
+                                          .augment = t.random_crop_padding > 0 || t.random_flip > 0,
+                                          .crop_padding = t.random_crop_padding, .flip_p = t.random_flip});
+}
+
+torch::nn::Sequential make_model(const TrainConfig& c, DataLoaders& dls) {
+  const auto& m = c.model;
+  const bool images = is_classification(c.data);
+  const std::int64_t outputs = dls.c();
+  if (m.arch == "simple_cnn") return models::simple_cnn(outputs);
+  if (m.arch == "resnet")
+    return models::resnet({.widths = m.widths, .blocks_per_stage = m.blocks_per_stage, .classes = outputs,
+                           .in_channels = 1, .stem_width = m.stem_width});
+  const std::int64_t inputs = images ? 28 * 28 : c.data.synthetic.features;
+  return models::mlp(inputs, m.hidden, outputs);
+}
+
+OptFunc make_opt(const TrainSectionConfig& t) {
+  if (t.optimizer == "sgd") return SGD({.mom = t.momentum});
+  if (t.optimizer == "adamw") return AdamW();
+  return Adam();
+}
+
+Loss make_loss(const TrainSectionConfig& t) {
+  if (t.loss == "mse") return mse_loss();
+  if (t.loss == "l1") return l1_loss();
+  return cross_entropy();
+}
+
+std::vector<MetricPtr> make_metrics(const TrainSectionConfig& t) {
+  std::vector<MetricPtr> metrics;
+  for (const auto& name : t.metrics) {
+    if (name == "accuracy") metrics.push_back(accuracy());
+    else if (name == "error_rate") metrics.push_back(error_rate());
+    else if (name == "top_k_accuracy") metrics.push_back(top_k_accuracy(5));
+    else if (name == "f1_macro") metrics.push_back(f1_macro());
+    else if (name == "rmse") metrics.push_back(rmse());
+    else if (name == "mse") metrics.push_back(mse());
+    else if (name == "mae") metrics.push_back(mae());
+  }
+  return metrics;
+}
+
+// Saves checkpoints/epoch_<n> (n epochs done, optimizer included) after every epoch: what --resume reads.
+class EpochCheckpoint : public Callback {
+ public:
+  std::string name() const override { return "epoch_checkpoint"; }
+  void after_epoch() override {
+    if (lr_finder_attached(learn())) return;
+    learn().save(fmt::format("epoch_{}", learn().epochs_completed()), {.with_opt = true});
+  }
+};
+
+const std::regex& epoch_checkpoint_name() {
+  static const std::regex re(R"(epoch_(\d+)\.safetensors)");
+  return re;
+}
+
+// The epoch_<n> checkpoints in `dir`, by n.
+std::map<int, fs::path> epoch_checkpoints(const fs::path& dir) {
+  std::map<int, fs::path> found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    std::smatch match;
+    const auto name = entry.path().filename().string();
+    if (std::regex_match(name, match, epoch_checkpoint_name())) found[std::stoi(match[1])] = entry.path();
+  }
+  return found;
+}
+
+// Loads the newest checkpoints/epoch_<n> under the learner's path and returns the epoch to continue from
+// (0 when there is none). Every rank calls it. Kept in one place so mid-epoch resume can replace it.
+int resume_from_latest(Learner& learn) {
+  const auto dir = learn.options().path / learn.options().model_dir;
+  const auto found = epoch_checkpoints(dir);
+  if (found.empty()) {
+    if (is_main()) fmt::print("resume: no checkpoint in {}; starting from epoch 0\n", dir.string());
+    return 0;
+  }
+  const auto& [epochs, file] = *found.rbegin();
+  learn.load(file.stem().string(), {.with_opt = true});
+  if (is_main()) fmt::print("resume: loaded {} ({} epochs done)\n", file.string(), learn.epochs_completed());
+  return learn.epochs_completed();
+}
+
+LearnerOptions learner_options(const TrainConfig& c, const fs::path& out, bool with_run_callbacks, bool resume) {
+  LearnerOptions o{.opt_func = make_opt(c.train), .lr = c.train.lr, .wd = c.train.wd, .metrics = make_metrics(c.train),
+                   .path = out, .model_dir = "checkpoints"};
+  const auto& t = c.train;
+  if (t.grad_accumulation > 0) o.cbs.push_back(std::make_shared<GradientAccumulation>(t.grad_accumulation));
+  if (t.grad_clip > 0) o.cbs.push_back(std::make_shared<GradientClip>(GradientClipOptions{.max_norm = t.grad_clip}));
+  if (t.mixed_precision) o.cbs.push_back(std::make_shared<MixedPrecision>());
+  if (!with_run_callbacks) return o;
+  o.cbs.push_back(std::make_shared<MetricsJson>());
+  const auto& cb = c.callbacks;
+  if (cb.csv_log) o.cbs.push_back(std::make_shared<CSVLogger>(CSVLoggerOptions{.append = resume}));
+  if (const auto& e = cb.early_stopping)
+    o.cbs.push_back(std::make_shared<EarlyStopping>(
+        EarlyStoppingOptions{.tracker = {.monitor = e->monitor, .min_delta = e->min_delta},
+                             .patience = static_cast<int>(e->patience)}));
+  if (const auto& b = cb.save_best)
+    o.cbs.push_back(std::make_shared<SaveModel>(SaveModelOptions{.tracker = {.monitor = b->monitor}, .fname = "best"}));
+  if (c.output.checkpoints) o.cbs.push_back(std::make_shared<EpochCheckpoint>());
+  return o;
+}
+
+std::unique_ptr<Learner> make_learner(const TrainConfig& c, const fs::path& out, bool with_run_callbacks,
+                                      bool resume = false) {
+  set_seed(static_cast<std::uint64_t>(c.train.seed));
+  auto dls = make_data(c);
+  auto model = make_model(c, dls);
+  return std::make_unique<Learner>(std::move(dls), model, make_loss(c.train), learner_options(c, out, with_run_callbacks, resume));
+}
+
+void fit(Learner& learn, const TrainSectionConfig& t, int start_epoch) {
+  const int epochs = static_cast<int>(t.epochs);
+  const FitOptions options{.start_epoch = start_epoch};
+  if (t.schedule == "one_cycle") learn.fit_one_cycle(epochs, t.lr, {.pct_start = t.pct_start, .fit = options});
+  else if (t.schedule == "flat_cos") learn.fit_flat_cos(epochs, t.lr, {.pct_start = t.pct_start, .fit = options});
+  else learn.fit(epochs, t.lr, options);
+}
+
+SetupOptions setup_options(const DistributedConfig& d) {
+  SetupOptions o{.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(d.timeout_seconds * 1000))};
+  if (d.backend == "gloo") o.backend = BackendKind::gloo;
+  if (d.backend == "nccl") o.backend = BackendKind::nccl;
+  return o;
+}
+
+DistributedTrainerOptions trainer_options(const DistributedConfig& d) {
+  return {.sync_bn = d.sync_bn,
+          .reducer = {.first_bucket_mb = d.first_bucket_mb, .bucket_cap_mb = d.bucket_cap_mb,
+                      .find_unused_parameters = d.find_unused_parameters}};
+}
+
+// Sets up the process group of a launched job with the config's backend and timeout; torn down at exit.
+class JobScope {
+ public:
+  explicit JobScope(const DistributedConfig& d) {
+    if (world_size() > 1 && !is_initialized()) {
+      setup_distrib(setup_options(d));
+      owns_ = true;
+    }
+  }
+  ~JobScope() {
+    if (owns_) teardown_distrib();
+  }
+  JobScope(const JobScope&) = delete;
+  JobScope& operator=(const JobScope&) = delete;
+
+ private:
+  bool owns_ = false;
+};
+
+std::string format_metric(const std::string& name, double value) {
+  if (name == "accuracy" || name == "error_rate" || name == "top_k_accuracy") return fmt::format("{} {:.2f}%", name, 100 * value);
+  return fmt::format("{} {:.4f}", name, value);
+}
+
+std::string describe(const ValidationResult& r) {
+  std::string text = fmt::format("loss {:.4f}", r.loss);
+  for (const auto& [name, value] : r.metrics) text += ", " + format_metric(name, value);
+  return text;
+}
+
+// `fastlearn train ... --nproc-per-node N`: this same command on N local ranks through the launcher.
+int relaunch(const TrainArgs& args, const std::string& out) {
+  LaunchOptions options{.nproc_per_node = std::max(args.nproc_per_node, 1), .max_restarts = args.max_restarts};
+  options.command = {fs::read_symlink("/proc/self/exe").string(), "train", args.config_path};
+  for (const auto& s : args.sets) options.command.insert(options.command.end(), {"--set", s});
+  options.command.insert(options.command.end(), {"--out", out});
+  if (args.resume) options.command.emplace_back("--resume");
+  const auto result = launch(options);
+  if (result.exit_code != 0) std::cerr << "fastlearn train: " << result.summary << "\n";
+  return result.exit_code;
+}
+
+}  // namespace
+
+int run_train(const TrainArgs& args) {
+  auto config = load_config(args.config_path, args.sets);  // throws before anything is written
+  const fs::path out = args.out.empty() ? fs::path(config.output.dir) : fs::path(args.out);
+  config.output.dir = out.string();
+  if (!config.data.path.empty() && !fs::is_directory(config.data.path))
+    throw ConfigError(fmt::format("{}: data.path '{}' is not a folder; point it at an MNIST-format folder, or leave it "
+                                  "out to use the default Fashion-MNIST", args.config_path, config.data.path));
+  if (!under_launcher() && (args.nproc_per_node > 1 || args.max_restarts > 0)) return relaunch(args, out.string());
+
+  JobScope job(config.distributed);
+  const bool resume = args.resume || restarted_by_launcher();
+  if (is_main()) {
+    fs::create_directories(out);
+    write_file_atomically(out / "config.toml", to_toml(config));
+    // A fresh run must not leave an older run's checkpoints for a later --resume to pick up.
+    if (!resume) {
+      for (const auto& [epochs, file] : epoch_checkpoints(out / "checkpoints")) fs::remove(file);
+    }
+  }
+  auto learn = make_learner(config, out, /*with_run_callbacks=*/true, resume);
+  ValidationResult result;
+  {
+    DistribCtx ctx(*learn, trainer_options(config.distributed), setup_options(config.distributed));
+    const int start_epoch = resume ? resume_from_latest(*learn) : 0;  // after DistribCtx: it recreates the optimizer
+    fit(*learn, config.train, start_epoch);
+    result = learn->validate();  // on every rank: gathered, exact
+    learn->save("model", {.with_opt = false});
+  }
+  if (!is_main()) return 0;
+  if (config.output.plots) learn->recorder().plot_loss(out / "loss.svg");
+  fmt::print("final {} set: {}; outputs in {}\n", is_classification(config.data) ? "test" : "validation",
+             describe(result), out.string());
+  return 0;
+}
+
+int run_lr_find(const TrainArgs& args) {
+  auto config = load_config(args.config_path, args.sets);
+  const fs::path out = args.out.empty() ? fs::path(config.output.dir) : fs::path(args.out);
+  auto learn = make_learner(config, out, /*with_run_callbacks=*/false);
+  fs::create_directories(out);
+  const auto plot = out / "lr_find.svg";
+  const auto found = learn->lr_find({.plot = plot});
+  fmt::print("suggested learning rate (valley): {:.2e}; plot in {}\n", found.valley, plot.string());
+  return 0;
+}
+
+int run_validate(const TrainArgs& args, const std::string& checkpoint) {
+  auto config = load_config(args.config_path, args.sets);
+  if (!fs::exists(checkpoint))
+    throw CheckpointError(fmt::format("validate: checkpoint '{}' does not exist", checkpoint));
+  auto learn = make_learner(config, config.output.dir, /*with_run_callbacks=*/false);
+  load_checkpoint(*learn, checkpoint, {.with_opt = false});
+  const auto result = learn->validate();
+  fmt::print("{} set: {}\n", is_classification(config.data) ? "test" : "validation", describe(result));
+  return 0;
+}
+
+}  // namespace fastlearn::cli

@@ -1,0 +1,31 @@
+#pragma once
+// The training commands of the `fastlearn` CLI on a parsed TrainConfig: train (on this process, or on
+// N local ranks through the launcher), lr-find and validate. Each returns the process exit code.
+#include "cli/config.h"
+
+#include <string>
+#include <vector>
+
+namespace fastlearn::cli {
+
+struct TrainArgs {
+  std::string config_path;
+  std::vector<std::string> sets;  ///< --set key=value, in order
+  std::string out;                ///< empty: output.dir of the config
+  bool resume = false;
+  int nproc_per_node = 0;         ///< > 0: start this many local ranks through the launcher (unless under one)
+  int max_restarts = 0;
+};
+
+/// `fastlearn train`: validates the config (nothing is written before it is valid), then trains and
+/// writes the run's folder (config.toml, metrics.json, history.csv, checkpoints/, loss.svg).
+int run_train(const TrainArgs& args);
+
+/// `fastlearn lr-find`: the learning-rate range test; writes <out>/lr_find.svg, prints the suggestion.
+int run_lr_find(const TrainArgs& args);
+
+/// `fastlearn validate`: loads the checkpoint's weights into the config's model and prints the loss and
+/// metrics on the validation (for Fashion-MNIST: test) set.
+int run_validate(const TrainArgs& args, const std::string& checkpoint);
+
+}  // namespace fastlearn::cli

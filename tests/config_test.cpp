@@ -1,0 +1,177 @@
+// The configuration of `fastlearn train`: strict validation (the message content is what a user relies
+// on), --set overrides with their types, and the resolved config's round trip.
+#include "cli/config.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace {
+
+using fastlearn::cli::ConfigFileError;
+using fastlearn::cli::parse_config;
+using fastlearn::cli::to_toml;
+using fastlearn::cli::TrainConfig;
+
+// The error parse_config throws for `text` (with `sets`), or a failure when it accepts it.
+ConfigFileError error_of(const std::string& text, std::vector<std::string> sets = {}) {
+  try {
+    parse_config(text, "run.toml", sets);
+  } catch (const ConfigFileError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "accepted:\n" << text;
+  return ConfigFileError("", "", 0, 0);
+}
+
+void expect_contains(const std::string& message, const std::string& part) {
+  EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
+}
+
+TEST(Config, DefaultsAreTheFashionMnistCnn) {
+  const auto c = parse_config("", "empty.toml");
+  EXPECT_EQ(c.data.dataset, "fashion_mnist");
+  EXPECT_EQ(c.model.arch, "simple_cnn");
+  EXPECT_EQ(c.train.loss, "cross_entropy");
+  EXPECT_EQ(c.train.metrics, std::vector<std::string>{"accuracy"});
+  EXPECT_EQ(c.train.epochs, 3);
+}
+
+TEST(Config, AnUnknownKeyIsNamedWithItsLineAndTheClosestValidKey) {
+  const auto e = error_of("[train]\nepochs = 3\nlearning_rat = 0.01\n");
+  EXPECT_EQ(e.key(), "train.learning_rat");
+  EXPECT_EQ(e.line(), 3);
+  expect_contains(e.what(), "run.toml:3:1: unknown key train.learning_rat");
+  expect_contains(e.what(), "did you mean train.");
+  const auto typo = error_of("[train]\nepoch = 3\n");
+  expect_contains(typo.what(), "run.toml:2:1: unknown key train.epoch; did you mean train.epochs?");
+  expect_contains(typo.what(), "valid keys in [train]: epochs, ");
+}
+
+TEST(Config, AKeyInTheWrongSectionSuggestsItsSection) {
+  const auto e = error_of("[data]\nbs = 64\nepochs = 3\n");
+  expect_contains(e.what(), "run.toml:3:1: unknown key data.epochs; did you mean train.epochs?");
+  const auto top = error_of("lr = 0.1\n");
+  expect_contains(top.what(), "unknown key lr; did you mean train.lr?");
+  const auto section = error_of("[trian]\nepochs = 3\n");
+  expect_contains(section.what(), "unknown key trian; did you mean train?");
+}
+
+TEST(Config, AWrongTypeNamesTheKeyAndWhatIsExpected) {
+  const auto e = error_of("[train]\nepochs = \"three\"\n");
+  EXPECT_EQ(e.key(), "train.epochs");
+  EXPECT_EQ(e.line(), 2);
+  expect_contains(e.what(), "run.toml:2:10: train.epochs must be an integer in [1, 1000000], not the string \"three\"");
+  expect_contains(error_of("[train]\nepochs = 2.5\n").what(), "train.epochs must be an integer in [1, 1000000], not the float 2.5");
+  expect_contains(error_of("[train]\nmixed_precision = 1\n").what(),
+                  "train.mixed_precision must be a boolean (true or false), not the integer 1");
+  expect_contains(error_of("[model]\narch = \"mlp\"\nhidden = [64, \"x\"]\n").what(),
+                  "model.hidden must be an array of integers >= 1, not the string \"x\"");
+  expect_contains(error_of("data = 3\n").what(), "data must be a table, not the integer 3");
+}
+
+TEST(Config, AnOutOfRangeValueNamesTheKeyAndTheRange) {
+  expect_contains(error_of("[data]\nbs = 0\n").what(), "run.toml:2:6: data.bs must be an integer >= 1, not the integer 0");
+  expect_contains(error_of("[train]\nlr = -0.1\n").what(), "train.lr must be a number > 0, not the float -0.1");
+  expect_contains(error_of("[train]\nlr = nan\n").what(), "train.lr must be a number > 0");
+  expect_contains(error_of("[data.transforms]\nrandom_flip = 1.5\n").what(),
+                  "data.transforms.random_flip must be a number >= 0 and <= 1, not the float 1.5");
+  expect_contains(error_of("[train]\noptimizer = \"adamx\"\n").what(),
+                  "train.optimizer must be one of \"adam\", \"adamw\", \"sgd\", not the string \"adamx\"");
+  expect_contains(error_of("[train]\nmetrics = [\"accuracy\", \"rmse\"]\n").what(),
+                  "train.metrics: unknown metric \"rmse\" for fashion_mnist");
+}
+
+TEST(Config, KeysThatDoNotApplyAreErrors) {
+  expect_contains(error_of("[model]\nhidden = [64]\n").what(), "model.hidden: applies to arch = \"mlp\" only");
+  expect_contains(error_of("[train]\nmomentum = 0.9\n").what(), "train.momentum: applies to optimizer = \"sgd\" only");
+  expect_contains(error_of("[data]\ndataset = \"synthetic_regression\"\n").what(),
+                  "model.arch: \"simple_cnn\" needs images");
+  expect_contains(error_of("[callbacks.early_stopping]\nmonitor = \"acc\"\n").what(),
+                  "callbacks.early_stopping.monitor: \"acc\" is not recorded");
+}
+
+TEST(Config, ASyntaxErrorGivesLineAndColumn) {
+  const auto e = error_of("[train]\nepochs = 3\nlr = = 0.1\n");
+  EXPECT_EQ(e.line(), 3);
+  EXPECT_GT(e.column(), 0);
+  expect_contains(e.what(), "run.toml:3:");
+  expect_contains(e.what(), "TOML syntax error");
+}
+
+TEST(Config, SetOverridesKeepTheirTypes) {
+  const std::vector<std::string> sets{"train.epochs=5",        "train.lr=1",          "model.arch=resnet",
+                                      "model.widths=[8, 16]",  "train.mixed_precision=true",
+                                      "data.transforms.random_flip=0.5", "callbacks.early_stopping.patience=2",
+                                      "output.dir=\"runs/x y\""};
+  const auto c = parse_config("[train]\nepochs = 3\nlr = 0.003\n", "run.toml", sets);
+  EXPECT_EQ(c.train.epochs, 5);
+  EXPECT_DOUBLE_EQ(c.train.lr, 1.0);  // an integer is a valid float
+  EXPECT_EQ(c.model.arch, "resnet");  // a bare word is a string
+  EXPECT_EQ(c.model.widths, (std::vector<std::int64_t>{8, 16}));
+  EXPECT_TRUE(c.train.mixed_precision);
+  EXPECT_DOUBLE_EQ(c.data.transforms.random_flip, 0.5);
+  ASSERT_TRUE(c.callbacks.early_stopping.has_value());
+  EXPECT_EQ(c.callbacks.early_stopping->patience, 2);
+  EXPECT_EQ(c.output.dir, "runs/x y");
+}
+
+TEST(Config, ABadSetNamesTheArgument) {
+  const auto e = error_of("", {"train.epochs=5.5"});
+  EXPECT_EQ(e.key(), "train.epochs");
+  EXPECT_EQ(e.line(), 0);
+  expect_contains(e.what(), "--set train.epochs=5.5: train.epochs must be an integer in [1, 1000000], not the float 5.5");
+  expect_contains(error_of("", {"train.epochs=\"5\""}).what(), "not the string \"5\"");
+  expect_contains(error_of("", {"train.epoch=5"}).what(),
+                  "--set train.epoch=5: unknown key train.epoch; did you mean train.epochs?");
+  expect_contains(error_of("", {"train.epochs"}).what(), "--set train.epochs: expected key=value");
+  expect_contains(error_of("[train]\nepochs = 3\n", {"train.epochs.x=1"}).what(), "train.epochs is the integer 3, not a table");
+}
+
+TEST(Config, TheResolvedConfigReadsBackEqual) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases{
+      {"", {}},
+      {"[model]\narch = \"resnet\"\nwidths = [16, 32]\n[callbacks.early_stopping]\nmonitor = \"accuracy\"\n"
+       "[callbacks.save_best]\n[train]\nwd = 0.05\nschedule = \"flat_cos\"\nlr = 0.0123456789\n",
+       {"data.path=/tmp/a \"quoted\" \\ path", "data.transforms.random_crop_padding=2"}},
+      {"[data]\ndataset = \"synthetic_regression\"\n[data.synthetic]\nnoise = 0.3\n[model]\narch = \"mlp\"\n"
+       "hidden = []\n[train]\noptimizer = \"sgd\"\nmomentum = 0.8\nschedule = \"constant\"\nloss = \"l1\"\n"
+       "metrics = [\"mae\", \"rmse\"]\n",
+       {"distributed.timeout_seconds=12.5", "output.checkpoints=false"}},
+  };
+  for (const auto& [text, sets] : cases) {
+    const TrainConfig c = parse_config(text, "run.toml", sets);
+    const std::string resolved = to_toml(c);
+    const TrainConfig back = parse_config(resolved, "config.toml");
+    EXPECT_EQ(back, c) << resolved;
+    EXPECT_EQ(to_toml(back), resolved);
+  }
+}
+
+TEST(Config, TheResolvedConfigSpellsOutEveryDefault) {
+  const auto resolved = to_toml(parse_config("", "run.toml"));
+  for (const char* line : {"[data]", "dataset = \"fashion_mnist\"", "bs = 128", "[model]", "arch = \"simple_cnn\"",
+                           "[train]", "epochs = 3", "lr = 0.003", "loss = \"cross_entropy\"", "metrics = [\"accuracy\"]",
+                           "[distributed]", "sync_bn = true", "bucket_cap_mb = 25.0", "[output]", "dir = \"runs/train\""}) {
+    expect_contains(resolved, std::string("\n") + line + "\n");
+  }
+}
+
+TEST(Config, TheShippedConfigsAreValid) {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(FASTLEARN_SOURCE_DIR) + "/configs")) {
+    if (entry.path().extension() != ".toml") continue;
+    EXPECT_NO_THROW(fastlearn::cli::load_config(entry.path().string())) << entry.path();
+    ++n;
+  }
+  EXPECT_GE(n, 3);
+  const auto demo = fastlearn::cli::load_config(std::string(FASTLEARN_SOURCE_DIR) + "/configs/fashion_mnist.toml");
+  EXPECT_EQ(demo.model.arch, "simple_cnn");
+  const auto resnet = fastlearn::cli::load_config(std::string(FASTLEARN_SOURCE_DIR) + "/configs/fashion_mnist_resnet.toml");
+  EXPECT_EQ(resnet.model.arch, "resnet");
+  EXPECT_TRUE(resnet.distributed.sync_bn);
+}
+
+}  // namespace

@@ -1,0 +1,178 @@
+// `fastlearn train / validate / lr-find CONFIG` as a user runs them: the run folder's contents, nothing
+// written for an invalid config, --resume, and data parallel runs through --nproc-per-node. Small
+// synthetic regression runs keep this fast.
+#include "cli/config.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  int exit_code;
+  std::string output;
+};
+
+Run run(const std::string& args) {
+  std::string command = FASTLEARN_CLI;
+  command.append(" ").append(args).append(" 2>&1");
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return {-1, "popen failed"};
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (auto n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string read(const fs::path& file) {
+  std::ifstream in(file);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+const char* kRegression = R"(# a tiny regression run
+[data]
+dataset = "synthetic_regression"
+bs = 32
+workers = 0
+[data.synthetic]
+n_train = 256
+n_valid = 64
+features = 4
+[model]
+arch = "mlp"
+hidden = [16]
+[train]
+epochs = 2
+lr = 0.01
+)";
+
+class TrainCommand : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "fastlearn_train_XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+    config_ = dir_ / "run.toml";
+    std::ofstream(config_) << kRegression;
+    out_ = dir_ / "out";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string train(const std::string& extra) {
+    return "train " + config_.string() + " --out " + out_.string() + " " + extra;
+  }
+
+  fs::path dir_, config_, out_;
+};
+
+TEST_F(TrainCommand, WritesTheRunFolder) {
+  const auto r = run(train("--set train.epochs=2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("final validation set: loss "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(", rmse "), std::string::npos) << r.output;
+
+  // The resolved config reads back as the config that ran, with the output folder filled in.
+  auto expected = fastlearn::cli::load_config(config_.string(), std::vector<std::string>{"train.epochs=2"});
+  expected.output.dir = out_.string();
+  EXPECT_EQ(fastlearn::cli::load_config((out_ / "config.toml").string()), expected);
+
+  const auto metrics = nlohmann::json::parse(read(out_ / "metrics.json"));
+  ASSERT_EQ(metrics.size(), 2u) << metrics;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    const auto& record = metrics[epoch];
+    EXPECT_EQ(record["epoch"], epoch);
+    for (const char* key : {"train_loss", "valid_loss", "rmse", "seconds"}) {
+      EXPECT_TRUE(record.contains(key) && record[key].is_number()) << key << " in " << record;
+    }
+  }
+  EXPECT_LT(metrics[1]["valid_loss"].get<double>(), metrics[0]["valid_loss"].get<double>());
+  const auto csv = read(out_ / "history.csv");
+  EXPECT_EQ(csv.rfind("epoch,train_loss,valid_loss,rmse,time\n", 0), 0u) << csv;
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 3) << csv;
+  for (const char* file : {"checkpoints/epoch_1.safetensors", "checkpoints/epoch_2.safetensors",
+                           "checkpoints/model.safetensors", "loss.svg"}) {
+    EXPECT_TRUE(fs::is_regular_file(out_ / file)) << file;
+  }
+  EXPECT_NE(read(out_ / "loss.svg").find("<svg"), std::string::npos);
+
+  // validate prints the same metrics for the final weights.
+  const auto v = run("validate " + config_.string() + " --checkpoint " + (out_ / "checkpoints/model.safetensors").string());
+  ASSERT_EQ(v.exit_code, 0) << v.output;
+  const auto final_line = r.output.substr(r.output.find("final validation set: ") + 22);
+  const auto validated = v.output.substr(v.output.find("validation set: ") + 16);
+  EXPECT_EQ(validated.substr(0, validated.find('\n')), final_line.substr(0, final_line.find(';')));
+}
+
+TEST_F(TrainCommand, AnInvalidConfigWritesNothing) {
+  std::ofstream(config_, std::ios::app) << "epoch = 3\n";
+  const auto r = run(train(""));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("run.toml:16:1: unknown key train.epoch; did you mean train.epochs?"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(out_));
+  const auto bad_set = run(train("--set data.bs=-1 --nproc-per-node 2"));
+  EXPECT_NE(bad_set.exit_code, 0);
+  EXPECT_NE(bad_set.output.find("--set data.bs=-1: data.bs must be an integer >= 1, not the integer -1"),
+            std::string::npos) << bad_set.output;
+  EXPECT_EQ(bad_set.output.find("[rank"), std::string::npos) << "no rank was started:\n" << bad_set.output;
+  EXPECT_FALSE(fs::exists(out_));
+}
+
+TEST_F(TrainCommand, ResumeContinuesFromTheNewestCheckpoint) {
+  ASSERT_EQ(run(train("--set train.epochs=3 --set train.schedule=\"constant\"")).exit_code, 0);
+  const auto full = nlohmann::json::parse(read(out_ / "metrics.json"));
+  // Stop after 2 of the 3 epochs, as a crash would: the third checkpoint is gone.
+  fs::remove(out_ / "checkpoints/epoch_3.safetensors");
+  const auto r = run(train("--set train.epochs=3 --set train.schedule=\"constant\" --resume"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("epoch_2.safetensors (2 epochs done)"), std::string::npos) << r.output;
+  const auto resumed = nlohmann::json::parse(read(out_ / "metrics.json"));
+  ASSERT_EQ(resumed.size(), 3u) << resumed;
+  EXPECT_EQ(resumed[2]["epoch"], 2);
+  // The same data order, weights and optimizer state: the third epoch is the uninterrupted run's.
+  EXPECT_NEAR(resumed[2]["valid_loss"].get<double>(), full[2]["valid_loss"].get<double>(), 1e-6);
+}
+
+TEST_F(TrainCommand, TrainsOnTwoRanksThroughTheLauncher) {
+  const auto r = run(train("--nproc-per-node 2 --set train.epochs=1"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] final validation set: "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("[rank 1] final"), std::string::npos) << "rank 0 alone reports:\n" << r.output;
+  EXPECT_EQ(nlohmann::json::parse(read(out_ / "metrics.json")).size(), 1u);
+  EXPECT_TRUE(fs::is_regular_file(out_ / "checkpoints/model.safetensors"));
+}
+
+TEST_F(TrainCommand, LrFindWritesThePlotAndSuggests) {
+  const auto r = run("lr-find " + config_.string() + " --out " + out_.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("suggested learning rate (valley): "), std::string::npos) << r.output;
+  EXPECT_NE(read(out_ / "lr_find.svg").find("<svg"), std::string::npos);
+}
+
+TEST(TrainCommandHelp, ExplainsEveryOptionAndKey) {
+  const auto r = run("train --help");
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* part : {"--set", "--out", "--resume", "--nproc-per-node", "--max-restarts", "[train] epochs, lr",
+                           "[distributed] backend, sync_bn"}) {
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << " in:\n" << r.output;
+  }
+  const auto top = run("--help");
+  for (const char* part : {"train", "lr-find", "validate", "launch"}) {
+    EXPECT_NE(top.output.find(part), std::string::npos) << part << " in:\n" << top.output;
+  }
+}
+
+}  // namespace
