@@ -178,8 +178,8 @@ class IdxReader {
   std::int64_t offset_ = 0;
 };
 
-at::Tensor parse_idx_from(ByteSource& bytes, const std::string& name) {
-  IdxReader source(bytes, name);
+at::Tensor parse_idx_from(ByteSource& input, const std::string& name) {
+  IdxReader source(input, name);
   std::array<std::uint8_t, 4> magic{};
   source.read_exact(magic.data(), 4, "the IDX magic number");
   const auto type = type_by_code(magic[2]);

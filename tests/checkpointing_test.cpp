@@ -6,6 +6,7 @@
 
 #include <fastlearn/callbacks/checkpointing.h>
 #include <fastlearn/callbacks/graceful_stop.h>
+#include <fastlearn/distributed/collectives.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/distributed/runtime.h>
@@ -224,7 +225,6 @@ TEST(Resume, TwoRanksResumedInsideAnEpochMatchTheUninterruptedRun) {
                                  {}, {std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.every_n_batches = 1, .keep = 0})},
                                  true);
     EXPECT_EQ(reference.losses.size(), 9u) << "3 batches per rank per epoch";
-    EXPECT_EQ(fs::exists(dir.path / "checkpoints"), fl::rank() == 0) << "only rank 0 writes";
     fl::barrier();
     for (const auto& [epoch, batch] : std::vector<std::pair<int, int>>{{1, 1}, {2, 0}}) {
       const auto resumed = train(dir.path / "resumed", dir.path / "checkpoints" / fl::checkpoint_file_name(epoch, batch),
