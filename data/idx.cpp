@@ -21,7 +21,8 @@ namespace {
 
 constexpr int kMaxRank = 16;                         // real IDX files have rank 1 to 4
 constexpr std::int64_t kMaxBytes = std::int64_t{1} << 36;  // 64 GiB: anything larger is a corrupt header
-constexpr std::int64_t kDirectBytes = std::int64_t{1} << 26;  // 64 MiB: read straight into the tensor up to this
+constexpr std::int64_t kDirectBytes = std::int64_t{1} << 20;  // 1 MiB: read straight into the tensor up to this
+constexpr std::int64_t kMaxChunk = std::int64_t{1} << 26;     // 64 MiB: the largest step of a bigger read
 
 struct ElementType {
   std::uint8_t code;
@@ -195,6 +196,7 @@ at::Tensor parse_idx_from(ByteSource& input, const std::string& name) {
   }
   std::vector<std::int64_t> shape(rank);
   std::int64_t bytes = type->size;
+  std::int64_t extent = type->size;
   for (int d = 0; d < rank; ++d) {
     std::array<std::uint8_t, 4> be{};
     const std::int64_t at = source.offset();
@@ -206,10 +208,14 @@ at::Tensor parse_idx_from(ByteSource& input, const std::string& name) {
                                   name, d, at, dim));
     }
     shape[d] = dim;
-    if (dim != 0 && bytes > kMaxBytes / static_cast<std::int64_t>(dim)) {
+    // The extent ignores zero dimensions: torch rejects a shape whose other dimensions overflow even when
+    // one is zero, and such a header is corrupt anyway.
+    const std::int64_t factor = std::max<std::int64_t>(dim, 1);
+    if (extent > kMaxBytes / factor) {
       throw DataError(fmt::format("IDX file '{}': dimensions up to offset {} describe more than {} bytes; the header "
                                   "is corrupt", name, at, kMaxBytes));
     }
+    extent *= factor;
     bytes *= dim;
   }
   const auto what = fmt::format("element data for shape {}", fmt::join(shape, "x"));
@@ -221,8 +227,10 @@ at::Tensor parse_idx_from(ByteSource& input, const std::string& name) {
     // A header can claim gigabytes that the file does not have: grow with the data actually read, so a
     // corrupt header is a truncation error, not an allocation of what it claims.
     std::vector<std::uint8_t> buffer;
+    std::int64_t step = std::int64_t{1} << 20;  // 1 MiB, doubling: a short file costs little to reject
     while (static_cast<std::int64_t>(buffer.size()) < bytes) {
-      const auto chunk = std::min<std::int64_t>(kDirectBytes, bytes - static_cast<std::int64_t>(buffer.size()));
+      const auto chunk = std::min<std::int64_t>(step, bytes - static_cast<std::int64_t>(buffer.size()));
+      step = std::min(step * 2, kMaxChunk);
       const auto done = buffer.size();
       buffer.resize(done + static_cast<std::size_t>(chunk));
       source.read_exact(buffer.data() + done, chunk, what);

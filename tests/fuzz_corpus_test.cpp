@@ -46,6 +46,9 @@ TEST(FuzzCorpus, IdxInputsParseOrFailWithDataError) {
     }
   }
   EXPECT_NO_THROW(fl::parse_idx(bytes_of(kFuzz / "corpus" / "idx" / "labels_gz"), "labels_gz"));
+  // Found by idx_fuzz: a zero dimension followed by huge ones reached torch::empty, whose c10::Error escaped.
+  EXPECT_THROW(fl::parse_idx(bytes_of(kFuzz / "regressions" / "idx" / "crash_zero_dim_then_huge_dims"), "crash"),
+               fl::DataError);
 }
 
 TEST(FuzzCorpus, AHeaderClaimingGigabytesIsATruncationNotAnAllocation) {
