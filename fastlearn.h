@@ -1,6 +1,8 @@
 #pragma once
 // fastlearn in one include: data, Learner, callbacks, metrics, optimizers, models, distributed training.
+#include <fastlearn/callbacks/checkpointing.h>
 #include <fastlearn/callbacks/epoch_logs.h>
+#include <fastlearn/callbacks/graceful_stop.h>
 #include <fastlearn/callbacks/grad_accumulation.h>
 #include <fastlearn/callbacks/grad_clip.h>
 #include <fastlearn/callbacks/mixed_precision.h>

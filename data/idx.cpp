@@ -6,7 +6,9 @@
 #include <torch/torch.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
+#include <cstring>
 #include <bit>
 #include <cstdint>
 #include <limits>
@@ -19,6 +21,8 @@ namespace {
 
 constexpr int kMaxRank = 16;                         // real IDX files have rank 1 to 4
 constexpr std::int64_t kMaxBytes = std::int64_t{1} << 36;  // 64 GiB: anything larger is a corrupt header
+constexpr std::int64_t kDirectBytes = std::int64_t{1} << 20;  // 1 MiB: read straight into the tensor up to this
+constexpr std::int64_t kMaxChunk = std::int64_t{1} << 26;     // 64 MiB: the largest step of a bigger read
 
 struct ElementType {
   std::uint8_t code;
@@ -57,25 +61,102 @@ struct GzCloser {
 };
 using GzFile = std::unique_ptr<gzFile_s, GzCloser>;
 
-// Reads through zlib, which passes uncompressed files through unchanged; tracks the offset for errors.
-class IdxSource {
+// Where the bytes of an IDX stream come from: read() gives up to n bytes, 0 at the end, or throws.
+class ByteSource {
  public:
-  explicit IdxSource(const std::filesystem::path& path) : path_(path), file_(gzopen(path.c_str(), "rb")) {
-    if (!file_) throw DataError(fmt::format("cannot open IDX file '{}': {}", path.string(), std::strerror(errno)));
+  virtual ~ByteSource() = default;
+  virtual std::int64_t read(std::uint8_t* out, std::int64_t n, std::int64_t offset) = 0;
+};
+
+// A file through zlib, which passes uncompressed files through unchanged.
+class GzFileSource : public ByteSource {
+ public:
+  GzFileSource(const std::filesystem::path& path, std::string_view name) : name_(name), file_(gzopen(path.c_str(), "rb")) {
+    if (!file_) throw DataError(fmt::format("cannot open IDX file '{}': {}", name_, std::strerror(errno)));
     gzbuffer(file_.get(), 1 << 20);
   }
+  std::int64_t read(std::uint8_t* out, std::int64_t n, std::int64_t offset) override {
+    const int got = gzread(file_.get(), out, static_cast<unsigned>(std::min<std::int64_t>(n, 1 << 30)));
+    if (got < 0) {
+      int code = Z_OK;
+      const char* message = gzerror(file_.get(), &code);
+      throw DataError(fmt::format("IDX file '{}' is corrupt near byte offset {}: {}", name_, offset,
+                                  message ? message : "decompression failed"));
+    }
+    return got;
+  }
+
+ private:
+  std::string name_;
+  GzFile file_;
+};
+
+// Bytes in memory: gzip (by its magic) inflated on the fly, anything else as it is.
+class MemorySource : public ByteSource {
+ public:
+  MemorySource(std::string_view bytes, std::string_view name) : name_(name), bytes_(bytes) {
+    gzip_ = bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x1f && static_cast<unsigned char>(bytes[1]) == 0x8b;
+    if (!gzip_) return;
+    if (inflateInit2(&stream_, 15 + 16) != Z_OK) throw DataError(fmt::format("IDX '{}': zlib init failed", name_));
+    stream_.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
+    stream_.avail_in = static_cast<uInt>(std::min<std::size_t>(bytes.size(), std::numeric_limits<uInt>::max()));
+  }
+  ~MemorySource() override {
+    if (gzip_) inflateEnd(&stream_);
+  }
+  MemorySource(const MemorySource&) = delete;
+  MemorySource& operator=(const MemorySource&) = delete;
+
+  std::int64_t read(std::uint8_t* out, std::int64_t n, std::int64_t offset) override {
+    if (!gzip_) {
+      const auto got = std::min<std::int64_t>(n, static_cast<std::int64_t>(bytes_.size() - position_));
+      std::memcpy(out, bytes_.data() + position_, static_cast<std::size_t>(got));
+      position_ += static_cast<std::size_t>(got);
+      return got;
+    }
+    if (ended_) return 0;
+    stream_.next_out = out;
+    stream_.avail_out = static_cast<uInt>(std::min<std::int64_t>(n, 1 << 30));
+    const auto before = stream_.avail_out;
+    while (stream_.avail_out == before) {  // inflate may consume input (headers) without output
+      const int code = inflate(&stream_, Z_NO_FLUSH);
+      if (code == Z_STREAM_END) {
+        ended_ = true;
+        break;
+      }
+      if (code == Z_BUF_ERROR && stream_.avail_in == 0) break;  // the input ended early: the caller reports it
+      if (code != Z_OK) {
+        throw DataError(fmt::format("IDX '{}' is corrupt near byte offset {}: {}", name_, offset,
+                                    stream_.msg ? stream_.msg : "decompression failed"));
+      }
+      if (stream_.avail_in == 0 && stream_.avail_out == before) break;
+    }
+    return before - stream_.avail_out;
+  }
+
+ private:
+  std::string name_;
+  std::string_view bytes_;
+  std::size_t position_ = 0;
+  bool gzip_ = false;
+  bool ended_ = false;
+  z_stream stream_{};
+};
+
+// Reads exact byte counts from a source, tracking the offset for errors.
+class IdxReader {
+ public:
+  IdxReader(ByteSource& source, std::string_view name) : source_(source), name_(name) {}
 
   // Reads exactly `n` bytes or throws, describing `what` was expected at the current offset.
   void read_exact(void* out, std::int64_t n, std::string_view what) {
     auto* dst = static_cast<std::uint8_t*>(out);
     std::int64_t done = 0;
     while (done < n) {
-      const auto chunk = static_cast<unsigned>(std::min<std::int64_t>(n - done, 1 << 30));
-      const int got = gzread(file_.get(), dst + done, chunk);
-      if (got < 0) corrupt();
+      const auto got = source_.read(dst + done, n - done, offset_ + done);
       if (got == 0) {
         throw DataError(fmt::format("IDX file '{}' is truncated at byte offset {}: expected {} more byte(s) of {}",
-                                    path_.string(), offset_ + done, n - done, what));
+                                    name_, offset_ + done, n - done, what));
       }
       done += got;
     }
@@ -84,49 +165,38 @@ class IdxSource {
 
   void expect_end() {
     std::uint8_t extra = 0;
-    const int got = gzread(file_.get(), &extra, 1);
-    if (got < 0) corrupt();
-    if (got > 0) {
-      throw DataError(fmt::format("IDX file '{}' has unexpected bytes after the data, at byte offset {}",
-                                  path_.string(), offset_));
+    if (source_.read(&extra, 1, offset_) > 0) {
+      throw DataError(fmt::format("IDX file '{}' has unexpected bytes after the data, at byte offset {}", name_,
+                                  offset_));
     }
   }
 
   std::int64_t offset() const { return offset_; }
-  const std::filesystem::path& path() const { return path_; }
 
  private:
-  [[noreturn]] void corrupt() {
-    int code = Z_OK;
-    const char* message = gzerror(file_.get(), &code);
-    throw DataError(fmt::format("IDX file '{}' is corrupt near byte offset {}: {}", path_.string(), offset_,
-                                message ? message : "decompression failed"));
-  }
-
-  std::filesystem::path path_;
-  GzFile file_;
+  ByteSource& source_;
+  std::string name_;
   std::int64_t offset_ = 0;
 };
 
-}  // namespace
-
-at::Tensor read_idx(const std::filesystem::path& path) {
-  IdxSource source(path);
+at::Tensor parse_idx_from(ByteSource& input, const std::string& name) {
+  IdxReader source(input, name);
   std::array<std::uint8_t, 4> magic{};
   source.read_exact(magic.data(), 4, "the IDX magic number");
   const auto type = type_by_code(magic[2]);
   if (magic[0] != 0 || magic[1] != 0 || !type) {
     throw DataError(fmt::format("'{}' is not an IDX file: bad magic {:02x} {:02x} {:02x} {:02x} at byte offset 0 "
                                 "(expected 00 00, then a type of 08/09/0b/0c/0d/0e, then the rank)",
-                                path.string(), magic[0], magic[1], magic[2], magic[3]));
+                                name, magic[0], magic[1], magic[2], magic[3]));
   }
   const int rank = magic[3];
   if (rank < 1 || rank > kMaxRank) {
-    throw DataError(fmt::format("IDX file '{}' declares rank {} at byte offset 3; expected 1 to {}", path.string(),
-                                rank, kMaxRank));
+    throw DataError(fmt::format("IDX file '{}' declares rank {} at byte offset 3; expected 1 to {}", name, rank,
+                                kMaxRank));
   }
   std::vector<std::int64_t> shape(rank);
   std::int64_t bytes = type->size;
+  std::int64_t extent = type->size;
   for (int d = 0; d < rank; ++d) {
     std::array<std::uint8_t, 4> be{};
     const std::int64_t at = source.offset();
@@ -135,21 +205,53 @@ at::Tensor read_idx(const std::filesystem::path& path) {
                               (std::uint32_t{be[2]} << 8) | std::uint32_t{be[3]};
     if (dim > static_cast<std::uint32_t>(std::numeric_limits<std::int32_t>::max())) {
       throw DataError(fmt::format("IDX file '{}': dimension {} at byte offset {} is {}, which is negative as int32",
-                                  path.string(), d, at, dim));
+                                  name, d, at, dim));
     }
     shape[d] = dim;
-    if (dim != 0 && bytes > kMaxBytes / static_cast<std::int64_t>(dim)) {
+    // The extent ignores zero dimensions: torch rejects a shape whose other dimensions overflow even when
+    // one is zero, and such a header is corrupt anyway.
+    const std::int64_t factor = std::max<std::int64_t>(dim, 1);
+    if (extent > kMaxBytes / factor) {
       throw DataError(fmt::format("IDX file '{}': dimensions up to offset {} describe more than {} bytes; the header "
-                                  "is corrupt", path.string(), at, kMaxBytes));
+                                  "is corrupt", name, at, kMaxBytes));
     }
+    extent *= factor;
     bytes *= dim;
   }
-  auto tensor = torch::empty(shape, torch::TensorOptions().dtype(type->dtype));
-  auto* data = static_cast<std::uint8_t*>(tensor.data_ptr());
-  source.read_exact(data, bytes, fmt::format("element data for shape {}", fmt::join(shape, "x")));
+  const auto what = fmt::format("element data for shape {}", fmt::join(shape, "x"));
+  at::Tensor tensor;
+  if (bytes <= kDirectBytes) {
+    tensor = torch::empty(shape, torch::TensorOptions().dtype(type->dtype));
+    source.read_exact(tensor.data_ptr(), bytes, what);
+  } else {
+    // A header can claim gigabytes that the file does not have: grow with the data actually read, so a
+    // corrupt header is a truncation error, not an allocation of what it claims.
+    std::vector<std::uint8_t> buffer;
+    std::int64_t step = std::int64_t{1} << 20;  // 1 MiB, doubling: a short file costs little to reject
+    while (static_cast<std::int64_t>(buffer.size()) < bytes) {
+      const auto chunk = std::min<std::int64_t>(step, bytes - static_cast<std::int64_t>(buffer.size()));
+      step = std::min(step * 2, kMaxChunk);
+      const auto done = buffer.size();
+      buffer.resize(done + static_cast<std::size_t>(chunk));
+      source.read_exact(buffer.data() + done, chunk, what);
+    }
+    tensor = torch::from_blob(buffer.data(), shape, torch::TensorOptions().dtype(type->dtype)).clone();
+  }
   source.expect_end();
-  swap_to_host(data, tensor.numel(), type->size);
+  swap_to_host(static_cast<std::uint8_t*>(tensor.data_ptr()), tensor.numel(), type->size);
   return tensor;
+}
+
+}  // namespace
+
+at::Tensor read_idx(const std::filesystem::path& path) {
+  GzFileSource file(path, path.string());
+  return parse_idx_from(file, path.string());
+}
+
+at::Tensor parse_idx(std::string_view bytes, std::string_view origin) {
+  MemorySource memory(bytes, origin);
+  return parse_idx_from(memory, std::string(origin));
 }
 
 void write_idx(const std::filesystem::path& path, const at::Tensor& tensor) {

@@ -30,6 +30,11 @@ void DistributedTrainer::attach(Learner& learn) {
   c.gather_items = [this](const at::Tensor& local) {
     return wrapped_ ? gather_unpadded(local, *wrapped_) : local;
   };
+  c.any_process = [this](bool mine) {
+    auto flag = torch::tensor({mine ? 1 : 0}, torch::kInt32);
+    all_reduce(flag, ReduceOp::max, &group());
+    return flag.item<int>() != 0;
+  };
 }
 
 void DistributedTrainer::detach(Learner& learn) {

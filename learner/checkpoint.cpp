@@ -6,6 +6,7 @@
 #include <ATen/Context.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <map>
@@ -84,7 +85,64 @@ CheckpointState capture_state(Learner& learn, SaveOptions options) {
   for (std::size_t i = 0; i < gens.size(); ++i) state.tensors.emplace_back(rng_name(i), gens[i].get_state());
   state.metadata["epochs_completed"] = std::to_string(learn.epochs_completed());
   state.metadata["train_dl_epoch"] = std::to_string(learn.dls().train().epoch());
+  state.metadata["train_dl_seed"] = std::to_string(learn.dls().train().seed());
   return state;
+}
+
+FitPosition current_fit_position(const Learner& learn, bool epoch_end) {
+  FitPosition p{.n_epoch = learn.n_epoch, .epoch = learn.epoch, .batch = learn.iter + 1,
+                .train_iter = learn.train_iter, .pct_train = learn.pct_train};
+  if (epoch_end) {
+    p.epoch = learn.epoch + 1;
+    p.batch = 0;
+  }
+  if (auto rec = learn.cb<Recorder>()) {
+    p.recorder = rec->epoch_state();
+    if (epoch_end) p.recorder.loss_sum = 0, p.recorder.loss_count = 0;
+  }
+  return p;
+}
+
+void set_fit_position(CheckpointState& state, const FitPosition& p) {
+  // nlohmann writes doubles with enough digits to read back the same bits.
+  nlohmann::ordered_json j{{"n_epoch", p.n_epoch},
+                           {"epoch", p.epoch},
+                           {"batch", p.batch},
+                           {"train_iter", p.train_iter},
+                           {"pct_train", p.pct_train},
+                           {"loss_sum", p.recorder.loss_sum},
+                           {"loss_count", p.recorder.loss_count},
+                           {"smooth_count", p.recorder.smooth_count},
+                           {"smooth_average", p.recorder.smooth_average}};
+  state.metadata["fit_position"] = j.dump();
+  // The data order of the epoch to continue (a DataLoader advances its epoch when an epoch starts).
+  if (p.batch > 0) {
+    state.metadata["train_dl_epoch"] = std::to_string(std::stoll(state.metadata.at("train_dl_epoch")) - 1);
+  }
+}
+
+std::optional<FitPosition> fit_position(const CheckpointState& state, std::string_view origin) {
+  auto it = state.metadata.find("fit_position");
+  if (it == state.metadata.end()) return std::nullopt;
+  try {
+    const auto j = nlohmann::json::parse(it->second);
+    FitPosition p;
+    p.n_epoch = j.at("n_epoch").get<int>();
+    p.epoch = j.at("epoch").get<int>();
+    p.batch = j.at("batch").get<std::int64_t>();
+    p.train_iter = j.at("train_iter").get<std::int64_t>();
+    p.pct_train = j.at("pct_train").get<double>();
+    p.recorder.loss_sum = j.at("loss_sum").get<double>();
+    p.recorder.loss_count = j.at("loss_count").get<std::int64_t>();
+    p.recorder.smooth_count = j.at("smooth_count").get<std::int64_t>();
+    p.recorder.smooth_average = j.at("smooth_average").get<double>();
+    if (p.n_epoch < 0 || p.epoch < 0 || p.epoch > p.n_epoch || p.batch < 0 || p.train_iter < 0) {
+      throw std::out_of_range("a value is out of range");
+    }
+    return p;
+  } catch (const std::exception& e) {
+    throw CheckpointError(fmt::format("{}: metadata 'fit_position' is malformed ({}): {}", origin, e.what(), it->second));
+  }
 }
 
 void restore_state(Learner& learn, const CheckpointState& state, LoadOptions options, std::string_view origin) {
@@ -133,9 +191,20 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
   const bool restore_training = options.with_opt && state.metadata.contains("epochs_completed");
   int epochs_completed = 0;
   std::int64_t train_dl_epoch = 0;
+  std::optional<std::uint64_t> train_dl_seed;
   if (restore_training) {
     epochs_completed = static_cast<int>(metadata_int(state.metadata, "epochs_completed", origin));
     train_dl_epoch = metadata_int(state.metadata, "train_dl_epoch", origin);
+    if (auto it = state.metadata.find("train_dl_seed"); it != state.metadata.end()) {
+      try {
+        std::size_t used = 0;
+        train_dl_seed = std::stoull(it->second, &used);
+        if (used != it->second.size()) throw std::invalid_argument(it->second);
+      } catch (const std::exception&) {
+        throw CheckpointError(fmt::format("{}: metadata 'train_dl_seed' is '{}', not an unsigned integer", origin,
+                                          it->second));
+      }
+    }
     // RNG states are checked here too, so that setting them below cannot fail.
     const auto gens = rng_generators();
     for (std::size_t i = 0; i < gens.size(); ++i) {
@@ -178,6 +247,7 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
     }
     CheckpointIO::set_epochs_completed(learn, epochs_completed);
     learn.dls().train().set_epoch(train_dl_epoch);
+    if (train_dl_seed) learn.dls().train().set_seed(*train_dl_seed);
   }
 }
 

@@ -251,6 +251,7 @@ void Learner::run_fit(int n_epoch_, const std::vector<double>& lrs, FitOptions o
   }
   check_not_in_fit("fit");
   if (!opt_) create_opt();
+  if (!options.resume_from.empty()) options.start_epoch = load_resume_point(options.resume_from, n_epoch_);
   ScopedCallbacks extra(*this, std::move(options.cbs));
   if (auto wd = options.wd ? options.wd : options_.wd) opt_->set_hyper("wd", *wd);
   opt_->set_hyper("lr", lrs);
@@ -262,6 +263,7 @@ void Learner::run_fit(int n_epoch_, const std::vector<double>& lrs, FitOptions o
     Learner& l;
     ~EndCleanup() {
       l.in_fit_ = false;
+      l.resume_.reset();
       l.dl = nullptr;
       l.xb.clear(), l.yb.clear();
       l.pred = l.loss = l.loss_grad = at::Tensor();
@@ -302,10 +304,50 @@ void Learner::do_epoch_validate(DataLoader& loader) {
                                     Event::after_cancel_validate, Event::after_validate);
 }
 
+int Learner::load_resume_point(const std::filesystem::path& file, int n_epoch_) {
+  if (coordination_.barrier) coordination_.barrier();  // a checkpoint being written is complete first
+  if (!std::filesystem::exists(file)) {
+    throw CheckpointError(fmt::format("resume: checkpoint '{}' does not exist", file.string()));
+  }
+  const auto state = load_safetensors(file);
+  const auto position = fit_position(state, file.string());
+  if (position && position->n_epoch != n_epoch_) {
+    throw ConfigError(fmt::format("resume: checkpoint '{}' was taken in a fit of {} epochs but this fit has {}; "
+                                  "resume with the same number of epochs (the schedules depend on it)",
+                                  file.string(), position->n_epoch, n_epoch_));
+  }
+  restore_state(*this, state, {}, file.string());
+  if (!position) return std::clamp(epochs_completed_, 0, n_epoch_);
+  resume_ = position;
+  return position->epoch;
+}
+
 void Learner::all_batches(DataLoader& loader) {
   n_iter = loader.size();
+  std::int64_t skip = 0;
+  if (resume_ && training && &loader == &dls_.train()) {
+    // Continue the interrupted epoch: its first batches were trained before the checkpoint was taken.
+    // They are still drawn (the order and augmentation seeds are per batch) but not used.
+    skip = resume_->batch;
+    if (skip > 0) {
+      pct_train = resume_->pct_train;
+      train_iter = resume_->train_iter;
+    }
+    if (auto rec = cb<Recorder>()) {
+      auto state = resume_->recorder;
+      if (skip == 0) state.loss_sum = 0, state.loss_count = 0;
+      rec->restore_epoch_state(state);
+    }
+    resume_.reset();
+  }
   std::int64_t i = 0;
-  for (const Batch& batch : loader) one_batch(i++, batch);
+  for (const Batch& batch : loader) {
+    if (i < skip) {
+      ++i;
+      continue;
+    }
+    one_batch(i++, batch);
+  }
 }
 
 void Learner::one_batch(std::int64_t i, const Batch& batch) {

@@ -86,6 +86,10 @@ struct FitOptions {
   std::vector<CallbackPtr> cbs;  ///< callbacks for this fit only
   bool reset_opt = false;        ///< a fresh optimizer (state cleared)
   int start_epoch = 0;           ///< skip the epochs before this one (resume); schedules continue from there
+  /// A checkpoint to continue from (see callbacks/checkpointing.h): model, optimizer, RNG, data order and,
+  /// when it has a fit position, the epoch and batch it was taken at (start_epoch is then ignored). A fit
+  /// of the same length resumed this way gives the same results, bit for bit on CPU, as one not interrupted.
+  std::filesystem::path resume_from;
 };
 
 struct OneCycleOptions {
@@ -247,6 +251,8 @@ class Learner {
     std::function<void()> barrier;        ///< save() waits after writing, load() before reading
     /// Turns this process's per-item predictions of the last validation pass into those of the whole set.
     std::function<at::Tensor(const at::Tensor&)> gather_items;
+    /// Collective: true when any process passes true (so that all stop at the same batch).
+    std::function<bool(bool)> any_process;
   };
   Coordination& coordination() { return coordination_; }
 
@@ -279,6 +285,7 @@ class Learner {
   void do_epoch_train();
   void do_epoch_validate(DataLoader& loader);
   void all_batches(DataLoader& loader);
+  int load_resume_point(const std::filesystem::path& file, int n_epoch);
   void one_batch(std::int64_t i, const Batch& batch);
   void do_one_batch();
   void do_grad_opt();
@@ -294,6 +301,7 @@ class Learner {
   std::vector<CallbackPtr> cbs_;  // sorted by order
   int epochs_completed_ = 0;
   bool in_fit_ = false;
+  std::optional<FitPosition> resume_;  // set by a fit resumed inside an epoch until that epoch's training starts
   Coordination coordination_;
   friend class TrainEval;
   friend class CheckpointIO;

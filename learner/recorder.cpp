@@ -114,6 +114,17 @@ void Recorder::after_batch() {
   lrs_.push_back(l.has_opt() ? l.opt().hyper("lr", l.opt().n_groups() - 1) : kNaN);
 }
 
+Recorder::EpochState Recorder::epoch_state() const {
+  return {.loss_sum = loss_sum_, .loss_count = loss_count_, .smooth_count = smooth_.count(),
+          .smooth_average = smooth_.average()};
+}
+
+void Recorder::restore_epoch_state(const EpochState& state) {
+  loss_sum_ = state.loss_sum;
+  loss_count_ = state.loss_count;
+  smooth_.restore(state.smooth_count, state.smooth_average);
+}
+
 void Recorder::after_train() {
   train_loss_ = loss_count_ ? loss_sum_ / static_cast<double>(loss_count_) : kNaN;
   train_values_ = values_of(train_metrics_);

@@ -32,6 +32,10 @@ class SmoothValue {
   void add(double x);
   double value() const;
   std::int64_t count() const { return n_; }
+  /// The biased running average (with count(), the whole state; for checkpoints).
+  double average() const { return avg_; }
+  /// Puts back a state read with count() and average().
+  void restore(std::int64_t count, double average) { n_ = count, avg_ = average; }
 
  private:
   double beta_;
@@ -46,6 +50,13 @@ struct RecorderOptions {
 
 class Recorder : public Callback {
  public:
+  /// What a checkpoint taken inside a training epoch needs to continue the epoch's records exactly.
+  struct EpochState {
+    double loss_sum = 0;          ///< sum of loss * items over the epoch's batches so far
+    std::int64_t loss_count = 0;  ///< items so far
+    std::int64_t smooth_count = 0;
+    double smooth_average = 0;
+  };
   explicit Recorder(std::vector<MetricPtr> metrics, RecorderOptions options = {});
   std::string name() const override { return "recorder"; }
 
@@ -78,6 +89,11 @@ class Recorder : public Callback {
   /// Replaces the last validation's loss and metrics by their values over `preds` and `targets` (the
   /// whole validation set, e.g. gathered from every rank): loss_func over all items, each metric afresh.
   void set_validation(const at::Tensor& preds, const at::Tensor& targets, const Loss& loss_func);
+
+  /// The running epoch's accumulators (training loss and smoothed loss; training metrics are not included).
+  EpochState epoch_state() const;
+  /// Continues an epoch from `state` (after before_train, when a fit resumes inside an epoch).
+  void restore_epoch_state(const EpochState& state);
 
   /// Writes the smoothed training loss per batch (and validation loss per epoch) as an SVG plot.
   void plot_loss(const std::filesystem::path& file, std::size_t skip_start = 5) const;

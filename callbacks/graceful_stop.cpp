@@ -1,0 +1,99 @@
+#include <fastlearn/callbacks/graceful_stop.h>
+
+#include <fastlearn/callbacks/checkpointing.h>
+#include <fastlearn/core/error.h>
+#include <fastlearn/learner/learner.h>
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <unistd.h>
+
+namespace fastlearn {
+
+namespace {
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+void on_stop_signal(int sig) {
+  if (g_stop_signal == sig) {  // asked twice: the default action now
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  g_stop_signal = sig;
+  constexpr char message[] = "fastlearn: stop requested, stopping at the next batch boundary (again to stop now)\n";
+  [[maybe_unused]] auto written = ::write(2, message, sizeof message - 1);  // async-signal-safe
+}
+
+void install(int sig, struct sigaction* old) {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;  // a rank blocked in a collective keeps waiting for its peers
+  if (sigaction(sig, &action, old) != 0) {
+    throw Error(fmt::format("GracefulStop: installing the handler of signal {} failed: {}", sig, std::strerror(errno)));
+  }
+}
+
+}  // namespace
+
+int stop_signal() { return g_stop_signal; }
+void clear_stop_signal() { g_stop_signal = 0; }
+
+GracefulStop::GracefulStop(GracefulStopOptions options) : options_(options) {
+  if (options_.check_every_n_batches < 1) {
+    throw ConfigError(fmt::format("GracefulStop: check_every_n_batches must be >= 1, got {}",
+                                  options_.check_every_n_batches));
+  }
+  order = 65;  // after the Checkpointer (60): a checkpoint written at the same batch is not written twice
+}
+
+GracefulStop::~GracefulStop() { restore_handlers(); }
+
+void GracefulStop::before_fit() {
+  stopped_ = false;
+  if (installed_) return;
+  install(SIGINT, &old_int_);
+  try {
+    install(SIGTERM, &old_term_);
+  } catch (...) {
+    sigaction(SIGINT, &old_int_, nullptr);
+    throw;
+  }
+  installed_ = true;
+}
+
+void GracefulStop::after_fit() { restore_handlers(); }
+
+void GracefulStop::restore_handlers() {
+  if (!installed_) return;
+  sigaction(SIGINT, &old_int_, nullptr);
+  sigaction(SIGTERM, &old_term_, nullptr);
+  installed_ = false;
+}
+
+void GracefulStop::after_batch() {
+  const auto& l = learn();
+  if (!l.training || (l.iter + 1) % options_.check_every_n_batches != 0) return;
+  check(false);
+}
+
+void GracefulStop::after_epoch() { check(true); }
+
+void GracefulStop::check(bool epoch_end) {
+  auto& l = learn();
+  bool stop = g_stop_signal != 0;
+  if (l.coordination().any_process) stop = l.coordination().any_process(stop);  // collective: every rank calls it
+  if (!stop) return;
+  stopped_ = true;
+  if (auto checkpointer = l.cb<Checkpointer>()) {
+    const auto file = checkpointer->save_now(epoch_end);
+    if (l.coordination().writes_files) std::fprintf(stderr, "fastlearn: stopped; checkpoint '%s'\n", file.c_str());
+  }
+  throw CancelFitException();
+}
+
+}  // namespace fastlearn

@@ -1,0 +1,257 @@
+// Mid-epoch checkpoints and resume (Checkpointer, latest_checkpoint, FitOptions::resume_from) and the
+// graceful stop on SIGINT / SIGTERM: a fit resumed from any checkpoint ends bit for bit like one that was
+// not interrupted, on one process and on two ranks.
+#include "support/multiprocess.h"
+#include "support/tiny_tasks.h"
+
+#include <fastlearn/callbacks/checkpointing.h>
+#include <fastlearn/callbacks/graceful_stop.h>
+#include <fastlearn/distributed/collectives.h>
+#include <fastlearn/core/error.h>
+#include <fastlearn/distributed/distributed_trainer.h>
+#include <fastlearn/distributed/runtime.h>
+#include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/recorder.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+
+namespace {
+
+namespace fl = fastlearn;
+namespace flt = fastlearn::testing;
+namespace fs = std::filesystem;
+using flt::RankContext;
+
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& tag)
+      : path(fs::temp_directory_path() / fmt::format("fastlearn-ckpt-{}-{}", tag, flt::test_process_id())) {
+    if (!flt::in_rank_process()) fs::remove_all(path);
+  }
+  ~TempDir() {
+    if (!flt::in_rank_process()) fs::remove_all(path);
+  }
+};
+
+// Every training batch's loss and the model after the fit.
+class LossLog : public fl::Callback {
+ public:
+  std::string name() const override { return "loss_log"; }
+  void after_loss() override {
+    if (learn().training) losses.push_back(learn().loss.item<double>());
+  }
+  std::vector<double> losses;
+};
+
+// Sends this process `sig` after training batch `batch` of epoch `epoch`.
+class RaiseAt : public fl::Callback {
+ public:
+  RaiseAt(int e, std::int64_t b, int s) : epoch(e), batch(b), sig(s) {}
+  std::string name() const override { return "raise_at"; }
+  void after_batch() override {
+    if (learn().training && learn().epoch == epoch && learn().iter == batch) std::raise(sig);
+  }
+  int epoch;
+  std::int64_t batch;
+  int sig;
+};
+
+// A classifier with dropout (so the global RNG matters) on 3 blobs: 48 items, bs 8 -> 6 batches per epoch.
+std::unique_ptr<fl::Learner> make_learner(const fs::path& path, std::vector<fl::CallbackPtr> cbs) {
+  torch::manual_seed(5);
+  auto model = torch::nn::Sequential(torch::nn::Linear(4, 16), torch::nn::ReLU(), torch::nn::Dropout(0.3),
+                                     torch::nn::Linear(16, 3));
+  auto dls = flt::classification_data({.n_train = 48, .n_valid = 16, .bs = 8, .seed = 9});
+  return std::make_unique<fl::Learner>(std::move(dls), model, fl::cross_entropy(),
+                                       fl::LearnerOptions{.metrics = {fl::accuracy()}, .cbs = std::move(cbs),
+                                                          .path = path, .progress = false});
+}
+
+struct Run {
+  std::vector<double> losses;
+  std::vector<at::Tensor> weights;
+  fl::EpochRecord last;
+};
+
+Run train(const fs::path& path, const fs::path& resume_from, std::vector<fl::CallbackPtr> extra = {},
+          bool distributed = false) {
+  auto log = std::make_shared<LossLog>();
+  extra.push_back(log);
+  auto learn = make_learner(path, extra);
+  if (distributed) fl::to_distributed(*learn);
+  learn->fit_one_cycle(3, 1e-2, {.fit = {.resume_from = resume_from}});
+  if (distributed) fl::detach_distributed(*learn);
+  return {log->losses, flt::snapshot(learn->model()), learn->recorder().history().back()};
+}
+
+void expect_same_end(const Run& reference, const Run& resumed, const std::string& what) {
+  ASSERT_LE(resumed.losses.size(), reference.losses.size()) << what;
+  const auto offset = reference.losses.size() - resumed.losses.size();
+  for (std::size_t i = 0; i < resumed.losses.size(); ++i) {
+    ASSERT_EQ(resumed.losses[i], reference.losses[offset + i]) << what << ": training batch " << offset + i;
+  }
+  EXPECT_TRUE(flt::same_tensors(reference.weights, resumed.weights)) << what << ": final weights differ";
+  EXPECT_EQ(reference.last.train_loss, resumed.last.train_loss) << what;
+  EXPECT_EQ(reference.last.valid_loss, resumed.last.valid_loss) << what;
+  EXPECT_EQ(reference.last.metrics, resumed.last.metrics) << what;
+}
+
+TEST(Resume, FromAnyCheckpointEndsBitForBitLikeTheUninterruptedFit) {
+  TempDir dir("single");
+  auto keep_all = std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.every_n_batches = 1, .keep = 0});
+  const auto reference = train(dir.path, {}, {keep_all});
+  ASSERT_EQ(reference.losses.size(), 18u);
+  const auto ckpts = dir.path / "checkpoints";
+  // 6 per epoch inside the epochs and 3 at their ends; (e, 6) and (e + 1, 0) are both written.
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(ckpts)) files += e.path().extension() == ".safetensors";
+  EXPECT_EQ(files, 21);
+  for (const auto& [epoch, batch] : std::vector<std::pair<int, int>>{{0, 1}, {1, 3}, {1, 6}, {2, 0}, {2, 5}}) {
+    const auto file = ckpts / fl::checkpoint_file_name(epoch, batch);
+    ASSERT_TRUE(fs::exists(file)) << file;
+    const auto resumed = train(dir.path / "resumed", file);
+    EXPECT_EQ(resumed.losses.size(), static_cast<std::size_t>(18 - 6 * epoch - batch));
+    expect_same_end(reference, resumed, file.filename().string());
+  }
+}
+
+TEST(Resume, RefusesAFitOfAnotherLengthAndAMissingFile) {
+  TempDir dir("length");
+  train(dir.path, {}, {std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.every_n_batches = 4})});
+  const auto latest = fl::latest_checkpoint(dir.path / "checkpoints");
+  ASSERT_TRUE(latest);
+  EXPECT_EQ(latest->filename(), fl::checkpoint_file_name(3, 0));
+  auto learn = make_learner(dir.path, {});
+  try {
+    learn->fit(5, 1e-3, {.resume_from = *latest});
+    ADD_FAILURE() << "a 5-epoch fit resumed a 3-epoch one";
+  } catch (const fl::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("fit of 3 epochs but this fit has 5"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(learn->fit(3, 1e-3, {.resume_from = dir.path / "nope.safetensors"}), fl::CheckpointError);
+}
+
+TEST(LatestCheckpoint, SkipsTornFilesAndTemporariesOrRefusesThem) {
+  TempDir dir("latest");
+  EXPECT_FALSE(fl::latest_checkpoint(dir.path / "checkpoints")) << "no folder: none";
+  train(dir.path, {}, {std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.every_n_batches = 2, .keep = 3})});
+  const auto ckpts = dir.path / "checkpoints";
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(ckpts)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{fl::checkpoint_file_name(2, 4), fl::checkpoint_file_name(2, 6),
+                                             fl::checkpoint_file_name(3, 0)}))
+      << "keep = 3 keeps the newest three";
+  // A newer file cut short (as a copy interrupted half way would be) and a leftover temporary.
+  const auto torn = ckpts / fl::checkpoint_file_name(4, 0);
+  fs::copy_file(ckpts / fl::checkpoint_file_name(3, 0), torn);
+  fs::resize_file(torn, fs::file_size(torn) / 2);
+  std::ofstream(ckpts / ".ckpt-e0005-b0000000.safetensors.tmp.1.2") << "partial";
+  ::testing::internal::CaptureStderr();
+  const auto latest = fl::latest_checkpoint(ckpts);
+  const auto err = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(latest);
+  EXPECT_EQ(latest->filename(), fl::checkpoint_file_name(3, 0));
+  EXPECT_NE(err.find("skipping checkpoint '" + torn.string() + "'"), std::string::npos) << err;
+  try {
+    fl::latest_checkpoint(ckpts, {.skip_torn = false});
+    ADD_FAILURE() << "a torn newest checkpoint was accepted";
+  } catch (const fl::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("Delete '" + torn.string() + "'"), std::string::npos) << e.what();
+  }
+  // The next fit's Checkpointer removes the temporary.
+  fs::remove(torn);
+  auto again = make_learner(dir.path, {std::make_shared<fl::Checkpointer>()});
+  again->fit(1, 1e-3);
+  EXPECT_FALSE(fs::exists(ckpts / ".ckpt-e0005-b0000000.safetensors.tmp.1.2"));
+}
+
+TEST(GracefulStop, SigtermStopsAtTheBatchWithACheckpointAndTheResumedFitMatches) {
+  TempDir dir("stop");
+  const auto reference = train(dir.path / "reference", {});
+  fl::clear_stop_signal();
+  auto stop = std::make_shared<fl::GracefulStop>();
+  auto checkpointer = std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.every_epoch = false});
+  const auto stopped = train(dir.path, {}, {checkpointer, stop, std::make_shared<RaiseAt>(1, 2, SIGTERM)});
+  EXPECT_TRUE(stop->stopped());
+  EXPECT_EQ(fl::stop_signal(), SIGTERM);
+  EXPECT_EQ(stopped.losses.size(), 9u) << "6 batches of epoch 0 and 3 of epoch 1, then the stop";
+  ASSERT_TRUE(checkpointer->last_saved());
+  EXPECT_EQ(checkpointer->last_saved()->filename(), fl::checkpoint_file_name(1, 3));
+  fl::clear_stop_signal();
+  const auto resumed = train(dir.path / "resumed", *fl::latest_checkpoint(dir.path / "checkpoints"));
+  EXPECT_EQ(resumed.losses.size(), 9u);
+  expect_same_end(reference, resumed, "resumed after SIGTERM");
+}
+
+// Handles the signals during a fit only.
+class HandlerProbe : public fl::Callback {
+ public:
+  std::string name() const override { return "handler_probe"; }
+  void after_batch() override {
+    struct sigaction now {};
+    sigaction(SIGTERM, nullptr, &now);
+    during = now.sa_handler;
+  }
+  void (*during)(int) = nullptr;
+};
+
+TEST(GracefulStop, HandlesTheSignalsOnlyDuringTheFit) {
+  struct sigaction before {};
+  sigaction(SIGTERM, nullptr, &before);
+  auto probe = std::make_shared<HandlerProbe>();
+  train(fs::temp_directory_path(), {}, {std::make_shared<fl::GracefulStop>(), probe});
+  struct sigaction after {};
+  sigaction(SIGTERM, nullptr, &after);
+  const auto address = [](void (*handler)(int)) { return reinterpret_cast<std::uintptr_t>(handler); };
+  EXPECT_EQ(address(before.sa_handler), address(after.sa_handler));
+  EXPECT_NE(address(probe->during), address(before.sa_handler));
+}
+
+// ---- two ranks ------------------------------------------------------------------------------------
+
+TEST(Resume, TwoRanksResumedInsideAnEpochMatchTheUninterruptedRun) {
+  TempDir dir("ranks");
+  flt::run_on_ranks(2, [&dir](const RankContext&) {
+    fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+    const auto reference = train(dir.path,
+                                 {}, {std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.every_n_batches = 1, .keep = 0})},
+                                 true);
+    EXPECT_EQ(reference.losses.size(), 9u) << "3 batches per rank per epoch";
+    fl::barrier();
+    for (const auto& [epoch, batch] : std::vector<std::pair<int, int>>{{1, 1}, {2, 0}}) {
+      const auto resumed = train(dir.path / "resumed", dir.path / "checkpoints" / fl::checkpoint_file_name(epoch, batch),
+                                 {}, true);
+      expect_same_end(reference, resumed, fmt::format("rank {} from epoch {} batch {}", fl::rank(), epoch, batch));
+    }
+    fl::teardown_distrib();
+  }, {.env = flt::torchrun_env(2)});
+}
+
+TEST(GracefulStop, ASignalOnOneRankStopsEveryRankAtTheSameBatch) {
+  TempDir dir("ranks-stop");
+  flt::run_on_ranks(2, [&dir](const RankContext&) {
+    fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+    auto stop = std::make_shared<fl::GracefulStop>();
+    std::vector<fl::CallbackPtr> cbs{std::make_shared<fl::Checkpointer>(), stop};
+    if (fl::rank() == 1) cbs.push_back(std::make_shared<RaiseAt>(1, 1, SIGINT));
+    const auto run = train(dir.path, {}, cbs, true);
+    EXPECT_TRUE(stop->stopped());
+    EXPECT_EQ(run.losses.size(), 5u) << "rank " << fl::rank() << ": 3 batches of epoch 0, 2 of epoch 1";
+    EXPECT_EQ(fl::stop_signal(), fl::rank() == 1 ? SIGINT : 0);
+    fl::barrier();
+    const auto latest = fl::latest_checkpoint(dir.path / "checkpoints");
+    ASSERT_TRUE(latest);
+    EXPECT_EQ(latest->filename(), fl::checkpoint_file_name(1, 2));
+    fl::teardown_distrib();
+  }, {.env = flt::torchrun_env(2)});
+}
+
+}  // namespace
