@@ -1,5 +1,5 @@
 // TensorBoardCallback: the event files it writes are read by TensorBoard's own reader (Python
-// tensorboard's EventAccumulator, which checks the TFRecord CRCs: a changed byte is caught) and hold every scalar with the right
+// tensorboard's EventAccumulator, which checks the TFRecord CRCs) and hold every scalar with the right
 // step and value; under a DistributedTrainer only rank 0 writes.
 #include <fastlearn/callbacks/event_file.h>
 #include <fastlearn/callbacks/tensorboard.h>
@@ -124,15 +124,17 @@ TEST(TensorBoard, EveryScalarIsReadBackByTensorBoardWithItsStepAndValue) {
   EXPECT_EQ(files[0], tb->path());
   const auto expected_file = dir / "expected.json";
   std::ofstream(expected_file) << expected.dump();
-  // A copy with one byte of the last scalar's value changed: the reader checks our CRCs, so it must not
-  // return it as if it were intact.
+  // A copy with one byte of the last record's CRC changed (its scalar untouched): only a reader that checks
+  // the CRCs can tell, so reading the intact file back proves our CRCs right.
   fs::create_directories(dir / "corrupt");
   const auto corrupt = dir / "corrupt" / files[0].filename();
   fs::copy_file(files[0], corrupt);
   {
     std::fstream f(corrupt, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(-6, std::ios::end);  // the payload's last bytes (the float) come just before the 4-byte CRC
-    f.put('\x7f');
+    f.seekg(-1, std::ios::end);
+    const char byte = static_cast<char>(f.get());
+    f.seekp(-1, std::ios::end);
+    f.put(static_cast<char>(~byte));
   }
   const auto [status, out] = run(fmt::format("'{}' '{}/tests/python/tensorboard_events.py' '{}' '{}' '{}' 2>&1",
                                              FASTLEARN_PYTHON, FASTLEARN_SOURCE_DIR, (dir / "runs").string(),

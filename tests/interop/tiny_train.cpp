@@ -18,7 +18,7 @@ namespace {
 std::shared_ptr<fl::TensorDataset> blobs(std::int64_t n, std::uint64_t seed) {
   auto gen = at::detail::createCPUGenerator(seed);
   auto y = at::randint(0, 3, {n}, gen, at::TensorOptions().dtype(at::kLong));
-  auto x = at::randn({n, 4}, gen) + at::one_hot(y, 4).to(at::kFloat) * 1.5;
+  auto x = at::randn({n, 4}, gen) + at::one_hot(y, 4).to(at::kFloat) * 3;
   return std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
 }
 
