@@ -75,24 +75,20 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
   std::tie(status, out) = run((prefix / "bin/fastlearn").string() + " --version");
   EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("fastlearn"), std::string::npos) << out;
-}
 
-TEST(InstalledPackage, AnIncompatibleVersionRequestIsRefused) {
-  // find_package(fastlearn 9.0) must not accept this 0.x package.
-  const auto prefix = kWork / "prefix-version", build = kWork / "version-build", src = kWork / "version-src";
-  fs::remove_all(prefix);
-  fs::remove_all(build);
+  // find_package(fastlearn 9.0) does not accept this 0.x package.
+  const auto src = kWork / "version-src", version_build = kWork / "version-build";
+  fs::remove_all(version_build);
   fs::create_directories(src);
-  std::ofstream(src / "CMakeLists.txt") << "cmake_minimum_required(VERSION 3.25)\nproject(v LANGUAGES CXX)\n"
+  std::ofstream(src / "CMakeLists.txt") << "cmake_minimum_required(VERSION 3.25)\nproject(v LANGUAGES NONE)\n"
                                            "find_package(fastlearn 9.0 REQUIRED CONFIG)\n";
-  auto [status, out] = run(fmt::format("'{}' --install '{}' --prefix '{}'", FASTLEARN_CMAKE, FASTLEARN_BUILD_DIR,
-                                       prefix.string()));
-  ASSERT_EQ(status, 0) << out;
   std::tie(status, out) = run(fmt::format("'{}' -S '{}' -B '{}' -DCMAKE_PREFIX_PATH='{}'", FASTLEARN_CMAKE, src.string(),
-                                          build.string(), prefix.string()));
+                                          version_build.string(), prefix.string()));
   EXPECT_NE(status, 0) << out;
-  EXPECT_NE(out.find("fastlearnConfigVersion.cmake"), std::string::npos) << out;
-  fs::remove_all(prefix);
+  EXPECT_NE(out.find("compatible with requested version \"9.0\""), std::string::npos) << out;
+  if (!HasFailure()) {  // the prefix and the consumer hold copies of the (large, with debug info) library
+    for (const auto& dir : {prefix, build, src, version_build}) fs::remove_all(dir);
+  }
 }
 
 TEST(SourceTree, AddSubdirectoryConfiguresOnlyTheLibraryForTheParent) {
