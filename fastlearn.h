@@ -8,6 +8,7 @@
 #include <fastlearn/callbacks/mixed_precision.h>
 #include <fastlearn/callbacks/progress.h>
 #include <fastlearn/callbacks/schedule.h>
+#include <fastlearn/callbacks/tensorboard.h>
 #include <fastlearn/callbacks/tracker.h>
 #include <fastlearn/core/build_info.h>
 #include <fastlearn/core/error.h>

@@ -1,5 +1,6 @@
-# Finds LibTorch (from the pinned PyPI wheel or any install) and defines fastlearn::torch: torch,
-# c10d with Gloo, and NCCL when the LibTorch build has CUDA.
+# Finds LibTorch (from the pinned PyPI wheel or any install) and defines the target fastlearn_torch: torch,
+# c10d with Gloo, and NCCL when the LibTorch build has CUDA. The build and the installed package
+# (fastlearnConfig.cmake, where it is fastlearn::torch) both use this file.
 
 if(FASTLEARN_PYTHON)
   execute_process(
@@ -57,7 +58,6 @@ if(TARGET caffe2::mkl)
 endif()
 
 add_library(fastlearn_torch INTERFACE)
-add_library(fastlearn::torch ALIAS fastlearn_torch)
 target_link_libraries(fastlearn_torch INTERFACE ${_torch_libs})
 target_include_directories(fastlearn_torch SYSTEM INTERFACE "${FASTLEARN_GLOO_INCLUDE_DIR}")
 # LibTorch ships fmt 12 headers on its include path, ahead of the system's: use them header-only, so

@@ -3,6 +3,7 @@
 #include <fastlearn/callbacks/epoch_logs.h>
 #include <fastlearn/callbacks/grad_accumulation.h>
 #include <fastlearn/callbacks/progress.h>
+#include <fastlearn/callbacks/tensorboard.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/collectives.h>
 #include <fastlearn/distributed/runtime.h>
@@ -58,7 +59,7 @@ void DistributedTrainer::before_fit() {
   if (group().rank() != 0) {
     for (const auto& cb : l.cbs()) {
       if (std::dynamic_pointer_cast<Progress>(cb) || std::dynamic_pointer_cast<CSVLogger>(cb) ||
-          std::dynamic_pointer_cast<MetricsJson>(cb)) {
+          std::dynamic_pointer_cast<MetricsJson>(cb) || std::dynamic_pointer_cast<TensorBoardCallback>(cb)) {
         cb->run = false;
       }
     }

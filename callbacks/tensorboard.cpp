@@ -1,0 +1,68 @@
+#include <fastlearn/callbacks/tensorboard.h>
+
+#include <fastlearn/callbacks/schedule.h>
+#include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/recorder.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+namespace fastlearn {
+
+// Order 55: after the Recorder (50) has the epoch's row and the smoothed loss, before trackers (60).
+TensorBoardCallback::TensorBoardCallback(TensorBoardOptions options) : options_(std::move(options)) {
+  order = 55;
+  run_valid = false;  // batches of validation are not steps
+}
+
+void TensorBoardCallback::before_fit() {
+  auto& l = learn();
+  if (lr_finder_attached(l)) {  // an lr_find sweep is not training to log
+    run = false;
+    return;
+  }
+  const auto dir = options_.log_dir.is_absolute() ? options_.log_dir : l.options().path / options_.log_dir;
+  writer_ = std::make_unique<EventFileWriter>(dir);
+  last_flush_ = std::chrono::steady_clock::now();
+}
+
+void TensorBoardCallback::after_batch() {
+  auto& l = learn();
+  if (!writer_ || !options_.per_step || !l.training) return;
+  const std::int64_t step = l.train_iter;  // TrainEval (order -10) has counted this batch already
+  if (l.loss.defined()) writer_->add_scalar("train_loss", l.loss.item<double>(), step);
+  if (!std::isnan(l.smooth_loss)) writer_->add_scalar("smooth_loss", l.smooth_loss, step);
+  if (l.has_opt()) {
+    const auto& opt = l.opt();
+    writer_->add_scalar("lr", opt.hyper("lr", opt.n_groups() - 1), step);
+    if (opt.n_groups() > 1) {
+      for (std::size_t g = 0; g < opt.n_groups(); ++g) writer_->add_scalar(fmt::format("lr/group_{}", g), opt.hyper("lr", g), step);
+    }
+  }
+  if (std::chrono::steady_clock::now() - last_flush_ > std::chrono::duration<double>(options_.flush_secs)) {
+    writer_->flush();
+    last_flush_ = std::chrono::steady_clock::now();
+  }
+}
+
+void TensorBoardCallback::after_epoch() {
+  const auto& rec = learn().recorder();
+  if (!writer_ || rec.history().empty()) return;
+  const auto& r = rec.history().back();
+  const auto write = [&](const std::string& tag, double value) {
+    if (!std::isnan(value)) writer_->add_scalar(tag, value, r.epoch);  // NaN: that part did not run
+  };
+  write("epoch/train_loss", r.train_loss);
+  write("epoch/valid_loss", r.valid_loss);
+  const auto names = rec.metric_names();
+  for (std::size_t i = 0; i < names.size() && i < r.metrics.size(); ++i) write("epoch/" + names[i], r.metrics[i]);
+  writer_->flush();
+  last_flush_ = std::chrono::steady_clock::now();
+}
+
+void TensorBoardCallback::after_fit() {
+  if (writer_) writer_->flush();
+}
+
+}  // namespace fastlearn

@@ -1,0 +1,29 @@
+# Install rules: headers as <prefix>/include/fastlearn/<folder>/<name>.h, the library, the `fastlearn`
+# CLI (when built), and a CMake package: find_package(fastlearn) + target_link_libraries(app
+# fastlearn::fastlearn) in another project, which finds LibTorch the way this build does.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(FASTLEARN_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/fastlearn")
+
+install(FILES fastlearn.h DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/fastlearn")
+foreach(folder callbacks core data distributed learner)
+  install(DIRECTORY "${folder}/" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/fastlearn/${folder}"
+          FILES_MATCHING PATTERN "*.h")
+endforeach()
+
+install(TARGETS fastlearn EXPORT fastlearnTargets
+        ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}" LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}")
+install(EXPORT fastlearnTargets NAMESPACE fastlearn:: DESTINATION "${FASTLEARN_CMAKE_DIR}")
+
+# The LibTorch the library was built with: the package config looks there first, and insists on its version.
+get_filename_component(_fastlearn_torch_dir "${Torch_DIR}" ABSOLUTE)
+set(FASTLEARN_BUILT_TORCH_VERSION "${Torch_VERSION}")
+set(FASTLEARN_BUILT_TORCH_DIR "${_fastlearn_torch_dir}")
+configure_package_config_file(cmake/fastlearnConfig.cmake.in "${PROJECT_BINARY_DIR}/fastlearnConfig.cmake"
+                              INSTALL_DESTINATION "${FASTLEARN_CMAKE_DIR}")
+write_basic_package_version_file("${PROJECT_BINARY_DIR}/fastlearnConfigVersion.cmake"
+                                 VERSION "${PROJECT_VERSION}" COMPATIBILITY SameMinorVersion)
+install(FILES "${PROJECT_BINARY_DIR}/fastlearnConfig.cmake" "${PROJECT_BINARY_DIR}/fastlearnConfigVersion.cmake"
+              cmake/FastlearnTorch.cmake
+        DESTINATION "${FASTLEARN_CMAKE_DIR}")

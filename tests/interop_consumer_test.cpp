@@ -1,0 +1,108 @@
+// fastlearn as a dependency of another CMake project (tests/interop/consumer): installed with
+// `cmake --install` into a prefix, found there with find_package(fastlearn), built and run; and taken
+// in with add_subdirectory (what FetchContent_MakeAvailable does), configured with only the library.
+// The work happens under <build>/interop, at fixed paths, so ccache serves the second run.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::pair<int, std::string> run(const std::string& command) {
+  std::string out;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return {-1, "popen failed"};
+  char buf[4096];
+  while (auto n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+const fs::path kWork = fs::path(FASTLEARN_BUILD_DIR) / "interop";
+const fs::path kConsumer = fs::path(FASTLEARN_SOURCE_DIR) / "tests" / "interop" / "consumer";
+
+std::string launcher() {
+  return std::string(FASTLEARN_CCACHE).empty() ? "" : fmt::format("-DCMAKE_CXX_COMPILER_LAUNCHER='{}'", FASTLEARN_CCACHE);
+}
+
+std::string slurp(const fs::path& file) {
+  std::ifstream in(file);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
+  const auto prefix = kWork / "prefix", build = kWork / "package-build";
+  fs::remove_all(prefix);
+  fs::remove_all(build);
+  auto [status, out] = run(fmt::format("'{}' --install '{}' --prefix '{}'", FASTLEARN_CMAKE, FASTLEARN_BUILD_DIR,
+                                       prefix.string()));
+  ASSERT_EQ(status, 0) << out;
+  // The layout a user includes and links from.
+  for (const char* file : {"include/fastlearn/fastlearn.h", "include/fastlearn/learner/learner.h",
+                           "include/fastlearn/callbacks/tensorboard.h", "include/fastlearn/distributed/runtime.h",
+                           "lib/libfastlearn.a", "lib/cmake/fastlearn/fastlearnConfig.cmake",
+                           "lib/cmake/fastlearn/fastlearnConfigVersion.cmake",
+                           "lib/cmake/fastlearn/fastlearnTargets.cmake", "bin/fastlearn"}) {
+    EXPECT_TRUE(fs::exists(prefix / file)) << file;
+  }
+  EXPECT_FALSE(fs::exists(prefix / "include/fastlearn/learner/learner.cpp")) << "sources are not headers";
+
+  std::tie(status, out) = run(fmt::format("'{}' -S '{}' -B '{}' -G Ninja -DCMAKE_BUILD_TYPE=Release "
+                                          "-DCMAKE_PREFIX_PATH='{}' {}",
+                                          FASTLEARN_CMAKE, kConsumer.string(), build.string(), prefix.string(), launcher()));
+  ASSERT_EQ(status, 0) << out;
+  // It was the installed package, not the build tree, that the consumer found.
+  EXPECT_NE(slurp(build / "CMakeCache.txt").find("fastlearn_DIR:PATH=" + (prefix / "lib/cmake/fastlearn").string()),
+            std::string::npos);
+  std::tie(status, out) = run(fmt::format("'{}' --build '{}'", FASTLEARN_CMAKE, build.string()));
+  ASSERT_EQ(status, 0) << out;
+  std::tie(status, out) = run((build / "consumer").string());
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("consumer: accuracy"), std::string::npos) << out;
+
+  // The installed CLI runs from the prefix (it finds LibTorch without the build tree).
+  std::tie(status, out) = run((prefix / "bin/fastlearn").string() + " --version");
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("fastlearn"), std::string::npos) << out;
+
+  // find_package(fastlearn 9.0) does not accept this 0.x package.
+  const auto src = kWork / "version-src", version_build = kWork / "version-build";
+  fs::remove_all(version_build);
+  fs::create_directories(src);
+  std::ofstream(src / "CMakeLists.txt") << "cmake_minimum_required(VERSION 3.25)\nproject(v LANGUAGES NONE)\n"
+                                           "find_package(fastlearn 9.0 REQUIRED CONFIG)\n";
+  std::tie(status, out) = run(fmt::format("'{}' -S '{}' -B '{}' -DCMAKE_PREFIX_PATH='{}'", FASTLEARN_CMAKE, src.string(),
+                                          version_build.string(), prefix.string()));
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(out.find("compatible with requested version \"9.0\""), std::string::npos) << out;
+  if (!HasFailure()) {  // the prefix and the consumer hold copies of the (large, with debug info) library
+    for (const auto& dir : {prefix, build, src, version_build}) fs::remove_all(dir);
+  }
+}
+
+TEST(SourceTree, AddSubdirectoryConfiguresOnlyTheLibraryForTheParent) {
+  const auto build = kWork / "subdirectory-build";
+  fs::remove_all(build);
+  auto [status, out] = run(fmt::format("'{}' -S '{}' -B '{}' -G Ninja -DCMAKE_BUILD_TYPE=Release -DFASTLEARN_SOURCE='{}' "
+                                       "-DFASTLEARN_PYTHON='{}' {}",
+                                       FASTLEARN_CMAKE, kConsumer.string(), build.string(), FASTLEARN_SOURCE_DIR,
+                                       FASTLEARN_PYTHON, launcher()));
+  ASSERT_EQ(status, 0) << out;
+  const auto ninja = slurp(build / "build.ninja");
+  EXPECT_NE(ninja.find("build consumer:"), std::string::npos) << "the parent's target links fastlearn::fastlearn";
+  EXPECT_NE(ninja.find("libfastlearn.a"), std::string::npos);
+  EXPECT_EQ(ninja.find("launcher_test"), std::string::npos) << "tests are the top-level project's only";
+  EXPECT_EQ(ninja.find("fastlearn_cli"), std::string::npos) << "apps are the top-level project's only";
+  fs::remove_all(build);
+}
