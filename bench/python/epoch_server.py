@@ -68,6 +68,7 @@ def main():
         opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.99), eps=1e-5, weight_decay=0.01)
         run = lambda: torch_epoch(model, opt, xt, yt, xv, yv, a.bs)
     else:
+        import fastai.callback.progress  # noqa: F401  (adds Learner.no_bar)
         from fastai.data.core import DataLoaders
         from fastai.data.load import DataLoader
         from fastai.learner import Learner

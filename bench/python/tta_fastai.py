@@ -36,6 +36,7 @@ def main():
     from fastai.metrics import accuracy
     from fastai.optimizer import Adam
     from fastai.torch_core import set_seed
+    import fastai.callback.progress  # noqa: F401  (adds Learner.no_bar)
     import fastai.callback.schedule  # noqa: F401  (adds Learner.fit_one_cycle)
     import fastai.distributed  # noqa: F401  (adds Learner.distrib_ctx)
     from torch.utils.data import TensorDataset
