@@ -1,0 +1,98 @@
+// The fastlearn side of time_to_accuracy: trains on Fashion-MNIST with fit_one_cycle under DistribCtx
+// (data parallel when started by `fastlearn launch`) and stops after the first epoch whose test accuracy
+// reaches --target. Rank 0 prints one line: {"reached": .., "epochs": .., "accuracy": .., "train_seconds": .., "history": [..]}.
+//   tta_train --model NAME --epochs E --lr LR --bs B --target 0.92 [--data DIR] [--seed S]
+// NAME: simple_cnn, or resnet_<width>_<width>..._s<stem> (models::resnet with those stage widths and stem).
+#include <fastlearn/fastlearn.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <chrono>
+#include <iostream>
+#include <sstream>
+
+namespace fl = fastlearn;
+
+namespace {
+
+torch::nn::Sequential model_named(const std::string& name) {
+  if (name == "simple_cnn") return fl::models::simple_cnn(10);
+  if (name.rfind("resnet_", 0) == 0) {
+    fl::models::ResNetOptions options{.widths = {}};
+    std::istringstream parts(name.substr(7));
+    for (std::string part; std::getline(parts, part, '_');) {
+      if (part.starts_with("s")) {
+        options.stem_width = std::stoll(part.substr(1));
+      } else {
+        options.widths.push_back(std::stoll(part));
+      }
+    }
+    return fl::models::resnet(options);
+  }
+  throw fl::ConfigError("tta_train: unknown --model '" + name + "' (simple_cnn or resnet_<widths>_s<stem>)");
+}
+
+// Ends the fit after the first epoch whose validation accuracy reaches the target.
+class StopAtAccuracy : public fl::Callback {
+ public:
+  explicit StopAtAccuracy(double target) : target_(target) { order = 60; }  // after the metrics are final
+  void after_epoch() override {
+    const auto& rec = learn().recorder();
+    accuracy = rec.value(rec.history().back(), "accuracy");
+    history.push_back(accuracy);
+    epochs = static_cast<int>(rec.history().size());
+    if (accuracy >= target_) {
+      reached = true;
+      throw fl::CancelFitException();
+    }
+  }
+  double accuracy = 0;
+  std::vector<double> history;  // test accuracy after each epoch
+  int epochs = 0;
+  bool reached = false;
+
+ private:
+  double target_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"time_to_accuracy: train until the test accuracy reaches a target"};
+  std::string data = "/usr/share/datasets/fashion-mnist", model = "simple_cnn";
+  int epochs = 5;
+  double lr = 3e-3, target = 0.92;
+  std::int64_t bs = 128;
+  std::uint64_t seed = 0;
+  app.add_option("--data", data)->capture_default_str();
+  app.add_option("--model", model)->capture_default_str();
+  app.add_option("--epochs", epochs, "epochs of the one-cycle schedule")->capture_default_str();
+  app.add_option("--lr", lr)->capture_default_str();
+  app.add_option("--bs", bs, "batch size per rank")->capture_default_str();
+  app.add_option("--target", target, "test accuracy to reach")->capture_default_str();
+  app.add_option("--seed", seed)->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    fl::set_seed(seed);
+    auto dls = fl::ImageDataLoaders::from_idx(data, {.bs = bs, .seed = seed});
+    fl::Learner learn(dls, model_named(model), fl::cross_entropy(),
+                      {.opt_func = fl::Adam(), .metrics = {fl::accuracy()}, .progress = false});
+    auto stop = std::make_shared<StopAtAccuracy>(target);
+    const auto start = std::chrono::steady_clock::now();
+    {
+      fl::DistribCtx ctx(learn);
+      learn.fit_one_cycle(epochs, lr, {.fit = {.cbs = {stop}}});
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (fl::is_main()) {
+      fmt::print("{{\"reached\": {}, \"epochs\": {}, \"accuracy\": {:.4f}, \"train_seconds\": {:.2f}, \"history\": [{:.4f}]}}\n",
+                 stop->reached, stop->epochs, stop->accuracy, seconds, fmt::join(stop->history, ", "));
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "tta_train: error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,19 @@
+// vs_fastai: train samples/s of one epoch of fastlearn's Learner.fit(1) against fastai's Learner.fit(1)
+// (bench/python/epoch_server.py --side fastai: fastai DataLoaders over the same Fashion-MNIST tensors, the
+// same simple_cnn as an nn.Module, fastai's Adam, accuracy, no progress bar), on CPU with the same items,
+// batch size and threads. ratio = ours / anchor. Prints one JSON object.
+#include "support/epoch_vs_python.h"
+
+#include <iostream>
+
+int main(int argc, char** argv) {
+  const std::string data = argc > 1 ? argv[1] : "/usr/share/datasets/fashion-mnist";
+  try {
+    const auto cnn = bench::compare_epochs("fastai", "simple_cnn", data, bench::repeats(5));
+    fmt::print("{{{}}}\n", bench::epoch_json("vs_fastai", cnn, "Learner.fit(1) vs fastai Learner.fit(1), simple_cnn, CPU"));
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "vs_fastai: " << e.what() << "\n";
+    return 1;
+  }
+}
