@@ -102,7 +102,7 @@ TEST_F(TrainCommand, WritesTheRunFolder) {
   const auto csv = read(out_ / "history.csv");
   EXPECT_EQ(csv.rfind("epoch,train_loss,valid_loss,rmse,time\n", 0), 0u) << csv;
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 3) << csv;
-  for (const char* file : {"checkpoints/epoch_1.safetensors", "checkpoints/epoch_2.safetensors",
+  for (const char* file : {"checkpoints/ckpt-e0001-b0000000.safetensors", "checkpoints/ckpt-e0002-b0000000.safetensors",
                            "checkpoints/model.safetensors", "loss.svg"}) {
     EXPECT_TRUE(fs::is_regular_file(out_ / file)) << file;
   }
@@ -131,19 +131,22 @@ TEST_F(TrainCommand, AnInvalidConfigWritesNothing) {
   EXPECT_FALSE(fs::exists(out_));
 }
 
-TEST_F(TrainCommand, ResumeContinuesFromTheNewestCheckpoint) {
-  ASSERT_EQ(run(train("--set train.epochs=3 --set train.schedule=\"constant\"")).exit_code, 0);
+TEST_F(TrainCommand, ResumeContinuesFromTheNewestCheckpointMidEpoch) {
+  const std::string sets = "--set train.epochs=3 --set output.checkpoint_every_n_batches=3";
+  ASSERT_EQ(run(train(sets)).exit_code, 0);
   const auto full = nlohmann::json::parse(read(out_ / "metrics.json"));
-  // Stop after 2 of the 3 epochs, as a crash would: the third checkpoint is gone.
-  fs::remove(out_ / "checkpoints/epoch_3.safetensors");
-  const auto r = run(train("--set train.epochs=3 --set train.schedule=\"constant\" --resume"));
+  // As if the run died during the last epoch: its end-of-epoch checkpoint is gone, a mid-epoch one is left.
+  fs::remove(out_ / "checkpoints/ckpt-e0003-b0000000.safetensors");
+  const auto r = run(train(sets + " --resume"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("epoch_2.safetensors (2 epochs done)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("resume: continuing from " + (out_ / "checkpoints/ckpt-e0002-b").string()), std::string::npos)
+      << r.output;
   const auto resumed = nlohmann::json::parse(read(out_ / "metrics.json"));
   ASSERT_EQ(resumed.size(), 3u) << resumed;
   EXPECT_EQ(resumed[2]["epoch"], 2);
-  // The same data order, weights and optimizer state: the third epoch is the uninterrupted run's.
-  EXPECT_NEAR(resumed[2]["valid_loss"].get<double>(), full[2]["valid_loss"].get<double>(), 1e-6);
+  // The same data order, weights, optimizer state and schedule position: the uninterrupted run's last epoch.
+  EXPECT_EQ(resumed[2]["valid_loss"].get<double>(), full[2]["valid_loss"].get<double>());
+  EXPECT_EQ(resumed[2]["train_loss"].get<double>(), full[2]["train_loss"].get<double>());
 }
 
 TEST_F(TrainCommand, TrainsOnTwoRanksThroughTheLauncher) {

@@ -403,12 +403,14 @@ void read_callbacks(Section s, CallbacksConfig& c, const TrainSectionConfig& tra
     sb.finish();
   }
   s.read("csv_log", c.csv_log);
+  s.read("tensorboard", c.tensorboard);
   s.finish();
 }
 
 void read_output(Section s, OutputConfig& o) {
   if (s.read("dir", o.dir) && o.dir.empty()) s.invalid("dir", "must not be empty");
   s.read("checkpoints", o.checkpoints);
+  s.read("checkpoint_every_n_batches", o.checkpoint_every_n_batches, std::int64_t{0});
   s.read("plots", o.plots);
   s.finish();
 }
@@ -582,6 +584,7 @@ std::string to_toml(const TrainConfig& c) {
   w.put("find_unused_parameters", di.find_unused_parameters);
   w.section("callbacks");
   w.put("csv_log", c.callbacks.csv_log);
+  w.put("tensorboard", c.callbacks.tensorboard);
   if (const auto& e = c.callbacks.early_stopping) {
     w.section("callbacks.early_stopping");
     w.put("monitor", e->monitor);
@@ -595,6 +598,7 @@ std::string to_toml(const TrainConfig& c) {
   w.section("output");
   w.put("dir", c.output.dir);
   w.put("checkpoints", c.output.checkpoints);
+  w.put("checkpoint_every_n_batches", c.output.checkpoint_every_n_batches);
   w.put("plots", c.output.plots);
   return "# The resolved configuration of this run: the file, the --set overrides and every default.\n"
          "# `fastlearn train` reads it back as it is.\n\n" +

@@ -115,12 +115,14 @@ struct CallbacksConfig {
   std::optional<EarlyStoppingConfig> early_stopping;  ///< on when the table is present
   std::optional<SaveBestConfig> save_best;            ///< on when the table is present
   bool csv_log = true;                                ///< history.csv
+  bool tensorboard = false;                           ///< TensorBoard event files in <out>/tensorboard
   bool operator==(const CallbacksConfig&) const = default;
 };
 
 struct OutputConfig {
   std::string dir = "runs/train";  ///< --out overrides
-  bool checkpoints = true;         ///< checkpoints/epoch_<e> after every epoch (what --resume continues from)
+  bool checkpoints = true;         ///< a checkpoint after every epoch in checkpoints/ (what --resume continues from)
+  std::int64_t checkpoint_every_n_batches = 0;  ///< also one every N training batches (0: only at epoch ends)
   bool plots = true;               ///< loss.svg
   bool operator==(const OutputConfig&) const = default;
 };

@@ -7,12 +7,12 @@
 
 #include <fmt/format.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
 #include <optional>
-#include <regex>
 
 namespace fastlearn::cli {
 
@@ -99,46 +99,16 @@ std::vector<MetricPtr> make_metrics(const TrainSectionConfig& t) {
   return metrics;
 }
 
-// Saves checkpoints/epoch_<n> (n epochs done, optimizer included) after every epoch: what --resume reads.
-class EpochCheckpoint : public Callback {
- public:
-  std::string name() const override { return "epoch_checkpoint"; }
-  void after_epoch() override {
-    if (lr_finder_attached(learn())) return;
-    learn().save(fmt::format("epoch_{}", learn().epochs_completed()), {.with_opt = true});
-  }
-};
-
-const std::regex& epoch_checkpoint_name() {
-  static const std::regex re(R"(epoch_(\d+)\.safetensors)");
-  return re;
-}
-
-// The epoch_<n> checkpoints in `dir`, by n.
-std::map<int, fs::path> epoch_checkpoints(const fs::path& dir) {
-  std::map<int, fs::path> found;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    std::smatch match;
-    const auto name = entry.path().filename().string();
-    if (std::regex_match(name, match, epoch_checkpoint_name())) found[std::stoi(match[1])] = entry.path();
+// The newest complete checkpoint of the run in `out` to continue from, or nothing (a torn one is skipped
+// with a message). Every rank calls it and finds the same file: checkpoints are written before a barrier.
+std::optional<fs::path> checkpoint_to_resume(const fs::path& out) {
+  const auto dir = out / "checkpoints";
+  auto found = latest_checkpoint(dir);
+  if (is_main()) {
+    if (found) fmt::print("resume: continuing from {}\n", found->string());
+    else fmt::print("resume: no checkpoint in {}; starting from the beginning\n", dir.string());
   }
   return found;
-}
-
-// Loads the newest checkpoints/epoch_<n> under the learner's path and returns the epoch to continue from
-// (0 when there is none). Every rank calls it. Kept in one place so mid-epoch resume can replace it.
-int resume_from_latest(Learner& learn) {
-  const auto dir = learn.options().path / learn.options().model_dir;
-  const auto found = epoch_checkpoints(dir);
-  if (found.empty()) {
-    if (is_main()) fmt::print("resume: no checkpoint in {}; starting from epoch 0\n", dir.string());
-    return 0;
-  }
-  const auto& [epochs, file] = *found.rbegin();
-  learn.load(file.stem().string(), {.with_opt = true});
-  if (is_main()) fmt::print("resume: loaded {} ({} epochs done)\n", file.string(), learn.epochs_completed());
-  return learn.epochs_completed();
 }
 
 LearnerOptions learner_options(const TrainConfig& c, const fs::path& out, bool with_run_callbacks, bool resume) {
@@ -158,7 +128,11 @@ LearnerOptions learner_options(const TrainConfig& c, const fs::path& out, bool w
                              .patience = static_cast<int>(e->patience)}));
   if (const auto& b = cb.save_best)
     o.cbs.push_back(std::make_shared<SaveModel>(SaveModelOptions{.tracker = {.monitor = b->monitor}, .fname = "best"}));
-  if (c.output.checkpoints) o.cbs.push_back(std::make_shared<EpochCheckpoint>());
+  if (cb.tensorboard) o.cbs.push_back(std::make_shared<TensorBoardCallback>(TensorBoardOptions{.log_dir = "tensorboard"}));
+  if (c.output.checkpoints)
+    o.cbs.push_back(std::make_shared<Checkpointer>(
+        CheckpointerOptions{.dir = "checkpoints", .every_n_batches = c.output.checkpoint_every_n_batches}));
+  o.cbs.push_back(std::make_shared<GracefulStop>());  // Ctrl-C / SIGTERM: stop at a batch end with a checkpoint
   return o;
 }
 
@@ -170,9 +144,9 @@ std::unique_ptr<Learner> make_learner(const TrainConfig& c, const fs::path& out,
   return std::make_unique<Learner>(std::move(dls), model, make_loss(c.train), learner_options(c, out, with_run_callbacks, resume));
 }
 
-void fit(Learner& learn, const TrainSectionConfig& t, int start_epoch) {
+void fit(Learner& learn, const TrainSectionConfig& t, const std::optional<fs::path>& resume_from) {
   const int epochs = static_cast<int>(t.epochs);
-  const FitOptions options{.start_epoch = start_epoch};
+  const FitOptions options{.resume_from = resume_from.value_or(fs::path())};
   if (t.schedule == "one_cycle") learn.fit_one_cycle(epochs, t.lr, {.pct_start = t.pct_start, .fit = options});
   else if (t.schedule == "flat_cos") learn.fit_flat_cos(epochs, t.lr, {.pct_start = t.pct_start, .fit = options});
   else learn.fit(epochs, t.lr, options);
@@ -251,15 +225,20 @@ int run_train(const TrainArgs& args) {
     write_file_atomically(out / "config.toml", to_toml(config));
     // A fresh run must not leave an older run's checkpoints for a later --resume to pick up.
     if (!resume) {
-      for (const auto& [epochs, file] : epoch_checkpoints(out / "checkpoints")) fs::remove(file);
+      while (const auto old = latest_checkpoint(out / "checkpoints")) fs::remove(*old);
     }
   }
   auto learn = make_learner(config, out, /*with_run_callbacks=*/true, resume);
   ValidationResult result;
   {
     DistribCtx ctx(*learn, trainer_options(config.distributed), setup_options(config.distributed));
-    const int start_epoch = resume ? resume_from_latest(*learn) : 0;  // after DistribCtx: it recreates the optimizer
-    fit(*learn, config.train, start_epoch);
+    if (is_initialized()) barrier();  // rank 0 removed old checkpoints before anyone looks for one
+    fit(*learn, config.train, resume ? checkpoint_to_resume(out) : std::nullopt);
+    if (const auto stop = learn->cb<GracefulStop>(); stop && stop->stopped()) {
+      const int signal = stop_signal() != 0 ? stop_signal() : SIGTERM;  // 0 here: another rank got it
+      if (is_main()) fmt::print(stderr, "fastlearn train: stopped by signal {}; `--resume` continues from the last checkpoint\n", signal);
+      return 128 + signal;
+    }
     result = learn->validate();  // on every rank: gathered, exact
     learn->save("model", {.with_opt = false});
   }
