@@ -3,6 +3,9 @@
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/idx.h>
 #include <fastlearn/learner/safetensors.h>
+
+#include "cli/config.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -86,3 +89,17 @@ TEST(FuzzCorpus, SafetensorsInputsParseOrFailWithCheckpointError) {
 }
 
 }  // namespace
+
+TEST(FuzzCorpus, ConfigInputsLoadOrFailWithConfigErrorAndRoundTrip) {
+  const auto files = inputs("config");
+  ASSERT_FALSE(files.empty());
+  for (const auto& file : files) {
+    try {
+      const auto config = fastlearn::cli::parse_config(bytes_of(file), file.string());
+      EXPECT_EQ(fastlearn::cli::parse_config(fastlearn::cli::to_toml(config), "resolved.toml"), config) << file;
+    } catch (const fl::ConfigError&) {
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << file << ": " << e.what();
+    }
+  }
+}
