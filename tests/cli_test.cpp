@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <string>
 
+#include "support/processes.h"
+
 namespace {
 
 struct Run {
@@ -12,16 +14,11 @@ struct Run {
   std::string output;
 };
 
+// The CLI with `args` (appended: GCC 12 warns falsely on std::string(macro) + literal).
 Run run(const std::string& args) {
   std::string command = FASTLEARN_CLI;
-  command.append(" ").append(args).append(" 2>&1");
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return {-1, "popen failed"};
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (auto n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  auto [code, out] = fastlearn::testing::run_shell(command.append(" ").append(args));
+  return {code, std::move(out)};
 }
 
 TEST(Cli, VersionNamesFastlearnLibtorchAndTheCompiledInBackends) {

@@ -5,18 +5,11 @@
 #include <cstdio>
 #include <string>
 
+#include "support/processes.h"
+
 namespace {
 
-// Runs `command`, returns its exit status and output.
-std::pair<int, std::string> run(const std::string& command) {
-  std::string out;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return {-1, ""};
-  char buf[4096];
-  while (auto n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using fastlearn::testing::run_shell;
 
 // The CLI followed by `args` (appended: GCC 12 warns falsely on std::string(macro) + literal).
 std::string cli(const std::string& args) {
@@ -34,7 +27,7 @@ std::string bin(const char* name) {
 }  // namespace
 
 TEST(Examples, RingAllreduceOnThreeRanksMatchesAllReduce) {
-  const auto [code, out] = run(cli("launch --nproc-per-node 3 " + bin("ring_allreduce") + " --numel 100003"));
+  const auto [code, out] = run_shell(cli("launch --nproc-per-node 3 " + bin("ring_allreduce") + " --numel 100003"));
   EXPECT_EQ(code, 0) << out;
   for (int r = 0; r < 3; ++r) {
     EXPECT_NE(out.find("[rank " + std::to_string(r) + "] rank " + std::to_string(r) + " of 3: ring allreduce of 100003"),
@@ -48,7 +41,7 @@ TEST(Examples, DistributedSgdKeepsTheReplicasIdentical) {
   } else {
     GTEST_SKIP() << "Debian's dataset-fashion-mnist is not installed";
   }
-  const auto [code, out] = run(cli("launch --nproc-per-node 2 " + bin("distributed_sgd") + " --epochs 1"));
+  const auto [code, out] = run_shell(cli("launch --nproc-per-node 2 " + bin("distributed_sgd") + " --epochs 1"));
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("rank 0: replicas identical: yes"), std::string::npos) << out;
   EXPECT_NE(out.find("rank 1: replicas identical: yes"), std::string::npos) << out;

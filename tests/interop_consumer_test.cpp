@@ -11,19 +11,13 @@
 #include <fstream>
 #include <sstream>
 
+#include "support/processes.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-std::pair<int, std::string> run(const std::string& command) {
-  std::string out;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return {-1, "popen failed"};
-  char buf[4096];
-  while (auto n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using fastlearn::testing::run_shell;
 
 const fs::path kWork = fs::path(FASTLEARN_BUILD_DIR) / "interop";
 const fs::path kConsumer = fs::path(FASTLEARN_SOURCE_DIR) / "tests" / "interop" / "consumer";
@@ -45,7 +39,7 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
   const auto prefix = kWork / "prefix", build = kWork / "package-build";
   fs::remove_all(prefix);
   fs::remove_all(build);
-  auto [status, out] = run(fmt::format("'{}' --install '{}' --prefix '{}'", FASTLEARN_CMAKE, FASTLEARN_BUILD_DIR,
+  auto [status, out] = run_shell(fmt::format("'{}' --install '{}' --prefix '{}'", FASTLEARN_CMAKE, FASTLEARN_BUILD_DIR,
                                        prefix.string()));
   ASSERT_EQ(status, 0) << out;
   // The layout a user includes and links from.
@@ -58,21 +52,21 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
   }
   EXPECT_FALSE(fs::exists(prefix / "include/fastlearn/learner/learner.cpp")) << "sources are not headers";
 
-  std::tie(status, out) = run(fmt::format("'{}' -S '{}' -B '{}' -G Ninja -DCMAKE_BUILD_TYPE=Release "
+  std::tie(status, out) = run_shell(fmt::format("'{}' -S '{}' -B '{}' -G Ninja -DCMAKE_BUILD_TYPE=Release "
                                           "-DCMAKE_PREFIX_PATH='{}' {}",
                                           FASTLEARN_CMAKE, kConsumer.string(), build.string(), prefix.string(), launcher()));
   ASSERT_EQ(status, 0) << out;
   // It was the installed package, not the build tree, that the consumer found.
   EXPECT_NE(slurp(build / "CMakeCache.txt").find("fastlearn_DIR:PATH=" + (prefix / "lib/cmake/fastlearn").string()),
             std::string::npos);
-  std::tie(status, out) = run(fmt::format("'{}' --build '{}'", FASTLEARN_CMAKE, build.string()));
+  std::tie(status, out) = run_shell(fmt::format("'{}' --build '{}'", FASTLEARN_CMAKE, build.string()));
   ASSERT_EQ(status, 0) << out;
-  std::tie(status, out) = run((build / "consumer").string());
+  std::tie(status, out) = run_shell((build / "consumer").string());
   EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("consumer: accuracy"), std::string::npos) << out;
 
   // The installed CLI runs from the prefix (it finds LibTorch without the build tree).
-  std::tie(status, out) = run((prefix / "bin/fastlearn").string() + " --version");
+  std::tie(status, out) = run_shell((prefix / "bin/fastlearn").string() + " --version");
   EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("fastlearn"), std::string::npos) << out;
 
@@ -82,7 +76,7 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
   fs::create_directories(src);
   std::ofstream(src / "CMakeLists.txt") << "cmake_minimum_required(VERSION 3.25)\nproject(v LANGUAGES NONE)\n"
                                            "find_package(fastlearn 9.0 REQUIRED CONFIG)\n";
-  std::tie(status, out) = run(fmt::format("'{}' -S '{}' -B '{}' -DCMAKE_PREFIX_PATH='{}'", FASTLEARN_CMAKE, src.string(),
+  std::tie(status, out) = run_shell(fmt::format("'{}' -S '{}' -B '{}' -DCMAKE_PREFIX_PATH='{}'", FASTLEARN_CMAKE, src.string(),
                                           version_build.string(), prefix.string()));
   EXPECT_NE(status, 0) << out;
   EXPECT_NE(out.find("compatible with requested version \"9.0\""), std::string::npos) << out;
@@ -94,7 +88,7 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
 TEST(SourceTree, AddSubdirectoryConfiguresOnlyTheLibraryForTheParent) {
   const auto build = kWork / "subdirectory-build";
   fs::remove_all(build);
-  auto [status, out] = run(fmt::format("'{}' -S '{}' -B '{}' -G Ninja -DCMAKE_BUILD_TYPE=Release -DFASTLEARN_SOURCE='{}' "
+  auto [status, out] = run_shell(fmt::format("'{}' -S '{}' -B '{}' -G Ninja -DCMAKE_BUILD_TYPE=Release -DFASTLEARN_SOURCE='{}' "
                                        "-DFASTLEARN_PYTHON='{}' {}",
                                        FASTLEARN_CMAKE, kConsumer.string(), build.string(), FASTLEARN_SOURCE_DIR,
                                        FASTLEARN_PYTHON, launcher()));

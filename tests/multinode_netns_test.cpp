@@ -21,15 +21,7 @@ namespace flt = fastlearn::testing;
 
 namespace {
 
-std::pair<int, std::string> shell(const std::string& command) {
-  std::string out;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return {-1, "popen failed"};
-  char buf[4096];
-  while (auto n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using fastlearn::testing::run_shell;
 
 // Two namespaces and a veth pair between them, with names unique to this run; removed by the destructor
 // (deleting a namespace deletes the veth end inside it, and with it the pair), also after a failure.
@@ -40,8 +32,8 @@ class TwoHosts {
     veth_ = {"flv0-" + suffix_, "flv1-" + suffix_};  // interface names have at most 15 characters
   }
   ~TwoHosts() {
-    for (std::size_t i = 0; i < made_; ++i) shell("ip netns delete " + ns_[i]);
-    shell("ip link delete " + veth_[0]);  // only left when moving it into a namespace failed
+    for (std::size_t i = 0; i < made_; ++i) run_shell("ip netns delete " + ns_[i]);
+    run_shell("ip link delete " + veth_[0]);  // only left when moving it into a namespace failed
   }
   TwoHosts(const TwoHosts&) = delete;
   TwoHosts& operator=(const TwoHosts&) = delete;
@@ -49,7 +41,7 @@ class TwoHosts {
   /// Creates the namespaces; the error output of `ip` when it cannot (no root, no netns support).
   std::string create_namespaces() {
     for (const auto& ns : ns_) {
-      auto [status, out] = shell("ip netns add " + ns);
+      auto [status, out] = run_shell("ip netns add " + ns);
       if (status != 0) return "`ip netns add " + ns + "` failed: " + out;
       ++made_;
     }
@@ -73,7 +65,7 @@ class TwoHosts {
 
  private:
   static void run_ok(const std::string& command) {
-    auto [status, out] = shell(command);
+    auto [status, out] = run_shell(command);
     if (status != 0) throw std::runtime_error("`" + command + "` failed: " + out);
   }
   std::string suffix_;
@@ -91,7 +83,7 @@ TEST(MultiNode, TwoNamespacesOverAVethPairTrainLikeOneNode) {
   }
   ASSERT_NO_THROW(hosts.connect());
   // Node 1 reaches node 0 over the veth link (the namespaces have no other route).
-  const auto [status, out] = shell(fmt::format("ip -n {} route get {}", hosts.ns(1), TwoHosts::address(0)));
+  const auto [status, out] = run_shell(fmt::format("ip -n {} route get {}", hosts.ns(1), TwoHosts::address(0)));
   ASSERT_EQ(status, 0) << out;
   EXPECT_NE(out.find("dev " + hosts.veth(1)), std::string::npos) << out;
 

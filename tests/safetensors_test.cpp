@@ -22,6 +22,8 @@
 #include <random>
 #include <stdexcept>
 
+#include "support/processes.h"
+
 namespace fl = fastlearn;
 namespace fs = std::filesystem;
 
@@ -503,17 +505,10 @@ TEST_F(Safetensors, SavingABadTensorKeepsTheOldCheckpoint) {
 // Runs tests/python/safetensors_interop.py (or `args` as given when `script` is false); returns the exit
 // status and the output.
 std::pair<int, std::string> run_python(const std::string& args, bool script = true) {
-  const auto command = fmt::format("'{}' {} {} 2>&1", FASTLEARN_PYTHON,
-                                   script ? fmt::format("'{}/tests/python/safetensors_interop.py'", FASTLEARN_SOURCE_DIR)
-                                          : std::string(),
-                                   args);
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return {-1, "popen failed"};
-  std::string output;
-  char buffer[4096];
-  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) output.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+  return fastlearn::testing::run_shell(
+      fmt::format("'{}' {} {}", FASTLEARN_PYTHON,
+                  script ? fmt::format("'{}/tests/python/safetensors_interop.py'", FASTLEARN_SOURCE_DIR) : std::string(),
+                  args));
 }
 
 // Why the Python interop tests cannot run, or an empty string.

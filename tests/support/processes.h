@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fastlearn::testing {
@@ -29,5 +30,9 @@ struct CommandResult {
 /// TORCHELASTIC_*, OMPI_*, PMI_*, MPI_LOCAL*, SLURM_*), plus the command's own; waits for all of them.
 /// At the timeout, every group still running is killed (SIGKILL) and marked timed_out.
 std::vector<CommandResult> run_commands(const std::vector<Command>& commands, std::chrono::seconds timeout);
+
+/// Runs `command` through the shell and waits for it: its exit code (-1 when a signal ended it, or it
+/// could not start) and what it wrote to stdout and stderr, interleaved.
+std::pair<int, std::string> run_shell(const std::string& command);
 
 }  // namespace fastlearn::testing
