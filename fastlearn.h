@@ -1,5 +1,6 @@
 #pragma once
 // fastlearn in one include: data, Learner, callbacks, metrics, optimizers, models, distributed training.
+#include <fastlearn/callbacks/channels_last.h>
 #include <fastlearn/callbacks/checkpointing.h>
 #include <fastlearn/callbacks/epoch_logs.h>
 #include <fastlearn/callbacks/graceful_stop.h>

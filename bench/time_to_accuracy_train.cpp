@@ -2,7 +2,8 @@
 // (data parallel when started by `fastlearn launch`) and stops after the first epoch whose test accuracy
 // reaches --target. Rank 0 prints one line: {"reached": .., "epochs": .., "accuracy": .., "train_seconds": .., "history": [..]}.
 //   tta_train --model NAME --epochs E --lr LR --bs B --target 0.92 [--data DIR] [--seed S]
-// NAME: simple_cnn, or resnet_<width>_<width>..._s<stem> (models::resnet with those stage widths and stem).
+// NAME: simple_cnn, conv_net_<width>_<width>... (models::conv_net with those widths), or
+// resnet_<width>_<width>..._s<stem> (models::resnet with those stage widths and stem).
 #include <fastlearn/fastlearn.h>
 
 #include <CLI/CLI.hpp>
@@ -19,6 +20,12 @@ namespace {
 
 torch::nn::Sequential model_named(const std::string& name) {
   if (name == "simple_cnn") return fl::models::simple_cnn(10);
+  if (name.starts_with("conv_net_")) {
+    fl::models::ConvNetOptions options{.widths = {}};
+    std::istringstream parts(name.substr(9));
+    for (std::string part; std::getline(parts, part, '_');) options.widths.push_back(std::stoll(part));
+    return fl::models::conv_net(options);
+  }
   if (name.rfind("resnet_", 0) == 0) {
     fl::models::ResNetOptions options{.widths = {}};
     std::istringstream parts(name.substr(7));
@@ -31,7 +38,7 @@ torch::nn::Sequential model_named(const std::string& name) {
     }
     return fl::models::resnet(options);
   }
-  throw fl::ConfigError("tta_train: unknown --model '" + name + "' (simple_cnn or resnet_<widths>_s<stem>)");
+  throw fl::ConfigError("tta_train: unknown --model '" + name + "' (simple_cnn, conv_net_<widths> or resnet_<widths>_s<stem>)");
 }
 
 // Ends the fit after the first epoch whose validation accuracy reaches the target.

@@ -157,7 +157,9 @@ class GradReducer::Impl {
         p.view = at::Tensor();
         continue;
       }
-      p.view = buckets_[p.bucket].flat.narrow(0, p.offset, p.tensor.numel()).view(p.tensor.sizes());
+      // The view has the parameter's strides (contiguous or channels-last), the layout autograd gives .grad.
+      auto slice = buckets_[p.bucket].flat.narrow(0, p.offset, p.tensor.numel());
+      p.view = dense(p.tensor) ? slice.as_strided(p.tensor.sizes(), p.tensor.strides()) : slice.view(p.tensor.sizes());
       // Gradients that live in the old buckets (after the first iteration's rebuild) move to the new ones.
       auto& grad = p.tensor.mutable_grad();
       if (grad.defined() && can_be_view(p)) {
@@ -207,9 +209,9 @@ class GradReducer::Impl {
     const double share = options_.divide_by_world_size ? 1.0 / group_.size() : 1.0;
     if (buckets_[p.bucket].in_place) {
       if (!grad.defined()) {
-        grad = at::zeros_like(p.tensor);
-      } else if (!grad.is_contiguous()) {
-        grad = grad.contiguous();
+        grad = at::zeros_like(p.tensor, at::MemoryFormat::Preserve);
+      } else if (grad.strides() != p.tensor.strides()) {
+        grad = at::empty_like(p.tensor, at::MemoryFormat::Preserve).copy_(grad);
       }
       if (share != 1.0) grad.mul_(share);
       return;
@@ -227,9 +229,16 @@ class GradReducer::Impl {
     if (can_be_view(p)) grad = p.view;
   }
 
-  // Large, dense, contiguous, float as it is communicated: reduced in its own .grad.
+  // Dense (contiguous or another permutation such as channels-last): its memory is one block of numel
+  // elements, which a bucket slice can alias and a collective can treat as a flat vector.
+  static bool dense(const at::Tensor& t) { return !t.is_sparse() && t.is_non_overlapping_and_dense(); }
+
+  // The memory of a dense tensor as a flat vector, in memory order (an elementwise sum does not mind).
+  static at::Tensor flat_alias(const at::Tensor& t) { return t.as_strided({t.numel()}, {1}); }
+
+  // Large, dense, float as it is communicated: reduced in its own .grad.
   bool reduce_in_place(const ParamSlot& p, std::int64_t bytes) const {
-    return !options_.compression && p.tensor.is_contiguous() && !p.tensor.is_sparse() &&
+    return !options_.compression && dense(p.tensor) &&
            static_cast<double>(bytes) >= options_.in_place_mb * 1024.0 * 1024.0;
   }
 
@@ -237,17 +246,17 @@ class GradReducer::Impl {
     return grad.is_alias_of(p.view) && grad.data_ptr() == p.view.data_ptr();
   }
 
-  // A contiguous dense parameter can take its bucket view as .grad (the layout autograd and the optimizer
-  // expect); with compression the bucket has another dtype.
+  // A dense parameter can take its bucket view as .grad (it has the parameter's strides, the layout
+  // autograd and the optimizer expect); with compression the bucket has another dtype.
   bool can_be_view(const ParamSlot& p) const {
-    return options_.gradient_as_bucket_view && p.view.scalar_type() == p.tensor.scalar_type() && p.tensor.is_contiguous() && !p.tensor.is_sparse();
+    return options_.gradient_as_bucket_view && p.view.scalar_type() == p.tensor.scalar_type() && dense(p.tensor);
   }
 
   // Starts every complete bucket whose predecessors have started: the same order on every rank.
   void launch_ready() {
     while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
       auto& b = buckets_[next_launch_];
-      std::vector<at::Tensor> tensors{b.in_place ? params_[b.params.front()].tensor.grad().view(-1) : b.flat};
+      std::vector<at::Tensor> tensors{b.in_place ? flat_alias(params_[b.params.front()].tensor.grad()) : b.flat};
       b.work = group_.backend().allreduce(tensors);
       stats.launched_after.push_back(stats.hooks);
       ++next_launch_;

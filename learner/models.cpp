@@ -32,6 +32,25 @@ nn::Sequential simple_cnn(std::int64_t classes, std::int64_t in_channels) {
                         nn::Flatten(), nn::Linear(64 * 4 * 4, classes));
 }
 
+nn::Sequential conv_net(const ConvNetOptions& options) {
+  if (options.widths.empty() || options.classes < 1 || options.in_channels < 1 || options.input_size < 1) {
+    throw ConfigError("models::conv_net: needs at least one width, classes >= 1, in_channels >= 1 and input_size >= 1");
+  }
+  nn::Sequential model;
+  std::int64_t channels = options.in_channels, size = options.input_size;
+  for (const auto width : options.widths) {
+    if (width < 1) throw ConfigError("models::conv_net: width " + std::to_string(width) + " is not positive");
+    model->push_back(nn::Conv2d(nn::Conv2dOptions(channels, width, 3).stride(2).padding(1).bias(false)));
+    model->push_back(nn::BatchNorm2d(width));
+    model->push_back(nn::ReLU());
+    channels = width;
+    size = (size + 1) / 2;  // a stride-2, padding-1 3x3 convolution rounds up
+  }
+  model->push_back(nn::Flatten());
+  model->push_back(nn::Linear(channels * size * size, options.classes));
+  return model;
+}
+
 namespace {
 
 // Convolution (no bias), BatchNorm, optional ReLU: the unit every layer of the ResNet is made of.

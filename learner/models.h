@@ -1,6 +1,6 @@
 #pragma once
-// Ready-made models for apps and tests: an MLP, a small CNN, and a small xresnet-style ResNet with
-// BatchNorm. Each is a torch::nn::Sequential, so parameter names are "<index>.<name>" as in a Python
+// Ready-made models for apps and tests: an MLP, a small CNN (with BatchNorm: conv_net), and a small
+// xresnet-style ResNet with BatchNorm. Each is a torch::nn::Sequential, so parameter names are "<index>.<name>" as in a Python
 // nn.Sequential of the same layers.
 #include <torch/nn/modules/container/sequential.h>
 
@@ -15,6 +15,18 @@ torch::nn::Sequential mlp(std::int64_t in, const std::vector<std::int64_t>& hidd
 /// Three stride-2 3x3 convolutions with ReLU (channels 1 -> 32 -> 64 -> 64; 28x28 -> 14 -> 7 -> 4) and a
 /// linear classifier over the flattened 64x4x4 features. Input (N, in_channels, 28, 28).
 torch::nn::Sequential simple_cnn(std::int64_t classes, std::int64_t in_channels = 1);
+
+struct ConvNetOptions {
+  std::vector<std::int64_t> widths{32, 64, 128, 256};  ///< channels of each stride-2 convolution
+  std::int64_t classes = 10;
+  std::int64_t in_channels = 1;
+  std::int64_t input_size = 28;  ///< height = width of the input; sets the classifier's input size
+};
+
+/// simple_cnn with BatchNorm and a width per layer: for each width a stride-2 3x3 convolution (no bias),
+/// BatchNorm and ReLU (28x28 -> 14 -> 7 -> 4 -> 2), then a linear classifier over the flattened features.
+/// Every convolution is strided, so it costs a fraction of a ResNet with full-size stages (see bench/README.md).
+torch::nn::Sequential conv_net(const ConvNetOptions& options = {});
 
 struct ResNetOptions {
   std::vector<std::int64_t> widths{32, 64, 128};  ///< channels of each stage; stages after the first halve the size

@@ -50,13 +50,20 @@ void check_finite(const std::string& name, double value, const std::string& wher
                     where, name, value));
 }
 
-// Whether ATen's fused CPU kernels can update `p` from `g`: they walk raw contiguous memory.
+// Whether two tensors lay out the same elements at the same offsets.
+bool same_layout(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && a.strides() == b.strides();
+}
+
+// Whether ATen's fused CPU kernels can update `p` from `g`: they walk raw memory element by element, so
+// any dense layout (contiguous, channels-last) works as long as the parameter, its gradient and its state
+// share it.
 bool fusable(const at::Tensor& p, const at::Tensor& g) {
   const auto dtype = p.scalar_type();
   const bool floating = dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16;
   return floating && p.device().is_cpu() && g.device().is_cpu() && p.layout() == at::kStrided &&
-         g.layout() == at::kStrided && g.scalar_type() == dtype && p.is_contiguous() && g.is_contiguous() &&
-         p.sizes() == g.sizes();
+         g.layout() == at::kStrided && g.scalar_type() == dtype && p.is_non_overlapping_and_dense() &&
+         same_layout(p, g);
 }
 
 // Gradients the update can use: dense and shaped like their parameter. Checked before anything changes.
@@ -408,11 +415,11 @@ void SGDOptimizer::step_group(ParamGroup& group, GroupState& state, const std::v
   for (std::size_t k = 0; k < active.size(); ++k) {
     const auto i = active[k];
     const bool first = state.steps[i] == 1;
-    if (fuse_group && fusable(params[k], grads[k]) && (!bufs || first || (*bufs)[i].is_contiguous())) {
+    if (fuse_group && fusable(params[k], grads[k]) && (!bufs || first || same_layout((*bufs)[i], params[k]))) {
       fp[first].push_back(params[k]);
       fg[first].push_back(grads[k]);
       if (bufs) {
-        if (first) (*bufs)[i] = at::empty_like(params[k]);
+        if (first) (*bufs)[i] = at::empty_like(params[k], at::MemoryFormat::Preserve);
         fb[first].push_back((*bufs)[i]);
       }
     } else {
@@ -492,7 +499,7 @@ void AdamOptimizer::step_group(ParamGroup& group, GroupState& state, const std::
       exp_avg[i] = at::zeros_like(p, at::MemoryFormat::Preserve);
       exp_avg_sq[i] = at::zeros_like(p, at::MemoryFormat::Preserve);
     }
-    if (options_.fused && fusable(p, g) && exp_avg[i].is_contiguous() && exp_avg_sq[i].is_contiguous()) {
+    if (options_.fused && fusable(p, g) && same_layout(exp_avg[i], p) && same_layout(exp_avg_sq[i], p)) {
       fp.push_back(p);
       fg.push_back(g);
       fm.push_back(exp_avg[i]);

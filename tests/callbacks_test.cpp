@@ -1,5 +1,6 @@
 // The built-in callbacks: trackers (early stopping, save best, reduce lr), file logs (CSV,
 // metrics.json), the progress output, gradient accumulation and clipping, and mixed precision.
+#include <fastlearn/callbacks/channels_last.h>
 #include <fastlearn/callbacks/epoch_logs.h>
 #include <fastlearn/callbacks/grad_accumulation.h>
 #include <fastlearn/callbacks/grad_clip.h>
@@ -313,4 +314,35 @@ TEST_F(Callbacks, AnUnknownMonitorFailsBeforeTheFirstEpoch) {
                                                        fl::EarlyStoppingOptions{.tracker = {.monitor = "acuracy"}})}}),
                fl::Error);
   EXPECT_EQ(count->epochs, 0);
+}
+
+TEST_F(Callbacks, ChannelsLastTrainsLikeTheDefaultLayoutWithTheSameParameters) {
+  auto gen = at::detail::createCPUGenerator(5);
+  auto y = at::randint(0, 3, {48}, gen, at::TensorOptions().dtype(at::kLong));
+  auto x = at::randn({48, 1, 12, 12}, gen) + y.to(at::kFloat).view({48, 1, 1, 1});
+  auto ds = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
+  auto train = [&](bool channels_last) {
+    torch::manual_seed(0);
+    fl::DataLoaders dls(fl::DataLoader(ds, {.bs = 8, .shuffle = true, .seed = 1}), fl::DataLoader(ds, {.bs = 16}), 3);
+    auto learn = std::make_unique<fl::Learner>(
+        dls, fl::models::conv_net({.widths = {8, 16}, .classes = 3, .input_size = 12}), fl::cross_entropy(),
+        fl::LearnerOptions{.opt_func = fl::Adam(), .path = dir_, .progress = false});
+    const auto weight = learn->model().parameters()[3];  // the 16x8x3x3 convolution; the optimizer holds this tensor
+    learn->fit_one_cycle(2, 1e-2, channels_last ? fl::OneCycleOptions{.fit = {.cbs = {std::make_shared<fl::ChannelsLast>()}}}
+                                                : fl::OneCycleOptions{});
+    EXPECT_TRUE(weight.is_same(learn->model().parameters()[3]));
+    EXPECT_EQ(weight.is_contiguous(at::MemoryFormat::ChannelsLast) && !weight.is_contiguous(), channels_last);
+    return learn;
+  };
+  const auto plain = train(false), nhwc = train(true);
+  const auto& a = plain->recorder().history();
+  const auto& b = nhwc->recorder().history();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t e = 0; e < a.size(); ++e) {
+    EXPECT_NEAR(a[e].train_loss, b[e].train_loss, 1e-4) << "epoch " << e;
+    EXPECT_NEAR(a[e].valid_loss, b[e].valid_loss, 1e-4) << "epoch " << e;
+  }
+  EXPECT_LT(b.back().valid_loss, b.front().train_loss) << "it learns";
+  const auto pa = plain->model().parameters(), pb = nhwc->model().parameters();
+  for (std::size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(pa[i].allclose(pb[i], 1e-4, 1e-5)) << "parameter " << i;
 }

@@ -86,6 +86,10 @@ TEST(Config, AnOutOfRangeValueNamesTheKeyAndTheRange) {
 
 TEST(Config, KeysThatDoNotApplyAreErrors) {
   expect_contains(error_of("[model]\nhidden = [64]\n").what(), "model.hidden: applies to arch = \"mlp\" only");
+  expect_contains(error_of("[model]\nwidths = [8]\n").what(),
+                  "model.widths: applies to arch = \"resnet\" or \"conv_net\" only");
+  expect_contains(error_of("[model]\narch = \"conv_net\"\nstem_width = 8\n").what(),
+                  "model.stem_width: applies to arch = \"resnet\" only");
   expect_contains(error_of("[train]\nmomentum = 0.9\n").what(), "train.momentum: applies to optimizer = \"sgd\" only");
   expect_contains(error_of("[data]\ndataset = \"synthetic_regression\"\n").what(),
                   "model.arch: \"simple_cnn\" needs images");
@@ -140,6 +144,7 @@ TEST(Config, TheResolvedConfigReadsBackEqual) {
        "hidden = []\n[train]\noptimizer = \"sgd\"\nmomentum = 0.8\nschedule = \"constant\"\nloss = \"l1\"\n"
        "metrics = [\"mae\", \"rmse\"]\n",
        {"distributed.timeout_seconds=12.5", "output.checkpoints=false"}},
+      {"[model]\narch = \"conv_net\"\nwidths = [32, 64, 128, 256]\n", {}},
   };
   for (const auto& [text, sets] : cases) {
     const TrainConfig c = parse_config(text, "run.toml", sets);

@@ -2,6 +2,7 @@
 // own gradients, parameters start equal, buckets follow the caps and start before backward ends,
 // gradient accumulation communicates once, unused parameters are named, compression stays close, and
 // gradients are views into the buckets.
+#include <fastlearn/callbacks/channels_last.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/grad_reducer.h>
 #include <fastlearn/distributed/runtime.h>
@@ -227,6 +228,45 @@ TEST(GradReducer, LargeGradientsAreReducedInPlaceAndAPredividedLossOnlySums) {
         (divide ? loss : loss / 2).backward();
         expect_grads(model, expected);
       }
+    }
+  }, {.env = flt::torchrun_env(2)});
+}
+
+TEST(GradReducer, ChannelsLastGradientsKeepTheParametersLayoutInBucketsAndInPlace) {
+  flt::run_on_ranks(2, [](const RankContext&) {
+    Distributed dist;
+    torch::manual_seed(0);
+    auto images_of = [](int rank) {
+      auto gen = at::detail::createCPUGenerator(200 + rank);
+      return std::pair{at::randn({6, 1, 8, 8}, gen), at::randint(0, 3, {6}, gen, at::TensorOptions().dtype(at::kLong))};
+    };
+    auto reference = fl::models::conv_net({.widths = {4, 8}, .classes = 3, .input_size = 8});
+    std::vector<at::Tensor> expected;  // the mean of both ranks' gradients, in the default layout
+    for (int r = 0; r < 2; ++r) {
+      auto [x, y] = images_of(r);
+      torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
+    }
+    for (auto& p : reference->parameters()) expected.push_back(p.grad() / 2);
+    // in_place_mb between the sizes: the 8x4x3x3 conv weight (1152 B) is reduced in its own .grad, the rest packed.
+    for (const double in_place_mb : {1e9, 1000.0 / (1024 * 1024)}) {
+      auto model = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(reference->clone());
+      for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+      fl::to_channels_last(*model);
+      const auto conv_weight = model->parameters()[3];  // 8x4x3x3 (a 1-channel weight is both layouts at once)
+      ASSERT_TRUE(conv_weight.is_contiguous(at::MemoryFormat::ChannelsLast));
+      ASSERT_FALSE(conv_weight.is_contiguous());
+      fl::GradReducer reducer(named(*model), {}, fl::world_group(), {.in_place_mb = in_place_mb});
+      for (int iteration = 0; iteration < 2; ++iteration) {
+        for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+        auto [x, y] = images_of(fl::rank());
+        torch::nn::functional::cross_entropy(model->forward(x.contiguous(at::MemoryFormat::ChannelsLast)), y).backward();
+        const auto params = model->parameters();
+        for (std::size_t i = 0; i < params.size(); ++i) {
+          EXPECT_TRUE(params[i].grad().allclose(expected[i], 1e-5, 1e-6)) << "parameter " << i << ", in_place_mb " << in_place_mb;
+          EXPECT_EQ(params[i].grad().strides(), params[i].strides()) << "parameter " << i << ": the optimizer's fused step needs one layout";
+        }
+      }
+      EXPECT_EQ(reducer.bucket_count(), in_place_mb > 1 ? 1u : 2u);
     }
   }, {.env = flt::torchrun_env(2)});
 }

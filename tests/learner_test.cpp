@@ -423,6 +423,18 @@ TEST(Models, ShapesNamesAndGroups) {
   EXPECT_EQ(groups[1].size(), 2u) << "the head is the final Linear";
   EXPECT_EQ(groups[0].size() + groups[1].size(), net->parameters().size());
   EXPECT_THROW(fl::models::resnet({.widths = {}}), fl::ConfigError);
+
+  auto conv = fl::models::conv_net({.widths = {4, 8, 16, 32}, .classes = 5});
+  EXPECT_EQ(conv->forward(at::randn({3, 1, 28, 28})).sizes(), (at::IntArrayRef{3, 5}));
+  names.clear();
+  for (const auto& p : conv->named_parameters()) names.push_back(p.key());
+  EXPECT_EQ(names.front(), "0.weight") << "the first convolution has no bias (BatchNorm follows)";
+  EXPECT_EQ(names.back(), "13.bias") << "Sequential(4 x (Conv2d, BatchNorm2d, ReLU), Flatten, Linear)";
+  EXPECT_EQ(conv->ptr(13)->as<torch::nn::Linear>()->options.in_features(), 32 * 2 * 2) << "28 -> 14 -> 7 -> 4 -> 2";
+  auto small = fl::models::conv_net({.widths = {8}, .classes = 2, .in_channels = 3, .input_size = 9});
+  EXPECT_EQ(small->forward(at::randn({1, 3, 9, 9})).sizes(), (at::IntArrayRef{1, 2})) << "9 -> 5";
+  EXPECT_THROW(fl::models::conv_net({.widths = {}}), fl::ConfigError);
+  EXPECT_THROW(fl::models::conv_net({.widths = {8, 0}}), fl::ConfigError);
 }
 
 TEST(Learner, UnfreezingFromACallbackDuringAFitKeepsTraining) {

@@ -2,7 +2,7 @@
 // Learner::save loads with safetensors.torch.load_file + load_state_dict (strict) into the equivalent
 // torch.nn module (tests/python/torch_twins.py), which predicts the same on the same inputs; weights saved
 // from Python load with Learner::load and fastlearn predicts what Python did. Both to 1e-5, for
-// simple_cnn and the BatchNorm ResNet (buffers included). One Python run serves every model.
+// simple_cnn, the BatchNorm ResNet and conv_net (buffers included). One Python run serves every model.
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/models.h>
 #include <fastlearn/learner/safetensors.h>
@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::vector<std::string> kArchs = {"simple_cnn", "resnet"};
+const std::vector<std::string> kArchs = {"simple_cnn", "resnet", "conv_net"};
 
 std::pair<int, std::string> run(const std::string& command) {
   std::string out;
@@ -32,6 +32,7 @@ std::pair<int, std::string> run(const std::string& command) {
 // Keep in step with tests/python/torch_twins.py.
 torch::nn::Sequential make_model(const std::string& arch) {
   if (arch == "simple_cnn") return fl::models::simple_cnn(3);
+  if (arch == "conv_net") return fl::models::conv_net({.widths = {8, 16, 32}, .classes = 3});
   return fl::models::resnet({.widths = {8, 16}, .classes = 3, .stem_width = 8});
 }
 
@@ -74,7 +75,7 @@ TEST(SafetensorsRoundTrip, WeightsCrossBetweenFastlearnAndPyTorchBothWays) {
   const auto [status, out] = run(fmt::format("'{}' '{}/tests/python/torch_twins.py' '{}'{} 2>&1", python,
                                              FASTLEARN_SOURCE_DIR, root.string(), archs));
   ASSERT_EQ(status, 0) << out;
-  EXPECT_EQ(out, "simple_cnn: OK\nresnet: OK\n");
+  EXPECT_EQ(out, "simple_cnn: OK\nresnet: OK\nconv_net: OK\n");
 
   // Python -> fastlearn: a twin's random weights and statistics, loaded by Learner::load.
   for (const auto& arch : kArchs) {

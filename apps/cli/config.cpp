@@ -311,7 +311,7 @@ void read_data(Section s, DataConfig& d) {
 }
 
 void read_model(Section s, ModelConfig& m, const DataConfig& data) {
-  s.read("arch", m.arch, {"mlp", "simple_cnn", "resnet"});
+  s.read("arch", m.arch, {"mlp", "simple_cnn", "conv_net", "resnet"});
   s.read("hidden", m.hidden, 1, true);
   s.read("widths", m.widths, 1, false);
   s.read("blocks_per_stage", m.blocks_per_stage, 1, 64);
@@ -319,7 +319,9 @@ void read_model(Section s, ModelConfig& m, const DataConfig& data) {
   for (const char* key : {"hidden"}) {
     if (m.arch != "mlp" && s.has(key)) s.invalid(key, "applies to arch = \"mlp\" only");
   }
-  for (const char* key : {"widths", "blocks_per_stage", "stem_width"}) {
+  if (m.arch != "resnet" && m.arch != "conv_net" && s.has("widths"))
+    s.invalid("widths", "applies to arch = \"resnet\" or \"conv_net\" only");
+  for (const char* key : {"blocks_per_stage", "stem_width"}) {
     if (m.arch != "resnet" && s.has(key)) s.invalid(key, "applies to arch = \"resnet\" only");
   }
   if (m.arch != "mlp" && !is_classification(data))
@@ -554,6 +556,7 @@ std::string to_toml(const TrainConfig& c) {
   w.section("model");
   w.put("arch", m.arch);
   if (m.arch == "mlp") w.put("hidden", m.hidden);
+  if (m.arch == "conv_net") w.put("widths", m.widths);
   if (m.arch == "resnet") {
     w.put("widths", m.widths);
     w.put("blocks_per_stage", m.blocks_per_stage);

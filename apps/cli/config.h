@@ -62,9 +62,9 @@ struct DataConfig {
 };
 
 struct ModelConfig {
-  std::string arch = "simple_cnn";                 ///< mlp | simple_cnn | resnet
+  std::string arch = "simple_cnn";                 ///< mlp | simple_cnn | conv_net | resnet
   std::vector<std::int64_t> hidden{256, 128};      ///< mlp: hidden layer sizes
-  std::vector<std::int64_t> widths{32, 64, 128};   ///< resnet: channels of each stage
+  std::vector<std::int64_t> widths{32, 64, 128};   ///< resnet: channels of each stage; conv_net: of each stride-2 layer
   std::int64_t blocks_per_stage = 1;               ///< resnet
   std::int64_t stem_width = 32;                    ///< resnet
   bool operator==(const ModelConfig&) const = default;

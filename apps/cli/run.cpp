@@ -66,6 +66,7 @@ torch::nn::Sequential make_model(const TrainConfig& c, DataLoaders& dls) {
   const bool images = is_classification(c.data);
   const std::int64_t outputs = dls.c();
   if (m.arch == "simple_cnn") return models::simple_cnn(outputs);
+  if (m.arch == "conv_net") return models::conv_net({.widths = m.widths, .classes = outputs});
   if (m.arch == "resnet")
     return models::resnet({.widths = m.widths, .blocks_per_stage = m.blocks_per_stage, .classes = outputs,
                            .in_channels = 1, .stem_width = m.stem_width});

@@ -98,15 +98,25 @@ def resnet(widths, blocks_per_stage=1, classes=10, in_channels=1, stem_width=32)
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, classes))
 
 
+def conv_net(widths, classes=10, in_channels=1, size=28) -> nn.Module:
+    layers, channels = [], in_channels
+    for w in widths:
+        layers += [nn.Conv2d(channels, w, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU()]
+        channels, size = w, (size + 1) // 2
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(channels * size * size, classes))
+
+
 def model(name: str) -> nn.Module:
-    """The models the benchmarks name: 'simple_cnn', 'mlp' (784-512-256-10), 'resnet_W1_W2_..._sS' ."""
+    """The models the benchmarks name: 'simple_cnn', 'mlp' (784-512-256-10), 'conv_net_W1_W2_...', 'resnet_W1_W2_..._sS'."""
     if name == "simple_cnn":
         return simple_cnn()
     if name == "mlp":
         return mlp(784, [512, 256], 10)
+    if name.startswith("conv_net_"):
+        return conv_net([int(p) for p in name.split("_")[2:]])
     if name.startswith("resnet_"):
         parts = name.split("_")[1:]
         stem = int(parts[-1][1:]) if parts[-1].startswith("s") else 32
         widths = [int(p) for p in parts if not p.startswith("s")]
         return resnet(widths, stem_width=stem)
-    raise ValueError(f"unknown model '{name}' (simple_cnn, mlp, resnet_<widths>_s<stem>)")
+    raise ValueError(f"unknown model '{name}' (simple_cnn, mlp, conv_net_<widths>, resnet_<widths>_s<stem>)")

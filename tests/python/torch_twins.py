@@ -11,7 +11,7 @@ For each ARCH, in DIR/ARCH:
 Prints "<ARCH>: OK" or what differs; exits 1 if anything differs.
 
 ARCH: simple_cnn (models::simple_cnn(3)) or resnet (models::resnet({.widths = {8, 16}, .classes = 3,
-.stem_width = 8})); keep both in step with fastlearn's learner/models.cpp.
+.stem_width = 8})) or conv_net (models::conv_net({.widths = {8, 16, 32}, .classes = 3})); keep them in step with fastlearn's learner/models.cpp.
 """
 import os
 import sys
@@ -69,7 +69,15 @@ def resnet(widths=(8, 16), blocks_per_stage=1, classes=3, in_channels=1, stem_wi
     return nn.Sequential(*layers)
 
 
-ARCHS = {"simple_cnn": simple_cnn, "resnet": resnet}
+def conv_net(widths=(8, 16, 32), classes=3, in_channels=1, size=28):
+    layers, channels = [], in_channels
+    for width in widths:
+        layers += [nn.Conv2d(channels, width, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
+        channels, size = width, (size + 1) // 2
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(channels * size * size, classes))
+
+
+ARCHS = {"simple_cnn": simple_cnn, "resnet": resnet, "conv_net": conv_net}
 
 
 def check_fastlearn_weights(arch, folder):
