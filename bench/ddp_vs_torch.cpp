@@ -1,7 +1,9 @@
 // ddp_vs_torch: median time of one data parallel training step on 2 ranks (Gloo, this machine), fastlearn
 // (GradReducer + our SGD) vs PyTorch's DistributedDataParallel in Python (torchrun), both on simple_cnn
-// with a fixed batch of 64 images per rank, SGD with momentum, 1 thread per rank. ratio = torch / ours.
+// with a fixed batch of 64 images per rank, SGD with momentum, 1 thread per rank. ratio = torch / ours, both in
+// the default (contiguous) layout; ratio_channels_last: both sides with the model and batch in channels-last.
 // Prints one JSON object.
+#include <fastlearn/callbacks/channels_last.h>
 #include <fastlearn/distributed/collectives.h>
 #include <fastlearn/distributed/grad_reducer.h>
 #include <fastlearn/distributed/launcher.h>
@@ -18,6 +20,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <vector>
 
 namespace fl = fastlearn;
@@ -27,38 +30,41 @@ namespace {
 
 constexpr int kBatch = 64, kSteps = 40;
 
-void run_rank(int) {
-  at::set_num_threads(1);
-  fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+// Median, min and max seconds of kSteps steps (after 5 warm-up steps) on a fresh seeded model.
+std::vector<double> measure(bool averaging, bool channels_last) {
   torch::manual_seed(0);
   auto model = fl::models::simple_cnn(10);
+  if (channels_last) fl::to_channels_last(*model);
   std::vector<std::pair<std::string, at::Tensor>> params;
   for (const auto& p : model->named_parameters()) params.emplace_back(p.key(), p.value());
   auto opt = fl::SGD({.mom = 0.9})({model->parameters()}, 0.01);
   auto x = torch::randn({kBatch, 1, 28, 28});
+  if (channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
   auto y = torch::randint(0, 10, {kBatch}, torch::kLong);
-  auto steps = [&] {
-    std::vector<double> times;
-    for (int step = 0; step < kSteps + 5; ++step) {
-      fl::barrier();
-      const auto start = Clock::now();
-      torch::nn::functional::cross_entropy(model->forward(x), y).backward();
-      opt->step();
-      opt->zero_grad();
-      if (step >= 5) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-    }
-    std::sort(times.begin(), times.end());
-    return times;
-  };
-  const auto compute_only = steps();  // the same step without gradient averaging: what communication adds
+  std::optional<fl::GradReducer> reducer;
+  if (averaging) reducer.emplace(params, std::vector<at::Tensor>{}, fl::world_group());
   std::vector<double> times;
-  {
-    fl::GradReducer reducer(params, {}, fl::world_group());
-    times = steps();
+  for (int step = 0; step < kSteps + 5; ++step) {
+    fl::barrier();
+    const auto start = Clock::now();
+    torch::nn::functional::cross_entropy(model->forward(x), y).backward();
+    opt->step();
+    opt->zero_grad();
+    if (step >= 5) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
   }
+  std::sort(times.begin(), times.end());
+  return {times[times.size() / 2], times.front(), times.back()};
+}
+
+void run_rank(int) {
+  at::set_num_threads(1);
+  fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+  const auto compute_only = measure(false, false);  // the same step without averaging: what communication adds
+  const auto ours = measure(true, false);
+  const auto ours_channels_last = measure(true, true);
   if (fl::rank() == 0) {
-    std::ofstream(std::getenv("FASTLEARN_BENCH_OUT")) << times[times.size() / 2] << " " << times.front() << " "
-                                                      << times.back() << " " << compute_only[compute_only.size() / 2];
+    std::ofstream(std::getenv("FASTLEARN_BENCH_OUT")) << ours[0] << " " << ours[1] << " " << ours[2] << " "
+                                                      << compute_only[0] << " " << ours_channels_last[0];
   }
   fl::teardown_distrib();
 }
@@ -68,28 +74,34 @@ void run_rank(int) {
 int main() {
   const auto out = std::filesystem::temp_directory_path() / fmt::format("fastlearn-ddp-bench-{}", getpid());
   fl::spawn(2, run_rank, {.extra_env = {{"FASTLEARN_BENCH_OUT", out.string()}}, .prefix_output = false});
-  double ours = 0, ours_min = 0, ours_max = 0, compute = 0;
-  std::ifstream(out) >> ours >> ours_min >> ours_max >> compute;
+  double ours = 0, ours_min = 0, ours_max = 0, compute = 0, ours_cl = 0;
+  std::ifstream(out) >> ours >> ours_min >> ours_max >> compute >> ours_cl;
   std::filesystem::remove(out);
 
   const std::string python = FASTLEARN_PYTHON;
-  const auto command = fmt::format("OMP_NUM_THREADS=1 {} -m torch.distributed.run --nproc-per-node 2 --master-port {} "
-                                   "{}/bench/python/ddp_step.py {} {} 2>/dev/null",
-                                   python, fl::pick_free_port("127.0.0.1"), FASTLEARN_SOURCE_DIR, kBatch, kSteps);
-  double anchor = 0, anchor_min = 0, anchor_max = 0;
-  if (FILE* pipe = popen(command.c_str(), "r")) {
-    if (std::fscanf(pipe, "%lf %lf %lf", &anchor, &anchor_min, &anchor_max) != 3) anchor = 0;
-    pclose(pipe);
-  }
-  if (anchor <= 0 || ours <= 0) {
+  double anchor = 0, anchor_min = 0, anchor_max = 0, anchor_cl = 0, unused = 0;
+  auto run_ddp = [&](const char* layout, double& median, double& low, double& high) {
+    const auto command = fmt::format("OMP_NUM_THREADS=1 {} -m torch.distributed.run --nproc-per-node 2 --master-port {} "
+                                     "{}/bench/python/ddp_step.py {} {} {} 2>/dev/null",
+                                     python, fl::pick_free_port("127.0.0.1"), FASTLEARN_SOURCE_DIR, kBatch, kSteps, layout);
+    if (FILE* pipe = popen(command.c_str(), "r")) {
+      if (std::fscanf(pipe, "%lf %lf %lf", &median, &low, &high) != 3) median = 0;
+      pclose(pipe);
+    }
+  };
+  run_ddp("contiguous", anchor, anchor_min, anchor_max);
+  run_ddp("channels_last", anchor_cl, unused, unused);
+  if (anchor <= 0 || ours <= 0 || anchor_cl <= 0 || ours_cl <= 0) {
     std::cerr << "ddp_vs_torch: a side did not report (python: " << python << ")\n";
     return 1;
   }
   fmt::print(
       R"({{"ddp_vs_torch": {{"ours": {:.6f}, "anchor": {:.6f}, "ratio": {:.3f}, "unit": "s/step", "higher_is_better": false, )"
-      R"("ours_range": [{:.6f}, {:.6f}], "anchor_range": [{:.6f}, {:.6f}], "ours_without_averaging": {:.6f}, "ranks": 2, "batch_per_rank": {}, "steps": {}, )"
+      R"("ours_range": [{:.6f}, {:.6f}], "anchor_range": [{:.6f}, {:.6f}], "ours_without_averaging": {:.6f}, )"
+      R"("ours_channels_last": {:.6f}, "anchor_channels_last": {:.6f}, "ratio_channels_last": {:.3f}, "ranks": 2, "batch_per_rank": {}, "steps": {}, )"
       R"("what": "2-rank data parallel step (forward, backward with gradient averaging, SGD momentum) on simple_cnn: fastlearn GradReducer vs PyTorch DDP, Gloo, 1 thread per rank"}}}})"
       "\n",
-      ours, anchor, anchor / ours, ours_min, ours_max, anchor_min, anchor_max, compute, kBatch, kSteps);
+      ours, anchor, anchor / ours, ours_min, ours_max, anchor_min, anchor_max, compute, ours_cl, anchor_cl,
+      anchor_cl / ours_cl, kBatch, kSteps);
   return 0;
 }

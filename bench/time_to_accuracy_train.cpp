@@ -1,7 +1,7 @@
 // The fastlearn side of time_to_accuracy: trains on Fashion-MNIST with fit_one_cycle under DistribCtx
 // (data parallel when started by `fastlearn launch`) and stops after the first epoch whose test accuracy
 // reaches --target. Rank 0 prints one line: {"reached": .., "epochs": .., "accuracy": .., "train_seconds": .., "history": [..]}.
-//   tta_train --model NAME --epochs E --lr LR --bs B --target 0.92 [--data DIR] [--seed S]
+//   tta_train --model NAME --epochs E --lr LR --bs B --target 0.92 [--data DIR] [--seed S] [--channels-last]
 // NAME: simple_cnn, conv_net_<width>_<width>... (models::conv_net with those widths), or
 // resnet_<width>_<width>..._s<stem> (models::resnet with those stage widths and stem).
 #include <fastlearn/fastlearn.h>
@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
   double lr = 3e-3, target = 0.92;
   std::int64_t bs = 128;
   std::uint64_t seed = 0;
+  bool channels_last = false;
   app.add_option("--data", data)->capture_default_str();
   app.add_option("--model", model)->capture_default_str();
   app.add_option("--epochs", epochs, "epochs of the one-cycle schedule")->capture_default_str();
@@ -80,6 +81,7 @@ int main(int argc, char** argv) {
   app.add_option("--bs", bs, "batch size per rank")->capture_default_str();
   app.add_option("--target", target, "test accuracy to reach")->capture_default_str();
   app.add_option("--seed", seed)->capture_default_str();
+  app.add_flag("--channels-last", channels_last, "train with the ChannelsLast callback");
   CLI11_PARSE(app, argc, argv);
   try {
     fl::set_seed(seed);
@@ -90,7 +92,9 @@ int main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     {
       fl::DistribCtx ctx(learn);
-      learn.fit_one_cycle(epochs, lr, {.fit = {.cbs = {stop}}});
+      std::vector<fl::CallbackPtr> cbs{stop};
+      if (channels_last) cbs.push_back(std::make_shared<fl::ChannelsLast>());
+      learn.fit_one_cycle(epochs, lr, {.fit = {.cbs = cbs}});
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (fl::is_main()) {

@@ -1,7 +1,8 @@
 // vs_fastai: train samples/s of one epoch of fastlearn's Learner.fit(1) against fastai's Learner.fit(1)
 // (bench/python/epoch_server.py --side fastai: fastai DataLoaders over the same Fashion-MNIST tensors, the
 // same simple_cnn as an nn.Module, fastai's Adam, accuracy, no progress bar), on CPU with the same items,
-// batch size and threads. ratio = ours / anchor. Prints one JSON object.
+// batch size and threads. ratio = ours / anchor. vs_fastai_channels_last: the same with each library's
+// ChannelsLast callback on both sides. Prints one JSON object.
 #include "support/epoch_vs_python.h"
 
 #include <iostream>
@@ -9,8 +10,12 @@
 int main(int argc, char** argv) {
   const std::string data = argc > 1 ? argv[1] : "/usr/share/datasets/fashion-mnist";
   try {
-    const auto cnn = bench::compare_epochs("fastai", "simple_cnn", data, bench::repeats(5));
-    fmt::print("{{{}}}\n", bench::epoch_json("vs_fastai", cnn, "Learner.fit(1) vs fastai Learner.fit(1), simple_cnn, CPU"));
+    const int n = bench::repeats(5);
+    const auto cnn = bench::compare_epochs("fastai", "simple_cnn", data, n);
+    const auto cnn_cl = bench::compare_epochs("fastai", "simple_cnn", data, n, /*channels_last=*/true);
+    fmt::print("{{{}, {}}}\n", bench::epoch_json("vs_fastai", cnn, "Learner.fit(1) vs fastai Learner.fit(1), simple_cnn, CPU"),
+               bench::epoch_json("vs_fastai_channels_last", cnn_cl,
+                                 "the same with both sides in channels-last memory format (each library's ChannelsLast callback)"));
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "vs_fastai: " << e.what() << "\n";

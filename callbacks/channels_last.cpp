@@ -9,10 +9,13 @@ namespace fastlearn {
 
 namespace {
 
-at::Tensor channels_last(const at::Tensor& t) { return t.contiguous(at::MemoryFormat::ChannelsLast); }
+// A fresh copy with channels-last strides. Not contiguous(): a tensor with one channel (the first
+// convolution's weight on grey images) counts as contiguous in both formats and would come back unchanged,
+// still suggesting the default format, and that convolution would then run, and hand on, NCHW.
+at::Tensor channels_last(const at::Tensor& t) { return at::empty_like(t, at::MemoryFormat::ChannelsLast).copy_(t); }
 
 bool needs_conversion(const at::Tensor& t) {
-  return t.defined() && t.dim() == 4 && !t.is_sparse() && !t.is_contiguous(at::MemoryFormat::ChannelsLast);
+  return t.defined() && t.dim() == 4 && !t.is_sparse() && t.suggest_memory_format() != at::MemoryFormat::ChannelsLast;
 }
 
 }  // namespace

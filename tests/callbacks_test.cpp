@@ -332,6 +332,9 @@ TEST_F(Callbacks, ChannelsLastTrainsLikeTheDefaultLayoutWithTheSameParameters) {
                                                 : fl::OneCycleOptions{});
     EXPECT_TRUE(weight.is_same(learn->model().parameters()[3]));
     EXPECT_EQ(weight.is_contiguous(at::MemoryFormat::ChannelsLast) && !weight.is_contiguous(), channels_last);
+    const auto first = learn->model().parameters()[0];  // 8x1x3x3: one input channel, contiguous in both formats
+    EXPECT_EQ(first.suggest_memory_format() == at::MemoryFormat::ChannelsLast, channels_last)
+        << "the first convolution must run channels-last too, or every layer after it converts";
     return learn;
   };
   const auto plain = train(false), nhwc = train(true);

@@ -2,7 +2,8 @@
 
 Run by torchrun on 2 ranks; each step: forward, cross entropy, backward (DDP averages the gradients),
 SGD step, zero_grad, on a fixed random batch of BS 1x28x28 images per rank. Rank 0 prints the median.
-usage: torchrun --nproc-per-node 2 ddp_step.py BS STEPS
+LAYOUT: contiguous (default) or channels_last (the model and the batch in channels-last memory format).
+usage: torchrun --nproc-per-node 2 ddp_step.py BS STEPS [LAYOUT]
 """
 import statistics
 import sys
@@ -20,11 +21,17 @@ def simple_cnn() -> torch.nn.Module:
 
 def main() -> None:
     bs, steps = int(sys.argv[1]), int(sys.argv[2])
+    channels_last = len(sys.argv) > 3 and sys.argv[3] == "channels_last"
     dist.init_process_group("gloo")
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(simple_cnn())
+    net = simple_cnn()
+    if channels_last:
+        net = net.to(memory_format=torch.channels_last)
+    model = torch.nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = torch.randn(bs, 1, 28, 28), torch.randint(0, 10, (bs,))
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
     times = []
     for step in range(steps + 5):
         dist.barrier()

@@ -8,6 +8,7 @@ as the C++ side, validates (loss and accuracy), and prints "<seconds> <valid acc
   --side fastai: fastai's Learner.fit(1) (default callbacks, accuracy metric, no progress bar or logging)
                  on fastai DataLoaders over the same tensors.
 usage: epoch_server.py --side torch|fastai --model NAME --data DIR --threads N --bs B --train-items N --valid-items N
+                       [--channels-last]
 """
 import argparse
 import sys
@@ -29,6 +30,8 @@ def parse():
     p.add_argument("--train-items", type=int, required=True)
     p.add_argument("--valid-items", type=int, required=True)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--channels-last", action="store_true",
+                   help="channels-last memory format (torch: model.to(memory_format); fastai: its ChannelsLast callback)")
     return p.parse_args()
 
 
@@ -63,6 +66,8 @@ def main():
     torch.manual_seed(0)
     xt, yt, xv, yv = fashion.load(a.data, a.train_items, a.valid_items)
     model = fashion.model(a.model)
+    if a.channels_last and a.side == "torch":
+        model = model.to(memory_format=torch.channels_last)
     if a.side == "torch":
         # fastai's Adam defaults, which fastlearn's Adam shares: betas (0.9, 0.99), eps 1e-5, decoupled wd 0.01.
         opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.99), eps=1e-5, weight_decay=0.01)
@@ -79,6 +84,9 @@ def main():
         dls = DataLoaders(DataLoader(TensorDataset(xt, yt), bs=a.bs, shuffle=True, drop_last=True),
                           DataLoader(TensorDataset(xv, yv), bs=2 * a.bs))
         learn = Learner(dls, model, loss_func=F.cross_entropy, opt_func=Adam, metrics=accuracy)
+        if a.channels_last:
+            from fastai.callback.channelslast import ChannelsLast
+            learn.add_cb(ChannelsLast())
         learn.logger = lambda *args, **kwargs: None
 
         def run():

@@ -4,7 +4,7 @@ test accuracy reaches --target; rank 0 prints {"reached": .., "epochs": .., "acc
 Started by torchrun on 2 ranks, it trains through fastai's own data parallel path, Learner.distrib_ctx()
 (DistributedTrainer + DistributedDL over accelerate), with a Gloo process group set up first as there is no
 GPU. --single runs one process instead (the anchor when the distributed path cannot run; see bench/README.md).
-usage: tta_fastai.py --model NAME --epochs E --lr LR --bs B --target T --data DIR [--single]
+usage: tta_fastai.py --model NAME --epochs E --lr LR --bs B --target T --data DIR [--single] [--channels-last]
 """
 import argparse
 import json
@@ -27,6 +27,7 @@ def main():
     p.add_argument("--data", required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--single", action="store_true")
+    p.add_argument("--channels-last", action="store_true", help="fastai's ChannelsLast callback (no mixed precision)")
     a = p.parse_args()
 
     from fastai.callback.core import Callback, CancelFitException
@@ -65,7 +66,11 @@ def main():
                 raise CancelFitException()
 
     stop = StopAtAccuracy()
-    learn = Learner(dls, fashion.model(a.model), loss_func=F.cross_entropy, opt_func=Adam, metrics=accuracy, cbs=stop)
+    cbs = [stop]
+    if a.channels_last:
+        from fastai.callback.channelslast import ChannelsLast
+        cbs.append(ChannelsLast())
+    learn = Learner(dls, fashion.model(a.model), loss_func=F.cross_entropy, opt_func=Adam, metrics=accuracy, cbs=cbs)
     learn.logger = lambda *args, **kwargs: None
     start = time.perf_counter()
     with learn.no_bar():

@@ -7,6 +7,7 @@
 // (loss and accuracy), which is part of the time.
 #include "bench_support.h"
 
+#include <fastlearn/callbacks/channels_last.h>
 #include <fastlearn/data/dataloaders.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/models.h>
@@ -42,15 +43,18 @@ struct EpochComparison {
   int threads = 0, repeats = 0;
 };
 
-/// side: "torch" or "fastai" (see epoch_server.py).
+/// side: "torch" or "fastai" (see epoch_server.py). channels_last: both sides train in channels-last memory
+/// format (ours: the ChannelsLast callback; the Python side: the same through torch or fastai).
 inline EpochComparison compare_epochs(const std::string& side, const std::string& model_name, const std::string& data,
-                                      int n_repeats) {
+                                      int n_repeats, bool channels_last = false) {
   namespace fl = fastlearn;
   const int threads = at::get_num_threads();
-  Coprocess python({FASTLEARN_PYTHON, std::string(FASTLEARN_SOURCE_DIR) + "/bench/python/epoch_server.py", "--side",
-                    side, "--model", model_name, "--data", data, "--threads", std::to_string(threads), "--bs",
-                    std::to_string(kEpochBatch), "--train-items", std::to_string(kEpochTrainItems),
-                    "--valid-items", std::to_string(kEpochValidItems)});
+  std::vector<std::string> command{FASTLEARN_PYTHON, std::string(FASTLEARN_SOURCE_DIR) + "/bench/python/epoch_server.py",
+                                   "--side", side, "--model", model_name, "--data", data, "--threads",
+                                   std::to_string(threads), "--bs", std::to_string(kEpochBatch), "--train-items",
+                                   std::to_string(kEpochTrainItems), "--valid-items", std::to_string(kEpochValidItems)};
+  if (channels_last) command.push_back("--channels-last");
+  Coprocess python(command);
   if (python.read_line() != "ready") throw std::runtime_error("bench: epoch_server.py did not start");
 
   auto dls = first_items(fl::ImageDataLoaders::from_idx(data, {.bs = kEpochBatch, .seed = 0}), kEpochTrainItems,
@@ -58,6 +62,7 @@ inline EpochComparison compare_epochs(const std::string& side, const std::string
   torch::manual_seed(0);
   fl::Learner learn(dls, named_model(model_name), fl::cross_entropy(),
                     {.opt_func = fl::Adam(), .metrics = {fl::accuracy()}, .progress = false});
+  if (channels_last) learn.add_cb(std::make_shared<fl::ChannelsLast>());
   const double train_items = static_cast<double>(dls.train().size() * kEpochBatch);
 
   EpochComparison result{.threads = threads, .repeats = n_repeats};
