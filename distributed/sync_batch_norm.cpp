@@ -22,13 +22,6 @@ namespace nn = torch::nn;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The dimensions a channel's statistics reduce over: all but dimension 1.
-std::vector<std::int64_t> reduce_dims(std::int64_t dim) {
-  std::vector<std::int64_t> dims{0};
-  for (std::int64_t d = 2; d < dim; ++d) dims.push_back(d);
-  return dims;
-}
-
 // (1, C, 1, ...): a per-channel vector broadcast against an input of `dim` dimensions.
 std::vector<std::int64_t> channel_shape(std::int64_t dim, std::int64_t channels) {
   std::vector<std::int64_t> shape(static_cast<std::size_t>(dim), 1);
@@ -47,9 +40,11 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
                             double count, std::int64_t group) {
     const auto shape = channel_shape(input.dim(), mean.size(0));
     const auto dtype = mean.scalar_type();
+    // y = (x - mean) * scale + bias as one pass per element: x * scale + (bias - mean * scale).
     auto scale = weight ? invstd * weight->to(dtype) : invstd;
-    auto y = (input.to(dtype) - mean.view(shape)) * scale.view(shape);
-    if (bias) y = y + bias->to(dtype).view(shape);
+    auto shift = -mean * scale;
+    if (bias) shift = shift + bias->to(dtype);
+    auto y = at::addcmul(shift.view(shape), input.to(dtype), scale.view(shape));
     ctx->save_for_backward({input, weight.value_or(at::Tensor()), mean, invstd});
     ctx->saved_data["count"] = count;
     ctx->saved_data["group"] = group;
@@ -65,13 +60,18 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
     const double count = ctx->saved_data["count"].toDouble();
     auto* group = reinterpret_cast<Group*>(static_cast<std::intptr_t>(ctx->saved_data["group"].toInt()));
     const auto dtype = mean.scalar_type();
-    const auto dims = reduce_dims(input.dim());
     const auto shape = channel_shape(input.dim(), mean.size(0));
 
     const auto dy = grad_outputs[0].to(dtype);
-    const auto xmu = input.to(dtype) - mean.view(shape);
-    auto sum_dy = dy.sum(dims);  // zeros for a rank without items
-    auto sum_dy_xmu = (dy * xmu).sum(dims);
+    const auto x = input.to(dtype);
+    // sum(dy) and sum(dy * (x - mean)) per channel in one fused pass of ATen's BatchNorm backward (with a unit
+    // weight and invstd its weight and bias gradients are exactly these sums); zeros for a rank without items.
+    const auto ones = at::ones_like(mean);
+    at::Tensor sum_dy = at::zeros_like(mean), sum_dy_xmu = at::zeros_like(mean);
+    if (x.numel() > 0) {
+      std::tie(std::ignore, sum_dy_xmu, sum_dy) = at::native_batch_norm_backward(
+          dy, x, ones, /*running_mean=*/{}, /*running_var=*/{}, mean, ones, /*train=*/true, 0.0, {false, true, true});
+    }
 
     at::Tensor grad_input, grad_weight, grad_bias;
     if (weight.defined() && ctx->needs_input_grad(1)) grad_weight = (sum_dy_xmu * invstd).to(weight.scalar_type());
@@ -84,9 +84,11 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
       const auto channels = mean.size(0);
       const auto mean_dy = (packed.narrow(0, 0, channels) / count).to(dtype);
       const auto mean_dy_xmu = (packed.narrow(0, channels, channels) / count).to(dtype);
-      auto scale = weight.defined() ? invstd * weight.to(dtype) : invstd;
-      grad_input = ((dy - mean_dy.view(shape) - xmu * (invstd * invstd * mean_dy_xmu).view(shape)) * scale.view(shape))
-                       .to(input.scalar_type());
+      // scale * (dy - mean_dy - (x - mean) * invstd^2 * mean_dy_xmu), as dy * scale + x * b + c: two passes.
+      const auto scale = weight.defined() ? invstd * weight.to(dtype) : invstd;
+      const auto b = -scale * invstd * invstd * mean_dy_xmu;
+      const auto c = -scale * mean_dy - mean * b;
+      grad_input = at::addcmul(c.view(shape), dy, scale.view(shape)).addcmul_(x, b.view(shape)).to(input.scalar_type());
     }
     return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -247,7 +249,9 @@ at::Tensor SyncBatchNormImpl::forward_distributed(const at::Tensor& input, Group
   auto packed = torch::zeros({2 * channels + 1}, f64);
   if (local > 0) {
     torch::NoGradGuard no_grad;
-    const auto [var, mean] = at::var_mean(input.to(compute), reduce_dims(input.dim()), /*correction=*/c10::Scalar(0));
+    // ATen's BatchNorm statistics kernel (one vectorized pass per channel, contiguous or channels-last input):
+    // several times faster than var_mean's float64 Welford reduction, which took 11% of a 2-rank conv_net run.
+    const auto [mean, var] = at::batch_norm_update_stats(input.to(compute), {}, {}, 0.0);
     const auto d = mean.to(torch::kDouble) - shift_;
     const auto n = static_cast<double>(local);
     packed.narrow(0, 0, channels).copy_(d * n);
