@@ -65,12 +65,21 @@ Run checked(const std::string& command) {
   return run;
 }
 
-// The line that names the error in a failed Python run (the last "...Error: ..." line).
+// The line that names the error in a failed Python run (the last "...Error: ..." line, with the next line
+// when it ends in ':', as fastai's "Exception occured in `X` when calling event `Y`:" does).
 std::string python_error(const std::string& output) {
   std::istringstream lines(output);
   std::string found;
+  bool continues = false;
   for (std::string line; std::getline(lines, line);) {
-    if (line.find("Error: ") != std::string::npos && line.find("ChildFailedError") == std::string::npos) found = line;
+    if (continues) {
+      found += " " + line.substr(line.find_first_not_of(" \t") == std::string::npos ? 0 : line.find_first_not_of(" \t"));
+      continues = false;
+    }
+    if (line.find("Error: ") != std::string::npos && line.find("ChildFailedError") == std::string::npos) {
+      found = line;
+      continues = !line.empty() && line.back() == ':';
+    }
   }
   return found.empty() ? output.substr(output.size() > 400 ? output.size() - 400 : 0) : found;
 }

@@ -47,7 +47,7 @@ TEST(Config, AnUnknownKeyIsNamedWithItsLineAndTheClosestValidKey) {
   expect_contains(e.what(), "did you mean train.");
   const auto typo = error_of("[train]\nepoch = 3\n");
   expect_contains(typo.what(), "run.toml:2:1: unknown key train.epoch; did you mean train.epochs?");
-  expect_contains(typo.what(), "valid keys in [train]: epochs, ");
+  expect_contains(typo.what(), "valid keys in [train]: channels_last, epochs, ");
 }
 
 TEST(Config, AKeyInTheWrongSectionSuggestsItsSection) {
@@ -144,7 +144,7 @@ TEST(Config, TheResolvedConfigReadsBackEqual) {
        "hidden = []\n[train]\noptimizer = \"sgd\"\nmomentum = 0.8\nschedule = \"constant\"\nloss = \"l1\"\n"
        "metrics = [\"mae\", \"rmse\"]\n",
        {"distributed.timeout_seconds=12.5", "output.checkpoints=false"}},
-      {"[model]\narch = \"conv_net\"\nwidths = [32, 64, 128, 256]\n", {}},
+      {"[model]\narch = \"conv_net\"\nwidths = [32, 64, 128, 256]\n[train]\nchannels_last = true\n", {}},
   };
   for (const auto& [text, sets] : cases) {
     const TrainConfig c = parse_config(text, "run.toml", sets);

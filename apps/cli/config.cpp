@@ -341,6 +341,7 @@ void read_train(Section s, TrainSectionConfig& t, const DataConfig& data) {
   s.read("momentum", t.momentum, 0.0, true, 1.0);
   s.read("seed", t.seed, 0);
   s.read("mixed_precision", t.mixed_precision);
+  s.read("channels_last", t.channels_last);
   s.read("grad_accumulation", t.grad_accumulation, 0);
   s.read("grad_clip", t.grad_clip, 0.0, true);
   const bool classification = is_classification(data);
@@ -573,6 +574,7 @@ std::string to_toml(const TrainConfig& c) {
   if (t.optimizer == "sgd") w.put("momentum", t.momentum);
   w.put("seed", t.seed);
   w.put("mixed_precision", t.mixed_precision);
+  w.put("channels_last", t.channels_last);
   w.put("grad_accumulation", t.grad_accumulation);
   w.put("grad_clip", t.grad_clip);
   w.put("loss", t.loss);

@@ -80,6 +80,7 @@ struct TrainSectionConfig {
   double momentum = 0.9;               ///< sgd only
   std::int64_t seed = 0;
   bool mixed_precision = false;        ///< bf16 autocast on CPU, fp16 with loss scaling on CUDA
+  bool channels_last = false;          ///< ChannelsLast: conv nets in NHWC memory format (faster oneDNN kernels)
   std::int64_t grad_accumulation = 0;  ///< > 0: step once this many items were seen
   double grad_clip = 0.0;              ///< > 0: clip the gradients' global norm to this
   std::string loss;                    ///< default: cross_entropy (classification), mse (regression)
