@@ -33,8 +33,8 @@ namespace {
 
 constexpr int kBatch = 64, kSteps = 40;
 
-// Median, min and max seconds of kSteps steps (after 5 warm-up steps) on a fresh seeded model.
-std::vector<double> measure(bool averaging, bool channels_last) {
+// Median seconds of kSteps steps (after 5 warm-up steps) on a fresh seeded model.
+double measure(bool averaging, bool channels_last) {
   torch::manual_seed(0);
   auto model = fl::models::simple_cnn(10);
   if (channels_last) fl::to_channels_last(*model);
@@ -56,7 +56,7 @@ std::vector<double> measure(bool averaging, bool channels_last) {
     if (step >= 5) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
   }
   std::sort(times.begin(), times.end());
-  return {times[times.size() / 2], times.front(), times.back()};
+  return times[times.size() / 2];
 }
 
 // One DDP run (torchrun, 2 ranks) in `layout`: its median step, or 0 when it did not report.
@@ -87,7 +87,7 @@ void run_rank(int) {
     const auto ours_channels_last = measure(true, true);
     if (fl::rank() == 0) {
       const double ddp = run_ddp("contiguous"), ddp_channels_last = run_ddp("channels_last");
-      out << ours[0] << " " << compute_only[0] << " " << ours_channels_last[0] << " " << ddp << " " << ddp_channels_last
+      out << ours << " " << compute_only << " " << ours_channels_last << " " << ddp << " " << ddp_channels_last
           << "\n";
     }
     fl::barrier();

@@ -73,7 +73,8 @@ std::string python_error(const std::string& output) {
   bool continues = false;
   for (std::string line; std::getline(lines, line);) {
     if (continues) {
-      found += " " + line.substr(line.find_first_not_of(" \t") == std::string::npos ? 0 : line.find_first_not_of(" \t"));
+      const auto text = line.find_first_not_of(" \t");
+      if (text != std::string::npos) found += " " + line.substr(text);
       continues = false;
     }
     if (line.find("Error: ") != std::string::npos && line.find("ChildFailedError") == std::string::npos) {
