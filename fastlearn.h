@@ -22,7 +22,6 @@
 #include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/distributed/grad_reducer.h>
 #include <fastlearn/distributed/launcher.h>
-#include <fastlearn/distributed/parallel_trainer.h>
 #include <fastlearn/distributed/runtime.h>
 #include <fastlearn/distributed/spawn.h>
 #include <fastlearn/distributed/sync_batch_norm.h>

@@ -1,12 +1,15 @@
 // The fastlearn command line.
 #include <fastlearn/core/build_info.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/suggest.h>
 #include <fastlearn/distributed/launcher.h>
 
 #include "cli/run.h"
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <optional>
@@ -23,7 +26,33 @@ struct LaunchArgs {
   std::string log_dir;
   double grace_seconds = 10;
   bool no_prefix = false;
+  bool standalone = false;
+  bool no_python = false;
 };
+
+// Every option name of `cmd` ("--nproc-per-node", "--nproc_per_node", ...).
+std::vector<std::string> option_names(const CLI::App& cmd) {
+  std::vector<std::string> names;
+  for (const auto* opt : cmd.get_options()) {
+    for (const auto& n : opt->get_lnames()) names.push_back("--" + n);
+  }
+  return names;
+}
+
+// torchrun options fastlearn launch has no counterpart for, with what to do instead.
+std::string torchrun_only(std::string_view flag) {
+  std::string name(flag.substr(0, flag.find('=')));
+  std::replace(name.begin(), name.end(), '_', '-');
+  if (name == "--rdzv-backend" || name == "--rdzv-endpoint" || name == "--rdzv-conf" || name == "--local-addr")
+    return "fastlearn launch meets the other nodes through --master-addr / --master-port (a static rendezvous)";
+  if (name == "--module" || name == "-m" || name == "--run-path")
+    return "fastlearn launch runs a program, not a Python module: put the command after --";
+  if (name == "--redirects" || name == "--tee" || name == "--logs-specs")
+    return "every rank's output is shown prefixed with its rank; --log-dir also writes it to files";
+  if (name == "--monitor-interval" || name == "--start-method" || name == "--role")
+    return "fastlearn launch has no such setting (it watches its ranks through pidfds)";
+  return "";
+}
 
 // `fastlearn launch [options] -- program args...`: torchrun for any program.
 CLI::App* add_launch(CLI::App& app, LaunchArgs& a) {
@@ -36,42 +65,48 @@ CLI::App* add_launch(CLI::App& app, LaunchArgs& a) {
       "Exit code: 0 when every rank exited with 0; else the first failing rank's exit code (128 + signal when a "
       "signal killed it), of the last attempt with --max-restarts; 128 + signal when SIGINT/SIGTERM stopped the run.");
   auto& o = a.options;
-  launch->add_option("--nproc-per-node", o.nproc_per_node, "Processes (ranks) to start on this node")
+  launch->add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node, "Processes (ranks) to start on this node")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   launch->add_option("--nnodes", o.nnodes, "Nodes in the job; run one `fastlearn launch` per node")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   launch
-      ->add_option("--node-rank", o.node_rank,
+      ->add_option("--node-rank,--node_rank", o.node_rank,
                    "This node's index in [0, nnodes): global rank = node_rank * "
                    "nproc_per_node + local rank")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   launch
-      ->add_option("--master-addr", o.master_addr,
+      ->add_option("--master-addr,--master_addr", o.master_addr,
                    "Address of the node that runs rank 0 (the rendezvous store "
                    "binds there; it has no authentication)")
       ->capture_default_str();
   launch
-      ->add_option("--master-port", o.master_port,
+      ->add_option("--master-port,--master_port", o.master_port,
                    "Port of the rendezvous store; 0 picks a free one (one node "
                    "only: several nodes need the same explicit port)")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
   launch
-      ->add_option("--max-restarts", o.max_restarts,
+      ->add_option("--max-restarts,--max_restarts", o.max_restarts,
                    "Restart all ranks of this node up to this many times after "
                    "a failure (TORCHELASTIC_RESTART_COUNT tells which attempt)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  launch->add_option("--log-dir", a.log_dir,
+  launch->add_option("--log-dir,--log_dir", a.log_dir,
                      "Also write each rank's output to DIR/rank<R>.log (DIR/restart_<k>/ "
                      "after restarts)");
-  launch->add_option("--grace-period", a.grace_seconds, "Seconds between SIGTERM and SIGKILL when stopping ranks")
+  launch->add_option("--grace-period,--grace_period", a.grace_seconds, "Seconds between SIGTERM and SIGKILL when stopping ranks")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  launch->add_flag("--no-prefix", a.no_prefix, "Do not put \"[rank R] \" before each line of the ranks' output");
+  launch->add_flag("--no-prefix,--no_prefix", a.no_prefix, "Do not put \"[rank R] \" before each line of the ranks' output");
+  // torchrun's spellings: each option above also takes its underscore form (--nproc_per_node), and these:
+  launch->add_option("--rdzv-id,--rdzv_id,--run-id,--run_id", o.run_id,
+                     "The job's id: every node of a job must get the same (default: random on one node)");
+  launch->add_flag("--standalone", a.standalone, "One node with a local rendezvous on a free port (as torchrun's)");
+  launch->add_flag("--no-python,--no_python", a.no_python,
+                   "Accepted for torchrun's sake: fastlearn launch runs the program itself, never through python");
   // Without `--`, everything from the first argument that is not one of the options above is the command.
   launch->prefix_command();
   return launch;
@@ -80,6 +115,20 @@ CLI::App* add_launch(CLI::App& app, LaunchArgs& a) {
 int run_launch(CLI::App& launch, LaunchArgs& a) {
   auto& o = a.options;
   o.command = launch.remaining();
+  // An option this launcher does not know ends up at the head of the command (prefix_command): name it.
+  if (!o.command.empty() && o.command.front().starts_with("-")) {
+    const auto& flag = o.command.front();
+    const auto why = torchrun_only(flag);
+    throw fastlearn::ConfigError(fmt::format(
+        "launch: unknown option '{}'{}; the nearest option of fastlearn launch is {} (fastlearn launch --help lists "
+        "them). Put the program after `--`", flag, why.empty() ? "" : " (a torchrun option: " + why + ")",
+        fastlearn::closest(flag.substr(0, flag.find('=')), option_names(launch))));
+  }
+  if (a.standalone) {
+    if (o.nnodes != 1) throw fastlearn::ConfigError("launch: --standalone is one node; it cannot go with --nnodes > 1");
+    o.master_addr = "127.0.0.1";
+    o.master_port = 0;
+  }
   if (a.after_dashes) {
     // `launch prog x -- y`: the `--` belongs to prog's arguments.
     if (!o.command.empty()) o.command.emplace_back("--");
@@ -115,12 +164,14 @@ CLI::App* add_train(CLI::App& app, fastlearn::cli::TrainArgs& a) {
   auto* train = app.add_subcommand(
       "train",
       "Train as CONFIG says and write the run into the output directory: config.toml (the resolved config), "
-      "metrics.json, history.csv, checkpoints/ (epoch_<n> after every epoch, model at the end), loss.svg. "
+      "metrics.json, history.csv, checkpoints/ (ckpt-e<epoch>-b<batch>.safetensors after every epoch, and every N "
+      "batches with output.checkpoint_every_n_batches; model.safetensors at the end), loss.svg. "
       "Nothing is written before the config is valid.");
   add_config_options(*train, a);
   train->add_option("--out", a.out, "Output directory (default: output.dir of the config)");
   train->add_flag("--resume", a.resume,
-                  "Continue from the newest checkpoints/epoch_<n> in the output directory (from scratch if none)");
+                  "Continue from the newest complete checkpoints/ckpt-e<epoch>-b<batch>.safetensors in the output directory, "
+                  "also mid-epoch (from scratch if none)");
   train
       ->add_option("--nproc-per-node", a.nproc_per_node,
                    "Train data parallel on N local processes, started through `fastlearn launch`; ignored when this "

@@ -110,8 +110,10 @@ fs::path Checkpointer::save_now(bool epoch_end) {
   const auto position = current_fit_position(l, epoch_end);
   const auto file = dir() / checkpoint_file_name(position.epoch, position.batch);
   if (last_saved_ == file) return file;
+  const auto rng_states = gather_rng_states(l);  // every rank: each resumes its own random streams
   if (l.coordination().writes_files) {
     auto state = capture_state(l);
+    if (rng_states.size(0) > 1) add_rng_states_of_every_rank(state, rng_states);
     set_fit_position(state, position);
     fs::create_directories(file.parent_path());
     save_safetensors(file, state.tensors, state.metadata);

@@ -86,7 +86,10 @@ void GracefulStop::after_epoch() { check(true); }
 void GracefulStop::check(bool epoch_end) {
   auto& l = learn();
   bool stop = g_stop_signal != 0;
-  if (l.coordination().any_process) stop = l.coordination().any_process(stop);  // collective: every rank calls it
+  // Between batches the flag rides with the gradient all-reduce (no collective, no wait for the device);
+  // at the end of an epoch one small collective agrees at once.
+  const auto& agree = epoch_end ? l.coordination().any_process : l.coordination().any_process_soon;
+  if (agree) stop = agree(stop);  // every rank calls it at the same point
   if (!stop) return;
   stopped_ = true;
   if (auto checkpointer = l.cb<Checkpointer>()) {

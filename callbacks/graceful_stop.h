@@ -1,8 +1,11 @@
 #pragma once
 // GracefulStop: SIGINT / SIGTERM stop a fit at the next safe point instead of killing it mid-step. During
-// a fit (outside one the signals keep their previous action) the signal handler only sets a flag; after every training batch (and every epoch) the callback checks it,
-// agreed across the processes of a data parallel job (one tiny all_reduce), so every rank stops at the
-// same batch and none waits in a collective for a peer that has left. It then writes a checkpoint when a
+// a fit (outside one the signals keep their previous action) the signal handler only sets a flag; after
+// every training batch (and every epoch) the callback checks it, agreed across the processes of a data
+// parallel job so that every rank stops at the same batch and none waits in a collective for a peer that
+// has left. Between batches the flag travels inside the gradient all-reduce (GradReducer::vote): no
+// collective and no host sync of its own, so a rank stops one batch after the signal on CPU and two on
+// CUDA; at the end of an epoch one small all_reduce agrees at once. It then writes a checkpoint when a
 // Checkpointer is attached and cancels the fit; the app ends with exit code 128 + signal.
 // A second signal of the same kind ends the process at once (the default action).
 #include <fastlearn/learner/callback.h>
@@ -15,7 +18,7 @@
 namespace fastlearn {
 
 struct GracefulStopOptions {
-  std::int64_t check_every_n_batches = 1;  ///< how often the flag is agreed across processes
+  std::int64_t check_every_n_batches = 1;  ///< how often the agreed flag is looked at
 };
 
 class GracefulStop : public Callback {

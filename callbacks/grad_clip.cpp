@@ -3,7 +3,7 @@
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/learner.h>
 
-#include <torch/nn/utils/clip_grad.h>
+#include <torch/torch.h>
 
 namespace fastlearn {
 
@@ -14,9 +14,22 @@ GradientClip::GradientClip(GradientClipOptions options) : options_(options) {
 }
 
 void GradientClip::before_step() {
-  std::vector<at::Tensor> params;  // the optimizer's: each parameter once, also when layers share a weight
-  for (auto& group : learn().opt().param_groups()) params.insert(params.end(), group.params.begin(), group.params.end());
-  last_norm_ = torch::nn::utils::clip_grad_norm_(params, options_.max_norm, options_.norm_type);
+  std::vector<at::Tensor> grads;  // the optimizer's parameters: each once, also when layers share a weight
+  for (auto& group : learn().opt().param_groups()) {
+    for (auto& p : group.params) {
+      if (p.grad().defined()) grads.push_back(p.mutable_grad());
+    }
+  }
+  if (grads.empty()) return;
+  torch::NoGradGuard no_grad;
+  // The global norm is the norm of the per-tensor norms (any p); all on the gradients' device, no host read.
+  std::vector<at::Tensor> norms;
+  for (const auto& n : at::_foreach_norm(grads, options_.norm_type)) norms.push_back(n.to(at::kFloat));
+  last_norm_ = at::linalg_vector_norm(at::stack(norms), options_.norm_type);
+  const auto coef = (options_.max_norm / (last_norm_ + 1e-6)).clamp_max(1.0);
+  at::_foreach_mul_(grads, coef);
 }
+
+double GradientClip::last_norm() const { return last_norm_.defined() ? last_norm_.item<double>() : 0.0; }
 
 }  // namespace fastlearn

@@ -2,6 +2,8 @@
 // GradientClip: keeps one bad batch from wrecking training by bounding the gradients' global norm.
 #include <fastlearn/learner/callback.h>
 
+#include <ATen/core/Tensor.h>
+
 namespace fastlearn {
 
 struct GradientClipOptions {
@@ -16,12 +18,13 @@ class GradientClip : public Callback {
   explicit GradientClip(GradientClipOptions options = {});
   std::string name() const override { return "gradient_clip"; }
   void before_step() override;
-  /// The total norm before clipping at the last step.
-  double last_norm() const { return last_norm_; }
+  /// The total norm before clipping at the last step (read from the device when asked: a GPU is not made
+  /// to wait for the host at every step, unlike LibTorch's clip_grad_norm_, which returns a double).
+  double last_norm() const;
 
  private:
   GradientClipOptions options_;
-  double last_norm_ = 0;
+  at::Tensor last_norm_;
 };
 
 }  // namespace fastlearn

@@ -2,6 +2,7 @@
 
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/recorder.h>
 
 #include <fmt/format.h>
 
@@ -50,6 +51,7 @@ LRFinder::LRFinder(LRFinderOptions options)
 
 void LRFinder::before_fit() {
   ParamScheduler::before_fit();
+  learn().recorder().read_every_batch(true);  // the divergence check needs this batch's loss now
   saved_ = capture_state(learn(), {.with_opt = true});
   best_loss_ = std::numeric_limits<double>::infinity();
 }
@@ -68,6 +70,7 @@ void LRFinder::after_batch() {
 void LRFinder::before_validate() { throw CancelValidException(); }
 
 void LRFinder::after_fit() {
+  learn().recorder().read_every_batch(false);
   if (learn().has_opt()) learn().opt().zero_grad();
   restore();
 }

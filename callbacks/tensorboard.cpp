@@ -24,20 +24,18 @@ void TensorBoardCallback::before_fit() {
   }
   const auto dir = options_.log_dir.is_absolute() ? options_.log_dir : l.options().path / options_.log_dir;
   writer_ = std::make_unique<EventFileWriter>(dir);
+  written_ = 0;
   last_flush_ = std::chrono::steady_clock::now();
 }
 
 void TensorBoardCallback::after_batch() {
   auto& l = learn();
   if (!writer_ || !options_.per_step || !l.training) return;
-  const std::int64_t step = l.train_iter;  // TrainEval (order -10) has counted this batch already
-  if (l.loss.defined()) writer_->add_scalar("train_loss", l.loss.item<double>(), step);
-  if (!std::isnan(l.smooth_loss)) writer_->add_scalar("smooth_loss", l.smooth_loss, step);
-  if (l.has_opt()) {
+  write_recorded_steps();
+  if (l.has_opt() && l.opt().n_groups() > 1) {
     const auto& opt = l.opt();
-    writer_->add_scalar("lr", opt.hyper("lr", opt.n_groups() - 1), step);
-    if (opt.n_groups() > 1) {
-      for (std::size_t g = 0; g < opt.n_groups(); ++g) writer_->add_scalar(fmt::format("lr/group_{}", g), opt.hyper("lr", g), step);
+    for (std::size_t g = 0; g < opt.n_groups(); ++g) {
+      writer_->add_scalar(fmt::format("lr/group_{}", g), opt.hyper("lr", g), l.train_iter);
     }
   }
   if (std::chrono::steady_clock::now() - last_flush_ > std::chrono::duration<double>(options_.flush_secs)) {
@@ -46,8 +44,20 @@ void TensorBoardCallback::after_batch() {
   }
 }
 
+// The Recorder's per-batch records not written yet (on CUDA the newest batch's loss arrives one batch later).
+void TensorBoardCallback::write_recorded_steps() {
+  const auto& rec = learn().recorder();
+  for (; written_ < rec.losses().size(); ++written_) {
+    const auto step = rec.steps()[written_];
+    writer_->add_scalar("train_loss", rec.batch_losses()[written_], step);
+    if (!std::isnan(rec.losses()[written_])) writer_->add_scalar("smooth_loss", rec.losses()[written_], step);
+    if (!std::isnan(rec.lrs()[written_])) writer_->add_scalar("lr", rec.lrs()[written_], step);
+  }
+}
+
 void TensorBoardCallback::after_epoch() {
   const auto& rec = learn().recorder();
+  if (writer_ && options_.per_step) write_recorded_steps();
   if (!writer_ || rec.history().empty()) return;
   const auto& r = rec.history().back();
   const auto write = [&](const std::string& tag, double value) {

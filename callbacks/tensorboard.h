@@ -32,7 +32,9 @@ class TensorBoardCallback : public Callback {
   std::filesystem::path path() const { return writer_ ? writer_->path() : std::filesystem::path{}; }
 
  private:
+  void write_recorded_steps();
   TensorBoardOptions options_;
+  std::size_t written_ = 0;  // the Recorder's per-batch records written so far
   std::unique_ptr<EventFileWriter> writer_;
   std::chrono::steady_clock::time_point last_flush_;
 };

@@ -28,7 +28,8 @@ Batch Batch::to(const c10::Device& device, bool non_blocking) const {
 }
 
 Batch Batch::pinned() const {
-  return map_tensors(*this, [](const at::Tensor& t) { return t.is_pinned() ? t : t.pin_memory(); });
+  // Only host memory can be pinned; a batch already on a GPU stays where it is.
+  return map_tensors(*this, [](const at::Tensor& t) { return !t.is_cpu() || t.is_pinned() ? t : t.pin_memory(); });
 }
 
 }  // namespace fastlearn

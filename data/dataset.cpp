@@ -77,8 +77,10 @@ Batch TensorDataset::get_batch(std::span<const std::int64_t> indices) const {
       throw DataError(fmt::format("TensorDataset: index {} is out of range for {} items", *lo < 0 ? *lo : *hi, size_));
   }
   Batch batch;
-  for (const auto& t : inputs_) batch.inputs.push_back(t.index_select(0, index));
-  for (const auto& t : targets_) batch.targets.push_back(t.index_select(0, index));
+  // A dataset held on a GPU is indexed there (the index is tiny; the items never cross to the host).
+  auto select = [&](const at::Tensor& t) { return t.index_select(0, t.is_cpu() ? index : index.to(t.device())); };
+  for (const auto& t : inputs_) batch.inputs.push_back(select(t));
+  for (const auto& t : targets_) batch.targets.push_back(select(t));
   return batch;
 }
 

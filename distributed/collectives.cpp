@@ -6,10 +6,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/torch.h>
 
 #include <array>
+#include <thread>
 
 namespace fastlearn {
 
@@ -61,14 +63,16 @@ Group* resolve(Group* group) {
   return &world_group();
 }
 
-// Waits for `work`, turning any failure into an error that names the operation and the likely cause.
-void wait_for(const c10::intrusive_ptr<c10d::Work>& work, Group& g, const std::string& what) {
+// Waits for `work` (call `call` of the group), turning any failure into an error that names the operation,
+// the ranks that never reached it, and the likely cause.
+void wait_for(const c10::intrusive_ptr<c10d::Work>& work, Group& g, const std::string& what, std::int64_t call = -1) {
   try {
     work->wait(g.timeout());
   } catch (const std::exception& e) {
     throw DistributedError(fmt::format(
-        "{} on rank {} (group '{}' of {} ranks) failed: {}. A rank that died, hangs or never made the same call "
-        "causes this; the collective timeout is {} ms", what, rank(), g.name(), g.size(), e.what(), g.timeout().count()));
+        "{} on rank {} (group '{}' of {} ranks) failed: {}.{} A rank that died, hangs or never made the same call "
+        "causes this; the collective timeout is {} ms", what, rank(), g.name(), g.size(), e.what(),
+        call >= 0 ? silent_ranks(g, call) : std::string(), g.timeout().count()));
   }
 }
 
@@ -76,6 +80,7 @@ void wait_for(const c10::intrusive_ptr<c10d::Work>& work, Group& g, const std::s
 template <typename Launch>
 void run(Group& g, const std::string& what, Launch&& launch) {
   c10::intrusive_ptr<c10d::Work> work;
+  const auto call = g.next_call();
   try {
     work = launch();
   } catch (const DistributedError&) {
@@ -83,7 +88,7 @@ void run(Group& g, const std::string& what, Launch&& launch) {
   } catch (const std::exception& e) {
     throw DistributedError(fmt::format("{} on rank {} (group '{}') could not start: {}", what, rank(), g.name(), e.what()));
   }
-  wait_for(work, g, what);
+  wait_for(work, g, what, call);
 }
 
 // Debug mode: every rank shares a fingerprint of its call (sequence number, op, dtype, shape, root, reduce
@@ -273,13 +278,89 @@ void barrier(Group* group) {
   run(*g, "barrier", [&] { return g->backend().barrier(); });
 }
 
+std::string silent_ranks(Group& group, std::int64_t call) {
+  try {
+    auto& store = dist_store();
+    const auto key = [&](int member) { return fmt::format("failed/{}/{}/{}", group.name(), call, member); };
+    const std::string yes = "1";
+    store.set(key(fastlearn::rank()), std::vector<std::uint8_t>(yes.begin(), yes.end()));
+    // The members that failed in the same call say so within moments; give them a little time.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+    std::vector<int> silent;
+    do {
+      silent.clear();
+      for (int member : group.ranks()) {
+        if (!store.check({key(member)})) silent.push_back(member);
+      }
+      if (silent.empty()) return "";
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    } while (std::chrono::steady_clock::now() < until);
+    return fmt::format(" Rank{} {} never reached this call (call #{} of the group): {} hang{} elsewhere or died.",
+                       silent.size() > 1 ? "s" : "", fmt::join(silent, ", "), call, silent.size() > 1 ? "they" : "it",
+                       silent.size() > 1 ? "" : "s");
+  } catch (const std::exception&) {
+    return "";  // the store went away with its rank 0: nothing more to learn
+  }
+}
+
+void debug_check_all_reduce(const at::Tensor& tensor, Group& group) {
+  check_same_call(group, Op::all_reduce, tensor, -1, ReduceOp::sum);
+}
+
+namespace {
+
+constexpr int kFingerprintTag = 1 << 30;  // debug mode: a send's fingerprint goes on tag + this
+constexpr int kFingerprintDims = 8;
+
+// dtype, dimensions, then up to 8 sizes: what a receive must match.
+at::Tensor fingerprint_of(const at::Tensor& t) {
+  std::vector<std::int64_t> fp(2 + kFingerprintDims, -1);
+  fp[0] = static_cast<std::int64_t>(t.scalar_type());
+  fp[1] = t.dim();
+  for (int d = 0; d < std::min<int>(kFingerprintDims, static_cast<int>(t.dim())); ++d) fp[2 + d] = t.size(d);
+  return torch::tensor(fp, torch::kLong).to(t.device());
+}
+
+std::string describe_fingerprint(const at::Tensor& fp) {
+  auto cpu = fp.cpu();
+  const auto* v = cpu.data_ptr<std::int64_t>();
+  std::vector<std::int64_t> dims;
+  for (int d = 0; d < std::min<std::int64_t>(kFingerprintDims, v[1]); ++d) dims.push_back(v[2 + d]);
+  return fmt::format("{} [{}]", c10::toString(static_cast<c10::ScalarType>(v[0])), fmt::join(dims, ", "));
+}
+
+}  // namespace
+
 Request::Request(c10::intrusive_ptr<c10d::Work> work, std::string what, std::chrono::milliseconds timeout)
     : work_(std::move(work)), what_(std::move(what)), timeout_(timeout) {}
 Request::~Request() = default;
 Request::Request(Request&&) noexcept = default;
 Request& Request::operator=(Request&&) noexcept = default;
 
+void Request::check_fingerprint() {
+  if (!fingerprint_work_) return;
+  auto work = std::exchange(fingerprint_work_, {});
+  try {
+    work->wait(timeout_);
+  } catch (const std::exception& e) {
+    throw DistributedError(fmt::format("{} on rank {} failed in the debug check: {}", what_, rank(), e.what()));
+  }
+  if (!tensor_.defined()) return;  // a send: its fingerprint is on its way
+  if (source_ < 0) source_ = group_->ranks()[static_cast<std::size_t>(work->sourceRank())];
+  const auto mine = fingerprint_of(tensor_);
+  if (!torch::equal(mine, fingerprint_)) {
+    throw DistributedError(fmt::format(
+        "mismatched point-to-point calls (debug mode): rank {} sends {} (tag {}) but rank {} receives into {}",
+        source_, describe_fingerprint(fingerprint_), tag_, rank(), describe_fingerprint(mine)));
+  }
+  if (!work_) {  // the fingerprint matched (and names the sender): now receive the data
+    std::vector<at::Tensor> tensors{tensor_};
+    work_ = group_->backend().recv(tensors, group_->group_rank_of(source_), tag_);
+  }
+}
+
 void Request::wait() {
+  check_fingerprint();
   if (!work_) throw DistributedError("Request::wait: an empty request");
   try {
     work_->wait(timeout_);
@@ -293,6 +374,7 @@ void Request::wait() {
 bool Request::is_completed() const { return work_ && work_->isCompleted(); }
 
 int Request::source_rank() const {
+  if (source_ >= 0) return source_;
   if (!work_) throw DistributedError("Request::source_rank: an empty request");
   const int group_rank = work_->sourceRank();
   return group_ranks_ ? (*group_ranks_)[static_cast<std::size_t>(group_rank)] : group_rank;
@@ -311,7 +393,14 @@ Request isend(const at::Tensor& tensor, int dst, int tag, Group* group) {
   std::vector<at::Tensor> tensors{tensor.contiguous()};
   const auto what = fmt::format("send of {} to rank {} (tag {})", describe(tensor), dst, tag);
   try {
-    return Request(g.backend().send(tensors, g.group_rank_of(dst), tag), what, g.timeout());
+    c10::intrusive_ptr<c10d::Work> fingerprint;
+    if (debug_checks_enabled()) {
+      std::vector<at::Tensor> fp{fingerprint_of(tensor)};
+      fingerprint = g.backend().send(fp, g.group_rank_of(dst), tag + kFingerprintTag);
+    }
+    Request request(g.backend().send(tensors, g.group_rank_of(dst), tag), what, g.timeout());
+    request.fingerprint_work_ = std::move(fingerprint);
+    return request;
   } catch (const DistributedError&) {
     throw;
   } catch (const std::exception& e) {
@@ -326,6 +415,24 @@ Request irecv(const at::Tensor& tensor, std::optional<int> src, int tag, Group* 
   const auto what = src ? fmt::format("recv of {} from rank {} (tag {})", describe(tensor), *src, tag)
                         : fmt::format("recv of {} from any rank (tag {})", describe(tensor), tag);
   try {
+    if (debug_checks_enabled()) {
+      Request request({}, what, g.timeout());
+      request.group_ranks_ = g.ranks();
+      request.group_ = &g;
+      request.tensor_ = tensor;
+      request.tag_ = tag;
+      request.fingerprint_ = torch::empty({2 + kFingerprintDims}, torch::TensorOptions().dtype(torch::kLong).device(tensor.device()));
+      std::vector<at::Tensor> fp{request.fingerprint_};
+      // The data's receive is posted once the fingerprint matched (check_fingerprint), so that a mismatched
+      // message is never received into the wrong tensor.
+      if (src) {
+        request.source_ = *src;
+        request.fingerprint_work_ = g.backend().recv(fp, g.group_rank_of(*src), tag + kFingerprintTag);
+      } else {
+        request.fingerprint_work_ = g.backend().recvAnysource(fp, tag + kFingerprintTag);
+      }
+      return request;
+    }
     auto work = src ? g.backend().recv(tensors, g.group_rank_of(*src), tag) : g.backend().recvAnysource(tensors, tag);
     Request request(std::move(work), what, g.timeout());
     request.group_ranks_ = g.ranks();

@@ -22,7 +22,8 @@ enum class ReduceOp { sum, product, min, max, avg };
 
 std::string_view to_string(ReduceOp op);
 
-/// A pending point-to-point operation.
+/// A pending point-to-point operation. In debug mode a send first sends a fingerprint of its tensor
+/// (dtype and shape, on tag + 2^30) and the receive checks it, so mismatched calls fail naming both ranks.
 class Request {
  public:
   Request() = default;
@@ -41,8 +42,27 @@ class Request {
   std::string what_;
   std::chrono::milliseconds timeout_{};
   std::optional<std::vector<int>> group_ranks_;
+  // Debug mode: the fingerprint exchanged before the data; for a receive from any rank the data's receive is
+  // posted once the fingerprint names the sender.
+  c10::intrusive_ptr<c10d::Work> fingerprint_work_;
+  at::Tensor fingerprint_, tensor_;
+  Group* group_ = nullptr;
+  int tag_ = 0;
+  int source_ = -1;  // global rank, once known
+  void check_fingerprint();
+  friend Request isend(const at::Tensor&, int, int, Group*);
   friend Request irecv(const at::Tensor&, std::optional<int>, int, Group*);
 };
+
+/// After call `call` (Group::next_call) failed on this rank: tells the other members through the store, waits
+/// briefly for theirs, and returns " Rank(s) R never reached this call (...)" naming the members that did not
+/// fail in it too (they hang elsewhere or died), or "" when every member reached it.
+std::string silent_ranks(Group& group, std::int64_t call);
+
+/// Debug mode (debug_checks_enabled()): checks that every rank of `group` makes an all_reduce of a tensor like
+/// `tensor` as its next collective, else a DistributedError naming each rank's call. For code that calls the
+/// c10d backend itself (the GradReducer's bucket all-reduces). A no-op when debug checks are off.
+void debug_check_all_reduce(const at::Tensor& tensor, Group& group);
 
 /// Copies `tensor` of rank `src` into every rank's `tensor`.
 void broadcast(const at::Tensor& tensor, int src, Group* group = nullptr);

@@ -2,7 +2,7 @@
 
 namespace fastlearn {
 
-DistribCtx::DistribCtx(const SetupOptions& options) {
+DistribCtx::DistribCtx(const SetupOptions& options) : uncaught_at_start_(std::uncaught_exceptions()) {
   if (is_initialized()) {
     owns_ = detail::adopt_implicit_setup();
     active_ = world_size() > 1;
@@ -17,7 +17,12 @@ DistribCtx::DistribCtx(const SetupOptions& options) {
 
 DistribCtx::~DistribCtx() {
   if (detach_learner_) detach_learner_();
-  if (owns_) teardown_distrib();
+  if (!owns_) return;
+  if (std::uncaught_exceptions() > uncaught_at_start_) {
+    abort_distrib();
+  } else {
+    teardown_distrib();
+  }
 }
 
 }  // namespace fastlearn

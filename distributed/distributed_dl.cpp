@@ -41,7 +41,7 @@ std::vector<std::int64_t> to_vector(const at::Tensor& t) {
 
 // `expected`: the rows each rank must give; `what`: how they come about, for the error message.
 at::Tensor gather(const at::Tensor& local, const DistributedSampler& sampler, std::int64_t expected,
-                  const std::string& what) {
+                  const std::string& what, Group* group) {
   const int world = sampler.world_size();
   // First every rank's layout, so that a rank passing the wrong tensor makes every rank fail with the same
   // message instead of a hang or a garbled gather.
@@ -54,12 +54,12 @@ at::Tensor gather(const at::Tensor& local, const DistributedSampler& sampler, st
   }
   const std::int64_t dtype = local.defined() ? static_cast<std::int64_t>(local.scalar_type()) : -1;
   const std::vector<std::int64_t> layout{rows, dtype, row_numel, static_cast<std::int64_t>(shape_code)};
-  const auto device = distrib_device();
+  const auto device = group ? device_of(*group) : distrib_device();
   std::vector<std::vector<std::int64_t>> layouts(static_cast<std::size_t>(world), layout);
   if (world > 1) {
     std::vector<at::Tensor> all;
     for (int r = 0; r < world; ++r) all.push_back(torch::empty({4}, torch::dtype(torch::kLong).device(device)));
-    all_gather(all, torch::tensor(layout, torch::kLong).to(device));
+    all_gather(all, torch::tensor(layout, torch::kLong).to(device), group);
     for (int r = 0; r < world; ++r) layouts[static_cast<std::size_t>(r)] = to_vector(all[static_cast<std::size_t>(r)]);
   }
   const bool consistent = std::all_of(layouts.begin(), layouts.end(), [&](const auto& l) {
@@ -93,7 +93,7 @@ at::Tensor gather(const at::Tensor& local, const DistributedSampler& sampler, st
   if (bytes.numel() > 0) {
     std::vector<at::Tensor> all;
     for (int r = 0; r < world; ++r) all.push_back(torch::empty_like(bytes));
-    all_gather(all, bytes);
+    all_gather(all, bytes, group);
     for (int r = 0; r < world; ++r) {
       auto whole = all[static_cast<std::size_t>(r)].view(local.scalar_type()).view(local.sizes());
       parts.push_back(whole.narrow(0, 0, keep[static_cast<std::size_t>(r)]));
@@ -135,13 +135,14 @@ std::vector<std::int64_t> DistributedSampler::order(std::int64_t epoch) const {
 }
 
 DistributedDL::DistributedDL(DataLoader& loader, std::shared_ptr<const DistributedSampler> sampler,
-                             std::shared_ptr<const Sampler> old_sampler, std::uint64_t old_seed)
+                             std::shared_ptr<const Sampler> old_sampler, std::uint64_t old_seed, Group* group)
     : loader_(&loader),
       sampler_(std::move(sampler)),
       old_sampler_(std::move(old_sampler)),
       old_seed_(old_seed),
       bs_(loader.options().bs),
-      drop_last_(loader.options().drop_last) {}
+      drop_last_(loader.options().drop_last),
+      group_(group) {}
 
 DistributedDL::DistributedDL(DistributedDL&& other) noexcept
     : loader_(std::exchange(other.loader_, nullptr)),
@@ -149,7 +150,8 @@ DistributedDL::DistributedDL(DistributedDL&& other) noexcept
       old_sampler_(std::move(other.old_sampler_)),
       old_seed_(other.old_seed_),
       bs_(other.bs_),
-      drop_last_(other.drop_last_) {}
+      drop_last_(other.drop_last_),
+      group_(other.group_) {}
 
 DistributedDL& DistributedDL::operator=(DistributedDL&& other) noexcept {
   if (this != &other) {
@@ -159,29 +161,36 @@ DistributedDL& DistributedDL::operator=(DistributedDL&& other) noexcept {
     old_seed_ = other.old_seed_;
     bs_ = other.bs_;
     drop_last_ = other.drop_last_;
+    group_ = other.group_;
   }
   return *this;
 }
 
-DistributedDL DistributedDL::wrap(DataLoader& loader) {
+DistributedDL DistributedDL::wrap(DataLoader& loader, Group* group) {
   if (distributed_sampler(loader)) {
     throw DistributedError("DistributedDL::wrap: the loader is already distributed; unwrap() it before wrapping "
                            "it again");
   }
-  const int r = fastlearn::rank(), world = fastlearn::world_size();
+  if (group && !group->is_member()) {
+    throw DistributedError(fmt::format("DistributedDL::wrap: rank {} is not a member of group '{}'", fastlearn::rank(),
+                                       group->name()));
+  }
+  // Ranks within the group (the world's when none is given): the block and the seed stream are the group's.
+  const int r = group ? group->rank() : fastlearn::rank(), world = group ? group->size() : fastlearn::world_size();
+  const int root_rank = group ? group->ranks().front() : 0;
   // Rank 0's seed and epoch, with its dataset size, bs and drop_last, which every rank must share: a rank
   // with other sizes would run another number of batches and hang the collectives of a training step.
   const std::vector<std::int64_t> mine{static_cast<std::int64_t>(loader.seed()), loader.epoch(), loader.n(),
                                        loader.options().bs, loader.options().drop_last ? 1 : 0};
-  const auto device = distrib_device();
+  const auto device = group ? device_of(*group) : distrib_device();
   auto shared = torch::tensor(mine, torch::kLong).to(device);
-  broadcast(shared, 0);
+  broadcast(shared, root_rank, group);
   const auto root = to_vector(shared);
   const bool differs = !std::equal(root.begin() + 2, root.end(), mine.begin() + 2);
   std::vector<std::int64_t> mismatch(static_cast<std::size_t>(world), 0);
   mismatch[static_cast<std::size_t>(r)] = differs ? 1 : 0;
   auto differing = torch::tensor(mismatch, torch::kLong).to(device);
-  all_reduce(differing, ReduceOp::sum);
+  all_reduce(differing, ReduceOp::sum, group);
   const auto flags = to_vector(differing);
   if (std::any_of(flags.begin(), flags.end(), [](std::int64_t f) { return f != 0; })) {
     std::vector<int> ranks;
@@ -205,7 +214,7 @@ DistributedDL DistributedDL::wrap(DataLoader& loader) {
   // have, derived from rank 0's seed. Rank 0 keeps it, so one process is exactly the base loader. (set_seed
   // leaves the DistributedSampler, and so the order, alone.)
   if (r != 0) loader.set_seed(mix_seed(seed, kAugmentationStream, static_cast<std::uint64_t>(r)));
-  return DistributedDL(loader, std::move(sampler), std::move(old_sampler), old_seed);
+  return DistributedDL(loader, std::move(sampler), std::move(old_sampler), old_seed, group);
 }
 
 void DistributedDL::unwrap() {
@@ -229,7 +238,7 @@ const DistributedSampler* distributed_sampler(const DataLoader& loader) {
 }
 
 at::Tensor gather_unpadded(const at::Tensor& local, const DistributedDL& dl) {
-  return gather(local, dl.sampler(), dl.items(), describe_block(dl.sampler(), dl.bs(), dl.drop_last()));
+  return gather(local, dl.sampler(), dl.items(), describe_block(dl.sampler(), dl.bs(), dl.drop_last()), dl.group());
 }
 
 at::Tensor gather_unpadded(const at::Tensor& local, const DataLoader& loader) {
@@ -237,7 +246,7 @@ at::Tensor gather_unpadded(const at::Tensor& local, const DataLoader& loader) {
   if (!sampler) return local;
   const auto& o = loader.options();
   return gather(local, *sampler, items_yielded(sampler->size(), o.bs, o.drop_last),
-                describe_block(*sampler, o.bs, o.drop_last));
+                describe_block(*sampler, o.bs, o.drop_last), nullptr);
 }
 
 }  // namespace fastlearn

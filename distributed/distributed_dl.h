@@ -9,6 +9,7 @@
 // With one process the loader yields exactly what it yielded before.
 #include <fastlearn/data/dataloader.h>
 #include <fastlearn/data/sampler.h>
+#include <fastlearn/distributed/group.h>
 
 #include <ATen/core/Tensor.h>
 
@@ -60,7 +61,8 @@ class DistributedDL {
   /// on every rank, so a shuffling loader's order is rank 0's; the batch transforms then draw from a seed
   /// of their own on every other rank (mix_seed of rank 0's seed and the rank), which is what loader.seed()
   /// reports there. A sampler other than the loader's RandomSampler must give the same order on every rank.
-  static DistributedDL wrap(DataLoader& loader);
+  /// `group`: the ranks that share the data (default: the world); ranks and sizes are the group's.
+  static DistributedDL wrap(DataLoader& loader, Group* group = nullptr);
 
   DistributedDL(DistributedDL&& other) noexcept;
   DistributedDL& operator=(DistributedDL&& other) noexcept;
@@ -87,10 +89,12 @@ class DistributedDL {
   std::int64_t items() const;
   std::int64_t bs() const { return bs_; }
   bool drop_last() const { return drop_last_; }
+  /// The group the data is shared over (null: the world).
+  Group* group() const { return group_; }
 
  private:
   DistributedDL(DataLoader& loader, std::shared_ptr<const DistributedSampler> sampler,
-                std::shared_ptr<const Sampler> old_sampler, std::uint64_t old_seed);
+                std::shared_ptr<const Sampler> old_sampler, std::uint64_t old_seed, Group* group);
 
   DataLoader* loader_ = nullptr;
   std::shared_ptr<const DistributedSampler> sampler_;
@@ -98,6 +102,7 @@ class DistributedDL {
   std::uint64_t old_seed_ = 0;
   std::int64_t bs_ = 1;
   bool drop_last_ = false;
+  Group* group_ = nullptr;
 };
 
 /// The DistributedSampler `loader` uses, or null when it is not distributed.
@@ -108,7 +113,8 @@ const DistributedSampler* distributed_sampler(const DataLoader& loader);
 /// returns them in the order of the base loader with the padding removed: n items without drop_last (the
 /// dataset order for an unshuffled loader). On `local`'s device. DistributedError when shapes differ.
 at::Tensor gather_unpadded(const at::Tensor& local, const DistributedDL& dl);
-/// The same for a loader that DistributedDL::wrap made distributed; `local` itself for any other loader.
+/// The same for a loader that DistributedDL::wrap made distributed over the world group; `local` itself for
+/// any other loader.
 at::Tensor gather_unpadded(const at::Tensor& local, const DataLoader& loader);
 
 }  // namespace fastlearn

@@ -27,14 +27,29 @@ Group& DistributedTrainer::group() const { return options_.group ? *options_.gro
 void DistributedTrainer::attach(Learner& learn) {
   auto& c = learn.coordination();
   c.writes_files = group().rank() == 0;
+  c.rank = group().rank();
+  c.all_gather_rows = [this](const at::Tensor& row) {
+    const auto device = device_of(group());
+    auto mine = row.to(device).contiguous();
+    std::vector<at::Tensor> rows;
+    for (int r = 0; r < group().size(); ++r) rows.push_back(torch::empty_like(mine));
+    all_gather(rows, mine, &group());
+    return torch::stack(rows).to(row.device());
+  };
   c.barrier = [this] { barrier(&group()); };
   c.gather_items = [this](const at::Tensor& local) {
     return wrapped_ ? gather_unpadded(local, *wrapped_) : local;
   };
   c.any_process = [this](bool mine) {
-    auto flag = torch::tensor({mine ? 1 : 0}, torch::kInt32);
+    // On the group's device: NCCL takes only CUDA tensors.
+    auto flag = torch::full({1}, mine ? 1 : 0, torch::TensorOptions().dtype(torch::kInt32).device(device_of(group())));
     all_reduce(flag, ReduceOp::max, &group());
     return flag.item<int>() != 0;
+  };
+  c.any_process_soon = [this](bool mine) {
+    if (!reducer_) return mine;  // outside a fit nothing is reduced: only this process's view
+    reducer_->vote(mine);
+    return reducer_->take_votes();
   };
 }
 
@@ -45,7 +60,7 @@ void DistributedTrainer::detach(Learner& learn) {
 
 void DistributedTrainer::wrap(DataLoader& loader) {
   unwrap_loaders();
-  wrapped_.emplace(DistributedDL::wrap(loader));
+  wrapped_.emplace(DistributedDL::wrap(loader, options_.group));
 }
 
 void DistributedTrainer::unwrap_loaders() {
@@ -122,7 +137,7 @@ void DistributedTrainer::after_fit() { reducer_.reset(); }
 
 void to_distributed(Learner& learn, DistributedTrainerOptions options) {
   if (learn.cb<DistributedTrainer>()) throw Error("to_distributed: the learner is already distributed");
-  if (!is_initialized() || world_size() == 1) return;
+  if (!is_initialized() || (world_size() == 1 && !options.with_one_process)) return;
   if (options.sync_bn) {
     convert_sync_batchnorm(learn.model(), options.group);
     if (learn.has_opt()) learn.create_opt();  // the converted layers have new parameter tensors
@@ -142,12 +157,12 @@ DistribCtx::DistribCtx(Learner& learn) : DistribCtx(learn, DistributedTrainerOpt
 DistribCtx::DistribCtx(Learner& learn, const DistributedTrainerOptions& trainer, const SetupOptions& options)
     : DistribCtx(options) {
   try {
-    if (active_) {
+    if (active_ || (trainer.with_one_process && is_initialized())) {
       to_distributed(learn, trainer);
       detach_learner_ = [&learn] { detach_distributed(learn); };
     }
   } catch (...) {
-    if (owns_) teardown_distrib();
+    if (owns_) abort_distrib();
     throw;
   }
 }

@@ -22,6 +22,9 @@ struct DistributedTrainerOptions {
   bool broadcast_buffers = true;  ///< copy rank 0's buffers to every rank before each training forward
   GradReducerOptions reducer;
   Group* group = nullptr;         ///< default: the world group
+  /// Attach even in a job of one process (set up explicitly): the whole distributed path (reducer,
+  /// SyncBatchNorm, stop votes, gathers) then runs on one device, e.g. to check NCCL with one GPU.
+  bool with_one_process = false;
 };
 
 class DistributedTrainer : public Callback {

@@ -1,7 +1,9 @@
 #include <fastlearn/distributed/grad_reducer.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/host_readback.h>
 #include <fastlearn/distributed/collectives.h>
+#include <fastlearn/distributed/runtime.h>
 
 #include <fmt/format.h>
 #include <torch/csrc/autograd/engine.h>
@@ -33,6 +35,7 @@ struct Bucket {
   bool in_place = false;  ///< one large parameter, all_reduced in its own .grad
   std::int64_t pending = 0;
   c10::intrusive_ptr<c10d::Work> work;
+  std::int64_t call = -1;  ///< the group's call number of its all_reduce (Group::next_call)
 };
 
 // Copies rank `root`'s tensors to every rank, one broadcast per dtype and device.
@@ -87,6 +90,19 @@ class GradReducer::Impl {
     if (in_backward_) finalize(lock);
   }
 
+  void vote(bool yes) {
+    std::unique_lock lock(mutex_);
+    vote_ = yes;
+    votes_wanted_ = true;
+  }
+
+  bool take_votes() {
+    std::unique_lock lock(mutex_);
+    bool any = false;
+    for (double v : votes_.take_ready()) any = any || v > 0;
+    return any;
+  }
+
   bool sync = true;
   ReducerStats stats;
   std::int64_t iterations = 0;
@@ -106,6 +122,7 @@ class GradReducer::Impl {
 
   void build_buckets(const std::vector<std::size_t>& order) {
     buckets_.clear();
+    if (params_.empty()) return;  // nothing to reduce: no backward reaches the hooks
     const double mb = 1024.0 * 1024.0;
     std::map<std::pair<c10::ScalarType, std::string>, std::size_t> open;  // kind -> bucket being filled
     std::map<std::size_t, std::int64_t> bytes;
@@ -142,15 +159,30 @@ class GradReducer::Impl {
       bytes[b] += item_bytes;
       buckets_[b].params.push_back(i);
     }
+    // The vote rides at the end of the last bucket to launch (it finishes last anyway); when every bucket
+    // is reduced in place, a one-element bucket of its own carries it.
+    vote_bucket_ = buckets_.size();
+    for (std::size_t b = buckets_.size(); b-- > 0;) {
+      if (!buckets_[b].in_place) {
+        vote_bucket_ = b;
+        break;
+      }
+    }
+    if (vote_bucket_ == buckets_.size()) buckets_.emplace_back();
     stats.bucket_bytes.clear();
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
-      stats.bucket_bytes.push_back(bytes[b]);
-      if (buckets_[b].in_place) continue;
-      const auto& first = params_[buckets_[b].params.front()].tensor;
-      const auto dtype = options_.compression.value_or(first.scalar_type());
-      buckets_[b].flat = torch::zeros({bytes[b] / static_cast<std::int64_t>(c10::elementSize(dtype))},
-                                      torch::TensorOptions().dtype(dtype).device(first.device()));
+      if (buckets_[b].in_place) {
+        stats.bucket_bytes.push_back(bytes[b]);
+        continue;
+      }
+      const auto& like = buckets_[b].params.empty() ? params_.front().tensor : params_[buckets_[b].params.front()].tensor;
+      const auto dtype = buckets_[b].params.empty() ? like.scalar_type() : options_.compression.value_or(like.scalar_type());
+      const auto item = static_cast<std::int64_t>(c10::elementSize(dtype));
+      const std::int64_t numel = bytes[b] / item + (b == vote_bucket_ ? 1 : 0);
+      stats.bucket_bytes.push_back(numel * item);
+      buckets_[b].flat = torch::zeros({numel}, torch::TensorOptions().dtype(dtype).device(like.device()));
     }
+    vote_slot_ = buckets_[vote_bucket_].flat.narrow(0, buckets_[vote_bucket_].flat.numel() - 1, 1);
     torch::NoGradGuard no_grad;
     for (auto& p : params_) {
       if (buckets_[p.bucket].in_place) {
@@ -177,6 +209,10 @@ class GradReducer::Impl {
       b.work.reset();
     }
     next_launch_ = 0;
+    {
+      torch::NoGradGuard no_grad;
+      vote_slot_.fill_(vote_ ? 1 : 0);  // summed over ranks: > 0 when any rank voted yes
+    }
     stats.hooks = 0;
     stats.launched_after.clear();
     arrival_.clear();
@@ -257,6 +293,8 @@ class GradReducer::Impl {
     while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
       auto& b = buckets_[next_launch_];
       std::vector<at::Tensor> tensors{b.in_place ? flat_alias(params_[b.params.front()].tensor.grad()) : b.flat};
+      if (debug_) debug_check_all_reduce(tensors.front(), group_);  // FASTLEARN_DISTRIBUTED_DEBUG=1
+      b.call = group_.next_call();
       b.work = group_.backend().allreduce(tensors);
       stats.launched_after.push_back(stats.hooks);
       ++next_launch_;
@@ -281,10 +319,10 @@ class GradReducer::Impl {
       } catch (const std::exception& e) {
         in_backward_ = false;
         throw DistributedError(fmt::format(
-            "gradient all_reduce of bucket {} of {} ({} parameters, {} bytes) failed on rank {}: {}. A rank that "
+            "gradient all_reduce of bucket {} of {} ({} parameters, {} bytes) failed on rank {}: {}.{} A rank that "
             "died, hangs, or runs a different model or backward causes this; the timeout is {} ms",
             k, buckets_.size(), buckets_[k].params.size(), stats.bucket_bytes[k], group_.ranks()[group_.rank()],
-            e.what(), group_.timeout().count()));
+            e.what(), silent_ranks(group_, buckets_[k].call), group_.timeout().count()));
       }
     }
     {
@@ -301,8 +339,11 @@ class GradReducer::Impl {
       }
     }
     in_backward_ = false;
+    if (votes_wanted_) votes_.push(vote_slot_);
     const bool first = iterations++ == 0;
-    if (first && options_.rebuild_buckets && unused.empty()) rebuild_in_arrival_order(lock);
+    // Every rank rebuilds after its first synchronized backward (the broadcast inside is a collective: the
+    // decision must not depend on anything rank-local, such as which parameters went unused here).
+    if (first && options_.rebuild_buckets) rebuild_in_arrival_order(lock);
     if (!unused.empty() && !options_.find_unused_parameters) {
       std::string names;
       for (std::size_t k = 0; k < unused.size() && k < 10; ++k) names += (k ? ", " : "") + unused[k];
@@ -316,8 +357,15 @@ class GradReducer::Impl {
 
   // Rank 0's arrival order, shared, so that every rank builds the same buckets.
   void rebuild_in_arrival_order(std::unique_lock<std::mutex>&) {
-    auto order = torch::tensor(std::vector<std::int64_t>(arrival_.begin(), arrival_.end()), torch::kLong);
-    if (order.numel() != static_cast<std::int64_t>(params_.size())) return;
+    // Arrival order, then the parameters without a gradient (in reverse registration order): a full
+    // permutation on every rank, of which rank 0's is shared.
+    std::vector<std::int64_t> mine(arrival_.begin(), arrival_.end());
+    std::vector<bool> arrived(params_.size(), false);
+    for (auto i : arrival_) arrived[i] = true;
+    for (std::size_t i = params_.size(); i-- > 0;) {
+      if (!arrived[i]) mine.push_back(static_cast<std::int64_t>(i));
+    }
+    auto order = torch::tensor(mine, torch::kLong);
     if (group_.kind() == BackendKind::nccl) order = order.to(params_.front().tensor.device());
     broadcast(order, group_.ranks().front(), &group_);
     auto cpu = order.cpu();
@@ -333,6 +381,12 @@ class GradReducer::Impl {
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> arrival_;
   std::size_t next_launch_ = 0;
+  std::size_t vote_bucket_ = 0;
+  at::Tensor vote_slot_;  ///< the last element of the vote bucket
+  bool vote_ = false;
+  bool votes_wanted_ = false;
+  HostReadback votes_;
+  const bool debug_ = debug_checks_enabled();
   bool in_backward_ = false;
   std::mutex mutex_;
 };
@@ -345,6 +399,8 @@ GradReducer::~GradReducer() = default;
 
 void GradReducer::broadcast_buffers() { impl_->broadcast_buffers(); }
 void GradReducer::set_sync(bool sync) { impl_->sync = sync; }
+void GradReducer::vote(bool yes) { impl_->vote(yes); }
+bool GradReducer::take_votes() { return impl_->take_votes(); }
 bool GradReducer::sync() const { return impl_->sync; }
 void GradReducer::finalize_if_pending() { impl_->finalize_if_pending(); }
 std::size_t GradReducer::bucket_count() const { return impl_->bucket_count(); }

@@ -70,6 +70,14 @@ class GradReducer {
   void set_sync(bool sync);
   bool sync() const;
 
+  /// This rank's vote (e.g. "stop"), carried by the next synchronized backward as one more element of a
+  /// bucket's all_reduce: agreeing costs no collective of its own. Results are kept from the first call on.
+  void vote(bool yes);
+  /// True when any rank voted yes in a reduction not taken yet whose result the host can read without
+  /// waiting for the device: up to the last one on CPU, up to the one before it on CUDA. Every rank that
+  /// calls it at the same batch gets the same answer.
+  bool take_votes();
+
   /// Ends the reduction if the backward engine did not (no gradient arrived at all); called after backward.
   void finalize_if_pending();
 

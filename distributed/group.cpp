@@ -17,7 +17,18 @@ Group::Group(std::string name, std::vector<int> ranks, int global_rank, c10::int
   group_rank_ = it == ranks_.end() ? -1 : static_cast<int>(it - ranks_.begin());
 }
 
-Group::~Group() = default;
+Group::~Group() {
+  try {
+    close();
+  } catch (...) {  // a destructor must not throw; close_backend already falls back to abort
+  }
+}
+
+void Group::close(bool abort) {
+  if (closed_) return;
+  closed_ = true;
+  if (backend_) close_backend(*backend_, abort);
+}
 
 int Group::group_rank_of(int global) const {
   auto it = std::find(ranks_.begin(), ranks_.end(), global);

@@ -5,6 +5,7 @@
 
 #include <c10/util/intrusive_ptr.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -38,8 +39,14 @@ class Group {
   /// The backend; DistributedError when this process is not a member.
   c10d::Backend& backend() const;
   c10::intrusive_ptr<c10d::Backend> backend_ptr() const;
+  /// Shuts the backend down (abort: after a failure, without waiting for peers); later calls do nothing.
+  /// The destructor shuts down a group not closed before.
+  void close(bool abort = false);
   /// Number of collectives issued so far (for the debug checks).
   std::int64_t next_sequence() { return sequence_++; }
+  /// Numbers every collective this process starts in the group (the same sequence on every member), so
+  /// that after a failure the members can tell which of them never reached a call.
+  std::int64_t next_call() { return calls_++; }
 
  private:
   std::string name_;
@@ -49,6 +56,8 @@ class Group {
   BackendKind kind_;
   std::chrono::milliseconds timeout_;
   std::int64_t sequence_ = 0;
+  std::atomic<std::int64_t> calls_{0};
+  bool closed_ = false;
 };
 
 using GroupPtr = std::shared_ptr<Group>;

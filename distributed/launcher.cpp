@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <random>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
@@ -36,7 +37,8 @@ using Clock = std::chrono::steady_clock;
 // Variables the launcher owns; extra_env may not set them.
 constexpr std::array kReservedVariables{
     "RANK",        "WORLD_SIZE",  "LOCAL_RANK",                 "LOCAL_WORLD_SIZE",          "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "FASTLEARN_PROGRESS_LIVE"};
+    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "FASTLEARN_PROGRESS_LIVE",
+    "FASTLEARN_RUN_ID"};
 // A partial line longer than this is written out anyway (a program that never ends its lines).
 constexpr std::size_t kMaxHeldLine = 64 * 1024;
 // After the last rank has exited: how long to wait for the end of output still held by stragglers.
@@ -333,6 +335,7 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
   vars["MASTER_PORT"] = std::to_string(port);
   vars["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart);
   vars["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o.max_restarts);
+  if (!o.run_id.empty()) vars["FASTLEARN_RUN_ID"] = fmt::format("{}.{}", o.run_id, restart);
   if (live && rank == 0) vars["FASTLEARN_PROGRESS_LIVE"] = "1";
   if (!std::getenv("OMP_NUM_THREADS") && !o.extra_env.count("OMP_NUM_THREADS"))
     vars["OMP_NUM_THREADS"] = std::to_string(std::max(1, usable_cores() / o.nproc_per_node));
@@ -342,7 +345,7 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
     const std::string_view entry(*e);
     const auto key = entry.substr(0, entry.find('='));
     // Ours replace inherited ones; a stale FASTLEARN_PROGRESS_LIVE must not leak to other ranks.
-    if (!vars.count(std::string(key)) && key != "FASTLEARN_PROGRESS_LIVE") env.emplace_back(entry);
+    if (!vars.count(std::string(key)) && key != "FASTLEARN_PROGRESS_LIVE" && key != "FASTLEARN_RUN_ID") env.emplace_back(entry);
   }
   for (const auto& [key, value] : vars) env.push_back(key + "=" + value);
   return env;
@@ -648,8 +651,13 @@ int pick_free_port(const std::string& addr) {
                   addr, last_error));
 }
 
-LaunchResult launch(const LaunchOptions& options) {
-  validate(options);
+LaunchResult launch(const LaunchOptions& given) {
+  validate(given);
+  LaunchOptions options = given;
+  if (options.run_id.empty() && options.nnodes == 1) {
+    std::random_device entropy;  // one node: a fresh id per launch keeps its ranks out of any other run's store
+    options.run_id = fmt::format("{:08x}{:08x}", entropy(), entropy());
+  }
   const fs::path program = resolve_program(options.command.front());
   if (options.log_dir) {
     std::error_code ec;

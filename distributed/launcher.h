@@ -41,6 +41,10 @@ struct LaunchOptions {
   std::chrono::milliseconds grace_period = std::chrono::seconds(10);  ///< SIGTERM -> SIGKILL delay
   std::vector<std::string> command;  ///< program and its arguments; a program without '/' is looked up in PATH
   std::map<std::string, std::string> extra_env;  ///< added to the launcher's environment (may not set the variables above)
+  /// The job's id (torchrun's --rdzv-id): every node of a job must be given the same one. Each start of the
+  /// ranks gets FASTLEARN_RUN_ID=<id>.<restart>, which rendezvous checks, so that no rank ever joins the store
+  /// of another run on the same port. Default: random on a single node; none across nodes (then give one).
+  std::string run_id;
   bool prefix_output = true;        ///< "[rank R] " before each line of a rank's stdout/stderr
   std::FILE* out = stdout;  std::FILE* err = stderr;   ///< where the launcher writes (tests redirect)
 };

@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #ifdef FASTLEARN_WITH_NCCL
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -58,7 +59,12 @@ c10::intrusive_ptr<c10d::Backend> make_nccl([[maybe_unused]] const c10::intrusiv
 #ifdef FASTLEARN_WITH_NCCL
   auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
   nccl_options->timeout = options.timeout;
-  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, nccl_options);
+  const int index = options.cuda_device >= 0 ? options.cuda_device : static_cast<int>(c10::cuda::current_device());
+  const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+  auto backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, nccl_options);
+  backend->setBoundDeviceId(device);
+  backend->eagerConnectSingleDevice(device);
+  return backend;
 #else
   throw DistributedError("the NCCL backend is not compiled in: rebuild fastlearn against a LibTorch with CUDA");
 #endif
@@ -81,6 +87,19 @@ c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intr
   } catch (const std::exception& e) {
     throw DistributedError(fmt::format("rank {} of {}: could not create the {} backend: {}", rank, world_size,
                                        to_string(kind), e.what()));
+  }
+}
+
+void close_backend(c10d::Backend& backend, bool abort) {
+  if (backend.getBackendName() != "nccl") return;
+  try {
+    if (abort) {
+      backend.abort();
+    } else {
+      backend.shutdown();
+    }
+  } catch (const std::exception&) {
+    if (!abort) backend.abort();  // a shutdown that fails still must not leave the communicator behind
   }
 }
 

@@ -27,11 +27,18 @@ struct BackendOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  ///< per collective
   std::string hostname = "127.0.0.1";  ///< Gloo: address this rank's transport binds to
   int gloo_threads = 2;                ///< Gloo: worker threads of the backend
+  /// NCCL: the GPU this rank uses (torch's device_id): the communicator is bound to it and created at
+  /// once, so a bad setup fails here and not in the first collective. Default: the current CUDA device.
+  int cuda_device = -1;
 };
 
 /// Connects rank `rank` of `world_size` through `store` and returns the backend, ready for collectives.
 /// Throws DistributedError (what, which rank, what to do) on bad arguments or a failed rendezvous.
 c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intrusive_ptr<c10d::Store>& store,
                                                int rank, int world_size, const BackendOptions& options = {});
+
+/// Ends `backend`: shutdown() after a normal run; abort() after a failure, so that an NCCL rank whose
+/// peer died does not stay blocked in a CUDA kernel (Gloo needs neither; its threads end with it).
+void close_backend(c10d::Backend& backend, bool abort);
 
 }  // namespace fastlearn

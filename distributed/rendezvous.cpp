@@ -10,7 +10,9 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <thread>
 #include <cstdlib>
 #include <charconv>
 #include <cstring>
@@ -78,6 +80,32 @@ int listen_on(const std::string& host, int port) {
 
 }  // namespace
 
+namespace {
+
+// Which run this setup belongs to: the launcher's FASTLEARN_RUN_ID (<launch id>.<restart>) or a scheduler's
+// job id, plus how many setups this process made before (every rank makes the same number), so that two
+// setups back to back on one port never share a store.
+std::string run_key() {
+  static std::atomic<int> setups{0};
+  const int generation = setups++;
+  std::string run;
+  if (const char* ours = std::getenv("FASTLEARN_RUN_ID"); ours && *ours) {
+    run = ours;
+  } else if (const char* slurm = std::getenv("SLURM_JOB_ID"); slurm && *slurm) {
+    const char* step = std::getenv("SLURM_STEP_ID");
+    run = fmt::format("slurm-{}.{}", slurm, step ? step : "");
+  } else if (const char* ompi = std::getenv("OMPI_MCA_ess_base_jobid"); ompi && *ompi) {
+    run = fmt::format("ompi-{}", ompi);
+  }
+  return fmt::format("{}#{}", run, generation);
+}
+
+constexpr const char* kRunKeyName = "fastlearn/run_key";
+
+std::string text_of(const std::vector<std::uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
+
+}  // namespace
+
 c10::intrusive_ptr<c10d::Store> rendezvous(const DistEnv& env, const InitMethod& method,
                                            std::chrono::milliseconds timeout) {
   if (method.kind == InitMethod::Kind::file) {
@@ -100,18 +128,65 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const DistEnv& env, const InitMethod&
   options.waitWorkers = false;  // the backend's own rendezvous waits for every rank
   options.timeout = timeout;
   if (options.isServer) options.masterListenFd = listen_on(host, port);
-  try {
-    c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(host, options);
-    if (use_agent_store) {
-      const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
-      store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("/worker/attempt_{}", attempt ? attempt : "0"), store);
+  const auto key = run_key();
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto remaining = [&] {
+    return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                      deadline - std::chrono::steady_clock::now()));
+  };
+  const std::string where = method.kind == InitMethod::Kind::tcp
+                                ? fmt::format("the init method tcp://{}:{}", host, port)
+                                : fmt::format("MASTER_ADDR={} MASTER_PORT={}", host, port);
+  auto failed = [&](const std::string& why) {
+    return DistributedError(fmt::format("rank {} of {}: rendezvous with the store at {}:{} failed within {} ms: {}. "
+                                        "Check that rank 0 runs and that {} reaches it from this host",
+                                        env.rank, env.world_size, host, port, timeout.count(), why, where));
+  };
+  if (options.isServer || use_agent_store) {
+    c10::intrusive_ptr<c10d::Store> store;
+    try {
+      store = c10::make_intrusive<c10d::TCPStore>(host, options);
+      if (use_agent_store) {
+        // torchrun's agent serves a store per restart attempt already: the attempt's prefix separates runs.
+        const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+        return c10::make_intrusive<c10d::PrefixStore>(fmt::format("/worker/attempt_{}", attempt ? attempt : "0"), store);
+      }
+      store->set(kRunKeyName, std::vector<std::uint8_t>(key.begin(), key.end()));
+    } catch (const std::exception& e) {
+      if (options.masterListenFd && !store) close(*options.masterListenFd);
+      throw failed(e.what());
     }
-    return store;
-  } catch (const std::exception& e) {
-    if (options.masterListenFd) close(*options.masterListenFd);
-    throw DistributedError(fmt::format("rank {} of {}: rendezvous with the store at {}:{} failed within {} ms: {}",
-                                       env.rank, env.world_size, host, port, timeout.count(), e.what()));
+    return c10::make_intrusive<c10d::PrefixStore>(key + "/", store);
   }
+  // A client checks whose store it reached: a store still served by a previous run on this port (its rank 0
+  // not gone yet) is left alone, and this rank tries again until its own run's store is up.
+  std::string foreign, last_error;
+  while (std::chrono::steady_clock::now() < deadline) {
+    try {
+      options.timeout = remaining();
+      auto store = c10::make_intrusive<c10d::TCPStore>(host, options);
+      while (std::chrono::steady_clock::now() < deadline) {
+        if (store->check({kRunKeyName})) {
+          const auto theirs = text_of(store->get(kRunKeyName));
+          if (theirs == key) {
+            store->setTimeout(timeout);
+            return c10::make_intrusive<c10d::PrefixStore>(key + "/", store);
+          }
+          foreign = theirs;
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    } catch (const std::exception& e) {
+      last_error = e.what();  // e.g. the other run's store went away while we asked it: try again
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (foreign.empty()) throw failed(last_error.empty() ? "its store never said which run it serves" : last_error);
+  throw DistributedError(fmt::format(
+      "rank {} of {}: the store at {}:{} serves another run ('{}') and not this rank's ('{}') within {} ms. Another "
+      "job (or an earlier run still ending) uses MASTER_PORT {}: give each job its own port, and every rank of a job "
+      "the same launch", env.rank, env.world_size, host, port, foreign, key, timeout.count(), port));
 }
 
 }  // namespace fastlearn

@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <thread>
 
 namespace fastlearn {
 
@@ -31,6 +32,7 @@ struct State {
   DistEnv env;
   c10::intrusive_ptr<c10d::Store> store;
   GroupPtr world;
+  std::vector<std::weak_ptr<Group>> groups;  // made by new_group, closed at teardown if still alive
   SetupOptions options;
   BackendKind kind = BackendKind::gloo;
   bool debug = false;
@@ -81,6 +83,13 @@ std::string transport_address(const std::string& master_addr) {
 
 BackendKind choose_backend(const SetupOptions& options) {
   if (options.backend) return *options.backend;
+  if (const char* forced = std::getenv("FASTLEARN_BACKEND"); forced && *forced) {
+    try {
+      return parse_backend_kind(forced);
+    } catch (const ConfigError& e) {
+      throw DistributedError(std::string("FASTLEARN_BACKEND: ") + e.what());
+    }
+  }
   return torch::cuda::is_available() ? BackendKind::nccl : BackendKind::gloo;
 }
 
@@ -96,11 +105,36 @@ void bind_local_gpu([[maybe_unused]] const DistEnv& env) {
 #endif
 }
 
+// Every rank checks in at the store before the backend connects them, so that a WORLD_SIZE larger than the
+// ranks started is named as such (the backend's own wait would only say that some key never came).
+void wait_for_every_rank(c10d::Store& store, const DistEnv& env, std::chrono::milliseconds timeout) {
+  const std::string key = "fastlearn/joined";
+  std::int64_t joined = 0;
+  try {
+    joined = store.add(key, 1);
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (joined < env.world_size && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      joined = store.add(key, 0);
+    }
+  } catch (const std::exception& e) {
+    throw DistributedError(fmt::format("rank {} of {}: the rendezvous store failed while the ranks gathered: {}",
+                                       env.rank, env.world_size, e.what()));
+  }
+  if (joined < env.world_size) {
+    throw DistributedError(fmt::format(
+        "rank {}: only {} of WORLD_SIZE={} ranks joined the rendezvous at {}:{} within {} ms; start WORLD_SIZE ranks "
+        "(every one with the same MASTER_ADDR and MASTER_PORT), or set WORLD_SIZE to the number you start",
+        env.rank, joined, env.world_size, env.master_addr, env.master_port, timeout.count()));
+  }
+}
+
 BackendOptions backend_options(const State& s) {
   BackendOptions options;
   options.timeout = s.options.timeout;
   options.hostname = transport_address(s.env.master_addr);
   options.gloo_threads = s.options.gloo_threads;
+  if (s.kind == BackendKind::nccl) options.cuda_device = s.env.local_rank;
   return options;
 }
 
@@ -119,9 +153,15 @@ void setup_distrib(const SetupOptions& options) {
   if (!backend_compiled_in(s->kind)) {
     throw DistributedError(fmt::format("the {} backend is not compiled into this build", to_string(s->kind)));
   }
+  if (s->kind == BackendKind::nccl && !torch::cuda::is_available()) {
+    throw DistributedError(fmt::format("rank {}: the nccl backend needs a CUDA GPU and none is visible{}; use the gloo "
+                                       "backend (or leave the backend unset: NCCL is picked only when there is a GPU)",
+                                       s->env.rank, options.backend ? "" : " (FASTLEARN_BACKEND=nccl)"));
+  }
   if (s->kind == BackendKind::nccl) bind_local_gpu(s->env);
   s->debug = options.debug.value_or(env_debug());
   s->store = rendezvous(s->env, parse_init_method(options.init_method), options.timeout);
+  wait_for_every_rank(*s->store, s->env, options.timeout);
   auto world_store = c10::make_intrusive<c10d::PrefixStore>("world/", s->store);
   auto backend = make_backend(s->kind, world_store, s->env.rank, s->env.world_size, backend_options(*s));
   std::vector<int> ranks(static_cast<std::size_t>(s->env.world_size));
@@ -131,10 +171,22 @@ void setup_distrib(const SetupOptions& options) {
   state = std::move(s);
 }
 
-void teardown_distrib() {
+namespace {
+
+void end_distrib(bool abort) {
   std::lock_guard lock(state_mutex);
+  if (!state) return;
+  for (auto& weak : state->groups) {
+    if (auto group = weak.lock()) group->close(abort);
+  }
+  state->world->close(abort);
   state.reset();
 }
+
+}  // namespace
+
+void teardown_distrib() { end_distrib(false); }
+void abort_distrib() { end_distrib(true); }
 
 bool is_initialized() {
   std::lock_guard lock(state_mutex);
@@ -175,6 +227,10 @@ c10::Device distrib_device() {
   return c10::Device(c10::kCPU);
 }
 
+c10::Device device_of(const Group& group) {
+  return group.kind() == BackendKind::nccl ? distrib_device() : c10::Device(c10::kCPU);
+}
+
 GroupPtr new_group(std::vector<int> ranks, std::optional<BackendKind> backend) {
   std::lock_guard lock(state_mutex);
   auto& s = current();
@@ -193,7 +249,9 @@ GroupPtr new_group(std::vector<int> ranks, std::optional<BackendKind> backend) {
     group_backend = make_backend(kind, store, static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()),
                                  backend_options(s));
   }
-  return std::make_shared<Group>(name, std::move(ranks), s.env.rank, std::move(group_backend), kind, s.options.timeout);
+  auto group = std::make_shared<Group>(name, std::move(ranks), s.env.rank, std::move(group_backend), kind, s.options.timeout);
+  s.groups.push_back(group);
+  return group;
 }
 
 namespace detail {

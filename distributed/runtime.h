@@ -24,7 +24,9 @@ namespace fastlearn {
 
 struct SetupOptions {
   std::string init_method = "env://";            ///< env://, tcp://HOST:PORT or file:///PATH
-  std::optional<BackendKind> backend;            ///< default: NCCL when CUDA is available (binding the local rank's GPU), else Gloo
+  /// Default: FASTLEARN_BACKEND (gloo or nccl) if set, else NCCL when CUDA is available (binding the local
+  /// rank's GPU), else Gloo.
+  std::optional<BackendKind> backend;
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  ///< rendezvous and every collective
   EnvOptions env;                                ///< overrides of the environment
   std::optional<bool> debug;                     ///< check every collective's op, shape and dtype across ranks; default: FASTLEARN_DISTRIBUTED_DEBUG=1 or TORCH_DISTRIBUTED_DEBUG=DETAIL
@@ -34,8 +36,12 @@ struct SetupOptions {
 /// Sets up the world process group; DistributedError when it is already set up, the environment is
 /// inconsistent, or the rendezvous fails.
 void setup_distrib(const SetupOptions& options = {});
-/// Destroys every process group and the store; nothing happens when nothing is set up.
+/// Destroys every process group and the store; nothing happens when nothing is set up. NCCL
+/// communicators are shut down cleanly (every rank should call it).
 void teardown_distrib();
+/// Like teardown_distrib, after a failure: NCCL communicators are aborted, so that no kernel of this rank
+/// keeps waiting for a peer that died or hangs. DistribCtx calls it when its scope ends by an exception.
+void abort_distrib();
 bool is_initialized();
 
 /// This process's rank in the job (from the environment before setup; 0 for a single process).
@@ -59,6 +65,8 @@ GroupPtr new_group(std::vector<int> ranks, std::optional<BackendKind> backend = 
 bool debug_checks_enabled();
 /// The device this rank computes on: cuda:<local rank> with NCCL, CPU otherwise.
 c10::Device distrib_device();
+/// The device of the tensors `group`'s collectives take: distrib_device() for NCCL, CPU for Gloo.
+c10::Device device_of(const Group& group);
 
 namespace detail {
 /// For DistribCtx: takes ownership of a setup made implicitly by rank0_first (true if there was one).

@@ -32,12 +32,13 @@ std::vector<std::int64_t> channel_shape(std::int64_t dim, std::int64_t channels)
 // Normalizes with the global statistics; backward all-reduces the two per-channel sums the input gradient
 // needs, so every rank's input gradient is that of one BatchNorm over the global batch.
 struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> {
-  // mean and invstd are (C) in the compute dtype; count is the global number of values per channel.
+  // mean and invstd are (C) in the compute dtype; count (one float64 element, on the input's device: reading
+  // it on the host would stall a GPU at every layer) is the global number of values per channel.
   // weight and bias are both empty without affine (then they are no inputs of the graph, and needs_input_grad's
   // indices 1 and 2, which count graph inputs only, are not asked for).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const std::optional<at::Tensor>& weight,
                             const std::optional<at::Tensor>& bias, const at::Tensor& mean, const at::Tensor& invstd,
-                            double count, std::int64_t group) {
+                            const at::Tensor& count, std::int64_t group) {
     const auto shape = channel_shape(input.dim(), mean.size(0));
     const auto dtype = mean.scalar_type();
     // y = (x - mean) * scale + bias as one pass per element: x * scale + (bias - mean * scale).
@@ -45,8 +46,7 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
     auto shift = -mean * scale;
     if (bias) shift = shift + bias->to(dtype);
     auto y = at::addcmul(shift.view(shape), input.to(dtype), scale.view(shape));
-    ctx->save_for_backward({input, weight.value_or(at::Tensor()), mean, invstd});
-    ctx->saved_data["count"] = count;
+    ctx->save_for_backward({input, weight.value_or(at::Tensor()), mean, invstd, count});
     ctx->saved_data["group"] = group;
     return y.to(input.scalar_type());
   }
@@ -57,7 +57,7 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
     const auto& weight = saved[1];
     const auto& mean = saved[2];
     const auto& invstd = saved[3];
-    const double count = ctx->saved_data["count"].toDouble();
+    const auto& count = saved[4];
     auto* group = reinterpret_cast<Group*>(static_cast<std::intptr_t>(ctx->saved_data["group"].toInt()));
     const auto dtype = mean.scalar_type();
     const auto shape = channel_shape(input.dim(), mean.size(0));
@@ -260,11 +260,12 @@ at::Tensor SyncBatchNormImpl::forward_distributed(const at::Tensor& input, Group
   }
   all_reduce(packed, ReduceOp::sum, &group);
 
-  const double count = packed[2 * channels].item<double>();
-  if (count < 2) {
+  const auto count = packed.narrow(0, 2 * channels, 1);
+  // With 2 values here the global count is at least 2: only a rank with fewer reads the sum on the host.
+  if (local < 2 && packed[2 * channels].item<double>() < 2) {
     throw ConfigError(fmt::format("{}: expected more than 1 value per channel when training, got {} over the {} ranks "
                                   "of group '{}' (input [{}] on rank {}); use larger batches",
-                                  describe(options), count, group.size(), group.name(),
+                                  describe(options), packed[2 * channels].item<double>(), group.size(), group.name(),
                                   fmt::join(input.sizes(), ", "), rank()));
   }
   const auto s1 = packed.narrow(0, 0, channels);

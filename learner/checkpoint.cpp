@@ -40,8 +40,19 @@ std::vector<at::Generator> rng_generators() {
 }
 
 std::string rng_name(std::size_t i) { return std::string(kRngPrefix) + (i == 0 ? "cpu" : fmt::format("cuda{}", i - 1)); }
+// A process's own state in a checkpoint of a job of several: rng/rank<r>/cpu, rng/rank<r>/cuda<i>.
+std::string rng_name(std::size_t i, int rank) {
+  return fmt::format("{}rank{}/{}", kRngPrefix, rank, i == 0 ? "cpu" : fmt::format("cuda{}", i - 1));
+}
 
 bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+
+// This process's generator i in the file: its rank's own state when the file has one per rank (a checkpoint
+// of a job of several), else the single one (a checkpoint of one process, or of rank 0 only).
+std::string rng_name_in(const std::map<std::string, const at::Tensor*>& in_file, std::size_t i, int rank) {
+  const auto own = rng_name(i, rank);
+  return in_file.contains(own) ? own : rng_name(i);
+}
 
 std::int64_t metadata_int(const Metadata& meta, const std::string& key, std::string_view origin) {
   auto it = meta.find(key);
@@ -208,12 +219,12 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
     // RNG states are checked here too, so that setting them below cannot fail.
     const auto gens = rng_generators();
     for (std::size_t i = 0; i < gens.size(); ++i) {
-      auto it = in_file.find(rng_name(i));
+      auto it = in_file.find(rng_name_in(in_file, i, learn.coordination().rank));
       if (it == in_file.end()) continue;
       const auto expected = gens[i].get_state();
       if (it->second->scalar_type() != at::kByte || it->second->numel() != expected.numel()) {
         throw CheckpointError(fmt::format("{}: tensor '{}' is {} of {} elements but a generator state is Byte of {}",
-                                          origin, rng_name(i), c10::toString(it->second->scalar_type()),
+                                          origin, it->first, c10::toString(it->second->scalar_type()),
                                           it->second->numel(), expected.numel()));
       }
     }
@@ -240,7 +251,7 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
   if (restore_training) {
     const auto gens = rng_generators();
     for (std::size_t i = 0; i < gens.size(); ++i) {
-      if (auto it = in_file.find(rng_name(i)); it != in_file.end()) {
+      if (auto it = in_file.find(rng_name_in(in_file, i, learn.coordination().rank)); it != in_file.end()) {
         auto gen = gens[i];
         gen.set_state(*it->second);
       }
@@ -262,6 +273,26 @@ void load_checkpoint(Learner& learn, const std::filesystem::path& file, LoadOpti
     throw CheckpointError(fmt::format("checkpoint '{}' does not exist", file.string()));
   }
   restore_state(learn, load_safetensors(file), options, file.string());
+}
+
+at::Tensor gather_rng_states(Learner& learn) {
+  std::vector<at::Tensor> parts;
+  for (const auto& gen : rng_generators()) parts.push_back(gen.get_state().reshape({-1}));
+  auto mine = at::cat(parts);
+  const auto& gather = learn.coordination().all_gather_rows;
+  return gather ? gather(mine) : mine.unsqueeze(0);
+}
+
+void add_rng_states_of_every_rank(CheckpointState& state, const at::Tensor& gathered) {
+  const auto gens = rng_generators();
+  for (std::int64_t r = 0; r < gathered.size(0); ++r) {
+    std::int64_t offset = 0;
+    for (std::size_t i = 0; i < gens.size(); ++i) {
+      const auto n = gens[i].get_state().numel();
+      state.tensors.emplace_back(rng_name(i, static_cast<int>(r)), gathered[r].narrow(0, offset, n).clone());
+      offset += n;
+    }
+  }
 }
 
 }  // namespace fastlearn

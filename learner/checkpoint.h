@@ -51,6 +51,13 @@ CheckpointState capture_state(Learner& learn, SaveOptions options = {});
 /// in which case nothing was changed.
 void restore_state(Learner& learn, const CheckpointState& state, LoadOptions options, std::string_view origin);
 
+/// Every process's RNG states, one row per rank (collective in a job of several, through the learner's
+/// coordination: every rank calls it), for a checkpoint from which each rank resumes its own streams.
+at::Tensor gather_rng_states(Learner& learn);
+/// Adds the rows of gather_rng_states to `state` as rng/rank<r>/cpu and rng/rank<r>/cuda<i>; restore_state
+/// gives each rank its own (Learner::Coordination::rank), and a process of a one-process job the plain rng/cpu.
+void add_rng_states_of_every_rank(CheckpointState& state, const at::Tensor& gathered);
+
 /// capture_state, written atomically to `file` (its directory is created).
 void save_checkpoint(Learner& learn, const std::filesystem::path& file, SaveOptions options = {});
 /// Reads `file` and restore_state()s it.

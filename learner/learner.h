@@ -248,11 +248,18 @@ class Learner {
   /// DistributedTrainer; the defaults are those of a single process).
   struct Coordination {
     bool writes_files = true;             ///< save() writes (only rank 0 does in a job of several)
+    int rank = 0;                         ///< this process's rank among those training together
     std::function<void()> barrier;        ///< save() waits after writing, load() before reading
     /// Turns this process's per-item predictions of the last validation pass into those of the whole set.
     std::function<at::Tensor(const at::Tensor&)> gather_items;
-    /// Collective: true when any process passes true (so that all stop at the same batch).
+    /// Collective: true when any process passes true (so that all stop at the same point); once per epoch.
     std::function<bool(bool)> any_process;
+    /// Per batch, without a collective of its own: `mine` travels with the next gradient all-reduce, and
+    /// the answer is true on every process at the same batch once any process passed true (one or two
+    /// training batches later; see GradReducer::vote).
+    std::function<bool(bool)> any_process_soon;
+    /// Collective: every process's `row` (1-D, the same size on all), stacked in rank order.
+    std::function<at::Tensor(const at::Tensor&)> all_gather_rows;
   };
   Coordination& coordination() { return coordination_; }
 

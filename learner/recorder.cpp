@@ -76,6 +76,8 @@ void Recorder::before_fit() {
   smooth_.reset();
   losses_.clear();
   lrs_.clear();
+  raw_losses_.clear();
+  steps_.clear();
   epoch_end_iters_.clear();
   history_.clear();
 }
@@ -88,12 +90,16 @@ void Recorder::before_epoch() {
 }
 
 void Recorder::before_train() {
+  batch_losses_.clear();
+  notes_.clear();
   loss_sum_ = 0;
   loss_count_ = 0;
   for (auto& m : train_metrics_) m->reset();
 }
 
 void Recorder::before_validate() {
+  batch_losses_.clear();
+  notes_.clear();
   loss_sum_ = 0;
   loss_count_ = 0;
   for (auto& m : valid_metrics_) m->reset();
@@ -102,35 +108,56 @@ void Recorder::before_validate() {
 void Recorder::after_batch() {
   auto& l = learn();
   if (l.yb.empty() || !l.loss.defined()) return;
-  const auto bs = find_bs(l.yb);
-  const double loss = l.loss.mean().item<double>();  // also for a loss without reduction
-  loss_sum_ += loss * static_cast<double>(bs);
-  loss_count_ += bs;
   for (auto& m : l.training ? train_metrics_ : valid_metrics_) m->accumulate(l.pred, l.yb.front());
-  if (!l.training) return;
-  smooth_.add(loss);
-  l.smooth_loss = smooth_.value();
-  losses_.push_back(l.smooth_loss);
-  lrs_.push_back(l.has_opt() ? l.opt().hyper("lr", l.opt().n_groups() - 1) : kNaN);
+  batch_losses_.push(l.loss.detach().mean());  // the mean also for a loss without reduction
+  notes_.push_back({.items = find_bs(l.yb),
+                    .step = l.train_iter,
+                    .lr = l.training && l.has_opt() ? l.opt().hyper("lr", l.opt().n_groups() - 1) : kNaN,
+                    .training = l.training});
+  record_pending(read_every_batch_);
 }
 
-Recorder::EpochState Recorder::epoch_state() const {
+void Recorder::record_pending(bool all) {
+  for (double loss : all ? batch_losses_.take_all() : batch_losses_.take_ready()) {
+    record(loss, notes_.front());
+    notes_.pop_front();
+  }
+}
+
+void Recorder::record(double loss, const BatchNote& note) {
+  loss_sum_ += loss * static_cast<double>(note.items);
+  loss_count_ += note.items;
+  if (!note.training) return;
+  smooth_.add(loss);
+  learn().smooth_loss = smooth_.value();
+  losses_.push_back(smooth_.value());
+  lrs_.push_back(note.lr);
+  raw_losses_.push_back(loss);
+  steps_.push_back(note.step);
+}
+
+Recorder::EpochState Recorder::epoch_state() {
+  record_pending(true);
   return {.loss_sum = loss_sum_, .loss_count = loss_count_, .smooth_count = smooth_.count(),
           .smooth_average = smooth_.average()};
 }
 
 void Recorder::restore_epoch_state(const EpochState& state) {
+  batch_losses_.clear();
+  notes_.clear();
   loss_sum_ = state.loss_sum;
   loss_count_ = state.loss_count;
   smooth_.restore(state.smooth_count, state.smooth_average);
 }
 
 void Recorder::after_train() {
+  record_pending(true);
   train_loss_ = loss_count_ ? loss_sum_ / static_cast<double>(loss_count_) : kNaN;
   train_values_ = values_of(train_metrics_);
 }
 
 void Recorder::after_validate() {
+  record_pending(true);
   valid_loss_ = loss_count_ ? loss_sum_ / static_cast<double>(loss_count_) : kNaN;
   valid_values_ = values_of(valid_metrics_);
 }

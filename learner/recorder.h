@@ -2,11 +2,15 @@
 // Recorder: what happened during a fit. Per training batch: the smoothed loss (exponential moving
 // average, beta 0.98, debiased) and the learning rate; per epoch: a row with the average training
 // loss, the validation loss, each metric and the time. It writes loss and lr_find plots as SVG files.
+// A batch's loss reaches the host through a HostReadback: on CUDA it is recorded one batch later, so the
+// training loop never waits for the GPU to log (unless read_every_batch, which the LRFinder needs).
+#include <fastlearn/core/host_readback.h>
 #include <fastlearn/learner/callback.h>
 #include <fastlearn/learner/loss.h>
 #include <fastlearn/learner/metrics.h>
 
 #include <chrono>
+#include <deque>
 #include <filesystem>
 #include <limits>
 #include <optional>
@@ -73,6 +77,9 @@ class Recorder : public Callback {
   const std::vector<double>& losses() const { return losses_; }
   /// Learning rate of the last parameter group at each training batch.
   const std::vector<double>& lrs() const { return lrs_; }
+  /// The loss of each training batch (unsmoothed), and the step (Learner::train_iter) it belongs to.
+  const std::vector<double>& batch_losses() const { return raw_losses_; }
+  const std::vector<std::int64_t>& steps() const { return steps_; }
   /// One row per finished epoch of the current (or last) fit.
   const std::vector<EpochRecord>& history() const { return history_; }
   /// Names of the metrics, in the order of EpochRecord::metrics (with "train_" prefixes if train_metrics).
@@ -91,7 +98,9 @@ class Recorder : public Callback {
   void set_validation(const at::Tensor& preds, const at::Tensor& targets, const Loss& loss_func);
 
   /// The running epoch's accumulators (training loss and smoothed loss; training metrics are not included).
-  EpochState epoch_state() const;
+  EpochState epoch_state();
+  /// Record every batch's loss at its own after_batch, waiting for the device if needed (default: false).
+  void read_every_batch(bool on) { read_every_batch_ = on; }
   /// Continues an epoch from `state` (after before_train, when a fit resumes inside an epoch).
   void restore_epoch_state(const EpochState& state);
 
@@ -102,11 +111,24 @@ class Recorder : public Callback {
                     std::optional<double> suggestion = {}) const;
 
  private:
+  struct BatchNote {
+    std::int64_t items = 0;
+    std::int64_t step = 0;
+    double lr = 0;
+    bool training = false;
+  };
+  void record(double loss, const BatchNote& note);
+  void record_pending(bool all);
+
   std::vector<MetricPtr> valid_metrics_;
   std::vector<MetricPtr> train_metrics_;
+  HostReadback batch_losses_;        // losses on their way to the host, with the notes below
+  std::deque<BatchNote> notes_;
+  bool read_every_batch_ = false;
   RecorderOptions options_;
   SmoothValue smooth_;
-  std::vector<double> losses_, lrs_;
+  std::vector<double> losses_, lrs_, raw_losses_;
+  std::vector<std::int64_t> steps_;
   std::vector<std::int64_t> epoch_end_iters_;  // training batches done at the end of each epoch, for plots
   std::vector<EpochRecord> history_;
   double loss_sum_ = 0;

@@ -217,18 +217,32 @@ TEST(GracefulStop, HandlesTheSignalsOnlyDuringTheFit) {
 
 // ---- two ranks ------------------------------------------------------------------------------------
 
+// Per-rank random augmentation from the global generator: rank 1 draws one number more per batch, so the
+// ranks' generator states differ; a resumed rank must continue its own stream, not rank 0's.
+class PerRankNoise : public fl::Callback {
+ public:
+  std::string name() const override { return "per_rank_noise"; }
+  void before_batch() override {
+    auto& l = learn();
+    if (!l.training) return;
+    if (fl::rank() == 1) torch::rand({1});
+    l.xb[0] = l.xb[0] + torch::randn_like(l.xb[0]) * 0.1;
+  }
+};
+
 TEST(Resume, TwoRanksResumedInsideAnEpochMatchTheUninterruptedRun) {
   TempDir dir("ranks");
   flt::run_on_ranks(2, [&dir](const RankContext&) {
     fl::setup_distrib({.timeout = std::chrono::seconds(30)});
-    const auto reference = train(dir.path,
-                                 {}, {std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.every_n_batches = 1, .keep = 0})},
+    const auto reference = train(dir.path, {},
+                                 {std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.every_n_batches = 1, .keep = 0}),
+                                  std::make_shared<PerRankNoise>()},
                                  true);
     EXPECT_EQ(reference.losses.size(), 9u) << "3 batches per rank per epoch";
     fl::barrier();
     for (const auto& [epoch, batch] : std::vector<std::pair<int, int>>{{1, 1}, {2, 0}}) {
       const auto resumed = train(dir.path / "resumed", dir.path / "checkpoints" / fl::checkpoint_file_name(epoch, batch),
-                                 {}, true);
+                                 {std::make_shared<PerRankNoise>()}, true);
       expect_same_end(reference, resumed, fmt::format("rank {} from epoch {} batch {}", fl::rank(), epoch, batch));
     }
     fl::teardown_distrib();
@@ -241,7 +255,9 @@ TEST(GracefulStop, ASignalOnOneRankStopsEveryRankAtTheSameBatch) {
     fl::setup_distrib({.timeout = std::chrono::seconds(30)});
     auto stop = std::make_shared<fl::GracefulStop>();
     std::vector<fl::CallbackPtr> cbs{std::make_shared<fl::Checkpointer>(), stop};
-    if (fl::rank() == 1) cbs.push_back(std::make_shared<RaiseAt>(1, 1, SIGINT));
+    // The flag raised after batch 0 of epoch 1 travels with batch 1's gradient all-reduce (no collective of
+    // its own): every rank stops after batch 1.
+    if (fl::rank() == 1) cbs.push_back(std::make_shared<RaiseAt>(1, 0, SIGINT));
     const auto run = train(dir.path, {}, cbs, true);
     EXPECT_TRUE(stop->stopped());
     EXPECT_EQ(run.losses.size(), 5u) << "rank " << fl::rank() << ": 3 batches of epoch 0, 2 of epoch 1";

@@ -3,10 +3,10 @@
 // SyncBatchNorm, and with gradient accumulation); validation metrics and get_preds over exactly the
 // whole validation set on every rank; only rank 0 writes checkpoints.
 #include <fastlearn/callbacks/grad_accumulation.h>
+#include <fastlearn/callbacks/mixed_precision.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/distributed_trainer.h>
-#include <fastlearn/distributed/parallel_trainer.h>
 #include <fastlearn/distributed/runtime.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/models.h>
@@ -49,8 +49,8 @@ class FixedSampler : public fl::Sampler {
   std::vector<std::int64_t> order_;
 };
 
-fl::DataLoaders loaders(std::int64_t bs, bool single_process_twin) {
-  auto [x, y] = images(kItems, 1);
+fl::DataLoaders loaders(std::int64_t bs, bool single_process_twin, std::uint64_t data_seed = 1) {
+  auto [x, y] = images(kItems, data_seed);
   auto [vx, vy] = images(kValid, 2);
   auto train = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
   auto valid = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{vx}, std::vector<at::Tensor>{vy});
@@ -82,15 +82,17 @@ struct StepLog : fl::Callback {
 };
 
 std::vector<std::vector<at::Tensor>> train_steps(const std::string& kind, std::int64_t bs, bool accumulate,
-                                                 bool distributed) {
+                                                 bool distributed, bool bf16 = false, fl::Group* group = nullptr,
+                                                 std::uint64_t data_seed = 1) {
   auto model = make_model(kind);
-  fl::Learner learn(loaders(bs, !distributed), model, fl::cross_entropy(),
+  fl::Learner learn(loaders(bs, !distributed, data_seed), model, fl::cross_entropy(),
                     {.opt_func = fl::SGD({.mom = 0.9}), .progress = false});
   auto log = std::make_shared<StepLog>();
   std::vector<fl::CallbackPtr> cbs{log};
   if (accumulate) cbs.push_back(std::make_shared<fl::GradientAccumulation>(bs * 2));
+  if (bf16) cbs.push_back(std::make_shared<fl::MixedPrecision>(fl::MixedPrecisionOptions{.dtype = at::kBFloat16}));
   if (distributed) {
-    fl::DistribCtx ctx(learn);
+    fl::DistribCtx ctx(learn, {.group = group});
     learn.fit(2, 0.05, {.cbs = cbs});
   } else {
     learn.fit(2, 0.05, {.cbs = cbs});
@@ -98,14 +100,15 @@ std::vector<std::vector<at::Tensor>> train_steps(const std::string& kind, std::i
   return log->params;
 }
 
-void expect_same_steps(const std::vector<std::vector<at::Tensor>>& a, const std::vector<std::vector<at::Tensor>>& b) {
+void expect_same_steps(const std::vector<std::vector<at::Tensor>>& a, const std::vector<std::vector<at::Tensor>>& b,
+                       double tolerance = 1e-5) {
   ASSERT_EQ(a.size(), b.size());
   ASSERT_GT(a.size(), 0u);
   for (std::size_t s = 0; s < a.size(); ++s) {
     ASSERT_EQ(a[s].size(), b[s].size());
     for (std::size_t i = 0; i < a[s].size(); ++i) {
       if (a[s][i].is_floating_point()) {
-        ASSERT_TRUE(a[s][i].allclose(b[s][i], 1e-5, 1e-5)) << "step " << s << " tensor " << i << " differs by "
+        ASSERT_TRUE(a[s][i].allclose(b[s][i], tolerance, tolerance)) << "step " << s << " tensor " << i << " differs by "
                                                             << (a[s][i] - b[s][i]).abs().max().item<double>();
       }
     }
@@ -138,6 +141,43 @@ TEST(DistributedTrainer, GradientAccumulationCommunicatesOnlyTheLastMicroBatch) 
     fl::teardown_distrib();
     expect_same_steps(reference, ours);
   }, {.env = flt::torchrun_env(2)});
+}
+
+// bf16 autocast (MixedPrecision on CPU) through the reducer: the same steps as one process to bf16's
+// precision (8 bits of mantissa: the two runs round different batch shapes differently).
+TEST(DistributedTrainer, Bf16MixedPrecisionMatchesOneProcessWithTwiceTheBatch) {
+  flt::run_on_ranks(2, [](const RankContext&) {
+    const auto reference = train_steps("simple_cnn", 16, false, false, /*bf16=*/true);
+    const auto full_precision = train_steps("simple_cnn", 16, false, false);
+    fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+    const auto ours = train_steps("simple_cnn", 8, false, true, /*bf16=*/true);
+    fl::teardown_distrib();
+    expect_same_steps(reference, ours, 2e-2);
+    // The tolerance is tight enough to see that autocast ran: float32 steps differ from bf16 ones by more.
+    double max_diff = 0;
+    for (std::size_t i = 0; i < ours.back().size(); ++i) {
+      max_diff = std::max(max_diff, (ours.back()[i] - full_precision.back()[i]).abs().max().item<double>());
+    }
+    EXPECT_GT(max_diff, 1e-4) << "bf16 steps equal float32 ones: autocast did not run";
+  }, {.env = flt::torchrun_env(2)});
+}
+
+// DistributedTrainerOptions.group: 4 ranks run two independent 2-rank trainings at once, on the subgroups
+// {0, 1} and {2, 3} with different data; each takes the steps of one process with twice its batch (that
+// is, of its own 2-rank run), with SyncBatchNorm, sharding and validation gathers all within the subgroup.
+TEST(DistributedTrainer, TwoTrainingsOnTwoSubgroupsAtOnceEachMatchItsOwnRun) {
+  flt::run_on_ranks(4, [](const RankContext& ctx) {
+    const int pair = ctx.rank / 2;
+    const auto reference = train_steps("resnet_syncbn", 16, false, false, false, nullptr, 1 + pair);
+    fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+    auto first = fl::new_group({0, 1});
+    auto second = fl::new_group({2, 3});
+    const auto ours = train_steps("resnet_syncbn", 8, false, true, false, pair == 0 ? first.get() : second.get(), 1 + pair);
+    first.reset();
+    second.reset();
+    fl::teardown_distrib();
+    expect_same_steps(reference, ours);
+  }, {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(4)});
 }
 
 TEST(DistributedTrainer, ValidationAndGetPredsCoverExactlyTheWholeSetOnEveryRank) {
@@ -182,29 +222,3 @@ TEST(DistributedTrainer, OnlyRankZeroWritesCheckpointsAndEveryRankLoadsThem) {
   if (!flt::in_rank_process()) fs::remove_all(dir);
 }
 
-TEST(ParallelTrainer, WithoutAGpuItSaysSoAndChangesNothing) {
-  if (torch::cuda::is_available()) GTEST_SKIP() << "this machine has a GPU; the next test covers it";
-  auto model = make_model("mlp");
-  fl::Learner learn(loaders(8, false), model, fl::cross_entropy(), {.progress = false});
-  try {
-    fl::ParallelCtx ctx(learn);
-    FAIL() << "expected an error";
-  } catch (const fl::DistributedError& e) {
-    EXPECT_NE(std::string(e.what()).find("no CUDA device"), std::string::npos) << e.what();
-  }
-  EXPECT_EQ(learn.cb<fl::ParallelTrainer>(), nullptr);
-  learn.fit(1, 0.01);  // still trains on the CPU
-}
-
-TEST(ParallelTrainer, SplitsBatchesOverTwoGpus) {
-  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices; this machine has " << torch::cuda::device_count();
-  auto model = make_model("mlp");
-  fl::Learner learn(loaders(8, false), model, fl::cross_entropy(), {.progress = false});
-  {
-    fl::ParallelCtx ctx(learn);
-    learn.fit(1, 0.01);
-    EXPECT_NE(learn.cb<fl::ParallelTrainer>(), nullptr);
-  }
-  EXPECT_EQ(learn.cb<fl::ParallelTrainer>(), nullptr);
-  EXPECT_TRUE(std::isfinite(learn.recorder().history().back().valid_loss));
-}

@@ -316,6 +316,7 @@ TEST(Timeout, AHungRankMakesTheOthersFailWithinTheTimeoutNamingTheOperation) {
   EXPECT_TRUE(contains(err, "rank 1 hangs at batch 3")) << err;
   EXPECT_TRUE(contains(err, "gradient all_reduce of bucket")) << err;
   EXPECT_TRUE(contains(err, "the timeout is 2000 ms")) << err;
+  EXPECT_TRUE(contains(err, "Rank 1 never reached this call")) << "the silent rank is named:\n" << err;
   EXPECT_TRUE(contains(err, "rank 0 (local 0, pid ")) << "the summary names rank 0 as the first failure:\n" << err;
   std::printf("[ figure ] hung rank, 2 s collective timeout: launcher exited after %.2f s\n", seconds);
 }

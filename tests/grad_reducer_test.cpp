@@ -8,6 +8,7 @@
 #include <fastlearn/distributed/runtime.h>
 #include <fastlearn/learner/models.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -269,4 +270,75 @@ TEST(GradReducer, ChannelsLastGradientsKeepTheParametersLayoutInBucketsAndInPlac
       EXPECT_EQ(reducer.bucket_count(), in_place_mb > 1 ? 1u : 2u);
     }
   }, {.env = flt::torchrun_env(2)});
+}
+
+// A trunk and three heads; rank r trains through head r % 3 only, so the ranks' unused parameters differ.
+// The first backward's bucket rebuild must still run on every rank (it broadcasts rank 0's order): before,
+// only ranks without unused parameters joined it, and the collectives stopped matching (a hang).
+class DifferentUnusedSets : public ::testing::TestWithParam<int> {};
+
+TEST_P(DifferentUnusedSets, NoHangAndTheAverageOfEveryRanksGradients) {
+  const int world = GetParam();
+  flt::run_on_ranks(world, [](const RankContext& ctx) {
+    Distributed dist;
+    torch::manual_seed(3);
+    torch::nn::Linear trunk(16, 12), head0(12, 4), head1(12, 4), head2(12, 4);
+    std::vector<torch::nn::Linear> heads{head0, head1, head2};
+    std::vector<std::pair<std::string, at::Tensor>> params;
+    for (const auto& p : trunk->named_parameters()) params.emplace_back("trunk." + p.key(), p.value());
+    for (int h = 0; h < 3; ++h) {
+      for (const auto& p : heads[h]->named_parameters()) params.emplace_back(fmt::format("head{}.{}", h, p.key()), p.value());
+    }
+    auto loss_on = [&](int rank, int iteration) {
+      auto gen = at::detail::createCPUGenerator(1000 + 10 * rank + iteration);
+      auto x = at::randn({6, 16}, gen);
+      auto y = at::randint(0, 4, {6}, gen, at::TensorOptions().dtype(at::kLong));
+      return torch::nn::functional::cross_entropy(heads[rank % 3]->forward(torch::relu(trunk->forward(x))), y);
+    };
+    fl::GradReducer reducer(params, {}, fl::world_group(), {.first_bucket_mb = 0.0001, .find_unused_parameters = true});
+    for (int it = 0; it < 4; ++it) {
+      // The reference: the mean over ranks of each rank's loss, on this process (zero for unused heads).
+      std::vector<at::Tensor> expected;
+      {
+        std::vector<at::Tensor> leaves;
+        for (auto& [name, p] : params) leaves.push_back(p);
+        at::Tensor total = torch::zeros({});
+        for (int r = 0; r < ctx.world_size; ++r) total = total + loss_on(r, it);
+        auto grads = torch::autograd::grad({total / ctx.world_size}, leaves, {}, false, false, /*allow_unused=*/true);
+        for (std::size_t i = 0; i < grads.size(); ++i) expected.push_back(grads[i].defined() ? grads[i] : torch::zeros_like(leaves[i]));
+      }
+      for (auto& [name, p] : params) p.mutable_grad() = at::Tensor();
+      loss_on(ctx.rank, it).backward();
+      reducer.finalize_if_pending();
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        ASSERT_TRUE(params[i].second.grad().defined()) << params[i].first;
+        EXPECT_TRUE(params[i].second.grad().allclose(expected[i], 1e-5, 1e-6))
+            << "iteration " << it << ", " << params[i].first << " differs by "
+            << (params[i].second.grad() - expected[i]).abs().max().item<double>();
+      }
+    }
+    EXPECT_EQ(reducer.iterations(), 4);
+  }, {.timeout = std::chrono::seconds(60)});
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DifferentUnusedSets, ::testing::Values(2, 3),
+                         [](const ::testing::TestParamInfo<int>& p) { return std::to_string(p.param) + "_ranks"; });
+
+// The vote rides in the last bucket's all_reduce: every rank learns that one voted, at the same backward.
+TEST(GradReducer, AVoteOfOneRankReachesEveryRankWithTheGradients) {
+  flt::run_on_ranks(2, [](const RankContext& ctx) {
+    Distributed dist;
+    torch::manual_seed(0);
+    auto model = fl::models::mlp(16, {32}, 4);
+    fl::GradReducer reducer(named(*model), {}, fl::world_group());
+    std::vector<bool> seen;
+    for (int it = 0; it < 4; ++it) {
+      reducer.vote(ctx.rank == 1 && it == 2);  // rank 1 votes before the third backward
+      for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+      loss_of(model, batch_of(ctx.rank)).backward();
+      seen.push_back(reducer.take_votes());
+    }
+    EXPECT_EQ(seen, (std::vector<bool>{false, false, true, false})) << "on CPU a vote is read at its own backward";
+    EXPECT_EQ(reducer.last_stats().launched_after.size(), reducer.bucket_count());
+  }, {.timeout = std::chrono::seconds(60)});
 }

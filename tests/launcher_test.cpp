@@ -569,6 +569,33 @@ TEST(LaunchCli, BadOptionsAreClearErrors) {
   EXPECT_NE(read_text(none.err()).find("no program given"), std::string::npos) << read_text(none.err());
 }
 
+// Users coming from torchrun type its spellings: the underscore forms and --standalone work, --no-python is
+// accepted, and a torchrun flag without a counterpart is named with the nearest option and what to do.
+TEST(LaunchCli, TorchrunSpellingsWork) {
+  TempDir ranks;
+  Cli cli({"launch", "--standalone", "--nproc_per_node=2", "--max_restarts", "0", "--no-python", "--rdzv_id", "job7",
+           "--no-prefix", "--", FASTLEARN_LAUNCH_PROBE, "record=" + ranks.path.string()});
+  EXPECT_EQ(cli.wait_exit_code(), 0) << read_text(cli.err());
+  for (int rank = 0; rank < 2; ++rank) {
+    auto env = read_record(ranks.path, rank);
+    EXPECT_EQ(env["WORLD_SIZE"], "2");
+    EXPECT_EQ(env["MASTER_ADDR"], "127.0.0.1");
+  }
+}
+
+TEST(LaunchCli, AnUnknownTorchrunFlagIsNamedWithTheNearestOption) {
+  Cli cli({"launch", "--nproc-per-node", "2", "--rdzv-backend=c10d", "--", FASTLEARN_LAUNCH_PROBE});
+  EXPECT_NE(cli.wait_exit_code(), 0);
+  const auto err = read_text(cli.err());
+  EXPECT_NE(err.find("unknown option '--rdzv-backend=c10d' (a torchrun option: fastlearn launch meets the other nodes "
+                     "through --master-addr / --master-port"), std::string::npos) << err;
+  EXPECT_NE(err.find("the nearest option of fastlearn launch is --rdzv-id"), std::string::npos) << err;
+  Cli typo({"launch", "--nproc-per-nod", "2", "--", FASTLEARN_LAUNCH_PROBE});
+  EXPECT_NE(typo.wait_exit_code(), 0);
+  EXPECT_NE(read_text(typo.err()).find("the nearest option of fastlearn launch is --nproc-per-node"), std::string::npos)
+      << read_text(typo.err());
+}
+
 // ---- spawn() ----------------------------------------------------------------------------------------------
 
 // The same folder in the test process and in its spawned children (whose parent it is).

@@ -4,9 +4,11 @@
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/collectives.h>
 #include <fastlearn/distributed/distrib_ctx.h>
+#include <fastlearn/distributed/grad_reducer.h>
 #include <fastlearn/distributed/runtime.h>
 
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include <torch/torch.h>
@@ -242,6 +244,40 @@ TEST(RuntimeInit, MasterPortInUseIsAClearError) {
   EXPECT_FALSE(fl::is_initialized());
 }
 
+// Setups back to back on one MASTER_PORT: a rank that is quicker to set up again can reach the previous
+// setup's store while rank 0 still serves it. The run key makes it wait for its own run's store instead of
+// joining the old one. Rank 0 lingers before some teardowns to provoke exactly that.
+TEST(RuntimeInit, FiftyBackToBackSetupsOnOnePortNeverCrossRuns) {
+  flt::run_on_ranks(2, [](const RankContext&) {
+    for (int it = 0; it < 50; ++it) {
+      fl::setup_distrib({.timeout = std::chrono::seconds(20)});
+      auto t = torch::full({1}, static_cast<float>(10 * it + fl::rank()));
+      fl::all_reduce(t);
+      ASSERT_EQ(t.item<float>(), static_cast<float>(20 * it + 1)) << "setup " << it << " met a rank of another setup";
+      if (fl::rank() == 0 && it % 2 == 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      fl::teardown_distrib();
+    }
+  }, {.timeout = std::chrono::seconds(120), .env = flt::torchrun_env(2)});
+}
+
+// A rank launched for another run that reaches this run's store is refused with a message, never joined.
+TEST(RuntimeInit, ARankOfAnotherRunIsRefusedByName) {
+  const int port = flt::in_rank_process() ? 0 : flt::free_tcp_port();
+  flt::run_on_ranks(2, [](const RankContext& ctx) {
+    const auto msg = message_of([] { fl::setup_distrib({.timeout = std::chrono::seconds(3)}); });
+    if (ctx.rank == 1) {
+      EXPECT_NE(msg.find("serves another run ('job-a.0#0') and not this rank's ('job-b.0#0')"), std::string::npos) << msg;
+    } else {
+      EXPECT_NE(msg, "no error") << "rank 0 waited for a rank 1 of its own run";
+    }
+    if (fl::is_initialized()) fl::teardown_distrib();
+  }, {.timeout = std::chrono::seconds(60), .env = [port](int rank) {
+        return std::map<std::string, std::string>{{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"},
+                                                  {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)},
+                                                  {"FASTLEARN_RUN_ID", rank == 0 ? "job-a.0" : "job-b.0"}};
+      }});
+}
+
 TEST(RuntimeSingleProcess, CollectivesAreNoOpsAndQueriesWork) {
   ASSERT_FALSE(fl::is_initialized());
   EXPECT_EQ(fl::rank(), 0);
@@ -340,6 +376,48 @@ TEST(RuntimeDebug, MismatchedCallsNameEachRanksCall) {
     });
     EXPECT_NE(other.find("broadcast"), std::string::npos) << other;
     EXPECT_NE(other.find("all_reduce"), std::string::npos) << other;
+  }, torchrun(2));
+}
+
+// The GradReducer's bucket all-reduces go through the same check: ranks whose models differ are named.
+TEST(RuntimeDebug, TheReducersAllReducesAreCheckedToo) {
+  flt::run_on_ranks(2, [](const RankContext&) {
+    Distributed dist({.debug = true});
+    torch::manual_seed(0);
+    torch::nn::Linear layer(8, fl::rank() == 0 ? 3 : 5);  // rank 1's model is not rank 0's
+    std::vector<std::pair<std::string, at::Tensor>> params;
+    for (const auto& p : layer->named_parameters()) params.emplace_back(p.key(), p.value());
+    const auto msg = message_of([&] {
+      fl::GradReducer reducer(params, {}, fl::world_group(), {.rebuild_buckets = false});
+      layer->forward(torch::randn({2, 8})).sum().backward();
+      reducer.finalize_if_pending();
+    });
+    EXPECT_NE(msg.find("mismatched collective calls"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 0: call #"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 1: call #"), std::string::npos) << msg;
+  }, torchrun(2));
+}
+
+// Point-to-point: a send whose tensor the receive does not expect is named with both ranks (debug mode).
+TEST(RuntimeDebug, MismatchedSendAndRecvNameBothRanks) {
+  flt::run_on_ranks(2, [](const RankContext&) {
+    Distributed dist({.debug = true});
+    if (fl::rank() == 0) {
+      auto mismatched = fl::isend(torch::ones({4}), 1, 7);
+      fl::send(torch::ones({3}), 1, 8);  // matches: the checks do not get in the way of correct calls
+      fl::send(torch::ones({2}), 1, 9);
+      mismatched.wait();  // rank 1 drains it below
+    } else {
+      const auto msg = message_of([] { fl::recv(torch::zeros({4}, torch::kLong), 0, 7); });
+      EXPECT_NE(msg.find("rank 0 sends Float [4] (tag 7) but rank 1 receives into Long [4]"), std::string::npos) << msg;
+      std::vector<at::Tensor> drain{torch::zeros({4})};  // the refused message was never received: take it now
+      fl::world_group().backend().recv(drain, 0, 7)->wait();
+      auto ok = torch::zeros({3});
+      EXPECT_EQ(fl::recv(ok, std::nullopt, 8), 0) << "from any rank, the sender is known after the check";
+      EXPECT_TRUE(torch::equal(ok, torch::ones({3})));
+      auto req = fl::irecv(torch::zeros({2}), 0, 9);
+      req.wait();
+    }
   }, torchrun(2));
 }
 

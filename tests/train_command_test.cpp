@@ -3,7 +3,11 @@
 // synthetic regression runs keep this fast.
 #include "cli/config.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <array>
@@ -160,6 +164,69 @@ TEST_F(TrainCommand, LrFindWritesThePlotAndSuggests) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("suggested learning rate (valley): "), std::string::npos) << r.output;
   EXPECT_NE(read(out_ / "lr_find.svg").find("<svg"), std::string::npos);
+}
+
+// ---- bad distributed input: a clear error naming the setting, a non-zero exit, nothing written ----------
+
+TEST_F(TrainCommand, NcclWithoutAGpuIsRefusedByName) {
+  const auto r = run(train("--set distributed.backend=nccl"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("distributed.backend = \"nccl\" needs a CUDA GPU and none is visible"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(out_)) << "nothing written";
+}
+
+// Ranks started by hand (as a scheduler would), with the given RANK / WORLD_SIZE and a 3 s timeout.
+std::vector<fastlearn::testing::CommandResult> start_ranks(const fs::path& config, const fs::path& out,
+                                                           const std::vector<int>& ranks, int world_size, int port) {
+  std::vector<fastlearn::testing::Command> commands;
+  for (int rank : ranks) {
+    commands.push_back({.argv = {FASTLEARN_CLI, "train", config.string(), "--out", out.string(), "--set",
+                                 "distributed.timeout_seconds=3"},
+                        .env = {{"RANK", std::to_string(rank)}, {"WORLD_SIZE", std::to_string(world_size)},
+                                {"LOCAL_RANK", std::to_string(rank)}, {"MASTER_ADDR", "127.0.0.1"},
+                                {"MASTER_PORT", std::to_string(port)}},
+                        .log = out.parent_path() / fmt::format("rank{}.log", rank)});
+  }
+  return fastlearn::testing::run_commands(commands, std::chrono::seconds(60));
+}
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST_F(TrainCommand, AWorldSizeAboveTheRanksStartedIsNamedWithinTheTimeout) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto results = start_ranks(config_, out_, {0, 1}, 3, free_port());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (const auto& r : results) {
+    EXPECT_FALSE(r.timed_out);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("only 2 of WORLD_SIZE=3 ranks joined"), std::string::npos) << r.output;
+  }
+  EXPECT_LT(seconds, 15) << "3 s timeout";
+  EXPECT_FALSE(fs::exists(out_)) << "nothing written";
+}
+
+TEST_F(TrainCommand, AnUnreachableMasterIsNamedWithinTheTimeout) {
+  const int port = free_port();  // nobody listens there: rank 0 never started
+  const auto start = std::chrono::steady_clock::now();
+  const auto results = start_ranks(config_, out_, {1}, 2, port);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_NE(results[0].exit_code, 0) << results[0].output;
+  EXPECT_NE(results[0].output.find(fmt::format("MASTER_ADDR=127.0.0.1 MASTER_PORT={}", port)), std::string::npos)
+      << results[0].output;
+  EXPECT_LT(seconds, 15) << "3 s timeout";
+  EXPECT_FALSE(fs::exists(out_)) << "nothing written";
 }
 
 TEST(TrainCommandHelp, ExplainsEveryOptionAndKey) {

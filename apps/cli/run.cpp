@@ -4,6 +4,7 @@
 #include <fastlearn/fastlearn.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/cuda.h>
 
 #include <fmt/format.h>
 
@@ -154,6 +155,14 @@ void fit(Learner& learn, const TrainSectionConfig& t, const std::optional<fs::pa
   else learn.fit(epochs, t.lr, options);
 }
 
+// distributed.backend = "nccl" on a machine without a visible GPU: refused before anything runs or is written.
+void check_backend(const DistributedConfig& d, const std::string& origin) {
+  if (d.backend == "nccl" && !torch::cuda::is_available()) {
+    throw ConfigError(fmt::format("{}: distributed.backend = \"nccl\" needs a CUDA GPU and none is visible; use "
+                                  "\"gloo\", or \"auto\" (NCCL when there is a GPU, Gloo otherwise)", origin));
+  }
+}
+
 SetupOptions setup_options(const DistributedConfig& d) {
   SetupOptions o{.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(d.timeout_seconds * 1000))};
   if (d.backend == "gloo") o.backend = BackendKind::gloo;
@@ -166,25 +175,6 @@ DistributedTrainerOptions trainer_options(const DistributedConfig& d) {
           .reducer = {.first_bucket_mb = d.first_bucket_mb, .bucket_cap_mb = d.bucket_cap_mb,
                       .find_unused_parameters = d.find_unused_parameters}};
 }
-
-// Sets up the process group of a launched job with the config's backend and timeout; torn down at exit.
-class JobScope {
- public:
-  explicit JobScope(const DistributedConfig& d) {
-    if (world_size() > 1 && !is_initialized()) {
-      setup_distrib(setup_options(d));
-      owns_ = true;
-    }
-  }
-  ~JobScope() {
-    if (owns_) teardown_distrib();
-  }
-  JobScope(const JobScope&) = delete;
-  JobScope& operator=(const JobScope&) = delete;
-
- private:
-  bool owns_ = false;
-};
 
 std::string format_metric(const std::string& name, double value) {
   if (name == "accuracy" || name == "error_rate" || name == "top_k_accuracy") return fmt::format("{} {:.2f}%", name, 100 * value);
@@ -215,12 +205,13 @@ int run_train(const TrainArgs& args) {
   auto config = load_config(args.config_path, args.sets);  // throws before anything is written
   const fs::path out = args.out.empty() ? fs::path(config.output.dir) : fs::path(args.out);
   config.output.dir = out.string();
+  check_backend(config.distributed, args.config_path);
   if (!config.data.path.empty() && !fs::is_directory(config.data.path))
     throw ConfigError(fmt::format("{}: data.path '{}' is not a folder; point it at an MNIST-format folder, or leave it "
                                   "out to use the default Fashion-MNIST", args.config_path, config.data.path));
   if (!under_launcher() && (args.nproc_per_node > 1 || args.max_restarts > 0)) return relaunch(args, out.string());
 
-  JobScope job(config.distributed);
+  DistribCtx job(setup_options(config.distributed));  // the launched job's group, torn down at exit
   const bool resume = args.resume || restarted_by_launcher();
   if (is_main()) {
     fs::create_directories(out);

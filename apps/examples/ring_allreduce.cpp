@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
     const std::int64_t numel = argc > 2 && std::string(argv[1]) == "--numel" ? std::stoll(argv[2]) : 1000003;
     fl::DistribCtx ctx;
     torch::manual_seed(fl::rank());
-    auto data = torch::randn({numel}, torch::kFloat64);
+    // On the backend's device: a GPU per rank with NCCL, the CPU with Gloo.
+    auto data = torch::randn({numel}, torch::kFloat64).to(fl::distrib_device());
     auto ring = data.clone();
     auto reference = data.clone();
     ring_allreduce(ring);

@@ -1,0 +1,247 @@
+// bench_gpu: the GPU benchmarks (scripts/device-check runs it on the GPU machine; results go to
+// bench/results/gpu.json, the format of latest.json plus "device"). Every comparison trains on one GPU
+// with both sides in bf16 autocast and channels-last memory format, the data held on the GPU by both,
+// the same model, batch size and Adam settings (betas 0.9/0.99, eps 1e-5, decoupled wd 0.01); each side
+// warms up with one epoch, then the repeats interleave; an epoch includes its validation.
+//   gpu_conv_net_vs_torch / _vs_fastai: conv_net 32-64-128-256 on Fashion-MNIST (60k images, batch 256),
+//     Learner.fit(1) samples/s against a hand-written PyTorch loop / fastai's Learner.fit(1)
+//     (bench/python/gpu_server.py). Goals: >= 1.5x the loop, >= 2x fastai.
+//   gpu_resnet224_vs_torch / _vs_fastai: the xresnet of models::resnet (widths 64-128-256-512, stem 32)
+//     on 2048 synthetic 3x224x224 images, batch 64. Goal: >= 1.0x.
+//   gpu_time_to_92: seconds of fit_one_cycle(6, 1e-2) of conv_net until the test accuracy reaches 92%,
+//     against fastai's fit_one_cycle of the same model (lower is better; ratio = fastai / ours).
+// usage: bench_gpu [--out FILE] [--data DIR] [--only NAME]
+#include <fastlearn/callbacks/channels_last.h>
+#include <fastlearn/callbacks/mixed_precision.h>
+#include <fastlearn/data/idx.h>
+#include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/models.h>
+#include <fastlearn/learner/recorder.h>
+
+#include <fmt/format.h>
+#include <torch/cuda.h>
+#ifdef FASTLEARN_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+#include <torch/torch.h>
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "support/bench_support.h"
+
+namespace fl = fastlearn;
+
+namespace {
+
+const torch::Device kGpu(torch::kCUDA, 0);
+
+struct Data {
+  at::Tensor xt, yt, xv, yv;
+};
+
+// Fashion-MNIST as bench/python/fashion.py loads it: scaled to [0, 1], then the training pixels' mean and std.
+Data fashion(const std::string& dir) {
+  auto images = [&](const std::string& stem) {
+    return fl::read_idx(dir + "/" + stem + "-images-idx3-ubyte.gz").unsqueeze(1).to(torch::kFloat32).div_(255);
+  };
+  auto labels = [&](const std::string& stem) { return fl::read_idx(dir + "/" + stem + "-labels-idx1-ubyte.gz").to(torch::kLong); };
+  auto xt = images("train"), xv = images("t10k");
+  const double mean = xt.mean().item<double>(), std = xt.std().item<double>();
+  return {((xt - mean) / std).to(kGpu), labels("train").to(kGpu), ((xv - mean) / std).to(kGpu), labels("t10k").to(kGpu)};
+}
+
+Data synthetic(std::int64_t n) {
+  auto gen = at::detail::createCPUGenerator(0);
+  auto y = at::randint(0, 10, {n}, gen, at::TensorOptions().dtype(at::kLong));
+  auto x = at::randn({n, 3, 224, 224}, gen) + y.to(at::kFloat).view({n, 1, 1, 1}) * 0.05;
+  return {x.to(kGpu), y.to(kGpu), x.slice(0, 0, n / 8).to(kGpu), y.slice(0, 0, n / 8).to(kGpu)};
+}
+
+torch::nn::Sequential model_named(const std::string& name) {
+  torch::manual_seed(0);
+  if (name == "conv_net_32_64_128_256") return fl::models::conv_net({.widths = {32, 64, 128, 256}});
+  if (name == "resnet_64_128_256_512_s32") {
+    return fl::models::resnet({.widths = {64, 128, 256, 512}, .classes = 10, .in_channels = 3, .stem_width = 32});
+  }
+  throw std::runtime_error("bench_gpu: unknown model " + name);
+}
+
+std::unique_ptr<fl::Learner> learner(const Data& d, const std::string& model, std::int64_t bs) {
+  auto train = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{d.xt}, std::vector<at::Tensor>{d.yt});
+  auto valid = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{d.xv}, std::vector<at::Tensor>{d.yv});
+  fl::DataLoaders dls(fl::DataLoader(train, {.bs = bs, .shuffle = true, .drop_last = true, .seed = 0}),
+                      fl::DataLoader(valid, {.bs = 2 * bs}), 10);
+  auto net = model_named(model);
+  net->to(kGpu);
+  auto learn = std::make_unique<fl::Learner>(dls, net, fl::cross_entropy(),
+                                             fl::LearnerOptions{.opt_func = fl::Adam(), .metrics = {fl::accuracy()},
+                                                                .progress = false});
+  learn->add_cb(std::make_shared<fl::MixedPrecision>(fl::MixedPrecisionOptions{.dtype = at::kBFloat16}));
+  learn->add_cb(std::make_shared<fl::ChannelsLast>());
+  return learn;
+}
+
+struct Comparison {
+  bench::Stats ours, anchor;
+  double ours_accuracy = 0, anchor_accuracy = 0;
+  int repeats = 0;
+};
+
+std::vector<std::string> server(const std::string& side, const std::string& model, const std::string& data,
+                                std::int64_t bs, double lr) {
+  return {FASTLEARN_PYTHON, std::string(FASTLEARN_SOURCE_DIR) + "/bench/python/gpu_server.py", "--side", side,
+          "--model", model, "--data", data, "--bs", std::to_string(bs), "--lr", fmt::format("{}", lr)};
+}
+
+Comparison compare_epochs(const std::string& side, const Data& d, const std::string& model, const std::string& data_spec,
+                          std::int64_t bs, int repeats) {
+  bench::Coprocess python(server(side, model, data_spec, bs, 1e-3));
+  if (python.read_line() != "ready") throw std::runtime_error("bench_gpu: gpu_server.py did not start");
+  auto learn = learner(d, model, bs);
+  const double items = static_cast<double>(learn->dls().train().size() * bs);
+  Comparison c{.repeats = repeats};
+  auto python_epoch = [&] {
+    std::istringstream reply(python.request("epoch"));
+    double seconds = 0, their_items = 0;
+    if (!(reply >> seconds >> their_items >> c.anchor_accuracy) || seconds <= 0) {
+      throw std::runtime_error("bench_gpu: gpu_server.py answered '" + reply.str() + "'");
+    }
+    return their_items / seconds;
+  };
+  auto our_epoch = [&] {
+    torch::cuda::synchronize();
+    const auto start = bench::Clock::now();
+    learn->fit(1, 1e-3);
+    torch::cuda::synchronize();
+    return items / bench::seconds_since(start);
+  };
+  our_epoch();  // warm-up both sides (cuDNN's algorithm search, allocator, kernels)
+  python_epoch();
+  std::vector<double> ours, anchor;
+  for (int r = 0; r < repeats; ++r) {
+    ours.push_back(our_epoch());
+    anchor.push_back(python_epoch());
+  }
+  c.ours = bench::summarize(ours);
+  c.anchor = bench::summarize(anchor);
+  c.ours_accuracy = learn->recorder().history().back().metrics.at(0);
+  return c;
+}
+
+std::string json_member(const std::string& name, const Comparison& c, const std::string& unit, bool higher_is_better,
+                        const std::string& what, const std::string& device) {
+  const double ratio = higher_is_better ? c.ours.median / c.anchor.median : c.anchor.median / c.ours.median;
+  return fmt::format(
+      R"("{}": {{"ours": {:.2f}, "anchor": {:.2f}, "ratio": {:.3f}, "unit": "{}", "higher_is_better": {}, )"
+      R"("ours_range": [{:.2f}, {:.2f}], "anchor_range": [{:.2f}, {:.2f}], "repeats": {}, "ours_valid_accuracy": {:.4f}, )"
+      R"("anchor_valid_accuracy": {:.4f}, "device": "{}", "what": "{}"}})",
+      name, c.ours.median, c.anchor.median, ratio, unit, higher_is_better, c.ours.min, c.ours.max, c.anchor.min,
+      c.anchor.max, c.repeats, c.ours_accuracy, c.anchor_accuracy, device, what);
+}
+
+// Seconds until the test accuracy first reaches `target` in fit_one_cycle(epochs, lr), or -1.
+double our_time_to(const Data& d, double target, int epochs, double lr, double& best) {
+  auto learn = learner(d, "conv_net_32_64_128_256", 256);
+  struct StopAtTarget : fl::Callback {
+    double target = 0, reached = -1, best = 0;
+    bench::Clock::time_point start;
+    void before_fit() override { start = bench::Clock::now(); }
+    void after_epoch() override {
+      const double acc = learn().recorder().history().back().metrics.at(0);
+      best = std::max(best, acc);
+      if (acc >= target) {
+        reached = bench::seconds_since(start);
+        throw fl::CancelFitException();
+      }
+    }
+  };
+  auto stop = std::make_shared<StopAtTarget>();
+  stop->order = 100;
+  stop->target = target;
+  learn->fit_one_cycle(epochs, lr, {.fit = {.cbs = {stop}}});
+  best = stop->best;
+  return stop->reached;
+}
+
+std::string device_name() {
+#ifdef FASTLEARN_WITH_CUDA
+  return at::cuda::getDeviceProperties(0)->name;
+#else
+  return "unknown (built without CUDA)";
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_file, data_dir = "/usr/share/datasets/fashion-mnist", only;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--out") out_file = argv[i + 1];
+    else if (flag == "--data") data_dir = argv[i + 1];
+    else if (flag == "--only") only = argv[i + 1];
+    else {
+      std::cerr << "bench_gpu: unknown option " << flag << " (--out FILE, --data DIR, --only NAME)\n";
+      return 2;
+    }
+  }
+  if (!torch::cuda::is_available()) {
+    std::cerr << "bench_gpu: no CUDA device visible; these benchmarks run on a GPU machine (scripts/device-check)\n";
+    return 1;
+  }
+  try {
+    const std::string device = device_name();
+    const int n = bench::repeats(5);
+    std::vector<std::string> members;
+    auto want = [&](const std::string& name) { return only.empty() || name.rfind(only, 0) == 0; };
+    auto report = [&](const std::string& member) {
+      members.push_back(member);
+      std::cout << "bench_gpu: {" << member << "}\n" << std::flush;
+    };
+    if (want("gpu_conv_net")) {
+      const auto d = fashion(data_dir);
+      const std::string spec = "fashion:" + data_dir, model = "conv_net_32_64_128_256";
+      for (const std::string side : {"torch", "fastai"}) {
+        const auto c = compare_epochs(side, d, model, spec, 256, n);
+        report(json_member("gpu_conv_net_vs_" + side, c, "train samples/s", true,
+                           "Learner.fit(1) vs " + side + ", conv_net on Fashion-MNIST, batch 256, bf16 + channels-last, data on the GPU", device));
+      }
+    }
+    if (want("gpu_resnet224")) {
+      const auto d = synthetic(2048);
+      const std::string model = "resnet_64_128_256_512_s32";
+      for (const std::string side : {"torch", "fastai"}) {
+        const auto c = compare_epochs(side, d, model, "synthetic:2048", 64, n);
+        report(json_member("gpu_resnet224_vs_" + side, c, "train samples/s", true,
+                           "Learner.fit(1) vs " + side + ", xresnet 64-128-256-512 on 2048 synthetic 3x224x224 images, batch 64, bf16 + channels-last", device));
+      }
+    }
+    if (want("gpu_time_to_92")) {
+      const auto d = fashion(data_dir);
+      Comparison c{.repeats = 1};
+      double best = 0;
+      const double ours = our_time_to(d, 0.92, 6, 1e-2, best);
+      c.ours_accuracy = best;
+      bench::Coprocess python(server("fastai", "conv_net_32_64_128_256", "fashion:" + data_dir, 256, 1e-2));
+      if (python.read_line() != "ready") throw std::runtime_error("bench_gpu: gpu_server.py did not start");
+      std::istringstream reply(python.request("tta"));
+      double theirs = -1;
+      reply >> theirs >> c.anchor_accuracy;
+      c.ours = {ours, ours, ours};
+      c.anchor = {theirs, theirs, theirs};
+      report(json_member("gpu_time_to_92", c, "s", false,
+                         "fit_one_cycle(6, 1e-2) of conv_net until 92% test accuracy (-1: not reached), vs fastai's", device));
+    }
+    std::string json = "{";
+    for (std::size_t i = 0; i < members.size(); ++i) json += (i ? ", " : "") + members[i];
+    json += "}\n";
+    std::cout << json;
+    if (!out_file.empty()) std::ofstream(out_file) << json;
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "bench_gpu: " << e.what() << "\n";
+    return 1;
+  }
+}
