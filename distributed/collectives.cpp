@@ -1,6 +1,7 @@
 #include <fastlearn/distributed/collectives.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/distributed/process_group.h>
 #include <fastlearn/distributed/runtime.h>
 
 #include <fmt/format.h>
@@ -71,7 +72,7 @@ void wait_for(const c10::intrusive_ptr<c10d::Work>& work, Group& g, const std::s
   } catch (const std::exception& e) {
     throw DistributedError(fmt::format(
         "{} on rank {} (group '{}' of {} ranks) failed: {}.{} A rank that died, hangs or never made the same call "
-        "causes this; the collective timeout is {} ms", what, rank(), g.name(), g.size(), e.what(),
+        "causes this; the collective timeout is {} ms", what, rank(), g.name(), g.size(), error_text(e),
         call >= 0 ? silent_ranks(g, call) : std::string(), g.timeout().count()));
   }
 }
@@ -86,7 +87,7 @@ void run(Group& g, const std::string& what, Launch&& launch) {
   } catch (const DistributedError&) {
     throw;
   } catch (const std::exception& e) {
-    throw DistributedError(fmt::format("{} on rank {} (group '{}') could not start: {}", what, rank(), g.name(), e.what()));
+    throw DistributedError(fmt::format("{} on rank {} (group '{}') could not start: {}", what, rank(), g.name(), error_text(e)));
   }
   wait_for(work, g, what, call);
 }
@@ -343,7 +344,7 @@ void Request::check_fingerprint() {
   try {
     work->wait(timeout_);
   } catch (const std::exception& e) {
-    throw DistributedError(fmt::format("{} on rank {} failed in the debug check: {}", what_, rank(), e.what()));
+    throw DistributedError(fmt::format("{} on rank {} failed in the debug check: {}", what_, rank(), error_text(e)));
   }
   if (!tensor_.defined()) return;  // a send: its fingerprint is on its way
   if (source_ < 0) source_ = group_->ranks()[static_cast<std::size_t>(work->sourceRank())];
@@ -366,7 +367,7 @@ void Request::wait() {
     work_->wait(timeout_);
   } catch (const std::exception& e) {
     throw DistributedError(fmt::format("{} on rank {} failed: {}. A peer that died, hangs or never made the matching "
-                                       "call causes this; the timeout is {} ms", what_, rank(), e.what(),
+                                       "call causes this; the timeout is {} ms", what_, rank(), error_text(e),
                                        timeout_.count()));
   }
 }
@@ -404,7 +405,7 @@ Request isend(const at::Tensor& tensor, int dst, int tag, Group* group) {
   } catch (const DistributedError&) {
     throw;
   } catch (const std::exception& e) {
-    throw DistributedError(fmt::format("{} on rank {} could not start: {}", what, rank(), e.what()));
+    throw DistributedError(fmt::format("{} on rank {} could not start: {}", what, rank(), error_text(e)));
   }
 }
 
@@ -440,7 +441,7 @@ Request irecv(const at::Tensor& tensor, std::optional<int> src, int tag, Group* 
   } catch (const DistributedError&) {
     throw;
   } catch (const std::exception& e) {
-    throw DistributedError(fmt::format("{} on rank {} could not start: {}", what, rank(), e.what()));
+    throw DistributedError(fmt::format("{} on rank {} could not start: {}", what, rank(), error_text(e)));
   }
 }
 

@@ -1,6 +1,7 @@
 #include <fastlearn/distributed/grad_reducer.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/distributed/process_group.h>
 #include <fastlearn/core/host_readback.h>
 #include <fastlearn/distributed/collectives.h>
 #include <fastlearn/distributed/runtime.h>
@@ -322,7 +323,7 @@ class GradReducer::Impl {
             "gradient all_reduce of bucket {} of {} ({} parameters, {} bytes) failed on rank {}: {}.{} A rank that "
             "died, hangs, or runs a different model or backward causes this; the timeout is {} ms",
             k, buckets_.size(), buckets_[k].params.size(), stats.bucket_bytes[k], group_.ranks()[group_.rank()],
-            e.what(), silent_ranks(group_, buckets_[k].call), group_.timeout().count()));
+            error_text(e), silent_ranks(group_, buckets_[k].call), group_.timeout().count()));
       }
     }
     {

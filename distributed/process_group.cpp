@@ -1,6 +1,7 @@
 #include <fastlearn/distributed/process_group.h>
 
 #include <fastlearn/core/error.h>
+#include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -86,8 +87,13 @@ c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intr
     throw;
   } catch (const std::exception& e) {
     throw DistributedError(fmt::format("rank {} of {}: could not create the {} backend: {}", rank, world_size,
-                                       to_string(kind), e.what()));
+                                       to_string(kind), error_text(e)));
   }
+}
+
+std::string error_text(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
+  return e.what();
 }
 
 void close_backend(c10d::Backend& backend, bool abort) {

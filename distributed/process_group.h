@@ -3,6 +3,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
+#include <exception>
 #include <string>
 #include <string_view>
 
@@ -36,6 +37,9 @@ struct BackendOptions {
 /// Throws DistributedError (what, which rank, what to do) on bad arguments or a failed rendezvous.
 c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intrusive_ptr<c10d::Store>& store,
                                                int rank, int world_size, const BackendOptions& options = {});
+
+/// The message of an exception, without the C++ backtrace LibTorch's errors carry (for our own messages).
+std::string error_text(const std::exception& e);
 
 /// Ends `backend`: shutdown() after a normal run; abort() after a failure, so that an NCCL rank whose
 /// peer died does not stay blocked in a CUDA kernel (Gloo needs neither; its threads end with it).

@@ -1,6 +1,7 @@
 #include <fastlearn/distributed/rendezvous.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/distributed/process_group.h>
 
 #include <fmt/format.h>
 #include <netdb.h>
@@ -112,7 +113,7 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const DistEnv& env, const InitMethod&
     try {
       return c10::make_intrusive<c10d::FileStore>(method.path, env.world_size);
     } catch (const std::exception& e) {
-      throw DistributedError(fmt::format("rank {}: cannot use the file store '{}': {}", env.rank, method.path, e.what()));
+      throw DistributedError(fmt::format("rank {}: cannot use the file store '{}': {}", env.rank, method.path, error_text(e)));
     }
   }
   const std::string host = method.kind == InitMethod::Kind::tcp ? method.host : env.master_addr;
@@ -154,7 +155,7 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const DistEnv& env, const InitMethod&
       store->set(kRunKeyName, std::vector<std::uint8_t>(key.begin(), key.end()));
     } catch (const std::exception& e) {
       if (options.masterListenFd && !store) close(*options.masterListenFd);
-      throw failed(e.what());
+      throw failed(error_text(e));
     }
     return c10::make_intrusive<c10d::PrefixStore>(key + "/", store);
   }
@@ -178,7 +179,7 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const DistEnv& env, const InitMethod&
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     } catch (const std::exception& e) {
-      last_error = e.what();  // e.g. the other run's store went away while we asked it: try again
+      last_error = error_text(e);  // e.g. the other run's store went away while we asked it: try again
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

@@ -1,6 +1,7 @@
 #include <fastlearn/distributed/runtime.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/distributed/process_group.h>
 #include <fastlearn/distributed/rendezvous.h>
 
 #include <arpa/inet.h>
@@ -87,7 +88,7 @@ BackendKind choose_backend(const SetupOptions& options) {
     try {
       return parse_backend_kind(forced);
     } catch (const ConfigError& e) {
-      throw DistributedError(std::string("FASTLEARN_BACKEND: ") + e.what());
+      throw DistributedError(std::string("FASTLEARN_BACKEND: ") + error_text(e));
     }
   }
   return torch::cuda::is_available() ? BackendKind::nccl : BackendKind::gloo;
@@ -118,8 +119,11 @@ void wait_for_every_rank(c10d::Store& store, const DistEnv& env, std::chrono::mi
       joined = store.add(key, 0);
     }
   } catch (const std::exception& e) {
-    throw DistributedError(fmt::format("rank {} of {}: the rendezvous store failed while the ranks gathered: {}",
-                                       env.rank, env.world_size, e.what()));
+    // Rank 0 serves the store: it gave up waiting (or died) before every rank of WORLD_SIZE came.
+    throw DistributedError(fmt::format(
+        "rank {}: the rendezvous store at {}:{} went away while waiting for WORLD_SIZE={} ranks ({} had joined): rank 0 "
+        "gave up or died; start WORLD_SIZE ranks, or set WORLD_SIZE to the number you start ({})",
+        env.rank, env.master_addr, env.master_port, env.world_size, joined, error_text(e)));
   }
   if (joined < env.world_size) {
     throw DistributedError(fmt::format(
@@ -295,7 +299,7 @@ void rank0_first_wait() {
     store->wait({key}, timeout);
   } catch (const std::exception& e) {
     throw DistributedError(fmt::format("rank {}: waited {} ms for rank 0 to finish rank0_first: {}", rank(),
-                                       timeout.count(), e.what()));
+                                       timeout.count(), error_text(e)));
   }
   const auto value = store->get(key);
   const std::string text(value.begin(), value.end());

@@ -1,6 +1,7 @@
 #include <fastlearn/distributed/spawn.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/distributed/process_group.h>
 #include <fastlearn/distributed/launcher.h>
 #include <cxxabi.h>
 #include <fmt/format.h>
@@ -70,7 +71,7 @@ std::string type_name(const std::type_info& type) {
     try {
       fn(rank);
     } catch (const std::exception& e) {
-      error = fmt::format("{}: {}", type_name(typeid(e)), e.what());
+      error = fmt::format("{}: {}", type_name(typeid(e)), error_text(e));
     } catch (...) {
       error = "an exception not derived from std::exception";
     }

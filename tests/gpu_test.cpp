@@ -8,6 +8,7 @@
 #include <fastlearn/callbacks/graceful_stop.h>
 #include <fastlearn/callbacks/mixed_precision.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/random.h>
 #include <fastlearn/data/dataloaders.h>
 #include <fastlearn/distributed/collectives.h>
 #include <fastlearn/distributed/distrib_ctx.h>

@@ -318,7 +318,7 @@ TEST_P(DifferentUnusedSets, NoHangAndTheAverageOfEveryRanksGradients) {
       }
     }
     EXPECT_EQ(reducer.iterations(), 4);
-  }, {.timeout = std::chrono::seconds(60)});
+  }, {.timeout = std::chrono::seconds(60), .env = flt::torchrun_env(world)});
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DifferentUnusedSets, ::testing::Values(2, 3),
@@ -340,5 +340,5 @@ TEST(GradReducer, AVoteOfOneRankReachesEveryRankWithTheGradients) {
     }
     EXPECT_EQ(seen, (std::vector<bool>{false, false, true, false})) << "on CPU a vote is read at its own backward";
     EXPECT_EQ(reducer.last_stats().launched_after.size(), reducer.bucket_count());
-  }, {.timeout = std::chrono::seconds(60)});
+  }, {.timeout = std::chrono::seconds(60), .env = flt::torchrun_env(2)});
 }
