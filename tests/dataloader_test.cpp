@@ -195,18 +195,6 @@ TEST(Transforms, FlipAndCropDoWhatTheySay) {
   for (auto v : padded.inputs[0].flatten().unbind()) EXPECT_TRUE(v.item<float>() == 0 || (x == v).any().item<bool>());
 }
 
-TEST(DataLoader, CudaBatchesArePinnedAndCopiedToTheDevice) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible; the pinned-memory path needs one";
-  fl::DataLoader dl(numbered(64), {.bs = 16, .num_workers = 2, .device = c10::Device(torch::kCUDA, 0)});
-  std::int64_t seen = 0;
-  for (const auto& b : dl) {
-    EXPECT_TRUE(b.inputs[0].is_cuda());
-    EXPECT_TRUE(b.targets[0].is_cuda());
-    seen += b.size();
-  }
-  EXPECT_EQ(seen, 64);
-}
-
 TEST(ImageDataLoaders, FashionMnistFromIdx) {
   auto dls = fl::ImageDataLoaders::from_idx("/usr/share/datasets/fashion-mnist", {.bs = 128, .seed = 1});
   EXPECT_EQ(dls.c(), 10);

@@ -1,5 +1,6 @@
 // The GPU checks (ctest label `gpu`; scripts/device-check runs them on the GPU machine). Each test needs
 // a CUDA device and skips with the reason where there is none, as on the development machine and CI.
+//   - data: batches through pinned memory to the GPU, datasets held on the GPU, CUDA tensors to safetensors;
 //   - one process: conv_net trains on CUDA to >= 91% Fashion-MNIST accuracy; fp16 with dynamic loss
 //     scaling and bf16 autocast both train; checkpoints move between GPU and CPU both ways;
 //   - NCCL at world size 1 through DistribCtx: the reducer, the stop votes, the validation gathers;
@@ -17,6 +18,7 @@
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/models.h>
 #include <fastlearn/learner/recorder.h>
+#include <fastlearn/learner/safetensors.h>
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -155,6 +157,38 @@ TEST(GpuLearner, CheckpointsSavedOnGpuLoadOnCpuAndTheOtherWay) {
   EXPECT_TRUE(on_gpu->forward(x.to(kGpu)).cpu().allclose(on_cpu->forward(x), 1e-4, 1e-4));
   EXPECT_TRUE(on_gpu->parameters().front().is_cuda()) << "loading keeps the model where it is";
   fs::remove_all(dir);
+}
+
+TEST(GpuData, BatchesComeThroughPinnedMemoryAndAGpuDatasetStaysOnTheGpu) {
+  SKIP_WITHOUT_CUDA();
+  auto x = torch::arange(64, torch::kFloat32).view({64, 1});
+  auto y = torch::arange(64, torch::kLong);
+  auto host = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
+  auto on_gpu = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x.to(kGpu)}, std::vector<at::Tensor>{y.to(kGpu)});
+  for (const auto& ds : {host, on_gpu}) {
+    fl::DataLoader dl(ds, {.bs = 16, .shuffle = true, .num_workers = 2, .seed = 1, .device = kGpu});
+    std::int64_t seen = 0;
+    for (const auto& b : dl) {
+      EXPECT_TRUE(b.inputs[0].is_cuda());
+      EXPECT_TRUE(b.targets[0].is_cuda());
+      EXPECT_TRUE(torch::equal(b.inputs[0].view(-1).to(torch::kLong), b.targets[0])) << "items stay paired";
+      seen += b.size();
+    }
+    EXPECT_EQ(seen, 64);
+  }
+}
+
+TEST(GpuData, CudaTensorsAreWrittenToSafetensorsAsCpuData) {
+  SKIP_WITHOUT_CUDA();
+  const auto cpu = torch::randn({16, 8});
+  const fl::NamedTensors tensors{{"w", cpu.cuda().t()}, {"h", cpu.to(torch::kHalf).cuda()}};
+  const auto content = fl::parse_safetensors(fl::serialize_safetensors(tensors), "cuda.safetensors");
+  ASSERT_EQ(content.tensors.size(), 2u);
+  ASSERT_NE(content.find("w"), nullptr);
+  ASSERT_NE(content.find("h"), nullptr);
+  EXPECT_TRUE(content.find("w")->is_cpu());
+  EXPECT_TRUE(torch::equal(*content.find("w"), cpu.t()));
+  EXPECT_TRUE(torch::equal(*content.find("h"), cpu.to(torch::kHalf)));
 }
 
 TEST(NcclWorldOfOne, DistribCtxRunsTheReducerStopVotesAndGathersOnNccl) {

@@ -186,14 +186,6 @@ TEST_F(Safetensors, LoadedTensorsOwnTheirMemoryAndKeepTheBufferOrder) {
   EXPECT_EQ(content.find("missing"), nullptr);
 }
 
-TEST_F(Safetensors, CudaTensorsAreWrittenAsCpuData) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  const auto cpu = torch::randn({16, 8});
-  const fl::NamedTensors tensors{{"w", cpu.cuda().t()}, {"h", cpu.to(torch::kHalf).cuda()}};
-  const auto content = fl::parse_safetensors(fl::serialize_safetensors(tensors), "cuda.safetensors");
-  expect_same(content.tensors, tensors);
-}
-
 // ---- what the writer refuses ----
 
 TEST_F(Safetensors, DuplicateAndReservedNamesAreRejected) {
