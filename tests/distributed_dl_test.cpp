@@ -17,6 +17,7 @@
 #include <numeric>
 #include <set>
 
+#include "support/message_of.h"
 #include "support/multiprocess.h"
 
 namespace fl = fastlearn;
@@ -96,14 +97,7 @@ fl::DataLoader simulated_rank(std::int64_t n, int rank, int world, fl::DataLoade
   return dl;
 }
 
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using fastlearn::testing::message_of;
 
 // Every rank's `mine`, gathered (all the same length).
 std::vector<Items> all_ranks(const Items& mine) {

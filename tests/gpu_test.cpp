@@ -29,6 +29,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "support/message_of.h"
 #include "support/multiprocess.h"
 #include "support/tiny_tasks.h"
 
@@ -69,14 +70,7 @@ torch::nn::Sequential small_conv_net() {
   return fl::models::conv_net({.widths = {8, 16}, .classes = 3});
 }
 
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using fastlearn::testing::message_of;
 
 int thread_count() {
   int n = 0;

@@ -19,6 +19,7 @@
 #include <fstream>
 #include <thread>
 
+#include "support/message_of.h"
 #include "support/multiprocess.h"
 
 namespace fl = fastlearn;
@@ -44,14 +45,7 @@ struct Distributed {
 
 class Runtime : public ::testing::TestWithParam<int> {};
 
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using fastlearn::testing::message_of;
 
 }  // namespace
 

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <vector>
 
+#include "support/message_of.h"
 #include "support/multiprocess.h"
 
 namespace fl = fastlearn;
@@ -34,14 +35,7 @@ struct Distributed {
   ~Distributed() { fl::teardown_distrib(); }
 };
 
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using fastlearn::testing::message_of;
 
 // max |actual - expected| <= rtol * max |expected| (or rtol * `scale` when given): relative to the tensor's
 // scale, so that entries near zero (which a relative test per entry would make meaningless) do not decide.
