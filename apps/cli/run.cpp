@@ -129,10 +129,11 @@ LearnerOptions learner_options(const TrainConfig& c, const fs::path& out, bool w
     o.cbs.push_back(std::make_shared<EarlyStopping>(
         EarlyStoppingOptions{.tracker = {.monitor = e->monitor, .min_delta = e->min_delta},
                              .patience = static_cast<int>(e->patience)}));
-  if (const auto& b = cb.save_best)
+  if (const auto& b = cb.save_best) {
     SaveModelOptions save{.fname = "best"};  // (a nested designated initializer trips GCC 12's -O3 maybe-uninitialized)
     save.tracker.monitor = b->monitor;
     o.cbs.push_back(std::make_shared<SaveModel>(save));
+  }
   if (cb.tensorboard) o.cbs.push_back(std::make_shared<TensorBoardCallback>(TensorBoardOptions{.log_dir = "tensorboard"}));
   if (c.output.checkpoints)
     o.cbs.push_back(std::make_shared<Checkpointer>(
