@@ -64,6 +64,10 @@ target_link_libraries(fastlearn_torch INTERFACE ${_torch_libs})
 target_include_directories(fastlearn_torch SYSTEM INTERFACE "${FASTLEARN_GLOO_INCLUDE_DIR}")
 # LibTorch ships fmt 12 headers on its include path, ahead of the system's: use them header-only, so
 # no other fmt library's symbols can mismatch them.
+# Some LibTorch wheels (2.11.0 among them) export std::filesystem functions of their own from libtorch.so; a
+# program that lists libtorch before libstdc++ among its needed libraries then calls those and crashes
+# (std::filesystem::remove_all jumped to address 0). Naming libstdc++ first keeps the standard library's own.
+target_link_options(fastlearn_torch INTERFACE "LINKER:--push-state,--no-as-needed" "-lstdc++" "LINKER:--pop-state")
 target_compile_definitions(fastlearn_torch INTERFACE USE_C10D_GLOO FASTLEARN_WITH_GLOO=1 FMT_HEADER_ONLY)
 if(FASTLEARN_WITH_CUDA)
   target_compile_definitions(fastlearn_torch INTERFACE USE_C10D_NCCL FASTLEARN_WITH_CUDA=1 FASTLEARN_WITH_NCCL=1
