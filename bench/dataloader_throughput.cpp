@@ -2,7 +2,7 @@
 // normalize, batch 128) against the samples/s one training process consumes (simple_cnn, forward +
 // backward + AdamW step, batch 128), measured side by side in one run. Prints one JSON object.
 #include <fastlearn/data/dataloaders.h>
-#include <fastlearn/learner/models.h>
+#include <fastlearn/models/models.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>

@@ -12,8 +12,8 @@
 #include <fastlearn/distributed/launcher.h>
 #include <fastlearn/distributed/runtime.h>
 #include <fastlearn/distributed/spawn.h>
-#include <fastlearn/learner/models.h>
-#include <fastlearn/learner/optimizer.h>
+#include <fastlearn/models/models.h>
+#include <fastlearn/optim/optimizer.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>

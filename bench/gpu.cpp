@@ -15,7 +15,7 @@
 #include <fastlearn/callbacks/mixed_precision.h>
 #include <fastlearn/data/idx.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/learner/models.h>
+#include <fastlearn/models/models.h>
 #include <fastlearn/learner/recorder.h>
 
 #include <fmt/format.h>

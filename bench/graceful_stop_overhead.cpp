@@ -12,7 +12,7 @@
 #include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/distributed/spawn.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/learner/models.h>
+#include <fastlearn/models/models.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>

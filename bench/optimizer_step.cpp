@@ -2,8 +2,8 @@
 // (the anchor a hand-written training loop would use), on a 1M-parameter MLP and on models::simple_cnn,
 // with fixed random gradients. Both sides run interleaved in one process on the same parameters' shapes.
 // Prints one JSON object (one entry per optimizer and model; time per step, lower is better).
-#include <fastlearn/learner/models.h>
-#include <fastlearn/learner/optimizer.h>
+#include <fastlearn/models/models.h>
+#include <fastlearn/optim/optimizer.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>

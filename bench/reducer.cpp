@@ -10,7 +10,7 @@
 #include <fastlearn/distributed/grad_reducer.h>
 #include <fastlearn/distributed/runtime.h>
 #include <fastlearn/distributed/spawn.h>
-#include <fastlearn/learner/models.h>
+#include <fastlearn/models/models.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>

@@ -4,6 +4,7 @@
 // on this project's conv nets). Parameters keep their identity, so an optimizer built before still
 // updates them, and the reducer and optimizer follow the layout without copies.
 #include <fastlearn/learner/callback.h>
+#include <fastlearn/learner/callback_order.h>
 
 namespace torch::nn {
 class Module;
@@ -17,7 +18,7 @@ void to_channels_last(torch::nn::Module& model);
 
 class ChannelsLast : public Callback {
  public:
-  ChannelsLast() { order = -20; }  // before everything that records the layout: TrainEval, the reducer, the optimizer
+  ChannelsLast() { order = cb_order::channels_last; }
   std::string name() const override { return "channels_last"; }
   void before_fit() override;    // the model
   void before_batch() override;  // 4-D inputs

@@ -1,10 +1,11 @@
 #include <fastlearn/callbacks/checkpointing.h>
 
-#include <fastlearn/callbacks/schedule.h>
+#include <fastlearn/learner/lr_finder.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/checkpoint.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/learner/safetensors.h>
+#include <fastlearn/core/safetensors.h>
+#include <fastlearn/learner/callback_order.h>
 
 #include <fmt/format.h>
 
@@ -74,7 +75,7 @@ Checkpointer::Checkpointer(CheckpointerOptions options) : options_(std::move(opt
     throw ConfigError(fmt::format("Checkpointer: every_n_batches must be >= 0, got {}", options_.every_n_batches));
   }
   if (options_.keep < 0) throw ConfigError(fmt::format("Checkpointer: keep must be >= 0, got {}", options_.keep));
-  order = 60;  // after the Recorder (50) and the file logs (55): a checkpoint holds the finished batch / epoch
+  order = cb_order::checkpointer;
 }
 
 fs::path Checkpointer::dir() const { return options_.dir.is_absolute() ? options_.dir : learn().options().path / options_.dir; }
@@ -85,7 +86,7 @@ void Checkpointer::before_fit() {
     run = false;
     return;
   }
-  if (!learn().coordination().writes_files) return;
+  if (!learn().coordination().is_main()) return;
   // Temporaries of writes that a SIGKILL interrupted ("." + name + ".tmp.<pid>.<random>") are garbage.
   std::error_code ec;
   if (!fs::is_directory(dir(), ec)) return;
@@ -111,7 +112,7 @@ fs::path Checkpointer::save_now(bool epoch_end) {
   const auto file = dir() / checkpoint_file_name(position.epoch, position.batch);
   if (last_saved_ == file) return file;
   const auto rng_states = gather_rng_states(l);  // every rank: each resumes its own random streams
-  if (l.coordination().writes_files) {
+  if (l.coordination().is_main()) {
     auto state = capture_state(l);
     if (rng_states.size(0) > 1) add_rng_states_of_every_rank(state, rng_states);
     set_fit_position(state, position);

@@ -2,9 +2,10 @@
 
 #include <fastlearn/core/atomic_file.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
-#include <fastlearn/callbacks/schedule.h>
+#include <fastlearn/learner/lr_finder.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -26,7 +27,7 @@ std::string csv_number(double v) { return std::isnan(v) ? "" : fmt::format("{:.6
 }  // namespace
 
 // Order 55: after the Recorder wrote the epoch's row (50), before trackers (60) that may stop the fit.
-CSVLogger::CSVLogger(CSVLoggerOptions options) : options_(std::move(options)) { order = 55; }
+CSVLogger::CSVLogger(CSVLoggerOptions options) : options_(std::move(options)) { order = cb_order::file_logs; }
 
 void CSVLogger::before_fit() {
   auto& l = learn();
@@ -59,7 +60,7 @@ void CSVLogger::after_epoch() {
 
 void CSVLogger::after_fit() { out_.close(); }
 
-MetricsJson::MetricsJson(MetricsJsonOptions options) : options_(std::move(options)) { order = 55; }
+MetricsJson::MetricsJson(MetricsJsonOptions options) : options_(std::move(options)) { order = cb_order::file_logs; }
 
 void MetricsJson::before_fit() {
   if (lr_finder_attached(learn())) {

@@ -19,6 +19,7 @@ class CSVLogger : public Callback {
  public:
   explicit CSVLogger(CSVLoggerOptions options = {});
   std::string name() const override { return "csv_logger"; }
+  bool rank0_only() const override { return true; }
   void before_fit() override;
   void after_epoch() override;
   void after_fit() override;
@@ -41,6 +42,7 @@ class MetricsJson : public Callback {
  public:
   explicit MetricsJson(MetricsJsonOptions options = {});
   std::string name() const override { return "metrics_json"; }
+  bool rank0_only() const override { return true; }
   void before_fit() override;
   void after_epoch() override;
   const std::filesystem::path& path() const { return path_; }

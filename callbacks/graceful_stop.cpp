@@ -3,6 +3,7 @@
 #include <fastlearn/callbacks/checkpointing.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/callback_order.h>
 
 #include <fmt/format.h>
 
@@ -48,7 +49,7 @@ GracefulStop::GracefulStop(GracefulStopOptions options) : options_(options) {
     throw ConfigError(fmt::format("GracefulStop: check_every_n_batches must be >= 1, got {}",
                                   options_.check_every_n_batches));
   }
-  order = 65;  // after the Checkpointer (60): a checkpoint written at the same batch is not written twice
+  order = cb_order::graceful_stop;
 }
 
 GracefulStop::~GracefulStop() { restore_handlers(); }
@@ -94,7 +95,7 @@ void GracefulStop::check(bool epoch_end) {
   stopped_ = true;
   if (auto checkpointer = l.cb<Checkpointer>()) {
     const auto file = checkpointer->save_now(epoch_end);
-    if (l.coordination().writes_files) std::fprintf(stderr, "fastlearn: stopped; checkpoint '%s'\n", file.c_str());
+    if (l.coordination().is_main()) std::fprintf(stderr, "fastlearn: stopped; checkpoint '%s'\n", file.c_str());
   }
   throw CancelFitException();
 }

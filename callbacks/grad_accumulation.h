@@ -1,7 +1,7 @@
 #pragma once
 // GradientAccumulation: steps the optimizer once every n_acc items instead of every batch, so a
 // small batch trains like a large one. Each batch's loss is scaled by bs / n_acc, gradients add up
-// over the skipped steps, and zero_grad runs only after a real step.
+// over the skipped steps, and zero_grad runs only after a real step. Learner::will_step tells the others.
 #include <fastlearn/learner/callback.h>
 
 #include <cstdint>
@@ -16,14 +16,10 @@ class GradientAccumulation : public Callback {
   void before_fit() override;
   void after_loss() override;
   void before_step() override;
-  /// True from after_loss on when the current batch will not step (its gradients only accumulate):
-  /// data parallel training uses it to skip communicating them.
-  bool accumulating() const { return accumulating_; }
 
  private:
   std::int64_t n_acc_;
   std::int64_t count_ = 0;
-  bool accumulating_ = false;
 };
 
 }  // namespace fastlearn

@@ -2,6 +2,7 @@
 
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/callback_order.h>
 
 #include <torch/torch.h>
 
@@ -9,7 +10,7 @@ namespace fastlearn {
 
 GradientClip::GradientClip(GradientClipOptions options) : options_(options) {
   if (options_.max_norm <= 0) throw ConfigError("GradientClip: max_norm must be > 0");
-  order = 11;  // after MixedPrecision's unscaling
+  order = cb_order::grad_clip;
   run_valid = false;
 }
 

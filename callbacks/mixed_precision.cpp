@@ -2,13 +2,14 @@
 
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/callback_order.h>
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 namespace fastlearn {
 
-MixedPrecision::MixedPrecision(MixedPrecisionOptions options) : options_(options) { order = 10; }
+MixedPrecision::MixedPrecision(MixedPrecisionOptions options) : options_(options) { order = cb_order::mixed_precision; }
 
 MixedPrecision::~MixedPrecision() {
   if (in_autocast_) exit_autocast();

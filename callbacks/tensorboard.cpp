@@ -1,8 +1,9 @@
 #include <fastlearn/callbacks/tensorboard.h>
 
-#include <fastlearn/callbacks/schedule.h>
+#include <fastlearn/learner/lr_finder.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
+#include <fastlearn/learner/callback_order.h>
 
 #include <fmt/format.h>
 
@@ -12,7 +13,7 @@ namespace fastlearn {
 
 // Order 55: after the Recorder (50) has the epoch's row and the smoothed loss, before trackers (60).
 TensorBoardCallback::TensorBoardCallback(TensorBoardOptions options) : options_(std::move(options)) {
-  order = 55;
+  order = cb_order::file_logs;
   run_valid = false;  // batches of validation are not steps
 }
 

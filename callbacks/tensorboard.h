@@ -5,7 +5,7 @@
 // "lr" (last parameter group; "lr/group_<i>" for each group when there are several). Per epoch
 // (step = epoch): "epoch/train_loss", "epoch/valid_loss" and "epoch/<metric>". Under a
 // DistributedTrainer only rank 0 writes (its own batch losses; epoch values are the whole job's).
-#include <fastlearn/callbacks/event_file.h>
+#include <fastlearn/core/event_file.h>
 #include <fastlearn/learner/callback.h>
 
 #include <chrono>
@@ -24,6 +24,7 @@ class TensorBoardCallback : public Callback {
  public:
   explicit TensorBoardCallback(TensorBoardOptions options = {});
   std::string name() const override { return "tensorboard"; }
+  bool rank0_only() const override { return true; }
   void before_fit() override;
   void after_batch() override;
   void after_epoch() override;

@@ -3,7 +3,8 @@
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
-#include <fastlearn/callbacks/schedule.h>
+#include <fastlearn/learner/lr_finder.h>
+#include <fastlearn/learner/callback_order.h>
 
 #include <algorithm>
 
@@ -15,7 +16,7 @@
 namespace fastlearn {
 
 TrackerCallback::TrackerCallback(TrackerOptions options) : options_(std::move(options)) {
-  order = 60;
+  order = cb_order::trackers;
   if (options_.comp == Compare::automatic) {
     lower_is_better_ = options_.monitor.find("loss") != std::string::npos ||
                        options_.monitor.find("error") != std::string::npos;
@@ -79,31 +80,6 @@ void EarlyStopping::after_epoch() {
                learn().epoch - wait_);
     throw CancelFitException();
   }
-}
-
-SaveModel::SaveModel(SaveModelOptions options) : TrackerCallback(options.tracker), options_(std::move(options)) {}
-
-void SaveModel::after_epoch() {
-  auto& l = learn();
-  if (options_.every_epoch > 0) {
-    if (l.epoch % options_.every_epoch == 0) l.save(fmt::format("{}_{}", options_.fname, l.epoch), {.with_opt = options_.with_opt});
-    return;
-  }
-  TrackerCallback::after_epoch();
-  if (new_best()) {
-    l.save(options_.fname, {.with_opt = options_.with_opt});
-    saved_ = true;
-  }
-}
-
-void SaveModel::after_fit() {
-  auto& l = learn();
-  if (options_.at_end) {
-    l.save(options_.fname, {.with_opt = options_.with_opt});
-  } else if (options_.every_epoch == 0 && saved_) {
-    l.load(options_.fname, {.with_opt = options_.with_opt});
-  }
-  saved_ = false;
 }
 
 ReduceLROnPlateau::ReduceLROnPlateau(ReduceLROnPlateauOptions options)

@@ -1,6 +1,6 @@
 #pragma once
 // Callbacks that watch one recorded value epoch after epoch ("valid_loss" by default, or a metric):
-// EarlyStopping, SaveModel and ReduceLROnPlateau (fastai's tracker callbacks).
+// EarlyStopping and ReduceLROnPlateau (fastai's tracker callbacks; SaveModel is in callbacks/save_model.h).
 #include <fastlearn/learner/callback.h>
 
 #include <optional>
@@ -61,28 +61,6 @@ class EarlyStopping : public TrackerCallback {
   int patience_;
   int wait_ = 0;
   std::optional<int> stopped_after_;
-};
-
-struct SaveModelOptions {
-  TrackerOptions tracker;
-  std::string fname = "model";
-  int every_epoch = 0;    ///< > 0: save <fname>_<epoch> every that many epochs instead of tracking the best
-  bool at_end = false;    ///< save at the end of the fit (instead of loading the best back)
-  bool with_opt = false;  ///< also save the optimizer state
-};
-
-/// Saves the model whenever the monitored value improves and loads the best one back at the end of the
-/// fit; or saves every n epochs.
-class SaveModel : public TrackerCallback {
- public:
-  explicit SaveModel(SaveModelOptions options = {});
-  std::string name() const override { return "save_model"; }
-  void after_epoch() override;
-  void after_fit() override;
-
- private:
-  SaveModelOptions options_;
-  bool saved_ = false;
 };
 
 struct ReduceLROnPlateauOptions {

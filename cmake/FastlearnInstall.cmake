@@ -7,7 +7,7 @@ include(CMakePackageConfigHelpers)
 set(FASTLEARN_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/fastlearn")
 
 install(FILES fastlearn.h DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/fastlearn")
-foreach(folder callbacks core data distributed learner)
+foreach(folder core data optim models learner callbacks distributed)
   install(DIRECTORY "${folder}/" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/fastlearn/${folder}"
           FILES_MATCHING PATTERN "*.h")
 endforeach()

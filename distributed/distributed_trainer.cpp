@@ -1,23 +1,18 @@
 #include <fastlearn/distributed/distributed_trainer.h>
 
-#include <fastlearn/callbacks/epoch_logs.h>
-#include <fastlearn/callbacks/grad_accumulation.h>
-#include <fastlearn/callbacks/progress.h>
-#include <fastlearn/callbacks/tensorboard.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/collectives.h>
 #include <fastlearn/distributed/runtime.h>
 #include <fastlearn/distributed/sync_batch_norm.h>
+#include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/learner/recorder.h>
 
 #include <torch/torch.h>
 
 namespace fastlearn {
 
 DistributedTrainer::DistributedTrainer(DistributedTrainerOptions options) : options_(std::move(options)) {
-  // After the Recorder (50): its validation results are replaced by those of the gathered predictions.
-  order = 51;
+  order = cb_order::distributed_trainer;
 }
 
 DistributedTrainer::~DistributedTrainer() = default;
@@ -26,7 +21,6 @@ Group& DistributedTrainer::group() const { return options_.group ? *options_.gro
 
 void DistributedTrainer::attach(Learner& learn) {
   auto& c = learn.coordination();
-  c.writes_files = group().rank() == 0;
   c.rank = group().rank();
   c.all_gather_rows = [this](const at::Tensor& row) {
     const auto device = device_of(group());
@@ -70,15 +64,6 @@ void DistributedTrainer::unwrap_loaders() {
 
 void DistributedTrainer::before_fit() {
   auto& l = learn();
-  // Only rank 0 shows and writes what happens; the others train silently (for this fit).
-  if (group().rank() != 0) {
-    for (const auto& cb : l.cbs()) {
-      if (std::dynamic_pointer_cast<Progress>(cb) || std::dynamic_pointer_cast<CSVLogger>(cb) ||
-          std::dynamic_pointer_cast<MetricsJson>(cb) || std::dynamic_pointer_cast<TensorBoardCallback>(cb)) {
-        cb->run = false;
-      }
-    }
-  }
   std::vector<std::pair<std::string, at::Tensor>> params;
   for (const auto& p : l.model().named_parameters()) params.emplace_back(p.key(), p.value());
   std::vector<at::Tensor> buffers;
@@ -90,11 +75,7 @@ void DistributedTrainer::before_fit() {
 
 void DistributedTrainer::before_train() { wrap(learn().dls().train()); }
 
-void DistributedTrainer::before_validate() {
-  wrap(*learn().dl);
-  valid_preds_.clear();
-  valid_targets_.clear();
-}
+void DistributedTrainer::before_validate() { wrap(*learn().dl); }
 
 void DistributedTrainer::before_batch() {
   if (learn().training && options_.broadcast_buffers && reducer_) reducer_->broadcast_buffers();
@@ -106,33 +87,13 @@ void DistributedTrainer::before_backward() {
   auto& l = learn();
   l.loss_grad = l.loss_grad / static_cast<double>(group().size());
   // Under gradient accumulation only the micro-batch that steps communicates.
-  auto accumulation = learn().cb<GradientAccumulation>();
-  reducer_->set_sync(!(accumulation && accumulation->accumulating()));
+  reducer_->set_sync(l.will_step);
 }
 
 void DistributedTrainer::after_backward() {
   if (reducer_) reducer_->finalize_if_pending();
 }
 
-void DistributedTrainer::after_batch() {
-  auto& l = learn();
-  if (l.training || !l.pred.defined() || l.yb.empty()) return;
-  valid_preds_.push_back(l.pred.detach());
-  valid_targets_.push_back(l.yb.front().detach());
-}
-
-void DistributedTrainer::after_validate() {
-  auto& l = learn();
-  if (!wrapped_ || valid_preds_.empty()) return;
-  // The metrics of the whole validation set, the same on every rank, padding removed.
-  auto preds = gather_unpadded(at::cat(valid_preds_), *wrapped_);
-  auto targets = gather_unpadded(at::cat(valid_targets_), *wrapped_);
-  if (auto rec = l.cb<Recorder>()) rec->set_validation(preds, targets, l.loss_func());
-  valid_preds_.clear();
-  valid_targets_.clear();
-}
-
-// (The output callbacks silenced at before_fit get run = true back from the Learner after after_fit.)
 void DistributedTrainer::after_fit() { reducer_.reset(); }
 
 void to_distributed(Learner& learn, DistributedTrainerOptions options) {

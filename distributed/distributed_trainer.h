@@ -4,7 +4,8 @@
 // averages the gradients during backward, communicating only on the last micro-batch under gradient
 // accumulation; BatchNorm layers become SyncBatchNorm (sync_bn); validation metrics are computed on the
 // predictions of every rank, gathered with the padding removed, so they are exact and the same on every
-// rank. Only rank 0 shows progress, writes logs and checkpoints; every rank loads after a barrier.
+// rank (the Recorder gathers them through Learner::Coordination::gather_items). Only rank 0 runs the
+// rank0_only callbacks (progress, logs) and writes checkpoints; every rank loads after a barrier.
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/distributed_dl.h>
 #include <fastlearn/distributed/grad_reducer.h>
@@ -39,8 +40,6 @@ class DistributedTrainer : public Callback {
   void before_batch() override;
   void before_backward() override;
   void after_backward() override;
-  void after_batch() override;
-  void after_validate() override;
   void after_fit() override;
 
   /// The reducer of the running fit (null outside a fit).
@@ -59,7 +58,6 @@ class DistributedTrainer : public Callback {
   DistributedTrainerOptions options_;
   std::unique_ptr<GradReducer> reducer_;
   std::optional<DistributedDL> wrapped_;
-  std::vector<at::Tensor> valid_preds_, valid_targets_;
 };
 
 /// Makes `learn` train data parallel over the process group set up (see DistribCtx): converts BatchNorm

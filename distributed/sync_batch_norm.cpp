@@ -372,13 +372,4 @@ void convert_sync_batchnorm(nn::Module& model, Group* group) {
   for (const auto& slot : slots) replace_child(slot, converted.at(slot.old));
 }
 
-at::Tensor batch_norm_forward(nn::Module& norm, const at::Tensor& input) {
-  if (auto* sync = dynamic_cast<SyncBatchNormImpl*>(&norm)) return sync->forward(input);
-  if (auto* bn = dynamic_cast<nn::BatchNorm1dImpl*>(&norm)) return bn->forward(input);
-  if (auto* bn = dynamic_cast<nn::BatchNorm2dImpl*>(&norm)) return bn->forward(input);
-  if (auto* bn = dynamic_cast<nn::BatchNorm3dImpl*>(&norm)) return bn->forward(input);
-  throw ConfigError(fmt::format("batch_norm_forward: {} is neither a SyncBatchNorm nor a torch::nn::BatchNorm1d/2d/3d",
-                                norm.name()));
-}
-
 }  // namespace fastlearn

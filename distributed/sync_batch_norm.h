@@ -13,6 +13,7 @@
 // scaled by the world size (the local mean when batches are equal): parameter gradients are then exact,
 // activation gradients world-size times larger.
 #include <fastlearn/distributed/group.h>
+#include <fastlearn/models/norm_layer.h>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/cloneable.h>
@@ -35,7 +36,7 @@ struct SyncBatchNormOptions {
 };
 
 /// Batch normalization over the global batch of a group of ranks, for (N, C, ...) inputs of any rank >= 2.
-class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
+class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl>, public NormLayer {
  public:
   explicit SyncBatchNormImpl(SyncBatchNormOptions options_);
   explicit SyncBatchNormImpl(std::int64_t num_features)
@@ -48,6 +49,7 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
 
   /// Normalizes `input` (N, C, ...); collective in training mode when distributed.
   at::Tensor forward(const at::Tensor& input);
+  at::Tensor normalize(const at::Tensor& input) override { return forward(input); }
 
   /// (Re)creates parameters and buffers as BatchNorm does (weight 1, bias 0, mean 0, var 1, count 0).
   void reset() override;
@@ -87,9 +89,5 @@ TORCH_MODULE(SyncBatchNorm);
 /// member of its parent, whose forward would keep calling the old module): declare such members as
 /// SyncBatchNorm (plain BatchNorm when not distributed) or call the child through the tree.
 void convert_sync_batchnorm(torch::nn::Module& model, Group* group = nullptr);
-
-/// Runs a SyncBatchNorm or torch::nn::BatchNorm1d/2d/3d given as a plain module (ConfigError otherwise):
-/// for custom modules that call their normalization child by name, so that conversion can swap it.
-at::Tensor batch_norm_forward(torch::nn::Module& norm, const at::Tensor& input);
 
 }  // namespace fastlearn

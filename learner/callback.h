@@ -58,6 +58,10 @@ class Callback {
   bool run_valid = true;  ///< receive inner-loop events while validating
   bool run = true;        ///< set false to silence the callback until the end of the current fit
 
+  /// True for callbacks that show or write something (progress, logs): in a data parallel job only the
+  /// main process (Learner::Coordination::is_main) runs them.
+  virtual bool rank0_only() const { return false; }
+
   virtual void before_fit() {}
   virtual void before_epoch() {}
   virtual void before_train() {}

@@ -67,18 +67,12 @@ std::int64_t metadata_int(const Metadata& meta, const std::string& key, std::str
   }
 }
 
-}  // namespace
+Optimizer& ensure_opt(Learner& learn) {
+  if (!learn.has_opt()) learn.create_opt();
+  return learn.opt();
+}
 
-// Reaches the Learner's private training position (friend of Learner).
-class CheckpointIO {
- public:
-  static void set_epochs_completed(Learner& learn, int epochs) { learn.epochs_completed_ = epochs; }
-  static Optimizer& ensure_opt(Learner& learn) {
-    if (!learn.opt_) learn.create_opt();
-    return *learn.opt_;
-  }
-  static void drop_opt(Learner& learn) { learn.opt_.reset(); }
-};
+}  // namespace
 
 CheckpointState capture_state(Learner& learn, SaveOptions options) {
   CheckpointState state;
@@ -236,9 +230,9 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
     }
     const bool had_opt = learn.has_opt();
     try {
-      CheckpointIO::ensure_opt(learn).load_state(opt_tensors, state.metadata.at("optimizer"));
+      ensure_opt(learn).load_state(opt_tensors, state.metadata.at("optimizer"));
     } catch (const CheckpointError& e) {
-      if (!had_opt) CheckpointIO::drop_opt(learn);  // leave the learner as it was
+      if (!had_opt) learn.drop_opt();  // leave the learner as it was
       throw CheckpointError(fmt::format("{}: optimizer state: {}", origin, e.what()));
     }
   }
@@ -256,7 +250,7 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
         gen.set_state(*it->second);
       }
     }
-    CheckpointIO::set_epochs_completed(learn, epochs_completed);
+    learn.set_epochs_completed(epochs_completed);
     learn.dls().train().set_epoch(train_dl_epoch);
     if (train_dl_seed) learn.dls().train().set_seed(*train_dl_seed);
   }
@@ -293,6 +287,42 @@ void add_rng_states_of_every_rank(CheckpointState& state, const at::Tensor& gath
       offset += n;
     }
   }
+}
+
+// --- the Learner's checkpoint members ------------------------------------------------------------
+
+std::filesystem::path Learner::checkpoint_path(const std::string& name) const {
+  return options_.path / options_.model_dir / (name + ".safetensors");
+}
+
+std::filesystem::path Learner::save(const std::string& name, SaveOptions options) {
+  const auto file = checkpoint_path(name);
+  if (coordination_.is_main()) save_checkpoint(*this, file, options);
+  if (coordination_.barrier) coordination_.barrier();  // the file is complete before anyone reads it
+  return file;
+}
+
+void Learner::load(const std::string& name, LoadOptions options) {
+  if (coordination_.barrier) coordination_.barrier();
+  load_checkpoint(*this, checkpoint_path(name), options);
+}
+
+int Learner::load_resume_point(const std::filesystem::path& file, int n_epoch_) {
+  if (coordination_.barrier) coordination_.barrier();  // a checkpoint being written is complete first
+  if (!std::filesystem::exists(file)) {
+    throw CheckpointError(fmt::format("resume: checkpoint '{}' does not exist", file.string()));
+  }
+  const auto state = load_safetensors(file);
+  const auto position = fit_position(state, file.string());
+  if (position && position->n_epoch != n_epoch_) {
+    throw ConfigError(fmt::format("resume: checkpoint '{}' was taken in a fit of {} epochs but this fit has {}; "
+                                  "resume with the same number of epochs (the schedules depend on it)",
+                                  file.string(), position->n_epoch, n_epoch_));
+  }
+  restore_state(*this, state, {}, file.string());
+  if (!position) return std::clamp(epochs_completed_, 0, n_epoch_);
+  resume_ = position;
+  return position->epoch;
 }
 
 }  // namespace fastlearn

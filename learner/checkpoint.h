@@ -5,7 +5,7 @@
 // training position (epochs completed, data order epoch, optimizer hyper-parameters) in the metadata.
 // Files are written atomically; loading checks everything before changing anything.
 #include <fastlearn/learner/recorder.h>
-#include <fastlearn/learner/safetensors.h>
+#include <fastlearn/core/safetensors.h>
 
 #include <cstdint>
 #include <filesystem>

@@ -1,10 +1,7 @@
 #include <fastlearn/learner/learner.h>
 
-#include <fastlearn/callbacks/progress.h>
-#include <fastlearn/callbacks/schedule.h>
+#include <fastlearn/learner/progress.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/learner/annealing.h>
-#include <fastlearn/learner/checkpoint.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/learner/train_eval.h>
 
@@ -164,7 +161,7 @@ void Learner::fire(Event event) {
   const auto cbs = cbs_;
   const bool inner = is_inner_loop(event);
   for (const auto& cb : cbs) {
-    if (!cb->run || cb->learn_ != this) continue;
+    if (!cb->run || cb->learn_ != this || (cb->rank0_only() && !coordination_.is_main())) continue;
     if (inner && !((cb->run_train && training) || (cb->run_valid && !training))) continue;
     cb->handle(event);
   }
@@ -304,24 +301,6 @@ void Learner::do_epoch_validate(DataLoader& loader) {
                                     Event::after_cancel_validate, Event::after_validate);
 }
 
-int Learner::load_resume_point(const std::filesystem::path& file, int n_epoch_) {
-  if (coordination_.barrier) coordination_.barrier();  // a checkpoint being written is complete first
-  if (!std::filesystem::exists(file)) {
-    throw CheckpointError(fmt::format("resume: checkpoint '{}' does not exist", file.string()));
-  }
-  const auto state = load_safetensors(file);
-  const auto position = fit_position(state, file.string());
-  if (position && position->n_epoch != n_epoch_) {
-    throw ConfigError(fmt::format("resume: checkpoint '{}' was taken in a fit of {} epochs but this fit has {}; "
-                                  "resume with the same number of epochs (the schedules depend on it)",
-                                  file.string(), position->n_epoch, n_epoch_));
-  }
-  restore_state(*this, state, {}, file.string());
-  if (!position) return std::clamp(epochs_completed_, 0, n_epoch_);
-  resume_ = position;
-  return position->epoch;
-}
-
 void Learner::all_batches(DataLoader& loader) {
   n_iter = loader.size();
   std::int64_t skip = 0;
@@ -352,6 +331,7 @@ void Learner::all_batches(DataLoader& loader) {
 
 void Learner::one_batch(std::int64_t i, const Batch& batch) {
   iter = i;
+  will_step = true;
   xb = batch.inputs;
   yb = batch.targets;
   with_events<CancelBatchException>([&] { do_one_batch(); }, Event::before_batch, Event::after_cancel_batch,
@@ -378,98 +358,7 @@ void Learner::do_grad_opt() {
   opt_->zero_grad();
 }
 
-// --- schedules -----------------------------------------------------------------------------------
-
-void Learner::fit_one_cycle(int n_epoch_, std::optional<LrSpec> lr_max, OneCycleOptions options) {
-  check_not_in_fit("fit_one_cycle");
-  if (options.fit.reset_opt || !opt_) create_opt();
-  options.fit.reset_opt = false;
-  const auto lrs = lr_max.value_or(LrSpec(options_.lr)).per_group(opt_->n_groups());
-  const auto moms = options.moms.value_or(options_.moms);
-  ParamScheduler::Schedules scheds;
-  for (double lr : lrs) {
-    scheds["lr"].push_back(combined_cos(options.pct_start, lr / options.div, lr, lr / options.div_final));
-  }
-  scheds["mom"].push_back(combined_cos(options.pct_start, moms[0], moms[1], moms[2]));
-  options.fit.cbs.insert(options.fit.cbs.begin(), std::make_shared<ParamScheduler>(std::move(scheds)));
-  run_fit(n_epoch_, lrs, std::move(options.fit));
-}
-
-void Learner::fit_flat_cos(int n_epoch_, std::optional<LrSpec> lr, FlatCosOptions options) {
-  check_not_in_fit("fit_flat_cos");
-  if (options.fit.reset_opt || !opt_) create_opt();
-  options.fit.reset_opt = false;
-  const auto lrs = lr.value_or(LrSpec(options_.lr)).per_group(opt_->n_groups());
-  ParamScheduler::Schedules scheds;
-  for (double value : lrs) scheds["lr"].push_back(combined_cos(options.pct_start, value, value, value / options.div_final));
-  options.fit.cbs.insert(options.fit.cbs.begin(), std::make_shared<ParamScheduler>(std::move(scheds)));
-  run_fit(n_epoch_, lrs, std::move(options.fit));
-}
-
-void Learner::fine_tune(int epochs, double base_lr, FineTuneOptions options) {
-  freeze();
-  fit_one_cycle(options.freeze_epochs, LrSpec::slice(base_lr), {.pct_start = 0.99, .fit = options.fit});
-  base_lr /= 2;
-  unfreeze();
-  fit_one_cycle(epochs, LrSpec::slice(base_lr / options.lr_mult, base_lr),
-                {.div = options.div, .pct_start = options.pct_start, .fit = options.fit});
-}
-
-LrFindResult Learner::lr_find(LrFindOptions options) {
-  const auto batches = dls_.train().size();
-  if (batches == 0) throw Error("lr_find: the training loader has no batch");
-  auto finder = std::make_shared<LRFinder>(LRFinderOptions{.start_lr = options.start_lr, .end_lr = options.end_lr,
-                                                           .num_it = options.num_it, .stop_div = options.stop_div});
-  const int epochs = static_cast<int>(finder->num_it() / batches) + 1;
-  const int epochs_completed = epochs_completed_;  // a loaded checkpoint's resume point survives lr_find
-  try {
-    fit(epochs, {}, {.cbs = {finder}});
-  } catch (...) {
-    finder->restore();  // also when the sweep dies of an error, not only when it is cancelled
-    epochs_completed_ = epochs_completed;
-    throw;
-  }
-  epochs_completed_ = epochs_completed;
-
-  const auto& rec = recorder();
-  LrFindResult result;
-  // As fastai: skip the first tenth of the iterations and the last five, and stop at the first NaN.
-  const auto& lrs = rec.lrs();
-  const auto& losses = rec.losses();
-  const std::size_t begin = static_cast<std::size_t>(finder->num_it() / 10);
-  const std::size_t end = losses.size() > 5 ? losses.size() - 5 : 0;
-  for (std::size_t i = begin; i < end && !std::isnan(losses[i]); ++i) {
-    result.lrs.push_back(lrs[i]);
-    result.losses.push_back(losses[i]);
-  }
-  if (result.lrs.empty()) {
-    throw Error(fmt::format("lr_find: only {} iterations ran, too few for a suggestion; raise num_it or end_lr",
-                            losses.size()));
-  }
-  result.valley = valley(result.lrs, result.losses);
-  if (options.plot) rec.plot_lr_find(*options.plot, 5, result.valley);
-  return result;
-}
-
 // --- evaluation ----------------------------------------------------------------------------------
-
-namespace {
-
-// Collects the raw outputs and targets of a validation pass.
-class GatherPreds : public Callback {
- public:
-  GatherPreds() { order = 55; }
-  std::string name() const override { return "gather_preds"; }
-  void after_batch() override {
-    auto& l = learn();
-    if (l.training) return;
-    preds.push_back(l.pred.detach());
-    if (!l.yb.empty()) targets.push_back(l.yb.front().detach());
-  }
-  std::vector<at::Tensor> preds, targets;
-};
-
-}  // namespace
 
 ValidationResult Learner::validate(DataLoader* loader) {
   DataLoader& target = loader ? *loader : dls_.valid();
@@ -494,21 +383,19 @@ ValidationResult Learner::validate(DataLoader* loader) {
 }
 
 Preds Learner::get_preds(DataLoader* loader) {
-  auto gather = std::make_shared<GatherPreds>();
-  {
-    ScopedCallbacks scope(*this, {gather});
-    validate(loader);
-  }
+  auto& rec = recorder();
+  rec.keep_valid_preds(true);
+  struct Restore {  // also when validation throws
+    Recorder& rec;
+    ~Restore() { rec.keep_valid_preds(false); }
+  } restore{rec};
+  validate(loader);
   Preds out;
-  if (gather->preds.empty()) return out;
-  auto preds = at::cat(gather->preds);
-  auto targets = gather->targets.empty() ? at::Tensor() : at::cat(gather->targets);
-  if (coordination_.gather_items) {  // data parallel: every rank's share, in dataset order, padding removed
-    preds = coordination_.gather_items(preds);
-    if (targets.defined()) targets = coordination_.gather_items(targets);
-  }
+  // In a data parallel job, the Recorder gathered every rank's share (in dataset order, padding removed).
+  const auto& preds = rec.last_valid_preds();
+  if (!preds.defined()) return out;
   out.preds = loss_func_.activate(preds);
-  if (targets.defined()) out.targets = targets;
+  out.targets = rec.last_valid_targets();
   out.decoded = loss_func_.decode(out.preds);
   return out;
 }
@@ -529,24 +416,6 @@ Prediction Learner::predict(const Item& item) {
   auto out = forward_(batch.inputs);
   auto probs = loss_func_.activate(out);
   return {.decoded = loss_func_.decode(probs)[0], .probs = probs[0]};
-}
-
-// --- checkpoints -----------------------------------------------------------------------------------
-
-std::filesystem::path Learner::checkpoint_path(const std::string& name) const {
-  return options_.path / options_.model_dir / (name + ".safetensors");
-}
-
-std::filesystem::path Learner::save(const std::string& name, SaveOptions options) {
-  const auto file = checkpoint_path(name);
-  if (coordination_.writes_files) save_checkpoint(*this, file, options);
-  if (coordination_.barrier) coordination_.barrier();  // the file is complete before anyone reads it
-  return file;
-}
-
-void Learner::load(const std::string& name, LoadOptions options) {
-  if (coordination_.barrier) coordination_.barrier();
-  load_checkpoint(*this, checkpoint_path(name), options);
 }
 
 }  // namespace fastlearn

@@ -17,7 +17,7 @@
 #include <fastlearn/learner/checkpoint.h>
 #include <fastlearn/learner/loss.h>
 #include <fastlearn/learner/metrics.h>
-#include <fastlearn/learner/optimizer.h>
+#include <fastlearn/optim/optimizer.h>
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -117,7 +117,7 @@ struct FineTuneOptions {
 struct LrFindOptions {
   double start_lr = 1e-7;
   double end_lr = 10;
-  int num_it = 100;
+  int num_it = 100;      ///< at least 6
   bool stop_div = true;  ///< stop when the smoothed loss exceeds 4x the best one
   std::optional<std::filesystem::path> plot;  ///< write the loss-vs-lr plot (SVG) there
 };
@@ -223,6 +223,8 @@ class Learner {
   /// Creates the optimizer over the splitter's parameter groups (done by fit when there is none).
   void create_opt();
   bool has_opt() const { return opt_ != nullptr; }
+  /// Discards the optimizer and its state (the next fit creates a fresh one).
+  void drop_opt() { opt_.reset(); }
   /// The optimizer; Error when none was created yet.
   Optimizer& opt();
   /// Parameter groups as the splitter makes them.
@@ -243,12 +245,15 @@ class Learner {
   void load(const std::string& name, LoadOptions options = {});
   /// Epochs finished in the fit that was running when the last loaded checkpoint was saved (resume point).
   int epochs_completed() const { return epochs_completed_; }
+  /// Sets the resume point (restore_state does, from a checkpoint's metadata).
+  void set_epochs_completed(int epochs) { epochs_completed_ = epochs; }
 
   /// How this learner cooperates with the other processes of a data parallel job (set by the
   /// DistributedTrainer; the defaults are those of a single process).
   struct Coordination {
-    bool writes_files = true;             ///< save() writes (only rank 0 does in a job of several)
     int rank = 0;                         ///< this process's rank among those training together
+    /// The process that shows progress and writes files (save(), logs, checkpoints): rank 0.
+    bool is_main() const { return rank == 0; }
     std::function<void()> barrier;        ///< save() waits after writing, load() before reading
     /// Turns this process's per-item predictions of the last validation pass into those of the whole set.
     std::function<at::Tensor(const at::Tensor&)> gather_items;
@@ -276,11 +281,13 @@ class Learner {
   std::int64_t train_iter = 0;   ///< training batches since the start of the fit
   double pct_train = 0;          ///< fraction of the fit's training done, in [0, 1]
   bool training = false;
+  /// False when this training batch only accumulates gradients and the optimizer will not step (set by
+  /// GradientAccumulation at after_loss; data parallel training then skips communicating them).
+  bool will_step = true;
   double smooth_loss = std::numeric_limits<double>::quiet_NaN();  ///< set by the Recorder
   DataLoader* dl = nullptr;      ///< the loader being iterated
 
  private:
-  friend class ScopedCallbacks;
   template <typename Body>
   void with_events(Body&& body, Event before, Event after_cancel, Event after);
   template <typename Cancel, typename Body>
@@ -292,7 +299,7 @@ class Learner {
   void do_epoch_train();
   void do_epoch_validate(DataLoader& loader);
   void all_batches(DataLoader& loader);
-  int load_resume_point(const std::filesystem::path& file, int n_epoch);
+  int load_resume_point(const std::filesystem::path& file, int n_epoch);  // in learner/checkpoint.cpp
   void one_batch(std::int64_t i, const Batch& batch);
   void do_one_batch();
   void do_grad_opt();
@@ -310,8 +317,6 @@ class Learner {
   bool in_fit_ = false;
   std::optional<FitPosition> resume_;  // set by a fit resumed inside an epoch until that epoch's training starts
   Coordination coordination_;
-  friend class TrainEval;
-  friend class CheckpointIO;
 };
 
 // --- implementation details of the templates ------------------------------------------------

@@ -2,6 +2,7 @@
 
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/svg_plot.h>
+#include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/learner.h>
 
 #include <fmt/format.h>
@@ -43,7 +44,7 @@ Recorder::Recorder(std::vector<MetricPtr> metrics, RecorderOptions options)
       train_metrics_(options.train_metrics ? fresh_copies(metrics) : std::vector<MetricPtr>{}),
       options_(options),
       smooth_(options.beta) {
-  order = 50;
+  order = cb_order::recorder;
 }
 
 std::vector<std::string> Recorder::metric_names() const {
@@ -103,12 +104,26 @@ void Recorder::before_validate() {
   loss_sum_ = 0;
   loss_count_ = 0;
   for (auto& m : valid_metrics_) m->reset();
+  valid_values_.assign(valid_metrics_.size(), kNaN);
+  valid_preds_.clear();
+  valid_targets_.clear();
+  last_valid_preds_ = last_valid_targets_ = at::Tensor();
 }
+
+bool Recorder::gathers() const { return static_cast<bool>(learn().coordination().gather_items); }
 
 void Recorder::after_batch() {
   auto& l = learn();
+  const bool collect = !l.training && l.pred.defined() && (keep_valid_preds_ || gathers());
+  if (collect) {
+    valid_preds_.push_back(l.pred.detach());
+    if (!l.yb.empty()) valid_targets_.push_back(l.yb.front().detach());
+  }
   if (l.yb.empty() || !l.loss.defined()) return;
-  for (auto& m : l.training ? train_metrics_ : valid_metrics_) m->accumulate(l.pred, l.yb.front());
+  // Gathered validation metrics are computed once, on the whole set, at after_validate.
+  if (l.training || !gathers()) {
+    for (auto& m : l.training ? train_metrics_ : valid_metrics_) m->accumulate(l.pred, l.yb.front());
+  }
   batch_losses_.push(l.loss.detach().mean());  // the mean also for a loss without reduction
   notes_.push_back({.items = find_bs(l.yb),
                     .step = l.train_iter,
@@ -159,16 +174,31 @@ void Recorder::after_train() {
 void Recorder::after_validate() {
   record_pending(true);
   valid_loss_ = loss_count_ ? loss_sum_ / static_cast<double>(loss_count_) : kNaN;
-  valid_values_ = values_of(valid_metrics_);
+  if (!gathers()) valid_values_ = values_of(valid_metrics_);
+  if (valid_preds_.empty()) return;
+  auto preds = at::cat(valid_preds_);
+  auto targets = valid_targets_.empty() ? at::Tensor() : at::cat(valid_targets_);
+  valid_preds_.clear();
+  valid_targets_.clear();
+  if (gathers()) {  // every rank's share, in dataset order, padding removed
+    const auto& gather = learn().coordination().gather_items;
+    preds = gather(preds);
+    if (targets.defined()) targets = gather(targets);
+    if (targets.defined()) validation_from(preds, targets);
+  }
+  if (keep_valid_preds_) {
+    last_valid_preds_ = preds;
+    last_valid_targets_ = targets;
+  }
 }
 
-void Recorder::set_validation(const at::Tensor& preds, const at::Tensor& targets, const Loss& loss_func) {
+void Recorder::validation_from(const at::Tensor& preds, const at::Tensor& targets) {
   if (preds.size(0) == 0) {
     valid_loss_ = kNaN;
     valid_values_.assign(valid_metrics_.size(), kNaN);
     return;
   }
-  valid_loss_ = loss_func(preds, targets).mean().item<double>();
+  valid_loss_ = learn().loss_func()(preds, targets).mean().item<double>();
   for (auto& m : valid_metrics_) {
     m->reset();
     m->accumulate(preds, targets);

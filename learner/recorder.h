@@ -4,6 +4,8 @@
 // loss, the validation loss, each metric and the time. It writes loss and lr_find plots as SVG files.
 // A batch's loss reaches the host through a HostReadback: on CUDA it is recorded one batch later, so the
 // training loop never waits for the GPU to log (unless read_every_batch, which the LRFinder needs).
+// In a data parallel job (Learner::Coordination::gather_items set) it gathers the validation predictions
+// of every rank once and computes the validation loss and metrics on the whole set, the same on every rank.
 #include <fastlearn/core/host_readback.h>
 #include <fastlearn/learner/callback.h>
 #include <fastlearn/learner/loss.h>
@@ -93,9 +95,12 @@ class Recorder : public Callback {
   double last_valid_loss() const { return valid_loss_; }
   const std::vector<double>& last_valid_metrics() const { return valid_values_; }
 
-  /// Replaces the last validation's loss and metrics by their values over `preds` and `targets` (the
-  /// whole validation set, e.g. gathered from every rank): loss_func over all items, each metric afresh.
-  void set_validation(const at::Tensor& preds, const at::Tensor& targets, const Loss& loss_func);
+  /// Keep the raw predictions and targets of every validation pass (for get_preds; default: false).
+  void keep_valid_preds(bool on) { keep_valid_preds_ = on; }
+  /// The raw predictions and targets of the last validation pass, of the whole set in a data parallel job
+  /// (undefined unless keep_valid_preds; targets undefined when the loader has none).
+  const at::Tensor& last_valid_preds() const { return last_valid_preds_; }
+  const at::Tensor& last_valid_targets() const { return last_valid_targets_; }
 
   /// The running epoch's accumulators (training loss and smoothed loss; training metrics are not included).
   EpochState epoch_state();
@@ -118,6 +123,8 @@ class Recorder : public Callback {
     bool training = false;
   };
   void record(double loss, const BatchNote& note);
+  bool gathers() const;
+  void validation_from(const at::Tensor& preds, const at::Tensor& targets);
   void record_pending(bool all);
 
   std::vector<MetricPtr> valid_metrics_;
@@ -137,6 +144,9 @@ class Recorder : public Callback {
   double valid_loss_ = std::numeric_limits<double>::quiet_NaN();
   std::vector<double> train_values_, valid_values_;
   bool validated_ = false;
+  bool keep_valid_preds_ = false;
+  std::vector<at::Tensor> valid_preds_, valid_targets_;  // this pass's batches, when kept or gathered
+  at::Tensor last_valid_preds_, last_valid_targets_;
   std::chrono::steady_clock::time_point epoch_start_;
 };
 

@@ -5,11 +5,12 @@
 #include <fastlearn/callbacks/grad_accumulation.h>
 #include <fastlearn/callbacks/grad_clip.h>
 #include <fastlearn/callbacks/mixed_precision.h>
-#include <fastlearn/callbacks/progress.h>
+#include <fastlearn/learner/progress.h>
+#include <fastlearn/callbacks/save_model.h>
 #include <fastlearn/callbacks/tracker.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/learner/models.h>
+#include <fastlearn/models/models.h>
 #include <fastlearn/learner/recorder.h>
 
 #include <ATen/autocast_mode.h>

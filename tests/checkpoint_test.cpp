@@ -2,7 +2,7 @@
 // as an uninterrupted run; corrupt or mismatched files are clear errors that change nothing.
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/learner/models.h>
+#include <fastlearn/models/models.h>
 #include <fastlearn/learner/recorder.h>
 
 #include <gtest/gtest.h>

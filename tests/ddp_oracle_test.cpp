@@ -3,8 +3,8 @@
 // Runs when Python torch and safetensors are present.
 #include <fastlearn/distributed/grad_reducer.h>
 #include <fastlearn/distributed/runtime.h>
-#include <fastlearn/learner/models.h>
-#include <fastlearn/learner/safetensors.h>
+#include <fastlearn/models/models.h>
+#include <fastlearn/core/safetensors.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

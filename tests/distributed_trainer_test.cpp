@@ -9,7 +9,7 @@
 #include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/distributed/runtime.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/learner/models.h>
+#include <fastlearn/models/models.h>
 #include <fastlearn/learner/recorder.h>
 
 #include <gtest/gtest.h>

@@ -5,7 +5,7 @@
 #include <fastlearn/callbacks/checkpointing.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/checkpoint.h>
-#include <fastlearn/learner/safetensors.h>
+#include <fastlearn/core/safetensors.h>
 #include <archive.h>
 #include <archive_entry.h>
 #include <arpa/inet.h>

@@ -2,7 +2,7 @@
 // through the same parsers in the normal build: each gives a value or the parser's own error type.
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/idx.h>
-#include <fastlearn/learner/safetensors.h>
+#include <fastlearn/core/safetensors.h>
 
 #include "cli/config.h"
 

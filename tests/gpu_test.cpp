@@ -16,9 +16,9 @@
 #include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/distributed/runtime.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/learner/models.h>
+#include <fastlearn/models/models.h>
 #include <fastlearn/learner/recorder.h>
-#include <fastlearn/learner/safetensors.h>
+#include <fastlearn/core/safetensors.h>
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>

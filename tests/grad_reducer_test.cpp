@@ -6,7 +6,7 @@
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/grad_reducer.h>
 #include <fastlearn/distributed/runtime.h>
-#include <fastlearn/learner/models.h>
+#include <fastlearn/models/models.h>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>

@@ -2,7 +2,7 @@
 // callbacks added and removed at run time, evaluation helpers, freezing, and bit-for-bit determinism.
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/learner/models.h>
+#include <fastlearn/models/models.h>
 #include <fastlearn/learner/recorder.h>
 
 #include <gtest/gtest.h>

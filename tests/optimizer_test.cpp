@@ -1,7 +1,7 @@
 // Optimizers: parity with LibTorch's torch::optim over sequences of random gradients (fused and _foreach_
 // paths), decoupled weight decay by hand, hypers per group and between steps, checkpoint round trips.
 #include <fastlearn/core/error.h>
-#include <fastlearn/learner/optimizer.h>
+#include <fastlearn/optim/optimizer.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -4,8 +4,8 @@
 // from Python load with Learner::load and fastlearn predicts what Python did. Both to 1e-5, for
 // simple_cnn, the BatchNorm ResNet and conv_net (buffers included). One Python run serves every model.
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/learner/models.h>
-#include <fastlearn/learner/safetensors.h>
+#include <fastlearn/models/models.h>
+#include <fastlearn/core/safetensors.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

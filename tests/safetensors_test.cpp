@@ -3,7 +3,7 @@
 // interop both ways with the reference Python implementation when an interpreter was configured.
 #include <fastlearn/core/atomic_file.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/learner/safetensors.h>
+#include <fastlearn/core/safetensors.h>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>

@@ -1,9 +1,10 @@
 // Training schedules as the Learner applies them: fit_one_cycle and fit_flat_cos against fastai's
 // formulas at known points, per-group learning rates, and lr_find (stop rule, suggestion, restore).
-#include <fastlearn/callbacks/schedule.h>
+#include <fastlearn/learner/lr_finder.h>
+#include <fastlearn/learner/param_scheduler.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/learner/models.h>
+#include <fastlearn/models/models.h>
 #include <fastlearn/learner/recorder.h>
 
 #include <gtest/gtest.h>

@@ -1,12 +1,12 @@
 // TensorBoardCallback: the event files it writes are read by TensorBoard's own reader (Python
 // tensorboard's EventAccumulator, which checks the TFRecord CRCs) and hold every scalar with the right
 // step and value; under a DistributedTrainer only rank 0 writes.
-#include <fastlearn/callbacks/event_file.h>
+#include <fastlearn/core/event_file.h>
 #include <fastlearn/callbacks/tensorboard.h>
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/runtime.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/learner/models.h>
+#include <fastlearn/models/models.h>
 #include <fastlearn/learner/recorder.h>
 
 #include <gtest/gtest.h>

@@ -6,7 +6,7 @@
 #include <fastlearn/data/idx.h>
 #include <fastlearn/distributed/collectives.h>
 #include <fastlearn/distributed/distrib_ctx.h>
-#include <fastlearn/learner/models.h>
+#include <fastlearn/models/models.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>

@@ -1,9 +1,9 @@
-"""Shared by the Python anchors of bench/: Fashion-MNIST as tensors and the models of learner/models.h.
+"""Shared by the Python anchors of bench/: Fashion-MNIST as tensors and the models of models/models.h.
 
 The data is read from the same IDX files fastlearn reads and normalized the same way (scale to [0, 1],
 then the mean and std of all training pixels). The anchors get float tensors already normalized, which
 is the cheapest input a Python loop can have (fastlearn converts and normalizes uint8 batches on the fly).
-The models are layer-for-layer the ones of learner/models.cpp.
+The models are layer-for-layer the ones of models/models.cpp.
 """
 import gzip
 import pathlib

@@ -10,7 +10,7 @@
 #include <fastlearn/callbacks/channels_last.h>
 #include <fastlearn/data/dataloaders.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/learner/models.h>
+#include <fastlearn/models/models.h>
 
 #include <torch/torch.h>
 

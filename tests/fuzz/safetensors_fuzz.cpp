@@ -2,7 +2,7 @@
 // must give tensors or a fastlearn::CheckpointError; a crash, a sanitizer report, a leak or another
 // exception type is a bug.
 #include <fastlearn/core/error.h>
-#include <fastlearn/learner/safetensors.h>
+#include <fastlearn/core/safetensors.h>
 
 #include <cstddef>
 #include <cstdint>

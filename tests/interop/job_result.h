@@ -1,7 +1,7 @@
 #pragma once
 // What interop_tiny_train (tests/interop/tiny_train.cpp) leaves in its output folder, read back, and
 // the baseline every launch is compared with: `fastlearn launch --nproc-per-node 2` on this machine.
-#include <fastlearn/learner/safetensors.h>
+#include <fastlearn/core/safetensors.h>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -11,7 +11,7 @@ For each ARCH, in DIR/ARCH:
 Prints "<ARCH>: OK" or what differs; exits 1 if anything differs.
 
 ARCH: simple_cnn (models::simple_cnn(3)) or resnet (models::resnet({.widths = {8, 16}, .classes = 3,
-.stem_width = 8})) or conv_net (models::conv_net({.widths = {8, 16, 32}, .classes = 3})); keep them in step with fastlearn's learner/models.cpp.
+.stem_width = 8})) or conv_net (models::conv_net({.widths = {8, 16, 32}, .classes = 3})); keep them in step with fastlearn's models/models.cpp.
 """
 import os
 import sys

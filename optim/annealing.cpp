@@ -1,4 +1,4 @@
-#include <fastlearn/learner/annealing.h>
+#include <fastlearn/optim/annealing.h>
 
 #include <fastlearn/core/error.h>
 #include <fmt/format.h>

@@ -1,7 +1,8 @@
-#include <fastlearn/callbacks/progress.h>
+#include <fastlearn/learner/progress.h>
 
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
+#include <fastlearn/learner/callback_order.h>
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -17,7 +18,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 }  // namespace
 
 Progress::Progress(ProgressOptions options) : options_(options) {
-  order = 60;
+  order = cb_order::progress;
   // Under `fastlearn launch` the output is a pipe; the launcher says whether its own output is a terminal.
   const char* launcher_live = std::getenv("FASTLEARN_PROGRESS_LIVE");
   live_ = options_.live.value_or((options_.out && isatty(fileno(options_.out)) == 1) ||

@@ -3,6 +3,8 @@
 // each tensor's dtype, shape and [begin, end) byte range in the data buffer that follows, plus an optional
 // "__metadata__" object of strings. Data is little-endian and row-major; the tensors tile the buffer exactly.
 // Dtypes: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL.
+#include <fastlearn/core/named_tensors.h>
+
 #include <ATen/core/Tensor.h>
 
 #include <filesystem>
@@ -14,8 +16,6 @@
 
 namespace fastlearn {
 
-/// Named tensors in a fixed order (the order they are written in, or their order in the data buffer).
-using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 /// The "__metadata__" of a safetensors file: string keys to string values.
 using Metadata = std::map<std::string, std::string>;

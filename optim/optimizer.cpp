@@ -1,4 +1,4 @@
-#include <fastlearn/learner/optimizer.h>
+#include <fastlearn/optim/optimizer.h>
 
 #include <fastlearn/core/error.h>
 #include <fmt/format.h>

@@ -1,4 +1,4 @@
-#include <fastlearn/callbacks/schedule.h>
+#include <fastlearn/learner/lr_finder.h>
 
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/learner.h>
@@ -6,45 +6,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
 
 namespace fastlearn {
 
-ParamScheduler::ParamScheduler(Schedules scheds) : scheds_(std::move(scheds)) {
-  order = 60;
-  run_valid = false;
-  for (const auto& [hyper, list] : scheds_) {
-    if (list.empty()) throw ConfigError("ParamScheduler: no schedule for '" + hyper + "'");
-  }
-}
-
-void ParamScheduler::before_fit() {
-  hps_.clear();
-  for (const auto& [hyper, list] : scheds_) hps_[hyper];
-}
-
-void ParamScheduler::before_batch() { apply(learn().pct_train); }
-
-void ParamScheduler::apply(double pos) {
-  auto& opt = learn().opt();
-  const auto groups = opt.n_groups();
-  for (const auto& [hyper, list] : scheds_) {
-    if (list.size() != 1 && list.size() != groups) {
-      throw ConfigError(fmt::format("ParamScheduler: {} schedules for '{}' but the optimizer has {} parameter groups",
-                                    list.size(), hyper, groups));
-    }
-    std::vector<double> values;
-    for (const auto& sched : list) values.push_back(sched(pos));
-    opt.set_hyper(hyper, values);
-  }
-}
-
-void ParamScheduler::after_batch() {
-  auto& opt = learn().opt();
-  for (auto& [hyper, values] : hps_) values.push_back(opt.hyper(hyper, opt.n_groups() - 1));
-}
-
-LRFinder::LRFinder(LRFinderOptions options)
+LRFinder::LRFinder(LrFindOptions options)
     : ParamScheduler({{"lr", {sched_exp(options.start_lr, options.end_lr)}}}), options_(options) {
   options_.num_it = std::max(options_.num_it, 6);
 }
@@ -102,6 +70,42 @@ double valley(const std::vector<double>& lrs, const std::vector<double>& losses)
   const double sections = static_cast<double>(max_end - max_start) / 3.0;
   const std::size_t idx = max_start + static_cast<std::size_t>(sections) + static_cast<std::size_t>(sections / 2);
   return lrs[std::min(idx, n - 1)];
+}
+
+
+LrFindResult Learner::lr_find(LrFindOptions options) {
+  const auto batches = dls_.train().size();
+  if (batches == 0) throw Error("lr_find: the training loader has no batch");
+  auto finder = std::make_shared<LRFinder>(options);
+  const int epochs = static_cast<int>(finder->num_it() / batches) + 1;
+  const int epochs_completed = epochs_completed_;  // a loaded checkpoint's resume point survives lr_find
+  try {
+    fit(epochs, {}, {.cbs = {finder}});
+  } catch (...) {
+    finder->restore();  // also when the sweep dies of an error, not only when it is cancelled
+    epochs_completed_ = epochs_completed;
+    throw;
+  }
+  epochs_completed_ = epochs_completed;
+
+  const auto& rec = recorder();
+  LrFindResult result;
+  // As fastai: skip the first tenth of the iterations and the last five, and stop at the first NaN.
+  const auto& lrs = rec.lrs();
+  const auto& losses = rec.losses();
+  const std::size_t begin = static_cast<std::size_t>(finder->num_it() / 10);
+  const std::size_t end = losses.size() > 5 ? losses.size() - 5 : 0;
+  for (std::size_t i = begin; i < end && !std::isnan(losses[i]); ++i) {
+    result.lrs.push_back(lrs[i]);
+    result.losses.push_back(losses[i]);
+  }
+  if (result.lrs.empty()) {
+    throw Error(fmt::format("lr_find: only {} iterations ran, too few for a suggestion; raise num_it or end_lr",
+                            losses.size()));
+  }
+  result.valley = valley(result.lrs, result.losses);
+  if (options.plot) rec.plot_lr_find(*options.plot, 5, result.valley);
+  return result;
 }
 
 }  // namespace fastlearn

@@ -1,4 +1,4 @@
-#include <fastlearn/learner/safetensors.h>
+#include <fastlearn/core/safetensors.h>
 
 #include <fastlearn/core/atomic_file.h>
 #include <fastlearn/core/error.h>

@@ -24,6 +24,7 @@ class Progress : public Callback {
  public:
   explicit Progress(ProgressOptions options = {});
   std::string name() const override { return "progress"; }
+  bool rank0_only() const override { return true; }
 
   void before_fit() override;
   void before_train() override;

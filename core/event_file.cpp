@@ -1,4 +1,4 @@
-#include <fastlearn/callbacks/event_file.h>
+#include <fastlearn/core/event_file.h>
 
 #include <fastlearn/core/error.h>
 

@@ -1,7 +1,7 @@
-#include <fastlearn/learner/models.h>
+#include <fastlearn/models/models.h>
 
 #include <fastlearn/core/error.h>
-#include <fastlearn/distributed/sync_batch_norm.h>
+#include <fastlearn/models/norm_layer.h>
 
 #include <torch/torch.h>
 

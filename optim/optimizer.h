@@ -5,6 +5,8 @@
 // decay, p *= 1 - lr*wd before the update) or as L2 (grad += wd*p, like torch.optim's weight_decay).
 // On CPU the update of contiguous parameters is one fused, vectorized pass per tensor (ATen's
 // _fused_sgd_ / _fused_adam(w)_ kernels); anything else goes through at::_foreach_* ops.
+#include <fastlearn/core/named_tensors.h>
+
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
@@ -25,8 +27,6 @@ struct ParamGroup {
   Hypers hypers;
 };
 
-/// Named state tensors, as state_tensors() returns them and load_state() takes them.
-using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 class Optimizer {
  public:
