@@ -6,8 +6,8 @@
 
 #include "cli/run.h"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -97,10 +97,13 @@ CLI::App* add_launch(CLI::App& app, LaunchArgs& a) {
   launch->add_option("--log-dir,--log_dir", a.log_dir,
                      "Also write each rank's output to DIR/rank<R>.log (DIR/restart_<k>/ "
                      "after restarts)");
-  launch->add_option("--grace-period,--grace_period", a.grace_seconds, "Seconds between SIGTERM and SIGKILL when stopping ranks")
+  launch
+      ->add_option("--grace-period,--grace_period", a.grace_seconds,
+                   "Seconds between SIGTERM and SIGKILL when stopping ranks")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  launch->add_flag("--no-prefix,--no_prefix", a.no_prefix, "Do not put \"[rank R] \" before each line of the ranks' output");
+  launch->add_flag("--no-prefix,--no_prefix", a.no_prefix,
+                   "Do not put \"[rank R] \" before each line of the ranks' output");
   // torchrun's spellings: each option above also takes its underscore form (--nproc_per_node), and these:
   launch->add_option("--rdzv-id,--rdzv_id,--run-id,--run_id", o.run_id,
                      "The job's id: every node of a job must get the same (default: random on one node)");
@@ -121,7 +124,8 @@ int run_launch(CLI::App& launch, LaunchArgs& a) {
     const auto why = torchrun_only(flag);
     throw fastlearn::ConfigError(fmt::format(
         "launch: unknown option '{}'{}; the nearest option of fastlearn launch is {} (fastlearn launch --help lists "
-        "them). Put the program after `--`", flag, why.empty() ? "" : " (a torchrun option: " + why + ")",
+        "them). Put the program after `--`",
+        flag, why.empty() ? "" : " (a torchrun option: " + why + ")",
         fastlearn::closest(flag.substr(0, flag.find('=')), option_names(launch))));
   }
   if (a.standalone) {
@@ -169,9 +173,10 @@ CLI::App* add_train(CLI::App& app, fastlearn::cli::TrainArgs& a) {
       "Nothing is written before the config is valid.");
   add_config_options(*train, a);
   train->add_option("--out", a.out, "Output directory (default: output.dir of the config)");
-  train->add_flag("--resume", a.resume,
-                  "Continue from the newest complete checkpoints/ckpt-e<epoch>-b<batch>.safetensors in the output directory, "
-                  "also mid-epoch (from scratch if none)");
+  train->add_flag(
+      "--resume", a.resume,
+      "Continue from the newest complete checkpoints/ckpt-e<epoch>-b<batch>.safetensors in the output directory, "
+      "also mid-epoch (from scratch if none)");
   train
       ->add_option("--nproc-per-node", a.nproc_per_node,
                    "Train data parallel on N local processes, started through `fastlearn launch`; ignored when this "

@@ -15,7 +15,9 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1];
   const int epochs = argc > 2 ? std::stoi(argv[2]) : 1;
   torch::manual_seed(0);
-  auto conv = [](int in, int out) { return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).stride(2).padding(1)); };
+  auto conv = [](int in, int out) {
+    return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).stride(2).padding(1));
+  };
   torch::nn::Sequential model(conv(1, 32), torch::nn::ReLU(), conv(32, 64), torch::nn::ReLU(), conv(64, 64),
                               torch::nn::ReLU(), torch::nn::Flatten(), torch::nn::Linear(64 * 4 * 4, 10));
   auto normalize = torch::data::transforms::Normalize<>(0.2860, 0.3530);
@@ -41,7 +43,8 @@ int main(int argc, char** argv) {
       correct += model->forward(batch.data).argmax(1).eq(batch.target).sum().item<std::int64_t>();
       total += batch.target.size(0);
     }
-    std::printf("epoch %d: test accuracy %.2f%%\n", epoch, 100.0 * static_cast<double>(correct) / static_cast<double>(total));
+    std::printf("epoch %d: test accuracy %.2f%%\n", epoch,
+                100.0 * static_cast<double>(correct) / static_cast<double>(total));
   }
   return 0;
 }

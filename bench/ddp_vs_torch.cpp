@@ -61,10 +61,10 @@ double measure(bool averaging, bool channels_last) {
 
 // One DDP run (torchrun, 2 ranks) in `layout`: its median step, or 0 when it did not report.
 double run_ddp(const char* layout) {
-  const auto command = fmt::format("OMP_NUM_THREADS=1 {} -m torch.distributed.run --nproc-per-node 2 --master-port {} "
-                                   "{}/bench/python/ddp_step.py {} {} {} 2>/dev/null",
-                                   FASTLEARN_PYTHON, fl::pick_free_port("127.0.0.1"), FASTLEARN_SOURCE_DIR, kBatch, kSteps,
-                                   layout);
+  const auto command = fmt::format(
+      "OMP_NUM_THREADS=1 {} -m torch.distributed.run --nproc-per-node 2 --master-port {} "
+      "{}/bench/python/ddp_step.py {} {} {} 2>/dev/null",
+      FASTLEARN_PYTHON, fl::pick_free_port("127.0.0.1"), FASTLEARN_SOURCE_DIR, kBatch, kSteps, layout);
   double median = 0, low = 0, high = 0;
   if (FILE* pipe = popen(command.c_str(), "r")) {
     if (std::fscanf(pipe, "%lf %lf %lf", &median, &low, &high) != 3) median = 0;
@@ -87,8 +87,7 @@ void run_rank(int) {
     const auto ours_channels_last = measure(true, true);
     if (fl::rank() == 0) {
       const double ddp = run_ddp("contiguous"), ddp_channels_last = run_ddp("channels_last");
-      out << ours << " " << compute_only << " " << ours_channels_last << " " << ddp << " " << ddp_channels_last
-          << "\n";
+      out << ours << " " << compute_only << " " << ours_channels_last << " " << ddp << " " << ddp_channels_last << "\n";
     }
     fl::barrier();
   }
@@ -101,8 +100,8 @@ int main() {
   const auto out = std::filesystem::temp_directory_path() / fmt::format("fastlearn-ddp-bench-{}", getpid());
   // OMP_NUM_THREADS=1 from the start, as torchrun's ranks get it (at::set_num_threads alone leaves libgomp
   // initialised for every core).
-  fl::spawn(2, run_rank, {.extra_env = {{"FASTLEARN_BENCH_OUT", out.string()}, {"OMP_NUM_THREADS", "1"}},
-                          .prefix_output = false});
+  fl::spawn(2, run_rank,
+            {.extra_env = {{"FASTLEARN_BENCH_OUT", out.string()}, {"OMP_NUM_THREADS", "1"}}, .prefix_output = false});
   std::vector<double> ours, compute, ours_cl, anchor, anchor_cl;
   std::ifstream in(out);
   for (double o, c, ocl, a, acl; in >> o >> c >> ocl >> a >> acl;) {

@@ -15,8 +15,8 @@
 #include <fastlearn/callbacks/mixed_precision.h>
 #include <fastlearn/data/idx.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/models/models.h>
 #include <fastlearn/learner/recorder.h>
+#include <fastlearn/models/models.h>
 
 #include <fmt/format.h>
 #include <torch/cuda.h>
@@ -46,10 +46,13 @@ Data fashion(const std::string& dir) {
   auto images = [&](const std::string& stem) {
     return fl::read_idx(dir + "/" + stem + "-images-idx3-ubyte.gz").unsqueeze(1).to(torch::kFloat32).div_(255);
   };
-  auto labels = [&](const std::string& stem) { return fl::read_idx(dir + "/" + stem + "-labels-idx1-ubyte.gz").to(torch::kLong); };
+  auto labels = [&](const std::string& stem) {
+    return fl::read_idx(dir + "/" + stem + "-labels-idx1-ubyte.gz").to(torch::kLong);
+  };
   auto xt = images("train"), xv = images("t10k");
   const double mean = xt.mean().item<double>(), std = xt.std().item<double>();
-  return {((xt - mean) / std).to(kGpu), labels("train").to(kGpu), ((xv - mean) / std).to(kGpu), labels("t10k").to(kGpu)};
+  return {((xt - mean) / std).to(kGpu), labels("train").to(kGpu), ((xv - mean) / std).to(kGpu),
+          labels("t10k").to(kGpu)};
 }
 
 Data synthetic(std::int64_t n) {
@@ -75,9 +78,9 @@ std::unique_ptr<fl::Learner> learner(const Data& d, const std::string& model, st
                       fl::DataLoader(valid, {.bs = 2 * bs}), 10);
   auto net = model_named(model);
   net->to(kGpu);
-  auto learn = std::make_unique<fl::Learner>(dls, net, fl::cross_entropy(),
-                                             fl::LearnerOptions{.opt_func = fl::Adam(), .metrics = {fl::accuracy()},
-                                                                .progress = false});
+  auto learn = std::make_unique<fl::Learner>(
+      dls, net, fl::cross_entropy(),
+      fl::LearnerOptions{.opt_func = fl::Adam(), .metrics = {fl::accuracy()}, .progress = false});
   learn->add_cb(std::make_shared<fl::MixedPrecision>(fl::MixedPrecisionOptions{.dtype = at::kBFloat16}));
   learn->add_cb(std::make_shared<fl::ChannelsLast>());
   return learn;
@@ -91,12 +94,16 @@ struct Comparison {
 
 std::vector<std::string> server(const std::string& side, const std::string& model, const std::string& data,
                                 std::int64_t bs, double lr) {
-  return {FASTLEARN_PYTHON, std::string(FASTLEARN_SOURCE_DIR) + "/bench/python/gpu_server.py", "--side", side,
-          "--model", model, "--data", data, "--bs", std::to_string(bs), "--lr", fmt::format("{}", lr)};
+  return {FASTLEARN_PYTHON, std::string(FASTLEARN_SOURCE_DIR) + "/bench/python/gpu_server.py",
+          "--side",         side,
+          "--model",        model,
+          "--data",         data,
+          "--bs",           std::to_string(bs),
+          "--lr",           fmt::format("{}", lr)};
 }
 
-Comparison compare_epochs(const std::string& side, const Data& d, const std::string& model, const std::string& data_spec,
-                          std::int64_t bs, int repeats) {
+Comparison compare_epochs(const std::string& side, const Data& d, const std::string& model,
+                          const std::string& data_spec, std::int64_t bs, int repeats) {
   bench::Coprocess python(server(side, model, data_spec, bs, 1e-3));
   if (python.read_line() != "ready") throw std::runtime_error("bench_gpu: gpu_server.py did not start");
   auto learn = learner(d, model, bs);
@@ -179,9 +186,12 @@ int main(int argc, char** argv) {
   std::string out_file, data_dir = "/usr/share/datasets/fashion-mnist", only;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--out") out_file = argv[i + 1];
-    else if (flag == "--data") data_dir = argv[i + 1];
-    else if (flag == "--only") only = argv[i + 1];
+    if (flag == "--out")
+      out_file = argv[i + 1];
+    else if (flag == "--data")
+      data_dir = argv[i + 1];
+    else if (flag == "--only")
+      only = argv[i + 1];
     else {
       std::cerr << "bench_gpu: unknown option " << flag << " (--out FILE, --data DIR, --only NAME)\n";
       return 2;
@@ -206,7 +216,9 @@ int main(int argc, char** argv) {
       for (const std::string side : {"torch", "fastai"}) {
         const auto c = compare_epochs(side, d, model, spec, 256, n);
         report(json_member("gpu_conv_net_vs_" + side, c, "train samples/s", true,
-                           "Learner.fit(1) vs " + side + ", conv_net on Fashion-MNIST, batch 256, bf16 + channels-last, data on the GPU", device));
+                           "Learner.fit(1) vs " + side +
+                               ", conv_net on Fashion-MNIST, batch 256, bf16 + channels-last, data on the GPU",
+                           device));
       }
     }
     if (want("gpu_resnet224")) {
@@ -214,8 +226,11 @@ int main(int argc, char** argv) {
       const std::string model = "resnet_64_128_256_512_s32";
       for (const std::string side : {"torch", "fastai"}) {
         const auto c = compare_epochs(side, d, model, "synthetic:2048", 64, n);
-        report(json_member("gpu_resnet224_vs_" + side, c, "train samples/s", true,
-                           "Learner.fit(1) vs " + side + ", xresnet 64-128-256-512 on 2048 synthetic 3x224x224 images, batch 64, bf16 + channels-last", device));
+        report(json_member(
+            "gpu_resnet224_vs_" + side, c, "train samples/s", true,
+            "Learner.fit(1) vs " + side +
+                ", xresnet 64-128-256-512 on 2048 synthetic 3x224x224 images, batch 64, bf16 + channels-last",
+            device));
       }
     }
     if (want("gpu_time_to_92")) {
@@ -232,7 +247,8 @@ int main(int argc, char** argv) {
       c.ours = {ours, ours, ours};
       c.anchor = {theirs, theirs, theirs};
       report(json_member("gpu_time_to_92", c, "s", false,
-                         "fit_one_cycle(6, 1e-2) of conv_net until 92% test accuracy (-1: not reached), vs fastai's", device));
+                         "fit_one_cycle(6, 1e-2) of conv_net until 92% test accuracy (-1: not reached), vs fastai's",
+                         device));
     }
     std::string json = "{";
     for (std::size_t i = 0; i < members.size(); ++i) json += (i ? ", " : "") + members[i];

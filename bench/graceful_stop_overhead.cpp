@@ -53,8 +53,10 @@ void run_rank(int rank) {
   at::set_num_threads(1);
   torch::manual_seed(0);
   auto model = fl::models::simple_cnn(10);
-  fl::Learner learn(synthetic(rank), model, fl::cross_entropy(), {.opt_func = fl::SGD({.mom = 0.9}), .progress = false});
-  fl::DistribCtx ctx(learn, {.sync_bn = false}, {.backend = fl::BackendKind::gloo, .timeout = std::chrono::seconds(120)});
+  fl::Learner learn(synthetic(rank), model, fl::cross_entropy(),
+                    {.opt_func = fl::SGD({.mom = 0.9}), .progress = false});
+  fl::DistribCtx ctx(learn, {.sync_bn = false},
+                     {.backend = fl::BackendKind::gloo, .timeout = std::chrono::seconds(120)});
   auto stop = std::make_shared<fl::GracefulStop>();
   auto per_batch = std::make_shared<FlagPerBatch>();
   auto timed = [&](std::vector<fl::CallbackPtr> cbs) {

@@ -3,9 +3,9 @@
 // LibTorch loop doing the same steps with the same loaders, model, loss and optimizer: forward, loss,
 // backward, step, zero_grad, the running loss, then validation loss and accuracy. Interleaved repeats;
 // prints one JSON object. ratio = loop time / Learner time (0.98 = the Learner is 2% slower).
-#include <fastlearn/learner/progress.h>
 #include <fastlearn/data/dataloaders.h>
 #include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/progress.h>
 #include <fastlearn/models/models.h>
 
 #include <fmt/format.h>
@@ -64,7 +64,8 @@ double hand_loop(torch::nn::Sequential& model, fl::Optimizer& opt, fl::DataLoade
   std::int64_t correct = 0, n = 0;
   for (const auto& b : dls.valid()) {
     auto out = model->forward(b.inputs[0]);
-    valid_loss += torch::nn::functional::cross_entropy(out, b.targets[0]).item<double>() * static_cast<double>(b.size());
+    valid_loss +=
+        torch::nn::functional::cross_entropy(out, b.targets[0]).item<double>() * static_cast<double>(b.size());
     correct += out.argmax(1).eq(b.targets[0]).sum().item<std::int64_t>();
     n += b.size();
   }
@@ -86,8 +87,10 @@ int main(int argc, char** argv) {
   auto loop_model = fl::models::simple_cnn(10);
   std::FILE* devnull = std::fopen("/dev/null", "w");
   fl::Learner learn(learner_dls, learner_model, fl::cross_entropy(),
-                    {.opt_func = fl::Adam(), .metrics = {fl::accuracy()},
-                     .cbs = {std::make_shared<fl::Progress>(fl::ProgressOptions{.out = devnull})}, .progress = false});
+                    {.opt_func = fl::Adam(),
+                     .metrics = {fl::accuracy()},
+                     .cbs = {std::make_shared<fl::Progress>(fl::ProgressOptions{.out = devnull})},
+                     .progress = false});
   auto loop_opt = fl::Adam()({loop_model->parameters()}, 1e-3);
 
   double acc = 0;

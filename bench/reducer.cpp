@@ -76,11 +76,13 @@ void run_rank(int) {
     plains.push_back(step_time(wide, x, y, [] {}));
     {  // as DistributedTrainer runs it: the loss divided by the world size, large gradients reduced in place
       fl::GradReducer reducer(named(*wide), {}, world, {.divide_by_world_size = false});
-      views.push_back(step_time(wide, x, y, [] {}, 1.0 / fl::world_size()));
+      views.push_back(step_time(
+          wide, x, y, [] {}, 1.0 / fl::world_size()));
     }
     {  // every gradient copied into a packed bucket and back (the classic design)
-      fl::GradReducer reducer(named(*wide), {}, world,
-                              {.gradient_as_bucket_view = false, .in_place_mb = std::numeric_limits<double>::infinity()});
+      fl::GradReducer reducer(
+          named(*wide), {}, world,
+          {.gradient_as_bucket_view = false, .in_place_mb = std::numeric_limits<double>::infinity()});
       copies.push_back(step_time(wide, x, y, [] {}));
     }
     // The anchor runs right after the same backward, so that both sides pay the wait for the slower rank.
@@ -118,8 +120,9 @@ void run_rank(int) {
         R"("parameter_tensors": {}, "backward_s": {:.6f}, "step_with_reducer_s": {:.6f}, "step_with_per_parameter_allreduce_s": {:.6f}, )"
         R"("what": "time gradient averaging adds to a step: bucketed reducer vs one all_reduce per parameter after backward; 2 ranks, Gloo"}}}})"
         "\n",
-        bytes / reducer_cost / 1e6, bytes / raw / 1e6, raw / reducer_cost, bytes / 1e6, plain, with_reducer, with_copies, raw,
-        bucketed_cost, naive_cost, naive_cost / bucketed_cost, deep->parameters().size(), deep_plain, bucketed, naive);
+        bytes / reducer_cost / 1e6, bytes / raw / 1e6, raw / reducer_cost, bytes / 1e6, plain, with_reducer,
+        with_copies, raw, bucketed_cost, naive_cost, naive_cost / bucketed_cost, deep->parameters().size(), deep_plain,
+        bucketed, naive);
     std::fflush(stdout);
   }
   fl::teardown_distrib();

@@ -98,18 +98,19 @@ int main(int argc, char** argv) {
   const std::string layout_flag = channels_last ? " --channels-last" : "";
   try {
     const auto bin = std::filesystem::canonical("/proc/self/exe").parent_path();
-    const auto args = fmt::format("--model {} --epochs {} --lr {} --target {} --data {}{}", model, epochs, lr,
-                                  target, data, layout_flag);
-    const auto ours_command =
-        fmt::format("OMP_NUM_THREADS=1 {}/fastlearn launch --nproc-per-node 2 --no-prefix -- {}/tta_train {} --bs {} 2>&1",
-                    bin.string(), bin.string(), args, kBatchPerRank);
+    const auto args = fmt::format("--model {} --epochs {} --lr {} --target {} --data {}{}", model, epochs, lr, target,
+                                  data, layout_flag);
+    const auto ours_command = fmt::format(
+        "OMP_NUM_THREADS=1 {}/fastlearn launch --nproc-per-node 2 --no-prefix -- {}/tta_train {} --bs {} 2>&1",
+        bin.string(), bin.string(), args, kBatchPerRank);
     const auto ours_single_command =
         fmt::format("OMP_NUM_THREADS=2 {}/tta_train {} --bs {} 2>&1", bin.string(), args, 2 * kBatchPerRank);
     // fastai's own data parallel path first; on CPU it fails (its DistributedDL broadcasts the data order
     // with .cuda()), and then the anchor is fastai in one process with the same total threads (2) and the
     // same global batch (2 x per-rank batch): the closest honest anchor.
-    const auto fastai_args = fmt::format("{}/bench/python/tta_fastai.py --model {} --epochs {} --lr {} --target {} --data {}{}",
-                                         FASTLEARN_SOURCE_DIR, model, epochs, lr, target, data, layout_flag);
+    const auto fastai_args =
+        fmt::format("{}/bench/python/tta_fastai.py --model {} --epochs {} --lr {} --target {} --data {}{}",
+                    FASTLEARN_SOURCE_DIR, model, epochs, lr, target, data, layout_flag);
     const auto distributed_command = fmt::format(
         "OMP_NUM_THREADS=1 {} -m torch.distributed.run --nproc-per-node 2 --master-addr 127.0.0.1 --master-port {} {} "
         "--bs {} 2>&1",
@@ -119,7 +120,8 @@ int main(int argc, char** argv) {
     const auto probe = timed(distributed_command);
     const bool fastai_distributed = probe.status == 0 && !probe.report.is_null();
     const std::string distributed_error = fastai_distributed ? "" : python_error(probe.output);
-    if (!fastai_distributed) std::cerr << "time_to_accuracy: fastai distributed on CPU failed: " << distributed_error << "\n";
+    if (!fastai_distributed)
+      std::cerr << "time_to_accuracy: fastai distributed on CPU failed: " << distributed_error << "\n";
 
     const int n = bench::repeats(3);
     std::vector<double> ours, anchor, ours_single;
@@ -127,10 +129,12 @@ int main(int argc, char** argv) {
     for (int r = 0; r < n; ++r) {
       last_ours = checked(ours_command);
       last_single = checked(ours_single_command);
-      last_anchor = r == 0 && fastai_distributed ? probe : checked(fastai_distributed ? distributed_command : single_command);
+      last_anchor =
+          r == 0 && fastai_distributed ? probe : checked(fastai_distributed ? distributed_command : single_command);
       if (!last_ours.report.at("reached").get<bool>()) {
-        throw std::runtime_error(fmt::format("fastlearn did not reach {} in {} epochs (tune FASTLEARN_TTA_MODEL/EPOCHS/LR): {}", target, epochs,
-                                             last_ours.report.dump()));
+        throw std::runtime_error(
+            fmt::format("fastlearn did not reach {} in {} epochs (tune FASTLEARN_TTA_MODEL/EPOCHS/LR): {}", target,
+                        epochs, last_ours.report.dump()));
       }
       ours.push_back(last_ours.seconds);
       anchor.push_back(last_anchor.seconds);
@@ -139,20 +143,36 @@ int main(int argc, char** argv) {
     const auto o = bench::summarize(ours), a = bench::summarize(anchor);
     const auto single = ours_single.empty() ? bench::Stats{} : bench::summarize(ours_single);
     nlohmann::json result = {
-        {"ours", o.median}, {"anchor", a.median}, {"ratio", a.median / o.median}, {"unit", "s"},
-        {"higher_is_better", false}, {"ours_range", {o.min, o.max}}, {"anchor_range", {a.min, a.max}},
-        {"target_accuracy", target}, {"ours_run", last_ours.report}, {"anchor_run", last_anchor.report},
+        {"ours", o.median},
+        {"anchor", a.median},
+        {"ratio", a.median / o.median},
+        {"unit", "s"},
+        {"higher_is_better", false},
+        {"ours_range", {o.min, o.max}},
+        {"anchor_range", {a.min, a.max}},
+        {"target_accuracy", target},
+        {"ours_run", last_ours.report},
+        {"anchor_run", last_anchor.report},
         {"anchor_reached", last_anchor.report.at("reached")},
-        {"ours_one_process", single.median}, {"ours_one_process_range", {single.min, single.max}},
+        {"ours_one_process", single.median},
+        {"ours_one_process_range", {single.min, single.max}},
         {"ratio_one_process", single.median > 0 ? a.median / single.median : 0.0},
         {"ours_one_process_run", last_single.report},
         {"layout", channels_last ? "channels_last (ChannelsLast callback on both sides)" : "contiguous"},
-        {"anchor_setup", fastai_distributed ? "fastai distrib_ctx, 2 ranks (torchrun, gloo), 1 thread each"
-                                            : "fastai, 1 process, 2 threads, batch 2 x per-rank batch (its distributed path fails on CPU)"},
-        {"fastai_distributed_error", distributed_error}, {"model", model}, {"schedule", fmt::format("fit_one_cycle({}, {})", epochs, lr)},
-        {"batch_per_rank", kBatchPerRank}, {"ranks", 2}, {"threads_per_rank", 1}, {"repeats", n},
-        {"what", "wall seconds to the first epoch with test accuracy >= target, 2 ranks, start-up included: "
-                 "fastlearn launch (2 ranks) vs fastai (see anchor_setup), same model, schedule, global batch, data"}};
+        {"anchor_setup",
+         fastai_distributed
+             ? "fastai distrib_ctx, 2 ranks (torchrun, gloo), 1 thread each"
+             : "fastai, 1 process, 2 threads, batch 2 x per-rank batch (its distributed path fails on CPU)"},
+        {"fastai_distributed_error", distributed_error},
+        {"model", model},
+        {"schedule", fmt::format("fit_one_cycle({}, {})", epochs, lr)},
+        {"batch_per_rank", kBatchPerRank},
+        {"ranks", 2},
+        {"threads_per_rank", 1},
+        {"repeats", n},
+        {"what",
+         "wall seconds to the first epoch with test accuracy >= target, 2 ranks, start-up included: "
+         "fastlearn launch (2 ranks) vs fastai (see anchor_setup), same model, schedule, global batch, data"}};
     std::cout << nlohmann::json{{"time_to_accuracy", result}}.dump() << "\n";
     return 0;
   } catch (const std::exception& e) {

@@ -1,14 +1,15 @@
 // The fastlearn side of time_to_accuracy: trains on Fashion-MNIST with fit_one_cycle under DistribCtx
 // (data parallel when started by `fastlearn launch`) and stops after the first epoch whose test accuracy
-// reaches --target. Rank 0 prints one line: {"reached": .., "epochs": .., "accuracy": .., "train_seconds": .., "history": [..]}.
+// reaches --target. Rank 0 prints one line: {"reached": .., "epochs": .., "accuracy": .., "train_seconds": ..,
+// "history": [..]}.
 //   tta_train --model NAME --epochs E --lr LR --bs B --target 0.92 [--data DIR] [--seed S] [--channels-last]
 // NAME: simple_cnn, conv_net_<width>_<width>... (models::conv_net with those widths), or
 // resnet_<width>_<width>..._s<stem> (models::resnet with those stage widths and stem).
 #include <fastlearn/fastlearn.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <iostream>
@@ -38,7 +39,8 @@ torch::nn::Sequential model_named(const std::string& name) {
     }
     return fl::models::resnet(options);
   }
-  throw fl::ConfigError("tta_train: unknown --model '" + name + "' (simple_cnn, conv_net_<widths> or resnet_<widths>_s<stem>)");
+  throw fl::ConfigError("tta_train: unknown --model '" + name +
+                        "' (simple_cnn, conv_net_<widths> or resnet_<widths>_s<stem>)");
 }
 
 // Ends the fit after the first epoch whose validation accuracy reaches the target.
@@ -98,8 +100,10 @@ int main(int argc, char** argv) {
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (fl::is_main()) {
-      fmt::print("{{\"reached\": {}, \"epochs\": {}, \"accuracy\": {:.4f}, \"train_seconds\": {:.2f}, \"history\": [{:.4f}]}}\n",
-                 stop->reached, stop->epochs, stop->accuracy, seconds, fmt::join(stop->history, ", "));
+      fmt::print(
+          "{{\"reached\": {}, \"epochs\": {}, \"accuracy\": {:.4f}, \"train_seconds\": {:.2f}, \"history\": "
+          "[{:.4f}]}}\n",
+          stop->reached, stop->epochs, stop->accuracy, seconds, fmt::join(stop->history, ", "));
     }
     return 0;
   } catch (const std::exception& e) {

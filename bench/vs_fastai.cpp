@@ -13,9 +13,11 @@ int main(int argc, char** argv) {
     const int n = bench::repeats(5);
     const auto cnn = bench::compare_epochs("fastai", "simple_cnn", data, n);
     const auto cnn_cl = bench::compare_epochs("fastai", "simple_cnn", data, n, /*channels_last=*/true);
-    fmt::print("{{{}, {}}}\n", bench::epoch_json("vs_fastai", cnn, "Learner.fit(1) vs fastai Learner.fit(1), simple_cnn, CPU"),
-               bench::epoch_json("vs_fastai_channels_last", cnn_cl,
-                                 "the same with both sides in channels-last memory format (each library's ChannelsLast callback)"));
+    fmt::print("{{{}, {}}}\n",
+               bench::epoch_json("vs_fastai", cnn, "Learner.fit(1) vs fastai Learner.fit(1), simple_cnn, CPU"),
+               bench::epoch_json(
+                   "vs_fastai_channels_last", cnn_cl,
+                   "the same with both sides in channels-last memory format (each library's ChannelsLast callback)"));
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "vs_fastai: " << e.what() << "\n";

@@ -1,11 +1,11 @@
 #include <fastlearn/callbacks/checkpointing.h>
 
-#include <fastlearn/learner/lr_finder.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/learner/checkpoint.h>
-#include <fastlearn/learner/learner.h>
 #include <fastlearn/core/safetensors.h>
 #include <fastlearn/learner/callback_order.h>
+#include <fastlearn/learner/checkpoint.h>
+#include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/lr_finder.h>
 
 #include <fmt/format.h>
 
@@ -39,9 +39,8 @@ std::vector<Found> checkpoints_in(const fs::path& dir) {
     if (!entry.is_regular_file(ec) || !std::regex_match(name, m, pattern)) continue;
     found.push_back({std::stoi(m[1].str()), std::stoll(m[2].str()), entry.path()});
   }
-  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
-    return std::tie(a.epoch, a.batch) > std::tie(b.epoch, b.batch);
-  });
+  std::sort(found.begin(), found.end(),
+            [](const Found& a, const Found& b) { return std::tie(a.epoch, a.batch) > std::tie(b.epoch, b.batch); });
   return found;
 }
 
@@ -59,9 +58,10 @@ std::optional<fs::path> latest_checkpoint(const fs::path& dir, LatestCheckpointO
       return candidate.file;
     } catch (const CheckpointError& e) {
       if (!options.skip_torn) {
-        throw CheckpointError(fmt::format("the newest checkpoint in '{}' is torn or corrupt: {}\nDelete '{}' to "
-                                          "resume from the one before it", dir.string(), e.what(),
-                                          candidate.file.string()));
+        throw CheckpointError(
+            fmt::format("the newest checkpoint in '{}' is torn or corrupt: {}\nDelete '{}' to "
+                        "resume from the one before it",
+                        dir.string(), e.what(), candidate.file.string()));
       }
       std::fprintf(stderr, "fastlearn: skipping checkpoint '%s', it is torn or corrupt: %s\n",
                    candidate.file.string().c_str(), e.what());
@@ -78,7 +78,9 @@ Checkpointer::Checkpointer(CheckpointerOptions options) : options_(std::move(opt
   order = cb_order::checkpointer;
 }
 
-fs::path Checkpointer::dir() const { return options_.dir.is_absolute() ? options_.dir : learn().options().path / options_.dir; }
+fs::path Checkpointer::dir() const {
+  return options_.dir.is_absolute() ? options_.dir : learn().options().path / options_.dir;
+}
 
 void Checkpointer::before_fit() {
   last_saved_.reset();
@@ -92,7 +94,8 @@ void Checkpointer::before_fit() {
   if (!fs::is_directory(dir(), ec)) return;
   for (const auto& entry : fs::directory_iterator(dir(), ec)) {
     const auto name = entry.path().filename().string();
-    if (name.starts_with(".ckpt-e") && name.find(".safetensors.tmp.") != std::string::npos) fs::remove(entry.path(), ec);
+    if (name.starts_with(".ckpt-e") && name.find(".safetensors.tmp.") != std::string::npos)
+      fs::remove(entry.path(), ec);
   }
 }
 

@@ -4,8 +4,8 @@
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/learner/recorder.h>
 #include <fastlearn/learner/lr_finder.h>
+#include <fastlearn/learner/recorder.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -40,7 +40,8 @@ void CSVLogger::before_fit() {
   const bool keep = options_.append && std::filesystem::exists(path_) && std::filesystem::file_size(path_) > 0;
   out_.close();
   out_.open(path_, keep ? std::ios::app : std::ios::trunc);
-  if (!out_) throw Error(fmt::format("CSVLogger: cannot open '{}' for writing: {}", path_.string(), std::strerror(errno)));
+  if (!out_)
+    throw Error(fmt::format("CSVLogger: cannot open '{}' for writing: {}", path_.string(), std::strerror(errno)));
   if (!keep) {
     const auto cols = l.recorder().columns();
     for (std::size_t i = 0; i < cols.size(); ++i) out_ << (i ? "," : "") << cols[i];

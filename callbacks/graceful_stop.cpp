@@ -2,15 +2,15 @@
 
 #include <fastlearn/callbacks/checkpointing.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/callback_order.h>
+#include <fastlearn/learner/learner.h>
 
 #include <fmt/format.h>
 
+#include <unistd.h>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <unistd.h>
 
 namespace fastlearn {
 
@@ -46,8 +46,8 @@ void clear_stop_signal() { g_stop_signal = 0; }
 
 GracefulStop::GracefulStop(GracefulStopOptions options) : options_(options) {
   if (options_.check_every_n_batches < 1) {
-    throw ConfigError(fmt::format("GracefulStop: check_every_n_batches must be >= 1, got {}",
-                                  options_.check_every_n_batches));
+    throw ConfigError(
+        fmt::format("GracefulStop: check_every_n_batches must be >= 1, got {}", options_.check_every_n_batches));
   }
   order = cb_order::graceful_stop;
 }

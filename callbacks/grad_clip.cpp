@@ -1,8 +1,8 @@
 #include <fastlearn/callbacks/grad_clip.h>
 
 #include <fastlearn/core/error.h>
-#include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/callback_order.h>
+#include <fastlearn/learner/learner.h>
 
 #include <torch/torch.h>
 

@@ -1,8 +1,8 @@
 #include <fastlearn/callbacks/mixed_precision.h>
 
 #include <fastlearn/core/error.h>
-#include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/callback_order.h>
+#include <fastlearn/learner/learner.h>
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
@@ -65,7 +65,8 @@ void MixedPrecision::after_fit() { exit_autocast(); }
 void MixedPrecision::after_pred() {
   // Metrics, the Recorder and get_preds see full-precision predictions (as fastai's to_float).
   auto& pred = learn().pred;
-  if (pred.defined() && (pred.scalar_type() == at::kHalf || pred.scalar_type() == at::kBFloat16)) pred = pred.to(at::kFloat);
+  if (pred.defined() && (pred.scalar_type() == at::kHalf || pred.scalar_type() == at::kBFloat16))
+    pred = pred.to(at::kFloat);
 }
 
 void MixedPrecision::before_backward() {

@@ -1,9 +1,9 @@
 #include <fastlearn/callbacks/tensorboard.h>
 
-#include <fastlearn/learner/lr_finder.h>
-#include <fastlearn/learner/learner.h>
-#include <fastlearn/learner/recorder.h>
 #include <fastlearn/learner/callback_order.h>
+#include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/lr_finder.h>
+#include <fastlearn/learner/recorder.h>
 
 #include <fmt/format.h>
 

@@ -1,10 +1,10 @@
 #include <fastlearn/callbacks/tracker.h>
 
 #include <fastlearn/core/error.h>
-#include <fastlearn/learner/learner.h>
-#include <fastlearn/learner/recorder.h>
-#include <fastlearn/learner/lr_finder.h>
 #include <fastlearn/learner/callback_order.h>
+#include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/lr_finder.h>
+#include <fastlearn/learner/recorder.h>
 
 #include <algorithm>
 
@@ -18,8 +18,8 @@ namespace fastlearn {
 TrackerCallback::TrackerCallback(TrackerOptions options) : options_(std::move(options)) {
   order = cb_order::trackers;
   if (options_.comp == Compare::automatic) {
-    lower_is_better_ = options_.monitor.find("loss") != std::string::npos ||
-                       options_.monitor.find("error") != std::string::npos;
+    lower_is_better_ =
+        options_.monitor.find("loss") != std::string::npos || options_.monitor.find("error") != std::string::npos;
   } else {
     lower_is_better_ = options_.comp == Compare::lower;
   }

@@ -161,9 +161,8 @@ void write_file_atomically(const std::filesystem::path& path, const std::functio
 }
 
 void write_file_atomically(const std::filesystem::path& path, std::string_view bytes) {
-  write_file_atomically(path, [bytes](std::ostream& out) {
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  });
+  write_file_atomically(
+      path, [bytes](std::ostream& out) { out.write(bytes.data(), static_cast<std::streamsize>(bytes.size())); });
 }
 
 }  // namespace fastlearn

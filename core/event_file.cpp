@@ -36,7 +36,9 @@ void put_varint(std::string& out, std::uint64_t v) {
   }
   out.push_back(static_cast<char>(v));
 }
-void put_key(std::string& out, int field, int wire_type) { put_varint(out, static_cast<std::uint64_t>(field << 3 | wire_type)); }
+void put_key(std::string& out, int field, int wire_type) {
+  put_varint(out, static_cast<std::uint64_t>(field << 3 | wire_type));
+}
 template <class T>
 void put_fixed(std::string& out, T v) {
   static_assert(std::endian::native == std::endian::little, "event files are little-endian");
@@ -52,8 +54,7 @@ void put_bytes(std::string& out, int field, std::string_view bytes) {
 
 // Event { double wall_time = 1; int64 step = 2; oneof { string file_version = 3; Summary summary = 5; } }
 std::string event_header(std::int64_t step) {
-  const double wall_time =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const double wall_time = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   std::string e;
   put_key(e, 1, 1);
   put_fixed(e, wall_time);
@@ -86,8 +87,8 @@ EventFileWriter::EventFileWriter(const std::filesystem::path& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error(fmt::format("TensorBoard: cannot create the log directory '{}': {}", dir.string(), ec.message()));
-  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
-                           std::chrono::system_clock::now().time_since_epoch()).count();
+  const auto seconds =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   path_ = dir / fmt::format("events.out.tfevents.{}.{}.{}.{}", seconds, host_name(), getpid(), files_made++);
   out_.open(path_, std::ios::binary | std::ios::trunc);
   if (!out_) {

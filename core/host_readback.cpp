@@ -11,8 +11,8 @@
 namespace fastlearn {
 
 struct HostReadback::Pending {
-  double value = 0;           // set at once for a CPU value
-  at::Tensor host;            // pinned copy of a device value, valid once `copied` has completed
+  double value = 0;  // set at once for a CPU value
+  at::Tensor host;   // pinned copy of a device value, valid once `copied` has completed
   std::optional<c10::Event> copied;
 
   double read() {

@@ -16,8 +16,8 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 #include <set>
 #include <sstream>
@@ -102,7 +102,8 @@ std::string make_header(const NamedTensors& tensors, const Metadata& metadata, s
   std::set<std::string_view> names;
   std::uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
-    if (name == kMetadataKey) fail(origin, "the name '__metadata__' is reserved for the metadata; no tensor may have it");
+    if (name == kMetadataKey)
+      fail(origin, "the name '__metadata__' is reserved for the metadata; no tensor may have it");
     if (!names.insert(name).second) fail(origin, fmt::format("duplicate tensor name '{}'", name));
     check_utf8(name, origin, fmt::format("tensor name '{}'", name));
     if (!tensor.defined()) fail(origin, fmt::format("tensor '{}' is undefined", name));
@@ -114,8 +115,9 @@ std::string make_header(const NamedTensors& tensors, const Metadata& metadata, s
     }
     const DType* dtype = dtype_by_type(tensor.scalar_type());
     if (!dtype) {
-      fail(origin, fmt::format("tensor '{}' has dtype {}, which fastlearn does not store in safetensors (supported: {})",
-                               name, c10::toString(tensor.scalar_type()), kDTypeNames));
+      fail(origin,
+           fmt::format("tensor '{}' has dtype {}, which fastlearn does not store in safetensors (supported: {})", name,
+                       c10::toString(tensor.scalar_type()), kDTypeNames));
     }
     const std::uint64_t bytes = static_cast<std::uint64_t>(tensor.numel()) * dtype->size;
     header[name] = {{"dtype", std::string(dtype->name)},
@@ -224,8 +226,8 @@ Json parse_json(std::string_view text, std::string_view origin) {
     return Json::parse(text.begin(), text.end(), check, /*allow_exceptions=*/true, /*ignore_comments=*/false);
   } catch (const Json::parse_error& e) {
     const std::uint64_t at = e.byte > 0 ? e.byte - 1 : 0;  // nlohmann counts from 1
-    fail(origin, fmt::format("invalid JSON header at byte {} of the file (byte {} of the header): {}", kLengthBytes + at,
-                             at, e.what()));
+    fail(origin, fmt::format("invalid JSON header at byte {} of the file (byte {} of the header): {}",
+                             kLengthBytes + at, at, e.what()));
   } catch (const Json::exception& e) {
     fail(origin, fmt::format("invalid JSON header: {}", e.what()));
   }
@@ -252,7 +254,8 @@ const Json& field(const Json& entry, const std::string& tensor, const char* key,
 Entry parse_entry(const std::string& name, const Json& value, const Header& header, std::string_view origin) {
   if (!value.is_object()) {
     fail(origin, fmt::format("header entry for tensor '{}' is a JSON {}, not an object with dtype, shape and "
-                             "data_offsets", name, value.type_name()));
+                             "data_offsets",
+                             name, value.type_name()));
   }
   Entry entry{.name = name};
   const Json& dtype = field(value, name, "dtype", origin);
@@ -291,8 +294,8 @@ Entry parse_entry(const std::string& name, const Json& value, const Header& head
   const auto begin = offsets.is_array() && offsets.size() == 2 ? as_size(offsets[0]) : std::nullopt;
   const auto end = offsets.is_array() && offsets.size() == 2 ? as_size(offsets[1]) : std::nullopt;
   if (!begin || !end) {
-    fail(origin, fmt::format("data_offsets of tensor '{}' are {}, not [begin, end] with integers from 0 to 2^63-1", name,
-                             offsets.dump()));
+    fail(origin, fmt::format("data_offsets of tensor '{}' are {}, not [begin, end] with integers from 0 to 2^63-1",
+                             name, offsets.dump()));
   }
   entry.begin = *begin;
   entry.end = *end;
@@ -306,9 +309,9 @@ Entry parse_entry(const std::string& name, const Json& value, const Header& head
                              header.data_start + header.data_size));
   }
   if (entry.end - entry.begin != bytes) {
-    fail(origin, fmt::format("shape {} of tensor '{}' ({}) needs {} bytes but data_offsets [{}, {}] span {}",
-                             shape.dump(), name, entry.dtype->name, bytes, entry.begin, entry.end,
-                             entry.end - entry.begin));
+    fail(origin,
+         fmt::format("shape {} of tensor '{}' ({}) needs {} bytes but data_offsets [{}, {}] span {}", shape.dump(),
+                     name, entry.dtype->name, bytes, entry.begin, entry.end, entry.end - entry.begin));
   }
   return entry;
 }
@@ -334,7 +337,8 @@ Header parse_header(std::string_view text, std::uint64_t file_size, std::string_
   header.data_start = kLengthBytes + text.size();
   header.data_size = file_size - header.data_start;
   const Json json = parse_json(text, origin);
-  if (!json.is_object()) fail(origin, fmt::format("the header at byte 8 is a JSON {}, not an object", json.type_name()));
+  if (!json.is_object())
+    fail(origin, fmt::format("the header at byte 8 is a JSON {}, not an object", json.type_name()));
   for (const auto& [name, value] : json.items()) {
     if (name == kMetadataKey) {
       header.metadata = parse_metadata(value, origin);
@@ -372,7 +376,8 @@ Header parse_header(std::string_view text, std::uint64_t file_size, std::string_
   }
   if (covered != header.data_size) {
     fail(origin, fmt::format("the last {} byte(s) of the data buffer, from byte offset {} in the file, belong to no "
-                             "tensor{}", header.data_size - covered, file_offset(header, covered),
+                             "tensor{}",
+                             header.data_size - covered, file_offset(header, covered),
                              previous ? fmt::format("; the last tensor is '{}'", previous->name) : std::string()));
   }
   return header;
@@ -389,8 +394,8 @@ SafetensorsContent materialize(const Header& header, std::string_view origin, Re
     try {
       tensor = torch::empty(entry.shape, torch::TensorOptions().dtype(entry.dtype->type));
     } catch (const c10::Error& e) {
-      fail(origin, fmt::format("cannot allocate tensor '{}' of shape [{}]: {}", entry.name, fmt::join(entry.shape, ", "),
-                               e.what_without_backtrace()));
+      fail(origin, fmt::format("cannot allocate tensor '{}' of shape [{}]: {}", entry.name,
+                               fmt::join(entry.shape, ", "), e.what_without_backtrace()));
     }
     const std::uint64_t bytes = entry.end - entry.begin;
     if (bytes > 0) read(tensor.data_ptr(), header.data_start + entry.begin, bytes, entry.name);
@@ -399,8 +404,9 @@ SafetensorsContent materialize(const Header& header, std::string_view origin, Re
       const auto* data = static_cast<const std::uint8_t*>(tensor.const_data_ptr());
       const auto* bad = std::find_if(data, data + bytes, [](std::uint8_t b) { return b > 1; });
       if (bad != data + bytes) {
-        fail(origin, fmt::format("BOOL tensor '{}' holds the byte {} at byte offset {} in the file; booleans are 0 or 1",
-                                 entry.name, *bad, header.data_start + entry.begin + (bad - data)));
+        fail(origin,
+             fmt::format("BOOL tensor '{}' holds the byte {} at byte offset {} in the file; booleans are 0 or 1",
+                         entry.name, *bad, header.data_start + entry.begin + (bad - data)));
       }
     }
     swap_to_little_endian(tensor.data_ptr(), tensor.numel(), entry.dtype->size);
@@ -442,11 +448,13 @@ class InputFile {
       if (got < 0 && errno == EINTR) continue;
       if (got < 0) {
         const int error = errno;
-        fail(origin_, fmt::format("reading {} at byte offset {} failed: {}", what, offset + done, std::strerror(error)));
+        fail(origin_,
+             fmt::format("reading {} at byte offset {} failed: {}", what, offset + done, std::strerror(error)));
       }
       if (got == 0) {
         fail(origin_, fmt::format("truncated: the file ended at byte offset {} while reading {} ({} more byte(s) "
-                                  "expected); it shrank while being read", offset + done, what, n - done));
+                                  "expected); it shrank while being read",
+                                  offset + done, what, n - done));
       }
       done += static_cast<std::uint64_t>(got);
     }
@@ -491,9 +499,8 @@ void save_safetensors(const std::filesystem::path& path, const NamedTensors& ten
   try {
     write_file_atomically(path, [&](std::ostream& out) {
       out.write(header.data(), static_cast<std::streamsize>(header.size()));
-      write_data(tensors, origin, [&](const char* data, std::size_t size) {
-        out.write(data, static_cast<std::streamsize>(size));
-      });
+      write_data(tensors, origin,
+                 [&](const char* data, std::size_t size) { out.write(data, static_cast<std::streamsize>(size)); });
     });
   } catch (const CheckpointError&) {
     throw;

@@ -16,7 +16,6 @@
 
 namespace fastlearn {
 
-
 /// The "__metadata__" of a safetensors file: string keys to string values.
 using Metadata = std::map<std::string, std::string>;
 

@@ -17,11 +17,20 @@ std::string escape(const std::string& text) {
   std::string out;
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -46,7 +55,8 @@ std::vector<double> linear_ticks(double lo, double hi, int target = 5) {
   }
   std::vector<double> ticks;
   // Bounded: a step below the resolution of lo would otherwise never advance.
-  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9 && ticks.size() < 50; t += step) ticks.push_back(t);
+  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9 && ticks.size() < 50; t += step)
+    ticks.push_back(t);
   return ticks;
 }
 
@@ -78,14 +88,15 @@ std::string svg_plot(const std::vector<PlotSeries>& series, const PlotOptions& o
       "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
       options.width, options.height);
   if (!options.title.empty()) {
-    svg += fmt::format("<text x=\"{}\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">{}</text>\n",
-                       options.width / 2, escape(options.title));
+    svg += fmt::format("<text x=\"{}\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">{}</text>\n", options.width / 2,
+                       escape(options.title));
   }
   // Axes, grid and tick labels.
   for (double t : linear_ticks(yr.lo, yr.hi)) {
-    svg += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>"
-                       "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{:.4g}</text>\n",
-                       left, py(t), left + w, py(t), left - 6, py(t) + 4, t);
+    svg += fmt::format(
+        "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>"
+        "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{:.4g}</text>\n",
+        left, py(t), left + w, py(t), left - 6, py(t) + 4, t);
   }
   std::vector<double> xticks;
   if (options.log_x) {
@@ -96,16 +107,18 @@ std::string svg_plot(const std::vector<PlotSeries>& series, const PlotOptions& o
   for (double t : xticks) {
     const double x = left + (t - xr.lo) / (xr.hi - xr.lo) * w;
     const std::string label = options.log_x ? fmt::format("1e{:g}", t) : fmt::format("{:.4g}", t);
-    svg += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>"
-                       "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n",
-                       x, top, x, top + h, x, top + h + 18, label);
+    svg += fmt::format(
+        "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>"
+        "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n",
+        x, top, x, top + h, x, top + h + 18, label);
   }
-  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"black\"/>\n", left,
-                     top, w, h);
-  svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", left + w / 2,
-                     top + h + 40, escape(options.xlabel));
-  svg += fmt::format("<text x=\"16\" y=\"{:.1f}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {:.1f})\">{}</text>\n",
-                     top + h / 2, top + h / 2, escape(options.ylabel));
+  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"black\"/>\n", left, top,
+                     w, h);
+  svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", left + w / 2, top + h + 40,
+                     escape(options.xlabel));
+  svg +=
+      fmt::format("<text x=\"16\" y=\"{:.1f}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {:.1f})\">{}</text>\n",
+                  top + h / 2, top + h / 2, escape(options.ylabel));
 
   for (std::size_t k = 0; k < series.size(); ++k) {
     const auto& s = series[k];
@@ -114,7 +127,8 @@ std::string svg_plot(const std::vector<PlotSeries>& series, const PlotOptions& o
     for (std::size_t i = 0; i < std::min(s.x.size(), s.y.size()); ++i) {
       if (!usable(s.x[i], s.y[i])) continue;
       if (s.markers) {
-        svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"4\" fill=\"{}\"/>\n", px(s.x[i]), py(s.y[i]), color);
+        svg +=
+            fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"4\" fill=\"{}\"/>\n", px(s.x[i]), py(s.y[i]), color);
       } else {
         points += fmt::format("{:.1f},{:.1f} ", px(s.x[i]), py(s.y[i]));
       }
@@ -124,9 +138,10 @@ std::string svg_plot(const std::vector<PlotSeries>& series, const PlotOptions& o
     }
     if (!s.label.empty()) {
       const double ly = top + 16 + 16 * static_cast<double>(k);
-      svg += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"12\" height=\"3\" fill=\"{}\"/>"
-                         "<text x=\"{:.1f}\" y=\"{:.1f}\">{}</text>\n",
-                         left + w - 150, ly - 4, color, left + w - 132, ly, escape(s.label));
+      svg += fmt::format(
+          "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"12\" height=\"3\" fill=\"{}\"/>"
+          "<text x=\"{:.1f}\" y=\"{:.1f}\">{}</text>\n",
+          left + w - 150, ly - 4, color, left + w - 132, ly, escape(s.label));
     }
   }
   svg += "</svg>\n";

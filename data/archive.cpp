@@ -1,8 +1,8 @@
 #include <fastlearn/data/archive.h>
 
-#include <fastlearn/core/error.h>
 #include <archive.h>
 #include <archive_entry.h>
+#include <fastlearn/core/error.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -42,7 +42,8 @@ void check_entry(const fs::path& archive, struct archive_entry* entry) {
   const char* raw = archive_entry_pathname(entry);
   const std::string name = raw ? raw : "";
   auto refuse = [&](const std::string& why) {
-    throw DataError(fmt::format("unsafe archive '{}': entry '{}' {}; nothing was extracted", archive.string(), name, why));
+    throw DataError(
+        fmt::format("unsafe archive '{}': entry '{}' {}; nothing was extracted", archive.string(), name, why));
   };
   const fs::path path(name);
   if (name.empty()) refuse("has no name");
@@ -56,7 +57,8 @@ void check_entry(const fs::path& archive, struct archive_entry* entry) {
     case AE_IFLNK: {
       const char* target = archive_entry_symlink(entry);
       const fs::path link = target ? target : "";
-      if (!stays_inside(path.parent_path() / link)) refuse(fmt::format("is a symlink to '{}', outside the destination", link.string()));
+      if (!stays_inside(path.parent_path() / link))
+        refuse(fmt::format("is a symlink to '{}', outside the destination", link.string()));
       break;
     }
     default:
@@ -83,7 +85,8 @@ void copy_data(struct archive* in, struct archive* out, const fs::path& archive)
 }  // namespace
 
 void extract_archive(const fs::path& archive, const fs::path& dest) {
-  if (fs::exists(dest)) throw DataError(fmt::format("cannot extract '{}': '{}' exists already", archive.string(), dest.string()));
+  if (fs::exists(dest))
+    throw DataError(fmt::format("cannot extract '{}': '{}' exists already", archive.string(), dest.string()));
   Reader reader(archive_read_new(), &archive_read_free);
   archive_read_support_filter_all(reader.get());
   archive_read_support_format_tar(reader.get());
@@ -99,23 +102,26 @@ void extract_archive(const fs::path& archive, const fs::path& dest) {
     Writer writer(archive_write_disk_new(), &archive_write_free);
     // libarchive's own guards back up check_entry. (Not NOABSOLUTEPATHS: entries are rewritten to absolute
     // paths under the staging folder, after check_entry has refused absolute names.)
-    archive_write_disk_set_options(writer.get(), ARCHIVE_EXTRACT_TIME | ARCHIVE_EXTRACT_SECURE_NODOTDOT |
-                                                     ARCHIVE_EXTRACT_SECURE_SYMLINKS);
+    archive_write_disk_set_options(
+        writer.get(), ARCHIVE_EXTRACT_TIME | ARCHIVE_EXTRACT_SECURE_NODOTDOT | ARCHIVE_EXTRACT_SECURE_SYMLINKS);
     for (;;) {
       struct archive_entry* entry = nullptr;
       const int r = archive_read_next_header(reader.get(), &entry);
       if (r == ARCHIVE_EOF) break;
       if (r < ARCHIVE_WARN)
-        throw DataError(fmt::format("archive '{}' is corrupt: {}", archive.string(), archive_error_string(reader.get())));
+        throw DataError(
+            fmt::format("archive '{}' is corrupt: {}", archive.string(), archive_error_string(reader.get())));
       check_entry(archive, entry);
       const fs::path out = temp / archive_entry_pathname(entry);
       archive_entry_set_pathname(entry, out.c_str());
       if (const char* hard = archive_entry_hardlink(entry)) archive_entry_set_hardlink(entry, (temp / hard).c_str());
       if (archive_write_header(writer.get(), entry) < ARCHIVE_WARN)
-        throw DataError(fmt::format("extracting '{}' failed: {}", archive.string(), archive_error_string(writer.get())));
+        throw DataError(
+            fmt::format("extracting '{}' failed: {}", archive.string(), archive_error_string(writer.get())));
       if (archive_entry_size(entry) > 0) copy_data(reader.get(), writer.get(), archive);
       if (archive_write_finish_entry(writer.get()) < ARCHIVE_WARN)
-        throw DataError(fmt::format("extracting '{}' failed: {}", archive.string(), archive_error_string(writer.get())));
+        throw DataError(
+            fmt::format("extracting '{}' failed: {}", archive.string(), archive_error_string(writer.get())));
     }
   } catch (...) {
     fs::remove_all(temp);

@@ -1,8 +1,8 @@
 #include <fastlearn/data/dataloader.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <fastlearn/core/error.h>
 #include <fmt/format.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <condition_variable>
@@ -139,9 +139,10 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
   if (options_.bs < 1) throw DataError(fmt::format("DataLoader: bs must be at least 1, got {}", options_.bs));
   if (options_.num_workers < 0)
     throw DataError(fmt::format("DataLoader: num_workers must be 0 or more, got {}", options_.num_workers));
-  seed_ = options_.seed ? *options_.seed
-                        : static_cast<std::uint64_t>(torch::randint(std::numeric_limits<std::int64_t>::max(), {1},
-                                                                    torch::kLong).item<std::int64_t>());
+  seed_ = options_.seed
+              ? *options_.seed
+              : static_cast<std::uint64_t>(
+                    torch::randint(std::numeric_limits<std::int64_t>::max(), {1}, torch::kLong).item<std::int64_t>());
   const auto n = dataset_->size();
   sampler_ = options_.shuffle ? std::shared_ptr<const Sampler>(std::make_shared<RandomSampler>(n, seed_))
                               : std::make_shared<SequentialSampler>(n);

@@ -20,9 +20,9 @@ namespace fastlearn {
 struct DataLoaderOptions {
   std::int64_t bs = 64;
   bool shuffle = false;
-  bool drop_last = false;  ///< drop the last batch when it is smaller than bs
-  int num_workers = 0;     ///< background threads; 0 loads in the caller's thread
-  int prefetch = 2;        ///< batches each worker prepares ahead
+  bool drop_last = false;             ///< drop the last batch when it is smaller than bs
+  int num_workers = 0;                ///< background threads; 0 loads in the caller's thread
+  int prefetch = 2;                   ///< batches each worker prepares ahead
   std::optional<std::uint64_t> seed;  ///< order and augmentation seed; default: drawn from torch's generator
   std::vector<BatchTransform> batch_tfms;
   std::optional<c10::Device> device;  ///< where batches go; CUDA gets pinned memory and non-blocking copies

@@ -23,9 +23,11 @@ std::filesystem::path find_idx(const std::filesystem::path& dir, const std::stri
   for (const auto& name : {stem + ".gz", stem}) {
     if (std::filesystem::exists(dir / name)) return dir / name;
   }
-  throw DataError(fmt::format("ImageDataLoaders::from_idx: '{}' has no {}[.gz]; an MNIST-format folder holds "
-                              "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and "
-                              "t10k-labels-idx1-ubyte (gzipped or raw)", dir.string(), stem));
+  throw DataError(
+      fmt::format("ImageDataLoaders::from_idx: '{}' has no {}[.gz]; an MNIST-format folder holds "
+                  "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and "
+                  "t10k-labels-idx1-ubyte (gzipped or raw)",
+                  dir.string(), stem));
 }
 
 std::shared_ptr<TensorDataset> load_split(const std::filesystem::path& dir, const std::string& prefix) {
@@ -66,8 +68,12 @@ DataLoaders ImageDataLoaders::from_idx(const std::filesystem::path& dir, const I
     const auto [mean, std] = pixel_statistics(train->inputs().front());
     common.push_back(normalize({mean}, {std}));
   }
-  DataLoaderOptions train_options{.bs = options.bs, .shuffle = true, .drop_last = true,
-                                  .num_workers = options.num_workers, .seed = options.seed, .batch_tfms = common,
+  DataLoaderOptions train_options{.bs = options.bs,
+                                  .shuffle = true,
+                                  .drop_last = true,
+                                  .num_workers = options.num_workers,
+                                  .seed = options.seed,
+                                  .batch_tfms = common,
                                   .device = options.device};
   if (options.augment) {
     const auto side = train->inputs().front().size(2);
@@ -77,7 +83,9 @@ DataLoaders ImageDataLoaders::from_idx(const std::filesystem::path& dir, const I
     train_options.batch_tfms.insert(train_options.batch_tfms.begin(), augment.begin(), augment.end());
   }
   DataLoaderOptions valid_options{.bs = options.valid_bs > 0 ? options.valid_bs : 2 * options.bs,
-                                  .num_workers = options.num_workers, .seed = options.seed, .batch_tfms = common,
+                                  .num_workers = options.num_workers,
+                                  .seed = options.seed,
+                                  .batch_tfms = common,
                                   .device = options.device};
   return DataLoaders(DataLoader(train, train_options), DataLoader(valid, valid_options), c);
 }

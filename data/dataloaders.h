@@ -32,8 +32,8 @@ struct ImageDataLoadersOptions {
   std::int64_t valid_bs = 0;  ///< 0: twice bs, as there is no backward pass to hold memory for
   int num_workers = 0;
   std::optional<std::uint64_t> seed;
-  bool normalize = true;  ///< scale to [0, 1], then per-channel mean/std of the training images
-  bool augment = false;   ///< training only: random crop (padding crop_padding) and left-right flip (flip_p)
+  bool normalize = true;          ///< scale to [0, 1], then per-channel mean/std of the training images
+  bool augment = false;           ///< training only: random crop (padding crop_padding) and left-right flip (flip_p)
   std::int64_t crop_padding = 2;  ///< with augment: 0 leaves out the random crop
   double flip_p = 0.5;            ///< with augment: 0 leaves out the flip
   std::optional<c10::Device> device;

@@ -48,8 +48,10 @@ TensorDataset::TensorDataset(std::vector<at::Tensor> inputs, std::vector<at::Ten
   auto check = [&](const std::vector<at::Tensor>& tensors, const char* what) {
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       if (tensors[i].dim() == 0 || tensors[i].size(0) != size_) {
-        throw DataError(fmt::format("TensorDataset: {} {} has {} items, input 0 has {}; every tensor needs the same "
-                                    "first dimension", what, i, tensors[i].dim() ? tensors[i].size(0) : 0, size_));
+        throw DataError(
+            fmt::format("TensorDataset: {} {} has {} items, input 0 has {}; every tensor needs the same "
+                        "first dimension",
+                        what, i, tensors[i].dim() ? tensors[i].size(0) : 0, size_));
       }
     }
   };

@@ -1,9 +1,9 @@
 #include <fastlearn/data/download.h>
 
+#include <curl/curl.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/checksum.h>
 #include <fastlearn/data/file_lock.h>
-#include <curl/curl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -56,8 +56,9 @@ int draw_progress(void* user, curl_off_t total, curl_off_t done, curl_off_t, cur
   t->last_draw = now;
   constexpr int kWidth = 30;
   const int filled = static_cast<int>(kWidth * done / std::max<curl_off_t>(total, 1));
-  std::fprintf(stderr, "\r%s [%s%s] %5.1f%% of %.1f MiB", url_filename(t->url).c_str(), std::string(filled, '#').c_str(),
-               std::string(kWidth - filled, '.').c_str(), 100.0 * done / total, total / 1048576.0);
+  std::fprintf(stderr, "\r%s [%s%s] %5.1f%% of %.1f MiB", url_filename(t->url).c_str(),
+               std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(), 100.0 * done / total,
+               total / 1048576.0);
   if (done >= total) std::fprintf(stderr, "\n");
   return 0;
 }
@@ -72,9 +73,10 @@ struct Attempt {
 Attempt fetch_once(const std::string& url, const fs::path& target, const DownloadOptions& options) {
   std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> curl(curl_easy_init(), &curl_easy_cleanup);
   if (!curl) return {Outcome::fatal, "curl_easy_init failed"};
-  Transfer transfer{.out = std::fopen(target.c_str(), "wb"), .url = url,
-                    .show_progress = options.progress && isatty(STDERR_FILENO)};
-  if (!transfer.out) return {Outcome::fatal, fmt::format("cannot write '{}': {}", target.string(), std::strerror(errno))};
+  Transfer transfer{
+      .out = std::fopen(target.c_str(), "wb"), .url = url, .show_progress = options.progress && isatty(STDERR_FILENO)};
+  if (!transfer.out)
+    return {Outcome::fatal, fmt::format("cannot write '{}': {}", target.string(), std::strerror(errno))};
   char error[CURL_ERROR_SIZE] = {0};
   curl_easy_setopt(curl.get(), CURLOPT_URL, url.c_str());
   curl_easy_setopt(curl.get(), CURLOPT_PROTOCOLS_STR, "http,https,file");
@@ -96,13 +98,14 @@ Attempt fetch_once(const std::string& url, const fs::path& target, const Downloa
   const bool written = std::fflush(transfer.out) == 0 && fsync(fileno(transfer.out)) == 0;
   std::fclose(transfer.out);
   if (code == CURLE_OK) {
-    if (!written) return {Outcome::fatal, fmt::format("writing '{}' failed: {}", target.string(), std::strerror(errno))};
+    if (!written)
+      return {Outcome::fatal, fmt::format("writing '{}' failed: {}", target.string(), std::strerror(errno))};
     return {Outcome::ok, ""};
   }
   long status = 0;
   curl_easy_getinfo(curl.get(), CURLINFO_RESPONSE_CODE, &status);
-  const std::string what = fmt::format("{}{}", *error ? error : curl_easy_strerror(code),
-                                       status ? fmt::format(" (HTTP {})", status) : "");
+  const std::string what =
+      fmt::format("{}{}", *error ? error : curl_easy_strerror(code), status ? fmt::format(" (HTTP {})", status) : "");
   switch (code) {
     case CURLE_COULDNT_RESOLVE_HOST:
     case CURLE_COULDNT_CONNECT:
@@ -162,8 +165,10 @@ fs::path download(const std::string& url, const DownloadOptions& options) {
   }
   if (const auto problem = verify(temp, options); !problem.empty()) {
     fs::remove(temp);
-    throw DataError(fmt::format("download of '{}' is corrupt: {}; the file was removed. If the source changed, "
-                                "update the expected checksum", url, problem));
+    throw DataError(
+        fmt::format("download of '{}' is corrupt: {}; the file was removed. If the source changed, "
+                    "update the expected checksum",
+                    url, problem));
   }
   fs::rename(temp, dest);
   return dest;

@@ -8,9 +8,9 @@
 
 #include <algorithm>
 #include <array>
-#include <cstring>
 #include <bit>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -19,8 +19,8 @@
 namespace fastlearn {
 namespace {
 
-constexpr int kMaxRank = 16;                         // real IDX files have rank 1 to 4
-constexpr std::int64_t kMaxBytes = std::int64_t{1} << 36;  // 64 GiB: anything larger is a corrupt header
+constexpr int kMaxRank = 16;                                  // real IDX files have rank 1 to 4
+constexpr std::int64_t kMaxBytes = std::int64_t{1} << 36;     // 64 GiB: anything larger is a corrupt header
 constexpr std::int64_t kDirectBytes = std::int64_t{1} << 20;  // 1 MiB: read straight into the tensor up to this
 constexpr std::int64_t kMaxChunk = std::int64_t{1} << 26;     // 64 MiB: the largest step of a bigger read
 
@@ -71,7 +71,8 @@ class ByteSource {
 // A file through zlib, which passes uncompressed files through unchanged.
 class GzFileSource : public ByteSource {
  public:
-  GzFileSource(const std::filesystem::path& path, std::string_view name) : name_(name), file_(gzopen(path.c_str(), "rb")) {
+  GzFileSource(const std::filesystem::path& path, std::string_view name)
+      : name_(name), file_(gzopen(path.c_str(), "rb")) {
     if (!file_) throw DataError(fmt::format("cannot open IDX file '{}': {}", name_, std::strerror(errno)));
     gzbuffer(file_.get(), 1 << 20);
   }
@@ -95,7 +96,8 @@ class GzFileSource : public ByteSource {
 class MemorySource : public ByteSource {
  public:
   MemorySource(std::string_view bytes, std::string_view name) : name_(name), bytes_(bytes) {
-    gzip_ = bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x1f && static_cast<unsigned char>(bytes[1]) == 0x8b;
+    gzip_ = bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x1f &&
+            static_cast<unsigned char>(bytes[1]) == 0x8b;
     if (!gzip_) return;
     if (inflateInit2(&stream_, 15 + 16) != Z_OK) throw DataError(fmt::format("IDX '{}': zlib init failed", name_));
     stream_.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
@@ -166,8 +168,8 @@ class IdxReader {
   void expect_end() {
     std::uint8_t extra = 0;
     if (source_.read(&extra, 1, offset_) > 0) {
-      throw DataError(fmt::format("IDX file '{}' has unexpected bytes after the data, at byte offset {}", name_,
-                                  offset_));
+      throw DataError(
+          fmt::format("IDX file '{}' has unexpected bytes after the data, at byte offset {}", name_, offset_));
     }
   }
 
@@ -185,14 +187,15 @@ at::Tensor parse_idx_from(ByteSource& input, const std::string& name) {
   source.read_exact(magic.data(), 4, "the IDX magic number");
   const auto type = type_by_code(magic[2]);
   if (magic[0] != 0 || magic[1] != 0 || !type) {
-    throw DataError(fmt::format("'{}' is not an IDX file: bad magic {:02x} {:02x} {:02x} {:02x} at byte offset 0 "
-                                "(expected 00 00, then a type of 08/09/0b/0c/0d/0e, then the rank)",
-                                name, magic[0], magic[1], magic[2], magic[3]));
+    throw DataError(
+        fmt::format("'{}' is not an IDX file: bad magic {:02x} {:02x} {:02x} {:02x} at byte offset 0 "
+                    "(expected 00 00, then a type of 08/09/0b/0c/0d/0e, then the rank)",
+                    name, magic[0], magic[1], magic[2], magic[3]));
   }
   const int rank = magic[3];
   if (rank < 1 || rank > kMaxRank) {
-    throw DataError(fmt::format("IDX file '{}' declares rank {} at byte offset 3; expected 1 to {}", name, rank,
-                                kMaxRank));
+    throw DataError(
+        fmt::format("IDX file '{}' declares rank {} at byte offset 3; expected 1 to {}", name, rank, kMaxRank));
   }
   std::vector<std::int64_t> shape(rank);
   std::int64_t bytes = type->size;
@@ -212,8 +215,10 @@ at::Tensor parse_idx_from(ByteSource& input, const std::string& name) {
     // one is zero, and such a header is corrupt anyway.
     const std::int64_t factor = std::max<std::int64_t>(dim, 1);
     if (extent > kMaxBytes / factor) {
-      throw DataError(fmt::format("IDX file '{}': dimensions up to offset {} describe more than {} bytes; the header "
-                                  "is corrupt", name, at, kMaxBytes));
+      throw DataError(
+          fmt::format("IDX file '{}': dimensions up to offset {} describe more than {} bytes; the header "
+                      "is corrupt",
+                      name, at, kMaxBytes));
     }
     extent *= factor;
     bytes *= dim;
@@ -257,8 +262,10 @@ at::Tensor parse_idx(std::string_view bytes, std::string_view origin) {
 void write_idx(const std::filesystem::path& path, const at::Tensor& tensor) {
   const auto type = type_by_dtype(tensor.scalar_type());
   if (!type) {
-    throw DataError(fmt::format("write_idx('{}'): dtype {} has no IDX code; use uint8, int8, int16, int32, float32 "
-                                "or float64", path.string(), c10::toString(tensor.scalar_type())));
+    throw DataError(
+        fmt::format("write_idx('{}'): dtype {} has no IDX code; use uint8, int8, int16, int32, float32 "
+                    "or float64",
+                    path.string(), c10::toString(tensor.scalar_type())));
   }
   if (tensor.dim() < 1 || tensor.dim() > 255) {
     throw DataError(fmt::format("write_idx('{}'): rank {} is outside 1..255", path.string(), tensor.dim()));

@@ -29,7 +29,8 @@ BatchTransform to_float(double scale) {
 
 BatchTransform normalize(std::vector<double> mean, std::vector<double> std) {
   if (mean.empty() || mean.size() != std.size())
-    throw DataError(fmt::format("normalize: {} mean(s) and {} std(s); give one of each per channel", mean.size(), std.size()));
+    throw DataError(
+        fmt::format("normalize: {} mean(s) and {} std(s); give one of each per channel", mean.size(), std.size()));
   for (double s : std)
     if (!(s > 0)) throw DataError(fmt::format("normalize: std {} must be positive", s));
   auto mean_t = torch::tensor(mean, torch::kFloat32);
@@ -39,7 +40,8 @@ BatchTransform normalize(std::vector<double> mean, std::vector<double> std) {
     if (!x.is_floating_point()) x = x.to(torch::kFloat32);
     const auto channels = mean_t.numel();
     if (channels > 1 && (x.dim() < 2 || x.size(1) != channels))
-      throw DataError(fmt::format("normalize: {} channel statistics for input shaped {}", channels, fmt::join(x.sizes(), "x")));
+      throw DataError(
+          fmt::format("normalize: {} channel statistics for input shaped {}", channels, fmt::join(x.sizes(), "x")));
     std::vector<std::int64_t> shape(x.dim(), 1);
     if (x.dim() >= 2) shape[1] = channels;
     x = (x - mean_t.to(x.dtype()).view(shape)).mul_(inv_std_t.to(x.dtype()).view(shape));
@@ -47,14 +49,16 @@ BatchTransform normalize(std::vector<double> mean, std::vector<double> std) {
 }
 
 BatchTransform random_crop(std::int64_t size, std::int64_t padding) {
-  if (size <= 0 || padding < 0) throw DataError(fmt::format("random_crop: size {} and padding {} are invalid", size, padding));
+  if (size <= 0 || padding < 0)
+    throw DataError(fmt::format("random_crop: size {} and padding {} are invalid", size, padding));
   return [size, padding](Batch& batch, at::Generator& rng) {
     auto& x = first_input(batch, "random_crop");
     require_images(x, "random_crop");
     auto padded = padding ? torch::constant_pad_nd(x, {padding, padding, padding, padding}, 0) : x;
     const auto max_y = padded.size(2) - size, max_x = padded.size(3) - size;
     if (max_y < 0 || max_x < 0)
-      throw DataError(fmt::format("random_crop: crop {} exceeds the padded image {}x{}", size, padded.size(2), padded.size(3)));
+      throw DataError(
+          fmt::format("random_crop: crop {} exceeds the padded image {}x{}", size, padded.size(2), padded.size(3)));
     auto ys = at::randint(max_y + 1, {x.size(0)}, rng, torch::kLong);
     auto xs = at::randint(max_x + 1, {x.size(0)}, rng, torch::kLong);
     auto out = torch::empty({x.size(0), x.size(1), size, size}, x.options());

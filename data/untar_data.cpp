@@ -50,8 +50,11 @@ fs::path untar_data(const DataSource& source, const UntarOptions& options) {
   fs::create_directories(staging);
   try {
     for (const auto& file : source.files) {
-      DownloadOptions download_options{.dest_dir = home / "archive", .size = file.size, .md5 = file.md5,
-                                       .sha256 = file.sha256, .progress = options.progress};
+      DownloadOptions download_options{.dest_dir = home / "archive",
+                                       .size = file.size,
+                                       .md5 = file.md5,
+                                       .sha256 = file.sha256,
+                                       .progress = options.progress};
       const fs::path fetched = download(file.url, download_options);
       if (is_archive(fetched)) {
         const fs::path unpacked = staging / strip_archive_extension(fetched.filename().string());

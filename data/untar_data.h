@@ -12,9 +12,9 @@ namespace fastlearn {
 /// One file of a data source: where it is, and what it must be.
 struct RemoteFile {
   std::string url;
-  std::string md5;                    ///< hex, or "" if unknown
-  std::string sha256;                 ///< hex, or "" if unknown
-  std::optional<std::int64_t> size;   ///< bytes, if known
+  std::string md5;                   ///< hex, or "" if unknown
+  std::string sha256;                ///< hex, or "" if unknown
+  std::optional<std::int64_t> size;  ///< bytes, if known
 };
 
 /// A named data set made of one or more files; archives among them are extracted, others copied.

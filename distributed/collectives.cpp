@@ -6,10 +6,10 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#include <torch/torch.h>
 
 #include <array>
 #include <thread>
@@ -18,11 +18,16 @@ namespace fastlearn {
 
 std::string_view to_string(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::product: return "product";
-    case ReduceOp::min: return "min";
-    case ReduceOp::max: return "max";
-    case ReduceOp::avg: return "avg";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::product:
+      return "product";
+    case ReduceOp::min:
+      return "min";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::avg:
+      return "avg";
   }
   return "?";
 }
@@ -44,11 +49,16 @@ std::string describe(const at::Tensor& t) {
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return c10d::ReduceOp::SUM;
-    case ReduceOp::product: return c10d::ReduceOp::PRODUCT;
-    case ReduceOp::min: return c10d::ReduceOp::MIN;
-    case ReduceOp::max: return c10d::ReduceOp::MAX;
-    case ReduceOp::avg: return c10d::ReduceOp::AVG;
+    case ReduceOp::sum:
+      return c10d::ReduceOp::SUM;
+    case ReduceOp::product:
+      return c10d::ReduceOp::PRODUCT;
+    case ReduceOp::min:
+      return c10d::ReduceOp::MIN;
+    case ReduceOp::max:
+      return c10d::ReduceOp::MAX;
+    case ReduceOp::avg:
+      return c10d::ReduceOp::AVG;
   }
   return c10d::ReduceOp::SUM;
 }
@@ -58,8 +68,10 @@ Group* resolve(Group* group) {
   if (group) return group;
   if (!is_initialized()) {
     if (world_size() == 1) return nullptr;
-    throw DistributedError(fmt::format("rank {} of {}: no process group is set up; call setup_distrib() (or use a "
-                                       "DistribCtx) before collectives", rank(), world_size()));
+    throw DistributedError(
+        fmt::format("rank {} of {}: no process group is set up; call setup_distrib() (or use a "
+                    "DistribCtx) before collectives",
+                    rank(), world_size()));
   }
   return &world_group();
 }
@@ -72,8 +84,9 @@ void wait_for(const c10::intrusive_ptr<c10d::Work>& work, Group& g, const std::s
   } catch (const std::exception& e) {
     throw DistributedError(fmt::format(
         "{} on rank {} (group '{}' of {} ranks) failed: {}.{} A rank that died, hangs or never made the same call "
-        "causes this; the collective timeout is {} ms", what, rank(), g.name(), g.size(), error_text(e),
-        call >= 0 ? silent_ranks(g, call) : std::string(), g.timeout().count()));
+        "causes this; the collective timeout is {} ms",
+        what, rank(), g.name(), g.size(), error_text(e), call >= 0 ? silent_ranks(g, call) : std::string(),
+        g.timeout().count()));
   }
 }
 
@@ -87,7 +100,8 @@ void run(Group& g, const std::string& what, Launch&& launch) {
   } catch (const DistributedError&) {
     throw;
   } catch (const std::exception& e) {
-    throw DistributedError(fmt::format("{} on rank {} (group '{}') could not start: {}", what, rank(), g.name(), error_text(e)));
+    throw DistributedError(
+        fmt::format("{} on rank {} (group '{}') could not start: {}", what, rank(), g.name(), error_text(e)));
   }
   wait_for(work, g, what, call);
 }
@@ -122,11 +136,13 @@ void check_same_call(Group& g, Op op, const at::Tensor& t, int root = -1, Reduce
     const auto& c = calls[static_cast<std::size_t>(r)];
     std::vector<std::int64_t> dims;
     for (int d = 0; d < std::min<std::int64_t>(kDims, c[3]); ++d) dims.push_back(c[6 + d]);
-    detail += fmt::format("\n  rank {}: call #{} {}{} of {} [{}]{}", g.ranks()[static_cast<std::size_t>(r)], c[0],
-                          op_name(c[1]), c[1] == static_cast<std::int64_t>(Op::all_reduce) || c[1] == static_cast<std::int64_t>(Op::reduce)
-                                             ? fmt::format("({})", to_string(static_cast<ReduceOp>(c[5]))) : "",
-                          c[2] >= 0 ? c10::toString(static_cast<c10::ScalarType>(c[2])) : "no tensor",
-                          fmt::join(dims, ", "), c[4] >= 0 ? fmt::format(" root {}", c[4]) : "");
+    detail += fmt::format(
+        "\n  rank {}: call #{} {}{} of {} [{}]{}", g.ranks()[static_cast<std::size_t>(r)], c[0], op_name(c[1]),
+        c[1] == static_cast<std::int64_t>(Op::all_reduce) || c[1] == static_cast<std::int64_t>(Op::reduce)
+            ? fmt::format("({})", to_string(static_cast<ReduceOp>(c[5])))
+            : "",
+        c[2] >= 0 ? c10::toString(static_cast<c10::ScalarType>(c[2])) : "no tensor", fmt::join(dims, ", "),
+        c[4] >= 0 ? fmt::format(" root {}", c[4]) : "");
   }
   throw DistributedError(fmt::format("mismatched collective calls in group '{}' (debug mode):{}", g.name(), detail));
 }
@@ -146,8 +162,8 @@ void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, Gro
   }
   for (std::size_t i = 0; i < list.size(); ++i) {
     if (!list[i].defined() || list[i].sizes() != like.sizes() || list[i].scalar_type() != like.scalar_type()) {
-      throw DistributedError(fmt::format("{}: tensor {} is {} but must be {} like the input", what, i,
-                                         describe(list[i]), describe(like)));
+      throw DistributedError(
+          fmt::format("{}: tensor {} is {} but must be {} like the input", what, i, describe(list[i]), describe(like)));
     }
   }
 }
@@ -242,7 +258,8 @@ void gather(const at::Tensor& input, const std::vector<at::Tensor>& outputs, int
   std::vector<at::Tensor> staging;  // contiguous stand-ins for non-contiguous outputs
   if (root) {
     out.emplace_back();
-    for (const auto& t : outputs) out[0].push_back(t.is_contiguous() ? t : torch::empty_like(t, at::MemoryFormat::Contiguous));
+    for (const auto& t : outputs)
+      out[0].push_back(t.is_contiguous() ? t : torch::empty_like(t, at::MemoryFormat::Contiguous));
   }
   c10d::GatherOptions options;
   options.rootRank = g->group_rank_of(dst);
@@ -265,7 +282,8 @@ void all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
   check_list(outputs, input, *g, "all_gather");
   std::vector<at::Tensor> in{input.contiguous()};
   std::vector<std::vector<at::Tensor>> out(1);
-  for (const auto& t : outputs) out[0].push_back(t.is_contiguous() ? t : torch::empty_like(t, at::MemoryFormat::Contiguous));
+  for (const auto& t : outputs)
+    out[0].push_back(t.is_contiguous() ? t : torch::empty_like(t, at::MemoryFormat::Contiguous));
   run(*g, fmt::format("all_gather of {}", describe(input)), [&] { return g->backend().allgather(out, in); });
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     if (!outputs[i].is_same(out[0][i])) outputs[i].copy_(out[0][i]);
@@ -351,8 +369,8 @@ void Request::check_fingerprint() {
   const auto mine = fingerprint_of(tensor_);
   if (!torch::equal(mine, fingerprint_)) {
     throw DistributedError(fmt::format(
-        "mismatched point-to-point calls (debug mode): rank {} sends {} (tag {}) but rank {} receives into {}",
-        source_, describe_fingerprint(fingerprint_), tag_, rank(), describe_fingerprint(mine)));
+        "mismatched point-to-point calls (debug mode): rank {} sends {} (tag {}) but rank {} receives into {}", source_,
+        describe_fingerprint(fingerprint_), tag_, rank(), describe_fingerprint(mine)));
   }
   if (!work_) {  // the fingerprint matched (and names the sender): now receive the data
     std::vector<at::Tensor> tensors{tensor_};
@@ -366,9 +384,10 @@ void Request::wait() {
   try {
     work_->wait(timeout_);
   } catch (const std::exception& e) {
-    throw DistributedError(fmt::format("{} on rank {} failed: {}. A peer that died, hangs or never made the matching "
-                                       "call causes this; the timeout is {} ms", what_, rank(), error_text(e),
-                                       timeout_.count()));
+    throw DistributedError(
+        fmt::format("{} on rank {} failed: {}. A peer that died, hangs or never made the matching "
+                    "call causes this; the timeout is {} ms",
+                    what_, rank(), error_text(e), timeout_.count()));
   }
 }
 
@@ -422,7 +441,8 @@ Request irecv(const at::Tensor& tensor, std::optional<int> src, int tag, Group* 
       request.group_ = &g;
       request.tensor_ = tensor;
       request.tag_ = tag;
-      request.fingerprint_ = torch::empty({2 + kFingerprintDims}, torch::TensorOptions().dtype(torch::kLong).device(tensor.device()));
+      request.fingerprint_ =
+          torch::empty({2 + kFingerprintDims}, torch::TensorOptions().dtype(torch::kLong).device(tensor.device()));
       std::vector<at::Tensor> fp{request.fingerprint_};
       // The data's receive is posted once the fingerprint matched (check_fingerprint), so that a mismatched
       // message is never received into the wrong tensor.

@@ -33,7 +33,7 @@ class DistribCtx {
  private:
   bool active_ = false;
   bool owns_ = false;
-  int uncaught_at_start_ = 0;  // std::uncaught_exceptions() when the scope began
+  int uncaught_at_start_ = 0;             // std::uncaught_exceptions() when the scope began
   std::function<void()> detach_learner_;  // set by the Learner constructors (distributed_trainer.cpp)
 };
 

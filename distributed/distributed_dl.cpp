@@ -62,9 +62,8 @@ at::Tensor gather(const at::Tensor& local, const DistributedSampler& sampler, st
     all_gather(all, torch::tensor(layout, torch::kLong).to(device), group);
     for (int r = 0; r < world; ++r) layouts[static_cast<std::size_t>(r)] = to_vector(all[static_cast<std::size_t>(r)]);
   }
-  const bool consistent = std::all_of(layouts.begin(), layouts.end(), [&](const auto& l) {
-    return l[0] == expected && l[1] >= 0 && l == layouts[0];
-  });
+  const bool consistent = std::all_of(layouts.begin(), layouts.end(),
+                                      [&](const auto& l) { return l[0] == expected && l[1] >= 0 && l == layouts[0]; });
   if (!consistent) {
     std::string detail;
     for (int r = 0; r < world; ++r) {
@@ -76,7 +75,8 @@ at::Tensor gather(const at::Tensor& local, const DistributedSampler& sampler, st
     throw DistributedError(fmt::format(
         "gather_unpadded on rank {}: every rank must pass one row per item it yielded in the epoch ({} rows: {}), "
         "with the same dtype and trailing shape; got:{}\nPass the per-item outputs of one full epoch of the "
-        "distributed loader, concatenated in batch order", sampler.rank(), expected, what, detail));
+        "distributed loader, concatenated in batch order",
+        sampler.rank(), expected, what, detail));
   }
 
   // Rank r's row j sits at padded position offset(r) + j; positions >= n are the padding.
@@ -114,8 +114,10 @@ DistributedSampler::DistributedSampler(std::shared_ptr<const Sampler> base, int 
     : base_(std::move(base)), rank_(rank), world_size_(world_size) {
   if (!base_) throw DistributedError("DistributedSampler: no base sampler given");
   if (world_size_ < 1 || rank_ < 0 || rank_ >= world_size_) {
-    throw DistributedError(fmt::format("DistributedSampler: rank {} of world size {} is not a rank of the job; "
-                                       "give 0 <= rank < world_size", rank_, world_size_));
+    throw DistributedError(
+        fmt::format("DistributedSampler: rank {} of world size {} is not a rank of the job; "
+                    "give 0 <= rank < world_size",
+                    rank_, world_size_));
   }
   n_ = base_->size();
   total_ = (n_ + world_size_ - 1) / world_size_ * world_size_;
@@ -124,8 +126,10 @@ DistributedSampler::DistributedSampler(std::shared_ptr<const Sampler> base, int 
 std::vector<std::int64_t> DistributedSampler::order(std::int64_t epoch) const {
   const auto full = base_->order(epoch);
   if (static_cast<std::int64_t>(full.size()) != n_) {
-    throw DataError(fmt::format("DistributedSampler: the base sampler gave {} items for epoch {} but its size is {}; "
-                                "a sampler's order must have size() items", full.size(), epoch, n_));
+    throw DataError(
+        fmt::format("DistributedSampler: the base sampler gave {} items for epoch {} but its size is {}; "
+                    "a sampler's order must have size() items",
+                    full.size(), epoch, n_));
   }
   std::vector<std::int64_t> block(static_cast<std::size_t>(size()));
   for (std::int64_t j = 0; j < size(); ++j) {
@@ -168,12 +172,13 @@ DistributedDL& DistributedDL::operator=(DistributedDL&& other) noexcept {
 
 DistributedDL DistributedDL::wrap(DataLoader& loader, Group* group) {
   if (distributed_sampler(loader)) {
-    throw DistributedError("DistributedDL::wrap: the loader is already distributed; unwrap() it before wrapping "
-                           "it again");
+    throw DistributedError(
+        "DistributedDL::wrap: the loader is already distributed; unwrap() it before wrapping "
+        "it again");
   }
   if (group && !group->is_member()) {
-    throw DistributedError(fmt::format("DistributedDL::wrap: rank {} is not a member of group '{}'", fastlearn::rank(),
-                                       group->name()));
+    throw DistributedError(
+        fmt::format("DistributedDL::wrap: rank {} is not a member of group '{}'", fastlearn::rank(), group->name()));
   }
   // Ranks within the group (the world's when none is given): the block and the seed stream are the group's.
   const int r = group ? group->rank() : fastlearn::rank(), world = group ? group->size() : fastlearn::world_size();

@@ -22,7 +22,7 @@ struct DistributedTrainerOptions {
   bool sync_bn = true;            ///< convert BatchNorm layers to SyncBatchNorm
   bool broadcast_buffers = true;  ///< copy rank 0's buffers to every rank before each training forward
   GradReducerOptions reducer;
-  Group* group = nullptr;         ///< default: the world group
+  Group* group = nullptr;  ///< default: the world group
   /// Attach even in a job of one process (set up explicitly): the whole distributed path (reducer,
   /// SyncBatchNorm, stop votes, gathers) then runs on one device, e.g. to check NCCL with one GPU.
   bool with_one_process = false;

@@ -94,8 +94,8 @@ DistEnv resolve_env(const EnvOptions& options, const EnvLookup& lookup) {
   const std::string rank_name = explicit_layout ? "the rank option" : scheme ? scheme->rank : "rank";
   const std::string world_name = explicit_layout ? "the world_size option" : scheme ? scheme->world_size : "world size";
   if (rank.has_value() != world.has_value()) {
-    throw DistributedError(fmt::format("{} set {} but not {}; set both (or neither, for a single process)",
-                                       env.source, rank ? rank_name : world_name, rank ? world_name : rank_name));
+    throw DistributedError(fmt::format("{} set {} but not {}; set both (or neither, for a single process)", env.source,
+                                       rank ? rank_name : world_name, rank ? world_name : rank_name));
   }
   env.rank = rank.value_or(0);
   env.world_size = world.value_or(1);
@@ -109,7 +109,8 @@ DistEnv resolve_env(const EnvOptions& options, const EnvLookup& lookup) {
   const auto local_world = options.local_world_size ? options.local_world_size : from_scheme(&Scheme::local_world_size);
   const auto local_rank = options.local_rank ? options.local_rank : from_scheme(&Scheme::local_rank);
   env.local_world_size = local_world.value_or(env.world_size);
-  env.local_rank = local_rank.value_or(env.local_world_size == env.world_size ? env.rank : env.rank % env.local_world_size);
+  env.local_rank =
+      local_rank.value_or(env.local_world_size == env.world_size ? env.rank : env.rank % env.local_world_size);
   if (env.local_world_size < 1 || env.local_world_size > env.world_size) {
     throw DistributedError(fmt::format("{}: local world size {} must be in [1, world size {}]", env.source,
                                        env.local_world_size, env.world_size));
@@ -128,9 +129,10 @@ DistEnv resolve_env(const EnvOptions& options, const EnvLookup& lookup) {
              scheme && std::string(scheme->source) == "SLURM" && nodes) {
     env.master_addr = first_slurm_host(*nodes);
   } else if (env.local_world_size < env.world_size) {
-    throw DistributedError(fmt::format("{}: the job spans several nodes ({} of {} ranks are local) but no master "
-                                       "address is known; set MASTER_ADDR to the host of rank 0",
-                                       env.source, env.local_world_size, env.world_size));
+    throw DistributedError(
+        fmt::format("{}: the job spans several nodes ({} of {} ranks are local) but no master "
+                    "address is known; set MASTER_ADDR to the host of rank 0",
+                    env.source, env.local_world_size, env.world_size));
   }
   if (options.master_port) {
     env.master_port = *options.master_port;

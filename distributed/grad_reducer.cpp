@@ -1,18 +1,18 @@
 #include <fastlearn/distributed/grad_reducer.h>
 
 #include <fastlearn/core/error.h>
-#include <fastlearn/distributed/process_group.h>
 #include <fastlearn/core/host_readback.h>
 #include <fastlearn/distributed/collectives.h>
+#include <fastlearn/distributed/process_group.h>
 #include <fastlearn/distributed/runtime.h>
 
 #include <fmt/format.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#include <torch/torch.h>
 
 #include <map>
 #include <mutex>
@@ -32,7 +32,7 @@ struct ParamSlot {
 
 struct Bucket {
   std::vector<std::size_t> params;
-  at::Tensor flat;    ///< packed gradients; undefined for a bucket reduced in place
+  at::Tensor flat;        ///< packed gradients; undefined for a bucket reduced in place
   bool in_place = false;  ///< one large parameter, all_reduced in its own .grad
   std::int64_t pending = 0;
   c10::intrusive_ptr<c10d::Work> work;
@@ -67,7 +67,8 @@ class GradReducer::Impl {
     for (auto& [name, t] : params) {
       if (t.requires_grad()) params_.push_back({.name = name, .tensor = t});
     }
-    if (!group_.is_member()) throw DistributedError("GradReducer: this rank is not a member of group '" + group_.name() + "'");
+    if (!group_.is_member())
+      throw DistributedError("GradReducer: this rank is not a member of group '" + group_.name() + "'");
     std::vector<at::Tensor> to_sync;
     for (auto& [name, t] : params) to_sync.push_back(t);
     to_sync.insert(to_sync.end(), buffers_.begin(), buffers_.end());
@@ -176,8 +177,10 @@ class GradReducer::Impl {
         stats.bucket_bytes.push_back(bytes[b]);
         continue;
       }
-      const auto& like = buckets_[b].params.empty() ? params_.front().tensor : params_[buckets_[b].params.front()].tensor;
-      const auto dtype = buckets_[b].params.empty() ? like.scalar_type() : options_.compression.value_or(like.scalar_type());
+      const auto& like =
+          buckets_[b].params.empty() ? params_.front().tensor : params_[buckets_[b].params.front()].tensor;
+      const auto dtype =
+          buckets_[b].params.empty() ? like.scalar_type() : options_.compression.value_or(like.scalar_type());
       const auto item = static_cast<std::int64_t>(c10::elementSize(dtype));
       const std::int64_t numel = bytes[b] / item + (b == vote_bucket_ ? 1 : 0);
       stats.bucket_bytes.push_back(numel * item);
@@ -371,7 +374,8 @@ class GradReducer::Impl {
     broadcast(order, group_.ranks().front(), &group_);
     auto cpu = order.cpu();
     std::vector<std::size_t> arrival;
-    for (std::int64_t k = 0; k < cpu.numel(); ++k) arrival.push_back(static_cast<std::size_t>(cpu[k].item<std::int64_t>()));
+    for (std::int64_t k = 0; k < cpu.numel(); ++k)
+      arrival.push_back(static_cast<std::size_t>(cpu[k].item<std::int64_t>()));
     build_buckets(arrival);
   }
 

@@ -30,9 +30,9 @@ namespace fastlearn {
 struct GradReducerOptions {
   double first_bucket_mb = 1.0;  ///< a small first bucket starts communication early
   double bucket_cap_mb = 25.0;
-  bool find_unused_parameters = false;  ///< tolerate parameters without gradient (they count as zero)
+  bool find_unused_parameters = false;         ///< tolerate parameters without gradient (they count as zero)
   std::optional<c10::ScalarType> compression;  ///< communicate gradients as Half or BFloat16
-  bool rebuild_buckets = true;  ///< after the first iteration, bucket in the order gradients arrived
+  bool rebuild_buckets = true;                 ///< after the first iteration, bucket in the order gradients arrived
   /// .grad becomes a view into its bucket (no copy back after the all_reduce); false keeps gradients as
   /// their own tensors, for code that replaces .grad tensors and expects them not to alias each other.
   bool gradient_as_bucket_view = true;
@@ -55,8 +55,8 @@ class GradReducer {
  public:
   /// `params` (named, for messages) and `buffers` are broadcast from the group's first rank, then hooks
   /// are installed. Every rank must construct it with the same parameters in the same order.
-  GradReducer(std::vector<std::pair<std::string, at::Tensor>> params, std::vector<at::Tensor> buffers,
-              Group& group, GradReducerOptions options = {});
+  GradReducer(std::vector<std::pair<std::string, at::Tensor>> params, std::vector<at::Tensor> buffers, Group& group,
+              GradReducerOptions options = {});
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;

@@ -33,8 +33,8 @@ void Group::close(bool abort) {
 int Group::group_rank_of(int global) const {
   auto it = std::find(ranks_.begin(), ranks_.end(), global);
   if (it == ranks_.end()) {
-    throw DistributedError(fmt::format("rank {} is not a member of group '{}' (ranks [{}])", global, name_,
-                                       fmt::join(ranks_, ", ")));
+    throw DistributedError(
+        fmt::format("rank {} is not a member of group '{}' (ranks [{}])", global, name_, fmt::join(ranks_, ", ")));
   }
   return static_cast<int>(it - ranks_.begin());
 }
@@ -43,8 +43,10 @@ c10::intrusive_ptr<c10d::Backend> Group::backend_ptr() const { return backend_; 
 
 c10d::Backend& Group::backend() const {
   if (!backend_) {
-    throw DistributedError(fmt::format("this process is not a member of group '{}' (ranks [{}]); only members may "
-                                       "use it", name_, fmt::join(ranks_, ", ")));
+    throw DistributedError(
+        fmt::format("this process is not a member of group '{}' (ranks [{}]); only members may "
+                    "use it",
+                    name_, fmt::join(ranks_, ", ")));
   }
   return *backend_;
 }

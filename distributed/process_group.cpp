@@ -1,7 +1,7 @@
 #include <fastlearn/distributed/process_group.h>
 
-#include <fastlearn/core/error.h>
 #include <c10/util/Exception.h>
+#include <fastlearn/core/error.h>
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -14,8 +14,10 @@ namespace fastlearn {
 
 std::string_view to_string(BackendKind kind) {
   switch (kind) {
-    case BackendKind::gloo: return "gloo";
-    case BackendKind::nccl: return "nccl";
+    case BackendKind::gloo:
+      return "gloo";
+    case BackendKind::nccl:
+      return "nccl";
   }
   return "unknown";
 }
@@ -73,12 +75,14 @@ c10::intrusive_ptr<c10d::Backend> make_nccl([[maybe_unused]] const c10::intrusiv
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intrusive_ptr<c10d::Store>& store,
-                                               int rank, int world_size, const BackendOptions& options) {
+c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                               int world_size, const BackendOptions& options) {
   if (!store) throw DistributedError(fmt::format("make_backend({}): no store given", to_string(kind)));
   if (world_size < 1 || rank < 0 || rank >= world_size) {
-    throw DistributedError(fmt::format("make_backend({}): rank {} is out of range for world size {} (need 0 <= rank < "
-                                       "world size)", to_string(kind), rank, world_size));
+    throw DistributedError(
+        fmt::format("make_backend({}): rank {} is out of range for world size {} (need 0 <= rank < "
+                    "world size)",
+                    to_string(kind), rank, world_size));
   }
   try {
     return kind == BackendKind::gloo ? make_gloo(store, rank, world_size, options)

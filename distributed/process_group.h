@@ -26,8 +26,8 @@ bool backend_compiled_in(BackendKind kind);
 
 struct BackendOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  ///< per collective
-  std::string hostname = "127.0.0.1";  ///< Gloo: address this rank's transport binds to
-  int gloo_threads = 2;                ///< Gloo: worker threads of the backend
+  std::string hostname = "127.0.0.1";                            ///< Gloo: address this rank's transport binds to
+  int gloo_threads = 2;                                          ///< Gloo: worker threads of the backend
   /// NCCL: the GPU this rank uses (torch's device_id): the communicator is bound to it and created at
   /// once, so a bad setup fails here and not in the first collective. Default: the current CUDA device.
   int cuda_device = -1;
@@ -35,8 +35,8 @@ struct BackendOptions {
 
 /// Connects rank `rank` of `world_size` through `store` and returns the backend, ready for collectives.
 /// Throws DistributedError (what, which rank, what to do) on bad arguments or a failed rendezvous.
-c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intrusive_ptr<c10d::Store>& store,
-                                               int rank, int world_size, const BackendOptions& options = {});
+c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                               int world_size, const BackendOptions& options = {});
 
 /// The message of an exception, without the C++ backtrace LibTorch's errors carry (for our own messages).
 std::string error_text(const std::exception& e);

@@ -6,17 +6,17 @@
 #include <fmt/format.h>
 #include <netdb.h>
 #include <sys/socket.h>
+#include <unistd.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
-#include <thread>
-#include <cstdlib>
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 
 namespace fastlearn {
 
@@ -75,8 +75,10 @@ int listen_on(const std::string& host, int port) {
     close(fd);
   }
   freeaddrinfo(found);
-  throw DistributedError(fmt::format("rank 0 cannot listen on {}:{} for the rendezvous: {}; pick a free MASTER_PORT "
-                                     "(or --master-port) and a MASTER_ADDR of this host", host, port, last_error));
+  throw DistributedError(
+      fmt::format("rank 0 cannot listen on {}:{} for the rendezvous: {}; pick a free MASTER_PORT "
+                  "(or --master-port) and a MASTER_ADDR of this host",
+                  host, port, last_error));
 }
 
 }  // namespace
@@ -113,7 +115,8 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const DistEnv& env, const InitMethod&
     try {
       return c10::make_intrusive<c10d::FileStore>(method.path, env.world_size);
     } catch (const std::exception& e) {
-      throw DistributedError(fmt::format("rank {}: cannot use the file store '{}': {}", env.rank, method.path, error_text(e)));
+      throw DistributedError(
+          fmt::format("rank {}: cannot use the file store '{}': {}", env.rank, method.path, error_text(e)));
     }
   }
   const std::string host = method.kind == InitMethod::Kind::tcp ? method.host : env.master_addr;
@@ -121,7 +124,8 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const DistEnv& env, const InitMethod&
   // Under torchrun the elastic agent already serves the store on the master port; every rank is a
   // client, and keys live under the restart attempt's prefix (as torch's env:// rendezvous does).
   const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
-  const bool use_agent_store = method.kind == InitMethod::Kind::env && agent_store && std::string(agent_store) == "True";
+  const bool use_agent_store =
+      method.kind == InitMethod::Kind::env && agent_store && std::string(agent_store) == "True";
   c10d::TCPStoreOptions options;
   options.port = static_cast<std::uint16_t>(port);
   options.isServer = env.rank == 0 && !use_agent_store;
@@ -132,16 +136,17 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const DistEnv& env, const InitMethod&
   const auto key = run_key();
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto remaining = [&] {
-    return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                      deadline - std::chrono::steady_clock::now()));
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()));
   };
   const std::string where = method.kind == InitMethod::Kind::tcp
                                 ? fmt::format("the init method tcp://{}:{}", host, port)
                                 : fmt::format("MASTER_ADDR={} MASTER_PORT={}", host, port);
   auto failed = [&](const std::string& why) {
-    return DistributedError(fmt::format("rank {} of {}: rendezvous with the store at {}:{} failed within {} ms: {}. "
-                                        "Check that rank 0 runs and that {} reaches it from this host",
-                                        env.rank, env.world_size, host, port, timeout.count(), why, where));
+    return DistributedError(
+        fmt::format("rank {} of {}: rendezvous with the store at {}:{} failed within {} ms: {}. "
+                    "Check that rank 0 runs and that {} reaches it from this host",
+                    env.rank, env.world_size, host, port, timeout.count(), why, where));
   };
   if (options.isServer || use_agent_store) {
     c10::intrusive_ptr<c10d::Store> store;
@@ -150,7 +155,8 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const DistEnv& env, const InitMethod&
       if (use_agent_store) {
         // torchrun's agent serves a store per restart attempt already: the attempt's prefix separates runs.
         const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
-        return c10::make_intrusive<c10d::PrefixStore>(fmt::format("/worker/attempt_{}", attempt ? attempt : "0"), store);
+        return c10::make_intrusive<c10d::PrefixStore>(fmt::format("/worker/attempt_{}", attempt ? attempt : "0"),
+                                                      store);
       }
       store->set(kRunKeyName, std::vector<std::uint8_t>(key.begin(), key.end()));
     } catch (const std::exception& e) {
@@ -187,7 +193,8 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const DistEnv& env, const InitMethod&
   throw DistributedError(fmt::format(
       "rank {} of {}: the store at {}:{} serves another run ('{}') and not this rank's ('{}') within {} ms. Another "
       "job (or an earlier run still ending) uses MASTER_PORT {}: give each job its own port, and every rank of a job "
-      "the same launch", env.rank, env.world_size, host, port, foreign, key, timeout.count(), port));
+      "the same launch",
+      env.rank, env.world_size, host, port, foreign, key, timeout.count(), port));
 }
 
 }  // namespace fastlearn

@@ -9,11 +9,11 @@
 #include <fmt/ranges.h>
 #include <netdb.h>
 #include <sys/socket.h>
+#include <torch/cuda.h>
+#include <unistd.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
-#include <torch/cuda.h>
-#include <unistd.h>
 #ifdef FASTLEARN_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #endif
@@ -98,9 +98,10 @@ void bind_local_gpu([[maybe_unused]] const DistEnv& env) {
 #ifdef FASTLEARN_WITH_CUDA
   const auto devices = static_cast<int>(torch::cuda::device_count());
   if (env.local_rank >= devices) {
-    throw DistributedError(fmt::format("rank {}: local rank {} has no GPU (this node has {}); start at most {} ranks "
-                                       "per node with NCCL, or use the gloo backend", env.rank, env.local_rank,
-                                       devices, devices));
+    throw DistributedError(
+        fmt::format("rank {}: local rank {} has no GPU (this node has {}); start at most {} ranks "
+                    "per node with NCCL, or use the gloo backend",
+                    env.rank, env.local_rank, devices, devices));
   }
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));
 #endif
@@ -120,10 +121,11 @@ void wait_for_every_rank(c10d::Store& store, const DistEnv& env, std::chrono::mi
     }
   } catch (const std::exception& e) {
     // Rank 0 serves the store: it gave up waiting (or died) before every rank of WORLD_SIZE came.
-    throw DistributedError(fmt::format(
-        "rank {}: the rendezvous store at {}:{} went away while waiting for WORLD_SIZE={} ranks ({} had joined): rank 0 "
-        "gave up or died; start WORLD_SIZE ranks, or set WORLD_SIZE to the number you start ({})",
-        env.rank, env.master_addr, env.master_port, env.world_size, joined, error_text(e)));
+    throw DistributedError(
+        fmt::format("rank {}: the rendezvous store at {}:{} went away while waiting for WORLD_SIZE={} ranks ({} had "
+                    "joined): rank 0 "
+                    "gave up or died; start WORLD_SIZE ranks, or set WORLD_SIZE to the number you start ({})",
+                    env.rank, env.master_addr, env.master_port, env.world_size, joined, error_text(e)));
   }
   if (joined < env.world_size) {
     throw DistributedError(fmt::format(
@@ -147,8 +149,10 @@ BackendOptions backend_options(const State& s) {
 void setup_distrib(const SetupOptions& options) {
   std::lock_guard lock(state_mutex);
   if (state) {
-    throw DistributedError(fmt::format("setup_distrib: a process group is already set up (rank {} of {}); call "
-                                       "teardown_distrib() first", state->env.rank, state->env.world_size));
+    throw DistributedError(
+        fmt::format("setup_distrib: a process group is already set up (rank {} of {}); call "
+                    "teardown_distrib() first",
+                    state->env.rank, state->env.world_size));
   }
   auto s = std::make_unique<State>();
   s->options = options;
@@ -158,9 +162,10 @@ void setup_distrib(const SetupOptions& options) {
     throw DistributedError(fmt::format("the {} backend is not compiled into this build", to_string(s->kind)));
   }
   if (s->kind == BackendKind::nccl && !torch::cuda::is_available()) {
-    throw DistributedError(fmt::format("rank {}: the nccl backend needs a CUDA GPU and none is visible{}; use the gloo "
-                                       "backend (or leave the backend unset: NCCL is picked only when there is a GPU)",
-                                       s->env.rank, options.backend ? "" : " (FASTLEARN_BACKEND=nccl)"));
+    throw DistributedError(
+        fmt::format("rank {}: the nccl backend needs a CUDA GPU and none is visible{}; use the gloo "
+                    "backend (or leave the backend unset: NCCL is picked only when there is a GPU)",
+                    s->env.rank, options.backend ? "" : " (FASTLEARN_BACKEND=nccl)"));
   }
   if (s->kind == BackendKind::nccl) bind_local_gpu(s->env);
   s->debug = options.debug.value_or(env_debug());
@@ -170,8 +175,8 @@ void setup_distrib(const SetupOptions& options) {
   auto backend = make_backend(s->kind, world_store, s->env.rank, s->env.world_size, backend_options(*s));
   std::vector<int> ranks(static_cast<std::size_t>(s->env.world_size));
   std::iota(ranks.begin(), ranks.end(), 0);
-  s->world = std::make_shared<Group>("world", std::move(ranks), s->env.rank, std::move(backend), s->kind,
-                                     options.timeout);
+  s->world =
+      std::make_shared<Group>("world", std::move(ranks), s->env.rank, std::move(backend), s->kind, options.timeout);
   state = std::move(s);
 }
 
@@ -253,7 +258,8 @@ GroupPtr new_group(std::vector<int> ranks, std::optional<BackendKind> backend) {
     group_backend = make_backend(kind, store, static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()),
                                  backend_options(s));
   }
-  auto group = std::make_shared<Group>(name, std::move(ranks), s.env.rank, std::move(group_backend), kind, s.options.timeout);
+  auto group =
+      std::make_shared<Group>(name, std::move(ranks), s.env.rank, std::move(group_backend), kind, s.options.timeout);
   s.groups.push_back(group);
   return group;
 }
@@ -303,7 +309,8 @@ void rank0_first_wait() {
   }
   const auto value = store->get(key);
   const std::string text(value.begin(), value.end());
-  if (text != "ok") throw DistributedError("rank 0 failed in rank0_first, so this rank does not run it: " + text.substr(7));
+  if (text != "ok")
+    throw DistributedError("rank 0 failed in rank0_first, so this rank does not run it: " + text.substr(7));
 }
 
 }  // namespace detail

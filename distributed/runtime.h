@@ -23,13 +23,14 @@ class Store;
 namespace fastlearn {
 
 struct SetupOptions {
-  std::string init_method = "env://";            ///< env://, tcp://HOST:PORT or file:///PATH
+  std::string init_method = "env://";  ///< env://, tcp://HOST:PORT or file:///PATH
   /// Default: FASTLEARN_BACKEND (gloo or nccl) if set, else NCCL when CUDA is available (binding the local
   /// rank's GPU), else Gloo.
   std::optional<BackendKind> backend;
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  ///< rendezvous and every collective
-  EnvOptions env;                                ///< overrides of the environment
-  std::optional<bool> debug;                     ///< check every collective's op, shape and dtype across ranks; default: FASTLEARN_DISTRIBUTED_DEBUG=1 or TORCH_DISTRIBUTED_DEBUG=DETAIL
+  EnvOptions env;                                                ///< overrides of the environment
+  std::optional<bool> debug;  ///< check every collective's op, shape and dtype across ranks; default:
+                              ///< FASTLEARN_DISTRIBUTED_DEBUG=1 or TORCH_DISTRIBUTED_DEBUG=DETAIL
   int gloo_threads = 2;
 };
 

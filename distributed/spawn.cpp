@@ -1,9 +1,9 @@
 #include <fastlearn/distributed/spawn.h>
 
-#include <fastlearn/core/error.h>
-#include <fastlearn/distributed/process_group.h>
-#include <fastlearn/distributed/launcher.h>
 #include <cxxabi.h>
+#include <fastlearn/core/error.h>
+#include <fastlearn/distributed/launcher.h>
+#include <fastlearn/distributed/process_group.h>
 #include <fmt/format.h>
 #include <unistd.h>
 

@@ -29,13 +29,15 @@
 namespace fastlearn {
 
 struct SpawnOptions {
-  std::vector<std::string> extra_args;          ///< appended to the children's argv (e.g. a gtest filter)
+  std::vector<std::string> extra_args;           ///< appended to the children's argv (e.g. a gtest filter)
   std::map<std::string, std::string> extra_env;  ///< added to the children's environment
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;                           ///< 0: a free port on master_addr
-  std::chrono::milliseconds grace_period = std::chrono::seconds(10);  ///< SIGTERM -> SIGKILL of the others after a failure
-  bool prefix_output = true;                     ///< "[rank R] " before each line of a child's output
-  std::FILE* out = stdout;  std::FILE* err = stderr;  ///< where the children's output goes
+  int master_port = 0;  ///< 0: a free port on master_addr
+  std::chrono::milliseconds grace_period =
+      std::chrono::seconds(10);  ///< SIGTERM -> SIGKILL of the others after a failure
+  bool prefix_output = true;     ///< "[rank R] " before each line of a child's output
+  std::FILE* out = stdout;
+  std::FILE* err = stderr;  ///< where the children's output goes
 };
 
 /// Runs fn(rank) for rank 0..nprocs-1, each in its own child process, and returns when all have finished.

@@ -94,14 +94,12 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
   }
 };
 
-std::string describe(const SyncBatchNormOptions& o) {
-  return fmt::format("SyncBatchNorm({})", o.num_features);
-}
+std::string describe(const SyncBatchNormOptions& o) { return fmt::format("SyncBatchNorm({})", o.num_features); }
 
 void check_options(const SyncBatchNormOptions& o) {
   if (o.num_features <= 0) {
-    throw ConfigError(fmt::format("SyncBatchNorm: num_features must be > 0 (the C of (N, C, ...) inputs), got {}",
-                                  o.num_features));
+    throw ConfigError(
+        fmt::format("SyncBatchNorm: num_features must be > 0 (the C of (N, C, ...) inputs), got {}", o.num_features));
   }
   if (!(o.eps >= 0)) throw ConfigError(fmt::format("{}: eps must be >= 0, got {}", describe(o), o.eps));
 }
@@ -185,11 +183,11 @@ std::shared_ptr<SyncBatchNormImpl> SyncBatchNormImpl::from_batch_norm(const nn::
   auto adopt = [&](const auto& bn) {
     const auto& o = bn.options;
     SyncBatchNormOptions sync_options{.num_features = o.num_features(),
-                                 .eps = o.eps(),
-                                 .momentum = o.momentum(),
-                                 .affine = o.affine(),
-                                 .track_running_stats = o.track_running_stats(),
-                                 .group = group};
+                                      .eps = o.eps(),
+                                      .momentum = o.momentum(),
+                                      .affine = o.affine(),
+                                      .track_running_stats = o.track_running_stats(),
+                                      .group = group};
     std::shared_ptr<SyncBatchNormImpl> sync(new SyncBatchNormImpl(
         sync_options, State{bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.num_batches_tracked}));
     sync->train(bn.is_training());
@@ -198,8 +196,8 @@ std::shared_ptr<SyncBatchNormImpl> SyncBatchNormImpl::from_batch_norm(const nn::
   if (const auto* bn = as_batch_norm<nn::BatchNorm1dImpl>(batch_norm)) return adopt(*bn);
   if (const auto* bn = as_batch_norm<nn::BatchNorm2dImpl>(batch_norm)) return adopt(*bn);
   if (const auto* bn = as_batch_norm<nn::BatchNorm3dImpl>(batch_norm)) return adopt(*bn);
-  throw ConfigError(fmt::format("SyncBatchNormImpl::from_batch_norm: {} is not a torch::nn::BatchNorm1d/2d/3d",
-                                batch_norm.name()));
+  throw ConfigError(
+      fmt::format("SyncBatchNormImpl::from_batch_norm: {} is not a torch::nn::BatchNorm1d/2d/3d", batch_norm.name()));
 }
 
 Group* SyncBatchNormImpl::sync_group() const {
@@ -209,18 +207,20 @@ Group* SyncBatchNormImpl::sync_group() const {
     group = &world_group();
   }
   if (!group->is_member()) {
-    throw DistributedError(fmt::format("{}: rank {} is not a member of group '{}', whose statistics it is set to "
-                                       "share; give it a group this rank belongs to",
-                                       describe(options), rank(), group->name()));
+    throw DistributedError(
+        fmt::format("{}: rank {} is not a member of group '{}', whose statistics it is set to "
+                    "share; give it a group this rank belongs to",
+                    describe(options), rank(), group->name()));
   }
   return group->size() > 1 ? group : nullptr;
 }
 
 at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
   if (input.dim() < 2 || input.size(1) != options.num_features) {
-    throw ConfigError(fmt::format("{}: expected an input of shape (N, {}, ...), got [{}]; check the number of "
-                                  "channels of the layer before it",
-                                  describe(options), options.num_features, fmt::join(input.sizes(), ", ")));
+    throw ConfigError(
+        fmt::format("{}: expected an input of shape (N, {}, ...), got [{}]; check the number of "
+                    "channels of the layer before it",
+                    describe(options), options.num_features, fmt::join(input.sizes(), ", ")));
   }
   // Exactly as torch::nn::BatchNorm: count the batch, and average cumulatively when there is no momentum.
   double factor = options.momentum.value_or(0.0);
@@ -263,10 +263,11 @@ at::Tensor SyncBatchNormImpl::forward_distributed(const at::Tensor& input, Group
   const auto count = packed.narrow(0, 2 * channels, 1);
   // With 2 values here the global count is at least 2: only a rank with fewer reads the sum on the host.
   if (local < 2 && packed[2 * channels].item<double>() < 2) {
-    throw ConfigError(fmt::format("{}: expected more than 1 value per channel when training, got {} over the {} ranks "
-                                  "of group '{}' (input [{}] on rank {}); use larger batches",
-                                  describe(options), packed[2 * channels].item<double>(), group.size(), group.name(),
-                                  fmt::join(input.sizes(), ", "), rank()));
+    throw ConfigError(
+        fmt::format("{}: expected more than 1 value per channel when training, got {} over the {} ranks "
+                    "of group '{}' (input [{}] on rank {}); use larger batches",
+                    describe(options), packed[2 * channels].item<double>(), group.size(), group.name(),
+                    fmt::join(input.sizes(), ", "), rank()));
   }
   const auto s1 = packed.narrow(0, 0, channels);
   const auto s2 = packed.narrow(0, channels, channels);
@@ -336,9 +337,10 @@ void replace_child(const Slot& slot, const std::shared_ptr<SyncBatchNormImpl>& s
 
 void convert_sync_batchnorm(nn::Module& model, Group* group) {
   if (is_batch_norm(model)) {
-    throw ConfigError(fmt::format("convert_sync_batchnorm: the model itself is a {}, which cannot be replaced in "
-                                  "place; make it with SyncBatchNormImpl::from_batch_norm instead",
-                                  model.name()));
+    throw ConfigError(
+        fmt::format("convert_sync_batchnorm: the model itself is a {}, which cannot be replaced in "
+                    "place; make it with SyncBatchNormImpl::from_batch_norm instead",
+                    model.name()));
   }
   std::vector<Slot> slots;
   std::unordered_map<nn::Module*, std::shared_ptr<nn::Module>> owned;
@@ -355,8 +357,8 @@ void convert_sync_batchnorm(nn::Module& model, Group* group) {
   for (const auto& slot : slots) {
     const long extra = owned.at(slot.old).use_count() - 1 - expected.at(slot.old);
     if (extra != 0) {
-      held.push_back(fmt::format("'{}' ({} more reference(s), e.g. a member of {})", slot.path, extra,
-                                 slot.parent->name()));
+      held.push_back(
+          fmt::format("'{}' ({} more reference(s), e.g. a member of {})", slot.path, extra, slot.parent->name()));
     }
   }
   if (!held.empty()) {

@@ -27,12 +27,12 @@
 namespace fastlearn {
 
 struct SyncBatchNormOptions {
-  std::int64_t num_features = 0;          ///< C of (N, C, ...) inputs; must be > 0
-  double eps = 1e-5;                       ///< added to the variance
-  std::optional<double> momentum = 0.1;    ///< running-stats update factor; none: cumulative average
-  bool affine = true;                      ///< learnable weight and bias
-  bool track_running_stats = true;         ///< running_mean/running_var used in eval
-  Group* group = nullptr;                  ///< whose ranks share statistics; default: the world group
+  std::int64_t num_features = 0;         ///< C of (N, C, ...) inputs; must be > 0
+  double eps = 1e-5;                     ///< added to the variance
+  std::optional<double> momentum = 0.1;  ///< running-stats update factor; none: cumulative average
+  bool affine = true;                    ///< learnable weight and bias
+  bool track_running_stats = true;       ///< running_mean/running_var used in eval
+  Group* group = nullptr;                ///< whose ranks share statistics; default: the world group
 };
 
 /// Batch normalization over the global batch of a group of ranks, for (N, C, ...) inputs of any rank >= 2.

@@ -14,11 +14,29 @@ class Learner;
 
 /// Every event, in the order a normal fit fires them (after_cancel_X fires just before after_X).
 enum class Event {
-  before_fit, before_epoch, before_train, before_batch, after_pred, after_loss,
-  before_backward, after_cancel_backward, after_backward, before_step, after_cancel_step, after_step,
-  after_cancel_batch, after_batch, after_cancel_train, after_train,
-  before_validate, after_cancel_validate, after_validate, after_cancel_epoch, after_epoch,
-  after_cancel_fit, after_fit,
+  before_fit,
+  before_epoch,
+  before_train,
+  before_batch,
+  after_pred,
+  after_loss,
+  before_backward,
+  after_cancel_backward,
+  after_backward,
+  before_step,
+  after_cancel_step,
+  after_step,
+  after_cancel_batch,
+  after_batch,
+  after_cancel_train,
+  after_train,
+  before_validate,
+  after_cancel_validate,
+  after_validate,
+  after_cancel_epoch,
+  after_epoch,
+  after_cancel_fit,
+  after_fit,
 };
 
 std::string_view to_string(Event event);

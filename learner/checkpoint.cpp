@@ -6,8 +6,8 @@
 #include <ATen/Context.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <map>
 #include <set>
@@ -39,7 +39,9 @@ std::vector<at::Generator> rng_generators() {
   return gens;
 }
 
-std::string rng_name(std::size_t i) { return std::string(kRngPrefix) + (i == 0 ? "cpu" : fmt::format("cuda{}", i - 1)); }
+std::string rng_name(std::size_t i) {
+  return std::string(kRngPrefix) + (i == 0 ? "cpu" : fmt::format("cuda{}", i - 1));
+}
 // A process's own state in a checkpoint of a job of several: rng/rank<r>/cpu, rng/rank<r>/cuda<i>.
 std::string rng_name(std::size_t i, int rank) {
   return fmt::format("{}rank{}/{}", kRngPrefix, rank, i == 0 ? "cpu" : fmt::format("cuda{}", i - 1));
@@ -95,8 +97,11 @@ CheckpointState capture_state(Learner& learn, SaveOptions options) {
 }
 
 FitPosition current_fit_position(const Learner& learn, bool epoch_end) {
-  FitPosition p{.n_epoch = learn.n_epoch, .epoch = learn.epoch, .batch = learn.iter + 1,
-                .train_iter = learn.train_iter, .pct_train = learn.pct_train};
+  FitPosition p{.n_epoch = learn.n_epoch,
+                .epoch = learn.epoch,
+                .batch = learn.iter + 1,
+                .train_iter = learn.train_iter,
+                .pct_train = learn.pct_train};
   if (epoch_end) {
     p.epoch = learn.epoch + 1;
     p.batch = 0;
@@ -146,7 +151,8 @@ std::optional<FitPosition> fit_position(const CheckpointState& state, std::strin
     }
     return p;
   } catch (const std::exception& e) {
-    throw CheckpointError(fmt::format("{}: metadata 'fit_position' is malformed ({}): {}", origin, e.what(), it->second));
+    throw CheckpointError(
+        fmt::format("{}: metadata 'fit_position' is malformed ({}): {}", origin, e.what(), it->second));
   }
 }
 
@@ -155,8 +161,8 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
     throw CheckpointError(fmt::format("{}: format '{}' is not a fastlearn checkpoint", origin, it->second));
   }
   if (auto it = state.metadata.find("format_version"); it != state.metadata.end() && it->second != kFormatVersion) {
-    throw CheckpointError(fmt::format("{}: checkpoint format version {} is not supported (this build reads {})",
-                                      origin, it->second, kFormatVersion));
+    throw CheckpointError(fmt::format("{}: checkpoint format version {} is not supported (this build reads {})", origin,
+                                      it->second, kFormatVersion));
   }
   std::map<std::string, const at::Tensor*> in_file;
   for (const auto& [name, t] : state.tensors) in_file[name] = &t;
@@ -170,8 +176,10 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
     auto it = in_file.find(name);
     if (it == in_file.end()) {
       if (!options.strict) continue;
-      throw CheckpointError(fmt::format("{}: no tensor '{}', which the model has; the file was saved from another "
-                                        "model (load with strict = false to load the tensors that match)", origin, name));
+      throw CheckpointError(
+          fmt::format("{}: no tensor '{}', which the model has; the file was saved from another "
+                      "model (load with strict = false to load the tensors that match)",
+                      origin, name));
     }
     const auto& source = *it->second;
     if (source.sizes() != target.sizes()) {
@@ -187,8 +195,10 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
   if (options.strict) {
     for (const auto& [name, t] : state.tensors) {
       if (starts_with(name, kOptimizerPrefix) || starts_with(name, kRngPrefix) || model_names.contains(name)) continue;
-      throw CheckpointError(fmt::format("{}: tensor '{}' is not in the model; the file was saved from another model "
-                                        "(load with strict = false to ignore it)", origin, name));
+      throw CheckpointError(
+          fmt::format("{}: tensor '{}' is not in the model; the file was saved from another model "
+                      "(load with strict = false to ignore it)",
+                      origin, name));
     }
   }
 
@@ -206,8 +216,8 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
         train_dl_seed = std::stoull(it->second, &used);
         if (used != it->second.size()) throw std::invalid_argument(it->second);
       } catch (const std::exception&) {
-        throw CheckpointError(fmt::format("{}: metadata 'train_dl_seed' is '{}', not an unsigned integer", origin,
-                                          it->second));
+        throw CheckpointError(
+            fmt::format("{}: metadata 'train_dl_seed' is '{}', not an unsigned integer", origin, it->second));
       }
     }
     // RNG states are checked here too, so that setting them below cannot fail.
@@ -315,9 +325,10 @@ int Learner::load_resume_point(const std::filesystem::path& file, int n_epoch_) 
   const auto state = load_safetensors(file);
   const auto position = fit_position(state, file.string());
   if (position && position->n_epoch != n_epoch_) {
-    throw ConfigError(fmt::format("resume: checkpoint '{}' was taken in a fit of {} epochs but this fit has {}; "
-                                  "resume with the same number of epochs (the schedules depend on it)",
-                                  file.string(), position->n_epoch, n_epoch_));
+    throw ConfigError(
+        fmt::format("resume: checkpoint '{}' was taken in a fit of {} epochs but this fit has {}; "
+                    "resume with the same number of epochs (the schedules depend on it)",
+                    file.string(), position->n_epoch, n_epoch_));
   }
   restore_state(*this, state, {}, file.string());
   if (!position) return std::clamp(epochs_completed_, 0, n_epoch_);

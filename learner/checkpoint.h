@@ -4,8 +4,8 @@
 // with the optimizer, its state tensors under "optimizer/", the RNG states under "rng/", and the
 // training position (epochs completed, data order epoch, optimizer hyper-parameters) in the metadata.
 // Files are written atomically; loading checks everything before changing anything.
-#include <fastlearn/learner/recorder.h>
 #include <fastlearn/core/safetensors.h>
+#include <fastlearn/learner/recorder.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -30,12 +30,12 @@ using CheckpointState = SafetensorsContent;
 /// Where in a fit a checkpoint was taken (metadata "fit_position"), so that a fit resumed from it
 /// continues exactly: at the start of an epoch (batch 0) or after `batch` training batches of it.
 struct FitPosition {
-  int n_epoch = 0;               ///< epochs of the fit (a resumed fit must have as many)
-  int epoch = 0;                 ///< the epoch to continue
-  std::int64_t batch = 0;        ///< training batches of `epoch` already done
-  std::int64_t train_iter = 0;   ///< training batches since the start of the fit
-  double pct_train = 0;          ///< the learner's pct_train at that point (exact, it drives the schedules)
-  Recorder::EpochState recorder; ///< the running epoch's loss accumulators
+  int n_epoch = 0;                ///< epochs of the fit (a resumed fit must have as many)
+  int epoch = 0;                  ///< the epoch to continue
+  std::int64_t batch = 0;         ///< training batches of `epoch` already done
+  std::int64_t train_iter = 0;    ///< training batches since the start of the fit
+  double pct_train = 0;           ///< the learner's pct_train at that point (exact, it drives the schedules)
+  Recorder::EpochState recorder;  ///< the running epoch's loss accumulators
 };
 
 /// The position of `learn` now: inside a training epoch (after a batch) or, with `epoch_end`, after the epoch.

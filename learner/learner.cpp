@@ -1,7 +1,7 @@
 #include <fastlearn/learner/learner.h>
 
-#include <fastlearn/learner/progress.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/learner/progress.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/learner/train_eval.h>
 
@@ -35,8 +35,10 @@ std::vector<double> LrSpec::per_group(std::size_t n_groups) const {
     case Kind::values:
       if (values_.size() == 1) return std::vector<double>(n_groups, values_[0]);
       if (values_.size() != n_groups) {
-        throw ConfigError(fmt::format("{} learning rates were given for {} parameter groups; give one for all or one "
-                                      "per group", values_.size(), n_groups));
+        throw ConfigError(
+            fmt::format("{} learning rates were given for {} parameter groups; give one for all or one "
+                        "per group",
+                        values_.size(), n_groups));
       }
       return values_;
     case Kind::slice_stop: {
@@ -77,8 +79,10 @@ std::vector<std::vector<at::Tensor>> trainable_params(torch::nn::Module& model) 
 namespace detail {
 void check_input_count(const std::vector<at::Tensor>& xb, std::size_t expected) {
   if (xb.size() != expected) {
-    throw Error(fmt::format("the model's forward takes {} input tensor(s) but the batch has {}; make the dataset's "
-                            "inputs match the model", expected, xb.size()));
+    throw Error(
+        fmt::format("the model's forward takes {} input tensor(s) but the batch has {}; make the dataset's "
+                    "inputs match the model",
+                    expected, xb.size()));
   }
 }
 }  // namespace detail
@@ -142,7 +146,8 @@ void Learner::remove_cb(const CallbackPtr& cb) {
 }
 
 void Learner::sort_cbs() {
-  std::stable_sort(cbs_.begin(), cbs_.end(), [](const CallbackPtr& a, const CallbackPtr& b) { return a->order < b->order; });
+  std::stable_sort(cbs_.begin(), cbs_.end(),
+                   [](const CallbackPtr& a, const CallbackPtr& b) { return a->order < b->order; });
 }
 
 Recorder& Learner::recorder() const {
@@ -290,15 +295,15 @@ void Learner::do_epoch() {
 
 void Learner::do_epoch_train() {
   dl = &dls_.train();
-  with_events<CancelTrainException>([&] { all_batches(dls_.train()); }, Event::before_train,
-                                    Event::after_cancel_train, Event::after_train);
+  with_events<CancelTrainException>([&] { all_batches(dls_.train()); }, Event::before_train, Event::after_cancel_train,
+                                    Event::after_train);
 }
 
 void Learner::do_epoch_validate(DataLoader& loader) {
   dl = &loader;
   torch::NoGradGuard no_grad;
-  with_events<CancelValidException>([&] { all_batches(loader); }, Event::before_validate,
-                                    Event::after_cancel_validate, Event::after_validate);
+  with_events<CancelValidException>([&] { all_batches(loader); }, Event::before_validate, Event::after_cancel_validate,
+                                    Event::after_validate);
 }
 
 void Learner::all_batches(DataLoader& loader) {

@@ -68,17 +68,17 @@ class LrSpec {
 
 struct LearnerOptions {
   OptFunc opt_func = Adam();
-  double lr = 1e-3;                 ///< default learning rate of fit()
-  std::optional<double> wd;         ///< weight decay for every fit; default: the optimizer's
-  std::vector<MetricPtr> metrics;   ///< computed on the validation set each epoch
-  std::vector<CallbackPtr> cbs;     ///< extra callbacks for every fit
-  Splitter splitter;                ///< parameter groups; default: one group
+  double lr = 1e-3;                ///< default learning rate of fit()
+  std::optional<double> wd;        ///< weight decay for every fit; default: the optimizer's
+  std::vector<MetricPtr> metrics;  ///< computed on the validation set each epoch
+  std::vector<CallbackPtr> cbs;    ///< extra callbacks for every fit
+  Splitter splitter;               ///< parameter groups; default: one group
   std::filesystem::path path = ".";
-  std::string model_dir = "models"; ///< save() / load() use path / model_dir / <name>.safetensors
-  bool train_bn = true;             ///< BatchNorm parameters stay trainable in frozen groups
+  std::string model_dir = "models";              ///< save() / load() use path / model_dir / <name>.safetensors
+  bool train_bn = true;                          ///< BatchNorm parameters stay trainable in frozen groups
   std::array<double, 3> moms{0.95, 0.85, 0.95};  ///< one-cycle momentum: start, middle, end
-  bool progress = true;             ///< attach the Progress callback (bars on a TTY, epoch lines otherwise)
-  bool train_metrics = false;       ///< also compute the metrics on the training set
+  bool progress = true;        ///< attach the Progress callback (bars on a TTY, epoch lines otherwise)
+  bool train_metrics = false;  ///< also compute the metrics on the training set
 };
 
 struct FitOptions {
@@ -93,9 +93,9 @@ struct FitOptions {
 };
 
 struct OneCycleOptions {
-  double div = 25.0;        ///< initial lr = lr_max / div
-  double div_final = 1e5;   ///< final lr = lr_max / div_final
-  double pct_start = 0.25;  ///< fraction of the steps spent warming up
+  double div = 25.0;                          ///< initial lr = lr_max / div
+  double div_final = 1e5;                     ///< final lr = lr_max / div_final
+  double pct_start = 0.25;                    ///< fraction of the steps spent warming up
   std::optional<std::array<double, 3>> moms;  ///< default: LearnerOptions::moms
   FitOptions fit;
 };
@@ -108,7 +108,7 @@ struct FlatCosOptions {
 
 struct FineTuneOptions {
   int freeze_epochs = 1;
-  double lr_mult = 100;     ///< the first group trains at base_lr / lr_mult after unfreezing
+  double lr_mult = 100;  ///< the first group trains at base_lr / lr_mult after unfreezing
   double pct_start = 0.3;
   double div = 5.0;
   FitOptions fit;
@@ -117,8 +117,8 @@ struct FineTuneOptions {
 struct LrFindOptions {
   double start_lr = 1e-7;
   double end_lr = 10;
-  int num_it = 100;      ///< at least 6
-  bool stop_div = true;  ///< stop when the smoothed loss exceeds 4x the best one
+  int num_it = 100;                           ///< at least 6
+  bool stop_div = true;                       ///< stop when the smoothed loss exceeds 4x the best one
   std::optional<std::filesystem::path> plot;  ///< write the loss-vs-lr plot (SVG) there
 };
 
@@ -251,10 +251,10 @@ class Learner {
   /// How this learner cooperates with the other processes of a data parallel job (set by the
   /// DistributedTrainer; the defaults are those of a single process).
   struct Coordination {
-    int rank = 0;                         ///< this process's rank among those training together
+    int rank = 0;  ///< this process's rank among those training together
     /// The process that shows progress and writes files (save(), logs, checkpoints): rank 0.
     bool is_main() const { return rank == 0; }
-    std::function<void()> barrier;        ///< save() waits after writing, load() before reading
+    std::function<void()> barrier;  ///< save() waits after writing, load() before reading
     /// Turns this process's per-item predictions of the last validation pass into those of the whole set.
     std::function<at::Tensor(const at::Tensor&)> gather_items;
     /// Collective: true when any process passes true (so that all stop at the same point); once per epoch.
@@ -276,16 +276,16 @@ class Learner {
   at::Tensor loss;             ///< a detached copy of the loss, for logging
   int epoch = 0;
   int n_epoch = 0;
-  std::int64_t iter = 0;         ///< batch index in the current loader
-  std::int64_t n_iter = 0;       ///< batches in the current loader
-  std::int64_t train_iter = 0;   ///< training batches since the start of the fit
-  double pct_train = 0;          ///< fraction of the fit's training done, in [0, 1]
+  std::int64_t iter = 0;        ///< batch index in the current loader
+  std::int64_t n_iter = 0;      ///< batches in the current loader
+  std::int64_t train_iter = 0;  ///< training batches since the start of the fit
+  double pct_train = 0;         ///< fraction of the fit's training done, in [0, 1]
   bool training = false;
   /// False when this training batch only accumulates gradients and the optimizer will not step (set by
   /// GradientAccumulation at after_loss; data parallel training then skips communicating them).
   bool will_step = true;
   double smooth_loss = std::numeric_limits<double>::quiet_NaN();  ///< set by the Recorder
-  DataLoader* dl = nullptr;      ///< the loader being iterated
+  DataLoader* dl = nullptr;                                       ///< the loader being iterated
 
  private:
   template <typename Body>
@@ -327,7 +327,9 @@ void check_input_count(const std::vector<at::Tensor>& xb, std::size_t expected);
 
 template <typename ModuleHolder>
 Learner::Forward forward_of(ModuleHolder model) {
-  if constexpr (requires(ModuleHolder m, at::Tensor t) { { m->forward(t) } -> std::convertible_to<at::Tensor>; }) {
+  if constexpr (requires(ModuleHolder m, at::Tensor t) {
+                  { m->forward(t) } -> std::convertible_to<at::Tensor>;
+                }) {
     return [model](const std::vector<at::Tensor>& xb) mutable -> at::Tensor {
       check_input_count(xb, 1);
       return model->forward(xb[0]);
@@ -340,9 +342,11 @@ Learner::Forward forward_of(ModuleHolder model) {
       return model->forward(xb[0], xb[1]);
     };
   } else {
-    static_assert(requires(ModuleHolder m, std::vector<at::Tensor> v) {
-      { m->forward(v) } -> std::convertible_to<at::Tensor>;
-    }, "the model's forward must take one Tensor, two Tensors, or a std::vector<Tensor>");
+    static_assert(
+        requires(ModuleHolder m, std::vector<at::Tensor> v) {
+          { m->forward(v) } -> std::convertible_to<at::Tensor>;
+        },
+        "the model's forward must take one Tensor, two Tensors, or a std::vector<Tensor>");
     return [model](const std::vector<at::Tensor>& xb) mutable -> at::Tensor { return model->forward(xb); };
   }
 }

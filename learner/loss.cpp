@@ -11,10 +11,9 @@ Loss cross_entropy(CrossEntropyOptions options) {
   loss.name = "cross_entropy";
   loss.fn = [options](const at::Tensor& pred, const at::Tensor& targ) {
     const auto classes = pred.size(-1);
-    return F::cross_entropy(pred.reshape({-1, classes}), targ.reshape({-1}),
-                            F::CrossEntropyFuncOptions()
-                                .label_smoothing(options.label_smoothing)
-                                .ignore_index(options.ignore_index));
+    return F::cross_entropy(
+        pred.reshape({-1, classes}), targ.reshape({-1}),
+        F::CrossEntropyFuncOptions().label_smoothing(options.label_smoothing).ignore_index(options.ignore_index));
   };
   loss.activation = [](const at::Tensor& pred) { return pred.softmax(-1); };
   loss.decodes = [](const at::Tensor& probs) { return probs.argmax(-1); };
@@ -35,10 +34,11 @@ Loss l1_loss() {
 
 Loss bce_with_logits() {
   return {.name = "bce_with_logits",
-          .fn = [](const at::Tensor& pred, const at::Tensor& targ) {
-            return F::binary_cross_entropy_with_logits(pred.reshape({-1}),
-                                                       targ.reshape({-1}).to(pred.scalar_type()));
-          },
+          .fn =
+              [](const at::Tensor& pred, const at::Tensor& targ) {
+                return F::binary_cross_entropy_with_logits(pred.reshape({-1}),
+                                                           targ.reshape({-1}).to(pred.scalar_type()));
+              },
           .activation = [](const at::Tensor& pred) { return pred.sigmoid(); },
           .decodes = [](const at::Tensor& probs) { return probs.gt(0.5); }};
 }

@@ -72,7 +72,6 @@ double valley(const std::vector<double>& lrs, const std::vector<double>& losses)
   return lrs[std::min(idx, n - 1)];
 }
 
-
 LrFindResult Learner::lr_find(LrFindOptions options) {
   const auto batches = dls_.train().size();
   if (batches == 0) throw Error("lr_find: the training loader has no batch");

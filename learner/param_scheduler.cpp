@@ -1,8 +1,8 @@
 #include <fastlearn/learner/param_scheduler.h>
 
 #include <fastlearn/core/error.h>
-#include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/callback_order.h>
+#include <fastlearn/learner/learner.h>
 
 #include <fmt/format.h>
 
@@ -65,7 +65,8 @@ void Learner::fit_flat_cos(int n_epoch_, std::optional<LrSpec> lr, FlatCosOption
   options.fit.reset_opt = false;
   const auto lrs = lr.value_or(LrSpec(options_.lr)).per_group(opt_->n_groups());
   ParamScheduler::Schedules scheds;
-  for (double value : lrs) scheds["lr"].push_back(combined_cos(options.pct_start, value, value, value / options.div_final));
+  for (double value : lrs)
+    scheds["lr"].push_back(combined_cos(options.pct_start, value, value, value / options.div_final));
   options.fit.cbs.insert(options.fit.cbs.begin(), std::make_shared<ParamScheduler>(std::move(scheds)));
   run_fit(n_epoch_, lrs, std::move(options.fit));
 }

@@ -1,8 +1,8 @@
 #include <fastlearn/learner/progress.h>
 
+#include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
-#include <fastlearn/learner/callback_order.h>
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -72,7 +72,8 @@ void Progress::draw(bool force) {
   std::string line;
   if (l.n_epoch > 0) {
     const double fit_eta = l.pct_train > 0 ? seconds_since(fit_start_) / l.pct_train * (1 - l.pct_train) : NAN;
-    line = fmt::format("epoch {}/{} ({:3.0f}%, eta {}) ", l.epoch + 1, l.n_epoch, 100 * l.pct_train, format_time(fit_eta));
+    line =
+        fmt::format("epoch {}/{} ({:3.0f}%, eta {}) ", l.epoch + 1, l.n_epoch, 100 * l.pct_train, format_time(fit_eta));
   }
   line += fmt::format("{} [{}] {}/{} {}<{}", phase_, bar, done, l.n_iter, format_time(elapsed), format_time(eta));
   if (l.training && std::isfinite(l.smooth_loss)) line += fmt::format(" loss {:.4f}", l.smooth_loss);
@@ -99,8 +100,8 @@ void Progress::after_epoch() {
   auto line = [&](const std::vector<std::string>& values) {
     std::string out;
     for (std::size_t i = 0; i < values.size(); ++i) {
-      out += i + 1 < values.size() ? fmt::format("{:<{}}  ", values[i], i < widths_.size() ? widths_[i] : 10)
-                                   : values[i];
+      out +=
+          i + 1 < values.size() ? fmt::format("{:<{}}  ", values[i], i < widths_.size() ? widths_[i] : 10) : values[i];
     }
     return out + "\n";
   };
@@ -108,7 +109,8 @@ void Progress::after_epoch() {
   if (!header_printed_) {
     const auto cols = rec->columns();
     widths_.clear();
-    for (std::size_t i = 0; i < cols.size(); ++i) widths_.push_back(std::max<std::size_t>(cols[i].size(), i == 0 ? 5 : 10));
+    for (std::size_t i = 0; i < cols.size(); ++i)
+      widths_.push_back(std::max<std::size_t>(cols[i].size(), i == 0 ? 5 : 10));
     text += line(cols);
     header_printed_ = true;
   }

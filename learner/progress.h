@@ -15,8 +15,8 @@ namespace fastlearn {
 
 struct ProgressOptions {
   std::FILE* out = stdout;
-  std::optional<bool> live;     ///< draw live bars; default: when `out` is a terminal
-  double refresh_seconds = 0.1; ///< at most one redraw per interval, so drawing never slows training
+  std::optional<bool> live;      ///< draw live bars; default: when `out` is a terminal
+  double refresh_seconds = 0.1;  ///< at most one redraw per interval, so drawing never slows training
   int bar_width = 30;
 };
 

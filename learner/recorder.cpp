@@ -153,7 +153,9 @@ void Recorder::record(double loss, const BatchNote& note) {
 
 Recorder::EpochState Recorder::epoch_state() {
   record_pending(true);
-  return {.loss_sum = loss_sum_, .loss_count = loss_count_, .smooth_count = smooth_.count(),
+  return {.loss_sum = loss_sum_,
+          .loss_count = loss_count_,
+          .smooth_count = smooth_.count(),
           .smooth_average = smooth_.average()};
 }
 
@@ -242,12 +244,14 @@ void Recorder::plot_lr_find(const std::filesystem::path& file, std::size_t skip_
       if (std::abs(std::log(lrs_[i] / *suggestion)) < std::abs(std::log(lrs_[best] / *suggestion))) best = i;
     }
     if (n > 0) {
-      series.push_back({.label = fmt::format("valley {:.2e}", *suggestion), .x = {*suggestion},
-                        .y = {losses_[best]}, .markers = true});
+      series.push_back({.label = fmt::format("valley {:.2e}", *suggestion),
+                        .x = {*suggestion},
+                        .y = {losses_[best]},
+                        .markers = true});
     }
   }
-  write_svg_plot(file, series, {.title = "Learning rate finder", .xlabel = "learning rate", .ylabel = "loss",
-                                .log_x = true});
+  write_svg_plot(file, series,
+                 {.title = "Learning rate finder", .xlabel = "learning rate", .ylabel = "loss", .log_x = true});
 }
 
 }  // namespace fastlearn

@@ -129,7 +129,7 @@ class Recorder : public Callback {
 
   std::vector<MetricPtr> valid_metrics_;
   std::vector<MetricPtr> train_metrics_;
-  HostReadback batch_losses_;        // losses on their way to the host, with the notes below
+  HostReadback batch_losses_;  // losses on their way to the host, with the notes below
   std::deque<BatchNote> notes_;
   bool read_every_batch_ = false;
   RecorderOptions options_;

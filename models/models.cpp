@@ -57,8 +57,8 @@ namespace {
 struct ConvBnImpl : nn::Module {
   ConvBnImpl(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride, bool relu_,
              bool zero_bn = false)
-      : conv(register_module("conv", nn::Conv2d(nn::Conv2dOptions(in, out, kernel)
-                                                       .stride(stride).padding(kernel / 2).bias(false)))),
+      : conv(register_module(
+            "conv", nn::Conv2d(nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false)))),
         relu(relu_) {
     nn::BatchNorm2d bn(out);
     // The last BN of a residual branch starts at zero, so each block starts as the identity (as xresnet).
@@ -77,8 +77,8 @@ TORCH_MODULE(ConvBn);
 
 struct ResBlockImpl : nn::Module {
   ResBlockImpl(std::int64_t in, std::int64_t out, std::int64_t stride)
-      : branch(register_module("branch", nn::Sequential(ConvBn(in, out, 3, stride, true),
-                                                         ConvBn(out, out, 3, 1, false, true)))),
+      : branch(register_module("branch",
+                               nn::Sequential(ConvBn(in, out, 3, stride, true), ConvBn(out, out, 3, 1, false, true)))),
         shortcut(register_module("shortcut", nn::Sequential())) {
     if (stride != 1) shortcut->push_back(nn::AvgPool2d(nn::AvgPool2dOptions(stride).ceil_mode(true)));
     if (in != out) shortcut->push_back(ConvBn(in, out, 1, 1, false));

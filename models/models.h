@@ -1,7 +1,7 @@
 #pragma once
 // Ready-made models for apps and tests: an MLP, a small CNN (with BatchNorm: conv_net), and a small
-// xresnet-style ResNet with BatchNorm. Each is a torch::nn::Sequential, so parameter names are "<index>.<name>" as in a Python
-// nn.Sequential of the same layers.
+// xresnet-style ResNet with BatchNorm. Each is a torch::nn::Sequential, so parameter names are "<index>.<name>" as in a
+// Python nn.Sequential of the same layers.
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cstdint>

@@ -13,9 +13,10 @@ at::Tensor batch_norm_forward(torch::nn::Module& norm, const at::Tensor& input) 
   if (auto* bn = dynamic_cast<nn::BatchNorm1dImpl*>(&norm)) return bn->forward(input);
   if (auto* bn = dynamic_cast<nn::BatchNorm2dImpl*>(&norm)) return bn->forward(input);
   if (auto* bn = dynamic_cast<nn::BatchNorm3dImpl*>(&norm)) return bn->forward(input);
-  throw ConfigError(fmt::format("batch_norm_forward: {} is neither a torch::nn::BatchNorm1d/2d/3d nor a NormLayer "
-                                "(such as SyncBatchNorm)",
-                                norm.name()));
+  throw ConfigError(
+      fmt::format("batch_norm_forward: {} is neither a torch::nn::BatchNorm1d/2d/3d nor a NormLayer "
+                  "(such as SyncBatchNorm)",
+                  norm.name()));
 }
 
 }  // namespace fastlearn

@@ -27,7 +27,6 @@ struct ParamGroup {
   Hypers hypers;
 };
 
-
 class Optimizer {
  public:
   /// Takes the groups as they are; a parameter in two groups, an undefined or non-floating-point

@@ -5,18 +5,18 @@
 #include <fastlearn/callbacks/grad_accumulation.h>
 #include <fastlearn/callbacks/grad_clip.h>
 #include <fastlearn/callbacks/mixed_precision.h>
-#include <fastlearn/learner/progress.h>
 #include <fastlearn/callbacks/save_model.h>
 #include <fastlearn/callbacks/tracker.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/models/models.h>
+#include <fastlearn/learner/progress.h>
 #include <fastlearn/learner/recorder.h>
+#include <fastlearn/models/models.h>
 
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
@@ -42,9 +42,9 @@ class Callbacks : public ::testing::Test {
                                           fl::OptFunc opt = fl::Adam()) {
     torch::manual_seed(0);
     auto dls = flt::classification_data({.n_train = 64, .n_valid = 32, .bs = 8});
-    return std::make_unique<fl::Learner>(dls, fl::models::mlp(4, {16}, 3), fl::cross_entropy(),
-                                         fl::LearnerOptions{.opt_func = std::move(opt), .metrics = std::move(metrics),
-                                                            .path = dir_, .progress = false});
+    return std::make_unique<fl::Learner>(
+        dls, fl::models::mlp(4, {16}, 3), fl::cross_entropy(),
+        fl::LearnerOptions{.opt_func = std::move(opt), .metrics = std::move(metrics), .path = dir_, .progress = false});
   }
 
   static std::string read(const fs::path& file) {
@@ -68,7 +68,8 @@ TEST_F(Callbacks, EarlyStoppingStopsAfterPatienceEpochsWithoutImprovement) {
 
 TEST_F(Callbacks, TrackerDirectionFollowsTheMonitoredName) {
   auto learn = classifier();
-  auto acc = std::make_shared<fl::EarlyStopping>(fl::EarlyStoppingOptions{.tracker = {.monitor = "accuracy"}, .patience = 100});
+  auto acc = std::make_shared<fl::EarlyStopping>(
+      fl::EarlyStoppingOptions{.tracker = {.monitor = "accuracy"}, .patience = 100});
   learn->fit(3, 1e-2, {.cbs = {acc}});
   double best = -1;
   for (auto& r : learn->recorder().history()) best = std::max(best, r.metrics[0]);
@@ -180,8 +181,9 @@ TEST_F(Callbacks, ProgressPrintsATableWhenNotATerminal) {
 TEST_F(Callbacks, ProgressDrawsLiveBarsOnATerminal) {
   auto learn = classifier();
   std::FILE* out = std::tmpfile();
-  learn->fit(1, 1e-2, {.cbs = {std::make_shared<fl::Progress>(fl::ProgressOptions{.out = out, .live = true,
-                                                                                  .refresh_seconds = 0})}});
+  learn->fit(
+      1, 1e-2,
+      {.cbs = {std::make_shared<fl::Progress>(fl::ProgressOptions{.out = out, .live = true, .refresh_seconds = 0})}});
   std::rewind(out);
   std::string text;
   char buf[4096];
@@ -311,8 +313,9 @@ TEST_F(Callbacks, AnUnknownMonitorFailsBeforeTheFirstEpoch) {
     void before_epoch() override { ++epochs; }
   };
   auto count = std::make_shared<Count>();
-  EXPECT_THROW(learn->fit(2, 1e-2, {.cbs = {count, std::make_shared<fl::EarlyStopping>(
-                                                       fl::EarlyStoppingOptions{.tracker = {.monitor = "acuracy"}})}}),
+  EXPECT_THROW(learn->fit(2, 1e-2,
+                          {.cbs = {count, std::make_shared<fl::EarlyStopping>(
+                                              fl::EarlyStoppingOptions{.tracker = {.monitor = "acuracy"}})}}),
                fl::Error);
   EXPECT_EQ(count->epochs, 0);
 }
@@ -329,8 +332,9 @@ TEST_F(Callbacks, ChannelsLastTrainsLikeTheDefaultLayoutWithTheSameParameters) {
         dls, fl::models::conv_net({.widths = {8, 16}, .classes = 3, .input_size = 12}), fl::cross_entropy(),
         fl::LearnerOptions{.opt_func = fl::Adam(), .path = dir_, .progress = false});
     const auto weight = learn->model().parameters()[3];  // the 16x8x3x3 convolution; the optimizer holds this tensor
-    learn->fit_one_cycle(2, 1e-2, channels_last ? fl::OneCycleOptions{.fit = {.cbs = {std::make_shared<fl::ChannelsLast>()}}}
-                                                : fl::OneCycleOptions{});
+    learn->fit_one_cycle(2, 1e-2,
+                         channels_last ? fl::OneCycleOptions{.fit = {.cbs = {std::make_shared<fl::ChannelsLast>()}}}
+                                       : fl::OneCycleOptions{});
     EXPECT_TRUE(weight.is_same(learn->model().parameters()[3]));
     EXPECT_EQ(weight.is_contiguous(at::MemoryFormat::ChannelsLast) && !weight.is_contiguous(), channels_last);
     const auto first = learn->model().parameters()[0];  // 8x1x3x3: one input channel, contiguous in both formats

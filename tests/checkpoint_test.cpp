@@ -2,8 +2,8 @@
 // as an uninterrupted run; corrupt or mismatched files are clear errors that change nothing.
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/models/models.h>
 #include <fastlearn/learner/recorder.h>
+#include <fastlearn/models/models.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -126,8 +126,8 @@ TEST_F(Checkpoint, WeightsOnlyFileHasPlainModuleNames) {
   std::vector<std::string> names;
   for (auto& [n, t] : content.tensors) names.push_back(n);
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"0.bias", "0.weight", "3.bias", "3.num_batches_tracked",
-                                             "3.running_mean", "3.running_var", "3.weight", "4.bias", "4.weight"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"0.bias", "0.weight", "3.bias", "3.num_batches_tracked", "3.running_mean",
+                                             "3.running_var", "3.weight", "4.bias", "4.weight"}));
   // Loading weights only leaves the optimizer and position alone.
   auto other = make_learner(3);
   other->load("weights");
@@ -161,7 +161,8 @@ TEST_F(Checkpoint, MismatchedModelIsAnErrorNamingTheTensorAndChangesNothing) {
     FAIL() << "expected a CheckpointError";
   } catch (const fl::CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("'0.weight' has shape [16, 4] in the file but [32, 4] in the model"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -6,8 +6,8 @@
 
 #include <fastlearn/callbacks/checkpointing.h>
 #include <fastlearn/callbacks/graceful_stop.h>
-#include <fastlearn/distributed/collectives.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/distributed/collectives.h>
 #include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/distributed/runtime.h>
 #include <fastlearn/learner/learner.h>
@@ -69,9 +69,9 @@ std::unique_ptr<fl::Learner> make_learner(const fs::path& path, std::vector<fl::
   auto model = torch::nn::Sequential(torch::nn::Linear(4, 16), torch::nn::ReLU(), torch::nn::Dropout(0.3),
                                      torch::nn::Linear(16, 3));
   auto dls = flt::classification_data({.n_train = 48, .n_valid = 16, .bs = 8, .seed = 9});
-  return std::make_unique<fl::Learner>(std::move(dls), model, fl::cross_entropy(),
-                                       fl::LearnerOptions{.metrics = {fl::accuracy()}, .cbs = std::move(cbs),
-                                                          .path = path, .progress = false});
+  return std::make_unique<fl::Learner>(
+      std::move(dls), model, fl::cross_entropy(),
+      fl::LearnerOptions{.metrics = {fl::accuracy()}, .cbs = std::move(cbs), .path = path, .progress = false});
 }
 
 struct Run {
@@ -232,42 +232,50 @@ class PerRankNoise : public fl::Callback {
 
 TEST(Resume, TwoRanksResumedInsideAnEpochMatchTheUninterruptedRun) {
   TempDir dir("ranks");
-  flt::run_on_ranks(2, [&dir](const RankContext&) {
-    fl::setup_distrib({.timeout = std::chrono::seconds(30)});
-    const auto reference = train(dir.path, {},
-                                 {std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.every_n_batches = 1, .keep = 0}),
-                                  std::make_shared<PerRankNoise>()},
-                                 true);
-    EXPECT_EQ(reference.losses.size(), 9u) << "3 batches per rank per epoch";
-    fl::barrier();
-    for (const auto& [epoch, batch] : std::vector<std::pair<int, int>>{{1, 1}, {2, 0}}) {
-      const auto resumed = train(dir.path / "resumed", dir.path / "checkpoints" / fl::checkpoint_file_name(epoch, batch),
-                                 {std::make_shared<PerRankNoise>()}, true);
-      expect_same_end(reference, resumed, fmt::format("rank {} from epoch {} batch {}", fl::rank(), epoch, batch));
-    }
-    fl::teardown_distrib();
-  }, {.env = flt::torchrun_env(2)});
+  flt::run_on_ranks(
+      2,
+      [&dir](const RankContext&) {
+        fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+        const auto reference =
+            train(dir.path, {},
+                  {std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.every_n_batches = 1, .keep = 0}),
+                   std::make_shared<PerRankNoise>()},
+                  true);
+        EXPECT_EQ(reference.losses.size(), 9u) << "3 batches per rank per epoch";
+        fl::barrier();
+        for (const auto& [epoch, batch] : std::vector<std::pair<int, int>>{{1, 1}, {2, 0}}) {
+          const auto resumed =
+              train(dir.path / "resumed", dir.path / "checkpoints" / fl::checkpoint_file_name(epoch, batch),
+                    {std::make_shared<PerRankNoise>()}, true);
+          expect_same_end(reference, resumed, fmt::format("rank {} from epoch {} batch {}", fl::rank(), epoch, batch));
+        }
+        fl::teardown_distrib();
+      },
+      {.env = flt::torchrun_env(2)});
 }
 
 TEST(GracefulStop, ASignalOnOneRankStopsEveryRankAtTheSameBatch) {
   TempDir dir("ranks-stop");
-  flt::run_on_ranks(2, [&dir](const RankContext&) {
-    fl::setup_distrib({.timeout = std::chrono::seconds(30)});
-    auto stop = std::make_shared<fl::GracefulStop>();
-    std::vector<fl::CallbackPtr> cbs{std::make_shared<fl::Checkpointer>(), stop};
-    // The flag raised after batch 0 of epoch 1 travels with batch 1's gradient all-reduce (no collective of
-    // its own): every rank stops after batch 1.
-    if (fl::rank() == 1) cbs.push_back(std::make_shared<RaiseAt>(1, 0, SIGINT));
-    const auto run = train(dir.path, {}, cbs, true);
-    EXPECT_TRUE(stop->stopped());
-    EXPECT_EQ(run.losses.size(), 5u) << "rank " << fl::rank() << ": 3 batches of epoch 0, 2 of epoch 1";
-    EXPECT_EQ(fl::stop_signal(), fl::rank() == 1 ? SIGINT : 0);
-    fl::barrier();
-    const auto latest = fl::latest_checkpoint(dir.path / "checkpoints");
-    ASSERT_TRUE(latest);
-    EXPECT_EQ(latest->filename(), fl::checkpoint_file_name(1, 2));
-    fl::teardown_distrib();
-  }, {.env = flt::torchrun_env(2)});
+  flt::run_on_ranks(2,
+                    [&dir](const RankContext&) {
+                      fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+                      auto stop = std::make_shared<fl::GracefulStop>();
+                      std::vector<fl::CallbackPtr> cbs{std::make_shared<fl::Checkpointer>(), stop};
+                      // The flag raised after batch 0 of epoch 1 travels with batch 1's gradient all-reduce (no
+                      // collective of its own): every rank stops after batch 1.
+                      if (fl::rank() == 1) cbs.push_back(std::make_shared<RaiseAt>(1, 0, SIGINT));
+                      const auto run = train(dir.path, {}, cbs, true);
+                      EXPECT_TRUE(stop->stopped());
+                      EXPECT_EQ(run.losses.size(), 5u)
+                          << "rank " << fl::rank() << ": 3 batches of epoch 0, 2 of epoch 1";
+                      EXPECT_EQ(fl::stop_signal(), fl::rank() == 1 ? SIGINT : 0);
+                      fl::barrier();
+                      const auto latest = fl::latest_checkpoint(dir.path / "checkpoints");
+                      ASSERT_TRUE(latest);
+                      EXPECT_EQ(latest->filename(), fl::checkpoint_file_name(1, 2));
+                      fl::teardown_distrib();
+                    },
+                    {.env = flt::torchrun_env(2)});
 }
 
 }  // namespace

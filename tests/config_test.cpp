@@ -64,7 +64,8 @@ TEST(Config, AWrongTypeNamesTheKeyAndWhatIsExpected) {
   EXPECT_EQ(e.key(), "train.epochs");
   EXPECT_EQ(e.line(), 2);
   expect_contains(e.what(), "run.toml:2:10: train.epochs must be an integer in [1, 1000000], not the string \"three\"");
-  expect_contains(error_of("[train]\nepochs = 2.5\n").what(), "train.epochs must be an integer in [1, 1000000], not the float 2.5");
+  expect_contains(error_of("[train]\nepochs = 2.5\n").what(),
+                  "train.epochs must be an integer in [1, 1000000], not the float 2.5");
   expect_contains(error_of("[train]\nmixed_precision = 1\n").what(),
                   "train.mixed_precision must be a boolean (true or false), not the integer 1");
   expect_contains(error_of("[model]\narch = \"mlp\"\nhidden = [64, \"x\"]\n").what(),
@@ -73,7 +74,8 @@ TEST(Config, AWrongTypeNamesTheKeyAndWhatIsExpected) {
 }
 
 TEST(Config, AnOutOfRangeValueNamesTheKeyAndTheRange) {
-  expect_contains(error_of("[data]\nbs = 0\n").what(), "run.toml:2:6: data.bs must be an integer >= 1, not the integer 0");
+  expect_contains(error_of("[data]\nbs = 0\n").what(),
+                  "run.toml:2:6: data.bs must be an integer >= 1, not the integer 0");
   expect_contains(error_of("[train]\nlr = -0.1\n").what(), "train.lr must be a number > 0, not the float -0.1");
   expect_contains(error_of("[train]\nlr = nan\n").what(), "train.lr must be a number > 0");
   expect_contains(error_of("[data.transforms]\nrandom_flip = 1.5\n").what(),
@@ -106,9 +108,13 @@ TEST(Config, ASyntaxErrorGivesLineAndColumn) {
 }
 
 TEST(Config, SetOverridesKeepTheirTypes) {
-  const std::vector<std::string> sets{"train.epochs=5",        "train.lr=1",          "model.arch=resnet",
-                                      "model.widths=[8, 16]",  "train.mixed_precision=true",
-                                      "data.transforms.random_flip=0.5", "callbacks.early_stopping.patience=2",
+  const std::vector<std::string> sets{"train.epochs=5",
+                                      "train.lr=1",
+                                      "model.arch=resnet",
+                                      "model.widths=[8, 16]",
+                                      "train.mixed_precision=true",
+                                      "data.transforms.random_flip=0.5",
+                                      "callbacks.early_stopping.patience=2",
                                       "output.dir=\"runs/x y\""};
   const auto c = parse_config("[train]\nepochs = 3\nlr = 0.003\n", "run.toml", sets);
   EXPECT_EQ(c.train.epochs, 5);
@@ -126,12 +132,14 @@ TEST(Config, ABadSetNamesTheArgument) {
   const auto e = error_of("", {"train.epochs=5.5"});
   EXPECT_EQ(e.key(), "train.epochs");
   EXPECT_EQ(e.line(), 0);
-  expect_contains(e.what(), "--set train.epochs=5.5: train.epochs must be an integer in [1, 1000000], not the float 5.5");
+  expect_contains(e.what(),
+                  "--set train.epochs=5.5: train.epochs must be an integer in [1, 1000000], not the float 5.5");
   expect_contains(error_of("", {"train.epochs=\"5\""}).what(), "not the string \"5\"");
   expect_contains(error_of("", {"train.epoch=5"}).what(),
                   "--set train.epoch=5: unknown key train.epoch; did you mean train.epochs?");
   expect_contains(error_of("", {"train.epochs"}).what(), "--set train.epochs: expected key=value");
-  expect_contains(error_of("[train]\nepochs = 3\n", {"train.epochs.x=1"}).what(), "train.epochs is the integer 3, not a table");
+  expect_contains(error_of("[train]\nepochs = 3\n", {"train.epochs.x=1"}).what(),
+                  "train.epochs is the integer 3, not a table");
 }
 
 TEST(Config, TheResolvedConfigReadsBackEqual) {
@@ -157,9 +165,10 @@ TEST(Config, TheResolvedConfigReadsBackEqual) {
 
 TEST(Config, TheResolvedConfigSpellsOutEveryDefault) {
   const auto resolved = to_toml(parse_config("", "run.toml"));
-  for (const char* line : {"[data]", "dataset = \"fashion_mnist\"", "bs = 128", "[model]", "arch = \"simple_cnn\"",
-                           "[train]", "epochs = 3", "lr = 0.003", "loss = \"cross_entropy\"", "metrics = [\"accuracy\"]",
-                           "[distributed]", "sync_bn = true", "bucket_cap_mb = 25.0", "[output]", "dir = \"runs/train\""}) {
+  for (const char* line :
+       {"[data]", "dataset = \"fashion_mnist\"", "bs = 128", "[model]", "arch = \"simple_cnn\"", "[train]",
+        "epochs = 3", "lr = 0.003", "loss = \"cross_entropy\"", "metrics = [\"accuracy\"]", "[distributed]",
+        "sync_bn = true", "bucket_cap_mb = 25.0", "[output]", "dir = \"runs/train\""}) {
     expect_contains(resolved, std::string("\n") + line + "\n");
   }
 }
@@ -174,7 +183,8 @@ TEST(Config, TheShippedConfigsAreValid) {
   EXPECT_GE(n, 3);
   const auto demo = fastlearn::cli::load_config(std::string(FASTLEARN_SOURCE_DIR) + "/configs/fashion_mnist.toml");
   EXPECT_EQ(demo.model.arch, "simple_cnn");
-  const auto resnet = fastlearn::cli::load_config(std::string(FASTLEARN_SOURCE_DIR) + "/configs/fashion_mnist_resnet.toml");
+  const auto resnet =
+      fastlearn::cli::load_config(std::string(FASTLEARN_SOURCE_DIR) + "/configs/fashion_mnist_resnet.toml");
   EXPECT_EQ(resnet.model.arch, "resnet");
   EXPECT_TRUE(resnet.distributed.sync_bn);
 }

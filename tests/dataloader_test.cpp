@@ -92,12 +92,13 @@ TEST(DataLoader, DropLastCountsAndSizes) {
 
 TEST(DataLoader, WorkersGiveExactlyTheBatchesOfTheCallersThread) {
   auto images = torch::randint(0, 256, {203, 1, 12, 12}, torch::kUInt8);
-  auto ds = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{images},
-                                                std::vector<at::Tensor>{torch::arange(203)});
+  auto ds =
+      std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{images}, std::vector<at::Tensor>{torch::arange(203)});
   std::vector<fl::BatchTransform> tfms{fl::random_crop(12, 2), fl::random_flip(0.5), fl::to_float(),
                                        fl::normalize({0.5}, {0.25})};
   fl::DataLoader serial(ds, {.bs = 16, .shuffle = true, .num_workers = 0, .seed = 7, .batch_tfms = tfms});
-  fl::DataLoader threaded(ds, {.bs = 16, .shuffle = true, .num_workers = 3, .prefetch = 2, .seed = 7, .batch_tfms = tfms});
+  fl::DataLoader threaded(ds,
+                          {.bs = 16, .shuffle = true, .num_workers = 3, .prefetch = 2, .seed = 7, .batch_tfms = tfms});
   for (int epoch = 0; epoch < 2; ++epoch) {
     std::vector<fl::Batch> expected;
     for (const auto& b : serial) expected.push_back(b);
@@ -168,7 +169,8 @@ TEST(DataLoader, BadOptionsAreErrors) {
 }
 
 TEST(Transforms, NormalizeCentersEachChannel) {
-  fl::Batch b{{torch::stack({torch::full({4, 4}, 10.0), torch::full({4, 4}, 20.0)}).unsqueeze(0).repeat({3, 1, 1, 1})}, {}};
+  fl::Batch b{{torch::stack({torch::full({4, 4}, 10.0), torch::full({4, 4}, 20.0)}).unsqueeze(0).repeat({3, 1, 1, 1})},
+              {}};
   auto rng = at::make_generator<at::CPUGeneratorImpl>(0);
   fl::normalize({10.0, 16.0}, {1.0, 2.0})(b, rng);
   EXPECT_TRUE(torch::allclose(b.inputs[0].select(1, 0), torch::zeros({3, 4, 4})));

@@ -1,10 +1,10 @@
 // Oracle: on 2 ranks the GradReducer's averaged gradients equal those of PyTorch's own
 // DistributedDataParallel (Gloo, run by torchrun in Python) for the same model, weights and batches.
 // Runs when Python torch and safetensors are present.
+#include <fastlearn/core/safetensors.h>
 #include <fastlearn/distributed/grad_reducer.h>
 #include <fastlearn/distributed/runtime.h>
 #include <fastlearn/models/models.h>
-#include <fastlearn/core/safetensors.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -37,35 +37,37 @@ TEST(DdpOracle, AveragedGradientsEqualPyTorchDdp) {
     }
     fl::save_safetensors(dir / "input.safetensors", tensors);
   }
-  flt::run_on_ranks(2, [&dir](const flt::RankContext&) {
-    fl::setup_distrib({.timeout = std::chrono::seconds(30)});
-    auto input = fl::load_safetensors(dir / "input.safetensors");
-    auto model = fl::models::mlp(16, {32}, 4);
-    std::vector<std::pair<std::string, at::Tensor>> params;
-    {
-      torch::NoGradGuard no_grad;
-      for (auto& p : model->named_parameters()) {
-        p.value().copy_(*input.find(p.key()));
-        params.emplace_back(p.key(), p.value());
-      }
-    }
-    fl::GradReducer reducer(params, {}, fl::world_group());
-    const auto x = *input.find(fmt::format("data/x{}", fl::rank()));
-    const auto y = *input.find(fmt::format("data/y{}", fl::rank()));
-    torch::nn::functional::cross_entropy(model->forward(x), y).backward();
-    if (fl::rank() == 0) {
-      fl::NamedTensors grads;
-      for (auto& [name, p] : params) grads.emplace_back(name, p.grad());
-      fl::save_safetensors(dir / "ours.safetensors", grads);
-    }
-    fl::teardown_distrib();
-  }, {.env = flt::torchrun_env(2)});
+  flt::run_on_ranks(2,
+                    [&dir](const flt::RankContext&) {
+                      fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+                      auto input = fl::load_safetensors(dir / "input.safetensors");
+                      auto model = fl::models::mlp(16, {32}, 4);
+                      std::vector<std::pair<std::string, at::Tensor>> params;
+                      {
+                        torch::NoGradGuard no_grad;
+                        for (auto& p : model->named_parameters()) {
+                          p.value().copy_(*input.find(p.key()));
+                          params.emplace_back(p.key(), p.value());
+                        }
+                      }
+                      fl::GradReducer reducer(params, {}, fl::world_group());
+                      const auto x = *input.find(fmt::format("data/x{}", fl::rank()));
+                      const auto y = *input.find(fmt::format("data/y{}", fl::rank()));
+                      torch::nn::functional::cross_entropy(model->forward(x), y).backward();
+                      if (fl::rank() == 0) {
+                        fl::NamedTensors grads;
+                        for (auto& [name, p] : params) grads.emplace_back(name, p.grad());
+                        fl::save_safetensors(dir / "ours.safetensors", grads);
+                      }
+                      fl::teardown_distrib();
+                    },
+                    {.env = flt::torchrun_env(2)});
 
-  const auto command = fmt::format("{} -m torch.distributed.run --nproc-per-node 2 --master-port {} {}/tests/python/"
-                                   "ddp_grads_oracle.py {} {} > {} 2>&1",
-                                   python, flt::free_tcp_port(), FASTLEARN_SOURCE_DIR,
-                                   (dir / "input.safetensors").string(), (dir / "ddp.safetensors").string(),
-                                   (dir / "torchrun.log").string());
+  const auto command = fmt::format(
+      "{} -m torch.distributed.run --nproc-per-node 2 --master-port {} {}/tests/python/"
+      "ddp_grads_oracle.py {} {} > {} 2>&1",
+      python, flt::free_tcp_port(), FASTLEARN_SOURCE_DIR, (dir / "input.safetensors").string(),
+      (dir / "ddp.safetensors").string(), (dir / "torchrun.log").string());
   ASSERT_EQ(std::system(command.c_str()), 0) << "torchrun failed; see " << dir / "torchrun.log";
   auto ours = fl::load_safetensors(dir / "ours.safetensors");
   auto theirs = fl::load_safetensors(dir / "ddp.safetensors");

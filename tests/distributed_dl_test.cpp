@@ -102,7 +102,8 @@ using fastlearn::testing::message_of;
 // Every rank's `mine`, gathered (all the same length).
 std::vector<Items> all_ranks(const Items& mine) {
   std::vector<at::Tensor> parts;
-  for (int r = 0; r < fl::world_size(); ++r) parts.push_back(torch::empty({static_cast<std::int64_t>(mine.size())}, torch::kLong));
+  for (int r = 0; r < fl::world_size(); ++r)
+    parts.push_back(torch::empty({static_cast<std::int64_t>(mine.size())}, torch::kLong));
   fl::all_gather(parts, torch::tensor(mine, torch::kLong));
   std::vector<Items> out;
   for (const auto& p : parts) out.push_back(to_items(p));
@@ -192,7 +193,8 @@ TEST(DistributedDLLogic, BadRanksAndBadBaseSamplersAreErrors) {
     Items order(std::int64_t) const override { return {0, 1, 2}; }
   };
   fl::DistributedSampler over_liar(std::make_shared<Liar>(), 0, 2);
-  EXPECT_NE(message_of([&] { over_liar.order(0); }).find("gave 3 items for epoch 0 but its size is 5"), std::string::npos);
+  EXPECT_NE(message_of([&] { over_liar.order(0); }).find("gave 3 items for epoch 0 but its size is 5"),
+            std::string::npos);
   fl::DistributedSampler empty(std::make_shared<fl::SequentialSampler>(0), 1, 2);
   EXPECT_EQ(empty.size(), 0);
   EXPECT_TRUE(empty.order(0).empty());
@@ -208,8 +210,8 @@ TEST(DistributedDLOneProcess, YieldsExactlyTheBaseLoadersBatches) {
   };
   for (bool shuffle : {false, true}) {
     for (bool drop_last : {false, true}) {
-      const fl::DataLoaderOptions options{.bs = 6, .shuffle = shuffle, .drop_last = drop_last, .seed = 11,
-                                          .batch_tfms = {noise}};
+      const fl::DataLoaderOptions options{
+          .bs = 6, .shuffle = shuffle, .drop_last = drop_last, .seed = 11, .batch_tfms = {noise}};
       fl::DataLoader base(numbered(27), options), wrapped(numbered(27), options);
       const auto original = wrapped.sampler_ptr();
       auto ddl = fl::DistributedDL::wrap(wrapped);
@@ -247,169 +249,188 @@ TEST(DistributedDLOneProcess, YieldsExactlyTheBaseLoadersBatches) {
 // ---- real ranks over Gloo ----------------------------------------------------------------------------
 
 TEST(DistributedDL, FiftyItemsOnFourRanksAndTheirGatheredPredictions) {
-  flt::run_on_ranks(4, [](const RankContext&) {
-    Distributed dist;
-    const int r = fl::rank();
-    fl::DataLoader dl(numbered(50), {.bs = 12});
-    auto ddl = fl::DistributedDL::wrap(dl);
-    EXPECT_EQ(ddl.rank(), r);
-    EXPECT_EQ(ddl.world_size(), 4);
-    EXPECT_EQ(dl.size(), 2);
-    Items first;
-    for (std::int64_t i = 13 * r; i < 13 * r + 12; ++i) first.push_back(i % 50);
-    std::vector<at::Tensor> preds;
-    std::vector<Items> batches;
-    for (const auto& b : dl) {
-      batches.push_back(to_items(b.targets[0]));
-      preds.push_back(b.inputs[0]);
-    }
-    EXPECT_EQ(batches, (std::vector<Items>{first, {(13 * r + 12) % 50}}));
-    const auto all = fl::gather_unpadded(torch::cat(preds), ddl);
-    EXPECT_TRUE(torch::equal(all, numbered(50)->inputs()[0])) << "padding not removed exactly";
-  }, torchrun(4));
+  flt::run_on_ranks(
+      4,
+      [](const RankContext&) {
+        Distributed dist;
+        const int r = fl::rank();
+        fl::DataLoader dl(numbered(50), {.bs = 12});
+        auto ddl = fl::DistributedDL::wrap(dl);
+        EXPECT_EQ(ddl.rank(), r);
+        EXPECT_EQ(ddl.world_size(), 4);
+        EXPECT_EQ(dl.size(), 2);
+        Items first;
+        for (std::int64_t i = 13 * r; i < 13 * r + 12; ++i) first.push_back(i % 50);
+        std::vector<at::Tensor> preds;
+        std::vector<Items> batches;
+        for (const auto& b : dl) {
+          batches.push_back(to_items(b.targets[0]));
+          preds.push_back(b.inputs[0]);
+        }
+        EXPECT_EQ(batches, (std::vector<Items>{first, {(13 * r + 12) % 50}}));
+        const auto all = fl::gather_unpadded(torch::cat(preds), ddl);
+        EXPECT_TRUE(torch::equal(all, numbered(50)->inputs()[0])) << "padding not removed exactly";
+      },
+      torchrun(4));
 }
 
 class DistributedDLUneven : public ::testing::TestWithParam<int> {};
 
 TEST_P(DistributedDLUneven, SameBatchesOnEveryRankAndExactlyNGatheredItems) {
   const int world = GetParam();
-  flt::run_on_ranks(world, [](const RankContext&) {
-    Distributed dist;
-    const int r = fl::rank(), w = fl::world_size();
-    const std::int64_t bs = 4;
-    for (std::int64_t n : {std::int64_t{1}, std::int64_t{2}, std::int64_t{7}, w * bs + 1, 2 * w * bs + 1}) {
-      for (bool drop_last : {false, true}) {
-        SCOPED_TRACE(fmt::format("n {}, drop_last {}", n, drop_last));
-        fl::DataLoader dl(numbered(n), {.bs = bs, .drop_last = drop_last});
-        auto ddl = fl::DistributedDL::wrap(dl);
-        const std::int64_t total = (n + w - 1) / w * w;
-        EXPECT_EQ(ddl.padding(), total - n);
-        std::vector<std::int64_t> sizes;
-        std::vector<at::Tensor> targets, inputs;
-        for (const auto& b : dl) {
-          // A step's collective: it would hang if some rank had a batch more than another.
-          auto step = torch::ones({1});
-          fl::all_reduce(step);
-          EXPECT_EQ(step.item<float>(), static_cast<float>(w));
-          sizes.push_back(b.size());
-          targets.push_back(b.targets[0]);
-          inputs.push_back(b.inputs[0]);
-        }
-        EXPECT_EQ(static_cast<std::int64_t>(sizes.size()), dl.size());
-        EXPECT_EQ(static_cast<std::int64_t>(sizes.size()), ddl.size());
-        EXPECT_EQ(sizes, expected_sizes(total / w, bs, drop_last));
-        for (const auto& other : all_ranks(sizes)) EXPECT_EQ(other, sizes) << "rank " << r << " vs another rank";
-        const auto local = targets.empty() ? torch::empty({0}, torch::kLong) : torch::cat(targets);
-        EXPECT_EQ(local.size(0), ddl.items());
-        const auto gathered = to_items(fl::gather_unpadded(local, dl));
-        if (!drop_last) {
-          EXPECT_EQ(gathered, iota(n)) << "validation must see exactly the n items, in dataset order";
-        } else {
-          // Only what the ranks yielded, without the padding: positions r * per + j, j < items, below n.
-          Items expected;
-          for (int k = 0; k < w; ++k) {
-            for (std::int64_t j = 0; j < ddl.items(); ++j) {
-              if (k * (total / w) + j < n) expected.push_back(k * (total / w) + j);
+  flt::run_on_ranks(
+      world,
+      [](const RankContext&) {
+        Distributed dist;
+        const int r = fl::rank(), w = fl::world_size();
+        const std::int64_t bs = 4;
+        for (std::int64_t n : {std::int64_t{1}, std::int64_t{2}, std::int64_t{7}, w * bs + 1, 2 * w * bs + 1}) {
+          for (bool drop_last : {false, true}) {
+            SCOPED_TRACE(fmt::format("n {}, drop_last {}", n, drop_last));
+            fl::DataLoader dl(numbered(n), {.bs = bs, .drop_last = drop_last});
+            auto ddl = fl::DistributedDL::wrap(dl);
+            const std::int64_t total = (n + w - 1) / w * w;
+            EXPECT_EQ(ddl.padding(), total - n);
+            std::vector<std::int64_t> sizes;
+            std::vector<at::Tensor> targets, inputs;
+            for (const auto& b : dl) {
+              // A step's collective: it would hang if some rank had a batch more than another.
+              auto step = torch::ones({1});
+              fl::all_reduce(step);
+              EXPECT_EQ(step.item<float>(), static_cast<float>(w));
+              sizes.push_back(b.size());
+              targets.push_back(b.targets[0]);
+              inputs.push_back(b.inputs[0]);
             }
+            EXPECT_EQ(static_cast<std::int64_t>(sizes.size()), dl.size());
+            EXPECT_EQ(static_cast<std::int64_t>(sizes.size()), ddl.size());
+            EXPECT_EQ(sizes, expected_sizes(total / w, bs, drop_last));
+            for (const auto& other : all_ranks(sizes)) EXPECT_EQ(other, sizes) << "rank " << r << " vs another rank";
+            const auto local = targets.empty() ? torch::empty({0}, torch::kLong) : torch::cat(targets);
+            EXPECT_EQ(local.size(0), ddl.items());
+            const auto gathered = to_items(fl::gather_unpadded(local, dl));
+            if (!drop_last) {
+              EXPECT_EQ(gathered, iota(n)) << "validation must see exactly the n items, in dataset order";
+            } else {
+              // Only what the ranks yielded, without the padding: positions r * per + j, j < items, below n.
+              Items expected;
+              for (int k = 0; k < w; ++k) {
+                for (std::int64_t j = 0; j < ddl.items(); ++j) {
+                  if (k * (total / w) + j < n) expected.push_back(k * (total / w) + j);
+                }
+              }
+              EXPECT_EQ(gathered, expected);
+            }
+            if (!drop_last) {
+              // Any dtype and trailing shape: float inputs [k, 2], bool, half and int32 rows of shape [2, 3].
+              const auto x = fl::gather_unpadded(torch::cat(inputs), ddl);
+              EXPECT_TRUE(torch::equal(x, numbered(n)->inputs()[0]));
+              const auto t = local.view({-1, 1, 1}).expand({-1, 2, 3}).contiguous();
+              const auto global = torch::arange(n).view({-1, 1, 1}).expand({-1, 2, 3});
+              EXPECT_TRUE(torch::equal(fl::gather_unpadded(t % 2 == 1, ddl), global % 2 == 1));
+              EXPECT_TRUE(torch::equal(fl::gather_unpadded(t.to(torch::kHalf), ddl), global.to(torch::kHalf)));
+              EXPECT_TRUE(torch::equal(fl::gather_unpadded(t.to(torch::kInt), ddl), global.to(torch::kInt)));
+            }
+            ddl.unwrap();
+            EXPECT_EQ(flatten(epoch_batches(dl)), iota(drop_last ? n / bs * bs : n))
+                << "unwrap must give back the whole dataset";
           }
-          EXPECT_EQ(gathered, expected);
         }
-        if (!drop_last) {
-          // Any dtype and trailing shape: float inputs [k, 2], bool, half and int32 rows of shape [2, 3].
-          const auto x = fl::gather_unpadded(torch::cat(inputs), ddl);
-          EXPECT_TRUE(torch::equal(x, numbered(n)->inputs()[0]));
-          const auto t = local.view({-1, 1, 1}).expand({-1, 2, 3}).contiguous();
-          const auto global = torch::arange(n).view({-1, 1, 1}).expand({-1, 2, 3});
-          EXPECT_TRUE(torch::equal(fl::gather_unpadded(t % 2 == 1, ddl), global % 2 == 1));
-          EXPECT_TRUE(torch::equal(fl::gather_unpadded(t.to(torch::kHalf), ddl), global.to(torch::kHalf)));
-          EXPECT_TRUE(torch::equal(fl::gather_unpadded(t.to(torch::kInt), ddl), global.to(torch::kInt)));
-        }
-        ddl.unwrap();
-        EXPECT_EQ(flatten(epoch_batches(dl)), iota(drop_last ? n / bs * bs : n)) << "unwrap must give back the whole dataset";
-      }
-    }
-  }, torchrun(world));
+      },
+      torchrun(world));
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DistributedDLUneven, ::testing::Values(2, 3),
-                         [](const ::testing::TestParamInfo<int>& param) { return std::to_string(param.param) + "ranks"; });
+                         [](const ::testing::TestParamInfo<int>& param) {
+                           return std::to_string(param.param) + "ranks";
+                         });
 
 TEST(DistributedDL, ShuffleUsesRankZerosPermutationNewEachEpoch) {
-  flt::run_on_ranks(2, [](const RankContext&) {
-    Distributed dist;
-    const int r = fl::rank();
-    torch::manual_seed(1000 + static_cast<std::uint64_t>(r));  // each rank draws its own loader seed
-    const std::int64_t n = 21, bs = 4;
-    // An augmentation that records its random draws as a second input.
-    fl::BatchTransform draw = [](fl::Batch& b, at::Generator& rng) { b.inputs.push_back(torch::rand({b.size()}, rng)); };
-    fl::DataLoader dl(numbered(n), {.bs = bs, .shuffle = true, .batch_tfms = {draw}});
-    const auto seeds = all_ranks({static_cast<std::int64_t>(dl.seed())});
-    ASSERT_NE(seeds[0], seeds[1]) << "the ranks' loaders should start with different seeds";
-    const auto seed0 = static_cast<std::uint64_t>(seeds[0][0]);
-    auto ddl = fl::DistributedDL::wrap(dl);
-    if (r == 0) {
-      EXPECT_EQ(dl.seed(), seed0) << "rank 0 keeps its seed";
-    }
-    // Rank 0's own loader as it was before wrapping: its permutations are the ones to share.
-    fl::DataLoader rank0(numbered(n), {.bs = bs, .shuffle = true, .seed = seed0, .batch_tfms = {draw}});
-    Items previous;
-    for (int epoch = 0; epoch < 3; ++epoch) {
-      SCOPED_TRACE(fmt::format("epoch {}", epoch));
-      Items mine;
-      at::Tensor first_draws;
-      for (const auto& b : dl) {
-        const auto items = to_items(b.targets[0]);
-        mine.insert(mine.end(), items.begin(), items.end());
-        if (!first_draws.defined()) first_draws = b.inputs[1];
-      }
-      Items order;
-      at::Tensor rank0_draws;
-      for (const auto& b : rank0) {
-        const auto items = to_items(b.targets[0]);
-        order.insert(order.end(), items.begin(), items.end());
-        if (!rank0_draws.defined()) rank0_draws = b.inputs[1];
-      }
-      EXPECT_EQ(mine, expected_block(order, r, 2));
-      Items concatenated;
-      for (const auto& block : all_ranks(mine)) concatenated.insert(concatenated.end(), block.begin(), block.end());
-      Items padded = order;
-      padded.push_back(order[0]);
-      EXPECT_EQ(concatenated, padded) << "the blocks must make rank 0's padded permutation";
-      EXPECT_EQ(all_ranks(concatenated)[1], concatenated) << "the ranks see different orders";
-      EXPECT_NE(concatenated, previous) << "an epoch repeated the previous order";
-      previous = concatenated;
-      // Augmentation: rank 0 draws what its base loader draws; the other rank draws numbers of its own.
-      std::vector<at::Tensor> draws{torch::empty({bs}), torch::empty({bs})};
-      fl::all_gather(draws, first_draws);
-      if (r == 0) {
-        EXPECT_TRUE(torch::equal(first_draws, rank0_draws));
-      }
-      EXPECT_FALSE(torch::equal(draws[0], draws[1])) << "the ranks' augmentations repeat each other";
-    }
-    ddl.unwrap();
-    EXPECT_EQ(dl.seed(), static_cast<std::uint64_t>(seeds[static_cast<std::size_t>(r)][0]));
-  }, torchrun(2));
+  flt::run_on_ranks(
+      2,
+      [](const RankContext&) {
+        Distributed dist;
+        const int r = fl::rank();
+        torch::manual_seed(1000 + static_cast<std::uint64_t>(r));  // each rank draws its own loader seed
+        const std::int64_t n = 21, bs = 4;
+        // An augmentation that records its random draws as a second input.
+        fl::BatchTransform draw = [](fl::Batch& b, at::Generator& rng) {
+          b.inputs.push_back(torch::rand({b.size()}, rng));
+        };
+        fl::DataLoader dl(numbered(n), {.bs = bs, .shuffle = true, .batch_tfms = {draw}});
+        const auto seeds = all_ranks({static_cast<std::int64_t>(dl.seed())});
+        ASSERT_NE(seeds[0], seeds[1]) << "the ranks' loaders should start with different seeds";
+        const auto seed0 = static_cast<std::uint64_t>(seeds[0][0]);
+        auto ddl = fl::DistributedDL::wrap(dl);
+        if (r == 0) {
+          EXPECT_EQ(dl.seed(), seed0) << "rank 0 keeps its seed";
+        }
+        // Rank 0's own loader as it was before wrapping: its permutations are the ones to share.
+        fl::DataLoader rank0(numbered(n), {.bs = bs, .shuffle = true, .seed = seed0, .batch_tfms = {draw}});
+        Items previous;
+        for (int epoch = 0; epoch < 3; ++epoch) {
+          SCOPED_TRACE(fmt::format("epoch {}", epoch));
+          Items mine;
+          at::Tensor first_draws;
+          for (const auto& b : dl) {
+            const auto items = to_items(b.targets[0]);
+            mine.insert(mine.end(), items.begin(), items.end());
+            if (!first_draws.defined()) first_draws = b.inputs[1];
+          }
+          Items order;
+          at::Tensor rank0_draws;
+          for (const auto& b : rank0) {
+            const auto items = to_items(b.targets[0]);
+            order.insert(order.end(), items.begin(), items.end());
+            if (!rank0_draws.defined()) rank0_draws = b.inputs[1];
+          }
+          EXPECT_EQ(mine, expected_block(order, r, 2));
+          Items concatenated;
+          for (const auto& block : all_ranks(mine)) concatenated.insert(concatenated.end(), block.begin(), block.end());
+          Items padded = order;
+          padded.push_back(order[0]);
+          EXPECT_EQ(concatenated, padded) << "the blocks must make rank 0's padded permutation";
+          EXPECT_EQ(all_ranks(concatenated)[1], concatenated) << "the ranks see different orders";
+          EXPECT_NE(concatenated, previous) << "an epoch repeated the previous order";
+          previous = concatenated;
+          // Augmentation: rank 0 draws what its base loader draws; the other rank draws numbers of its own.
+          std::vector<at::Tensor> draws{torch::empty({bs}), torch::empty({bs})};
+          fl::all_gather(draws, first_draws);
+          if (r == 0) {
+            EXPECT_TRUE(torch::equal(first_draws, rank0_draws));
+          }
+          EXPECT_FALSE(torch::equal(draws[0], draws[1])) << "the ranks' augmentations repeat each other";
+        }
+        ddl.unwrap();
+        EXPECT_EQ(dl.seed(), static_cast<std::uint64_t>(seeds[static_cast<std::size_t>(r)][0]));
+      },
+      torchrun(2));
 }
 
 TEST(DistributedDL, MismatchedRanksAreErrorsOnEveryRankNotHangs) {
-  flt::run_on_ranks(2, [](const RankContext&) {
-    Distributed dist;
-    const int r = fl::rank();
-    // Rank 1 wraps a loader of another size: both ranks are told, with the sizes.
-    fl::DataLoader odd(numbered(r == 0 ? 10 : 11), {.bs = 4});
-    const auto wrap_error = message_of([&] { fl::DistributedDL::wrap(odd); });
-    EXPECT_NE(wrap_error.find("rank(s) 1 wrap a loader unlike rank 0's (10 items, bs 4"), std::string::npos) << wrap_error;
-    EXPECT_EQ(fl::distributed_sampler(odd), nullptr) << "a failed wrap must leave the loader alone";
-    // Rank 1 passes too few rows to the gather: both ranks are told.
-    fl::DataLoader dl(numbered(10), {.bs = 4});
-    auto ddl = fl::DistributedDL::wrap(dl);
-    const auto rows = r == 0 ? ddl.items() : ddl.items() - 1;
-    const auto gather_error = message_of([&] { fl::gather_unpadded(torch::zeros({rows, 3}), ddl); });
-    EXPECT_NE(gather_error.find("rank 1: 4 rows of 3 elements, Float"), std::string::npos) << gather_error;
-    EXPECT_NE(gather_error.find("(5 rows: a block of 5 of the 10 padded items, bs 4)"), std::string::npos) << gather_error;
-    // Afterwards the ranks are still in step.
-    auto t = torch::ones({1});
-    fl::all_reduce(t);
-    EXPECT_EQ(t.item<float>(), 2.0f);
-  }, torchrun(2));
+  flt::run_on_ranks(
+      2,
+      [](const RankContext&) {
+        Distributed dist;
+        const int r = fl::rank();
+        // Rank 1 wraps a loader of another size: both ranks are told, with the sizes.
+        fl::DataLoader odd(numbered(r == 0 ? 10 : 11), {.bs = 4});
+        const auto wrap_error = message_of([&] { fl::DistributedDL::wrap(odd); });
+        EXPECT_NE(wrap_error.find("rank(s) 1 wrap a loader unlike rank 0's (10 items, bs 4"), std::string::npos)
+            << wrap_error;
+        EXPECT_EQ(fl::distributed_sampler(odd), nullptr) << "a failed wrap must leave the loader alone";
+        // Rank 1 passes too few rows to the gather: both ranks are told.
+        fl::DataLoader dl(numbered(10), {.bs = 4});
+        auto ddl = fl::DistributedDL::wrap(dl);
+        const auto rows = r == 0 ? ddl.items() : ddl.items() - 1;
+        const auto gather_error = message_of([&] { fl::gather_unpadded(torch::zeros({rows, 3}), ddl); });
+        EXPECT_NE(gather_error.find("rank 1: 4 rows of 3 elements, Float"), std::string::npos) << gather_error;
+        EXPECT_NE(gather_error.find("(5 rows: a block of 5 of the 10 padded items, bs 4)"), std::string::npos)
+            << gather_error;
+        // Afterwards the ranks are still in step.
+        auto t = torch::ones({1});
+        fl::all_reduce(t);
+        EXPECT_EQ(t.item<float>(), 2.0f);
+      },
+      torchrun(2));
 }

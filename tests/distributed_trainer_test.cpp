@@ -9,8 +9,8 @@
 #include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/distributed/runtime.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/models/models.h>
 #include <fastlearn/learner/recorder.h>
+#include <fastlearn/models/models.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -108,8 +108,8 @@ void expect_same_steps(const std::vector<std::vector<at::Tensor>>& a, const std:
     ASSERT_EQ(a[s].size(), b[s].size());
     for (std::size_t i = 0; i < a[s].size(); ++i) {
       if (a[s][i].is_floating_point()) {
-        ASSERT_TRUE(a[s][i].allclose(b[s][i], tolerance, tolerance)) << "step " << s << " tensor " << i << " differs by "
-                                                            << (a[s][i] - b[s][i]).abs().max().item<double>();
+        ASSERT_TRUE(a[s][i].allclose(b[s][i], tolerance, tolerance))
+            << "step " << s << " tensor " << i << " differs by " << (a[s][i] - b[s][i]).abs().max().item<double>();
       }
     }
   }
@@ -121,104 +121,122 @@ class Equivalence : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Equivalence, TwoRanksMatchOneProcessWithTwiceTheBatch) {
   const std::string kind = GetParam();
-  flt::run_on_ranks(2, [&kind](const RankContext&) {
-    const auto reference = train_steps(kind, 16, false, false);  // one process, batch 16
-    fl::setup_distrib({.timeout = std::chrono::seconds(30)});
-    const auto ours = train_steps(kind, 8, false, true);  // 2 ranks, batch 8 each
-    fl::teardown_distrib();
-    expect_same_steps(reference, ours);
-  }, {.env = flt::torchrun_env(2)});
+  flt::run_on_ranks(2,
+                    [&kind](const RankContext&) {
+                      const auto reference = train_steps(kind, 16, false, false);  // one process, batch 16
+                      fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+                      const auto ours = train_steps(kind, 8, false, true);  // 2 ranks, batch 8 each
+                      fl::teardown_distrib();
+                      expect_same_steps(reference, ours);
+                    },
+                    {.env = flt::torchrun_env(2)});
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Equivalence, ::testing::Values("mlp", "simple_cnn", "resnet_syncbn"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 TEST(DistributedTrainer, GradientAccumulationCommunicatesOnlyTheLastMicroBatch) {
-  flt::run_on_ranks(2, [](const RankContext&) {
-    const auto reference = train_steps("mlp", 16, false, false);
-    fl::setup_distrib({.timeout = std::chrono::seconds(30)});
-    const auto ours = train_steps("mlp", 4, true, true);  // 2 micro-batches of 4 per rank per step
-    fl::teardown_distrib();
-    expect_same_steps(reference, ours);
-  }, {.env = flt::torchrun_env(2)});
+  flt::run_on_ranks(2,
+                    [](const RankContext&) {
+                      const auto reference = train_steps("mlp", 16, false, false);
+                      fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+                      const auto ours = train_steps("mlp", 4, true, true);  // 2 micro-batches of 4 per rank per step
+                      fl::teardown_distrib();
+                      expect_same_steps(reference, ours);
+                    },
+                    {.env = flt::torchrun_env(2)});
 }
 
 // bf16 autocast (MixedPrecision on CPU) through the reducer: the same steps as one process to bf16's
 // precision (8 bits of mantissa: the two runs round different batch shapes differently).
 TEST(DistributedTrainer, Bf16MixedPrecisionMatchesOneProcessWithTwiceTheBatch) {
-  flt::run_on_ranks(2, [](const RankContext&) {
-    const auto reference = train_steps("simple_cnn", 16, false, false, /*bf16=*/true);
-    const auto full_precision = train_steps("simple_cnn", 16, false, false);
-    fl::setup_distrib({.timeout = std::chrono::seconds(30)});
-    const auto ours = train_steps("simple_cnn", 8, false, true, /*bf16=*/true);
-    fl::teardown_distrib();
-    expect_same_steps(reference, ours, 2e-2);
-    // The tolerance is tight enough to see that autocast ran: float32 steps differ from bf16 ones by more.
-    double max_diff = 0;
-    for (std::size_t i = 0; i < ours.back().size(); ++i) {
-      max_diff = std::max(max_diff, (ours.back()[i] - full_precision.back()[i]).abs().max().item<double>());
-    }
-    EXPECT_GT(max_diff, 1e-4) << "bf16 steps equal float32 ones: autocast did not run";
-  }, {.env = flt::torchrun_env(2)});
+  flt::run_on_ranks(2,
+                    [](const RankContext&) {
+                      const auto reference = train_steps("simple_cnn", 16, false, false, /*bf16=*/true);
+                      const auto full_precision = train_steps("simple_cnn", 16, false, false);
+                      fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+                      const auto ours = train_steps("simple_cnn", 8, false, true, /*bf16=*/true);
+                      fl::teardown_distrib();
+                      expect_same_steps(reference, ours, 2e-2);
+                      // The tolerance is tight enough to see that autocast ran: float32 steps differ from bf16 ones by
+                      // more.
+                      double max_diff = 0;
+                      for (std::size_t i = 0; i < ours.back().size(); ++i) {
+                        max_diff =
+                            std::max(max_diff, (ours.back()[i] - full_precision.back()[i]).abs().max().item<double>());
+                      }
+                      EXPECT_GT(max_diff, 1e-4) << "bf16 steps equal float32 ones: autocast did not run";
+                    },
+                    {.env = flt::torchrun_env(2)});
 }
 
 // DistributedTrainerOptions.group: 4 ranks run two independent 2-rank trainings at once, on the subgroups
 // {0, 1} and {2, 3} with different data; each takes the steps of one process with twice its batch (that
 // is, of its own 2-rank run), with SyncBatchNorm, sharding and validation gathers all within the subgroup.
 TEST(DistributedTrainer, TwoTrainingsOnTwoSubgroupsAtOnceEachMatchItsOwnRun) {
-  flt::run_on_ranks(4, [](const RankContext& ctx) {
-    const int pair = ctx.rank / 2;
-    const auto reference = train_steps("resnet_syncbn", 16, false, false, false, nullptr, 1 + pair);
-    fl::setup_distrib({.timeout = std::chrono::seconds(60)});
-    auto first = fl::new_group({0, 1});
-    auto second = fl::new_group({2, 3});
-    const auto ours = train_steps("resnet_syncbn", 8, false, true, false, pair == 0 ? first.get() : second.get(), 1 + pair);
-    first.reset();
-    second.reset();
-    fl::teardown_distrib();
-    expect_same_steps(reference, ours);
-  }, {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(4)});
+  flt::run_on_ranks(4,
+                    [](const RankContext& ctx) {
+                      const int pair = ctx.rank / 2;
+                      const auto reference = train_steps("resnet_syncbn", 16, false, false, false, nullptr, 1 + pair);
+                      fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+                      auto first = fl::new_group({0, 1});
+                      auto second = fl::new_group({2, 3});
+                      const auto ours = train_steps("resnet_syncbn", 8, false, true, false,
+                                                    pair == 0 ? first.get() : second.get(), 1 + pair);
+                      first.reset();
+                      second.reset();
+                      fl::teardown_distrib();
+                      expect_same_steps(reference, ours);
+                    },
+                    {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(4)});
 }
 
 TEST(DistributedTrainer, ValidationAndGetPredsCoverExactlyTheWholeSetOnEveryRank) {
-  flt::run_on_ranks(2, [](const RankContext&) {
-    auto model = make_model("mlp");
-    fl::Learner single(loaders(8, false), model, fl::cross_entropy(), {.metrics = {fl::accuracy()}, .progress = false});
-    const auto expected = single.validate();
-    const auto expected_preds = single.get_preds();
-    fl::setup_distrib({.timeout = std::chrono::seconds(30)});
-    {
-      auto model2 = make_model("mlp");
-      fl::Learner learn(loaders(8, false), model2, fl::cross_entropy(), {.metrics = {fl::accuracy()}, .progress = false});
-      fl::DistribCtx ctx(learn);
-      learn.fit(1, 0.0);  // lr 0: the weights stay those of `single`
-      const auto& row = learn.recorder().history().back();
-      EXPECT_NEAR(row.valid_loss, expected.loss, 1e-6) << "13 items, 1 padded: the padding is not counted";
-      EXPECT_NEAR(row.metrics[0], expected.metric("accuracy"), 1e-9);
-      auto preds = learn.get_preds();
-      ASSERT_EQ(preds.preds.size(0), kValid);
-      EXPECT_TRUE(preds.preds.allclose(expected_preds.preds, 1e-6, 1e-6));
-      EXPECT_TRUE(preds.targets.equal(expected_preds.targets)) << "dataset order";
-    }
-    fl::teardown_distrib();
-  }, {.env = flt::torchrun_env(2)});
+  flt::run_on_ranks(2,
+                    [](const RankContext&) {
+                      auto model = make_model("mlp");
+                      fl::Learner single(loaders(8, false), model, fl::cross_entropy(),
+                                         {.metrics = {fl::accuracy()}, .progress = false});
+                      const auto expected = single.validate();
+                      const auto expected_preds = single.get_preds();
+                      fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+                      {
+                        auto model2 = make_model("mlp");
+                        fl::Learner learn(loaders(8, false), model2, fl::cross_entropy(),
+                                          {.metrics = {fl::accuracy()}, .progress = false});
+                        fl::DistribCtx ctx(learn);
+                        learn.fit(1, 0.0);  // lr 0: the weights stay those of `single`
+                        const auto& row = learn.recorder().history().back();
+                        EXPECT_NEAR(row.valid_loss, expected.loss, 1e-6)
+                            << "13 items, 1 padded: the padding is not counted";
+                        EXPECT_NEAR(row.metrics[0], expected.metric("accuracy"), 1e-9);
+                        auto preds = learn.get_preds();
+                        ASSERT_EQ(preds.preds.size(0), kValid);
+                        EXPECT_TRUE(preds.preds.allclose(expected_preds.preds, 1e-6, 1e-6));
+                        EXPECT_TRUE(preds.targets.equal(expected_preds.targets)) << "dataset order";
+                      }
+                      fl::teardown_distrib();
+                    },
+                    {.env = flt::torchrun_env(2)});
 }
 
 TEST(DistributedTrainer, OnlyRankZeroWritesCheckpointsAndEveryRankLoadsThem) {
   const auto dir = fs::temp_directory_path() / ("fastlearn-dt-" + std::to_string(flt::test_process_id()));
-  flt::run_on_ranks(2, [&dir](const RankContext&) {
-    fl::setup_distrib({.timeout = std::chrono::seconds(30)});
-    {
-      auto model = make_model("mlp");
-      fl::Learner learn(loaders(8, false), model, fl::cross_entropy(),
-                        {.path = dir / std::to_string(fl::rank()), .progress = false});
-      fl::DistribCtx ctx(learn);
-      learn.fit(1, 0.05);
-      learn.save("shared");
-      EXPECT_EQ(fs::exists(dir / std::to_string(fl::rank()) / "models" / "shared.safetensors"), fl::rank() == 0);
-    }
-    fl::teardown_distrib();
-  }, {.env = flt::torchrun_env(2)});
+  flt::run_on_ranks(2,
+                    [&dir](const RankContext&) {
+                      fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+                      {
+                        auto model = make_model("mlp");
+                        fl::Learner learn(loaders(8, false), model, fl::cross_entropy(),
+                                          {.path = dir / std::to_string(fl::rank()), .progress = false});
+                        fl::DistribCtx ctx(learn);
+                        learn.fit(1, 0.05);
+                        learn.save("shared");
+                        EXPECT_EQ(fs::exists(dir / std::to_string(fl::rank()) / "models" / "shared.safetensors"),
+                                  fl::rank() == 0);
+                      }
+                      fl::teardown_distrib();
+                    },
+                    {.env = flt::torchrun_env(2)});
   if (!flt::in_rank_process()) fs::remove_all(dir);
 }
-

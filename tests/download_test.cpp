@@ -13,8 +13,8 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/sysmacros.h>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <unistd.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
 #include <fstream>
@@ -44,8 +44,8 @@ class Scratch {
  public:
   Scratch() {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            fmt::format("fastlearn-{}-{}", info->name(), fastlearn::testing::test_process_id());
+    path_ =
+        fs::temp_directory_path() / fmt::format("fastlearn-{}-{}", info->name(), fastlearn::testing::test_process_id());
     if (fastlearn::testing::in_rank_process()) return;
     fs::remove_all(path_);
     fs::create_directories(path_);
@@ -207,15 +207,16 @@ TEST(Download, HttpFromALocalServerRetriesTransientFailures) {
     FAIL() << "a 404 was accepted";
   } catch (const fl::DataError& e) {
     EXPECT_NE(std::string(e.what()).find("404"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("after 1 attempt"), std::string::npos) << "a 404 is not transient: " << e.what();
+    EXPECT_NE(std::string(e.what()).find("after 1 attempt"), std::string::npos)
+        << "a 404 is not transient: " << e.what();
   }
   EXPECT_FALSE(fs::exists(s.path() / "missing.bin"));
 }
 
 TEST(Archive, GoodTarGzAndZipExtractWithInsideLinks) {
   Scratch s;
-  const std::vector<Entry> entries{{"set/", "", AE_IFDIR}, {"set/a.txt", "alpha"}, {"set/sub/b.txt", "beta"},
-                                   {"set/link", "sub/b.txt", AE_IFLNK}};
+  const std::vector<Entry> entries{
+      {"set/", "", AE_IFDIR}, {"set/a.txt", "alpha"}, {"set/sub/b.txt", "beta"}, {"set/link", "sub/b.txt", AE_IFLNK}};
   for (const char* name : {"good.tar.gz", "good.zip"}) {
     make_archive(s.path() / name, entries);
     const auto dest = s.path() / (std::string(name) + ".out");
@@ -257,7 +258,8 @@ TEST(Archive, HostileEntriesAreRefusedAndNothingLandsOutside) {
 TEST(UntarData, FourProcessesOnAnEmptyCacheAllGetTheSameIntactFolder) {
   Scratch s;
   std::vector<Entry> entries{{"shapes/", "", AE_IFDIR}};
-  for (int i = 0; i < 50; ++i) entries.push_back({fmt::format("shapes/f{}.txt", i), std::string(20000 + i, 'a' + i % 26)});
+  for (int i = 0; i < 50; ++i)
+    entries.push_back({fmt::format("shapes/f{}.txt", i), std::string(20000 + i, 'a' + i % 26)});
   if (!fastlearn::testing::in_rank_process()) make_archive(s.path() / "shapes.tar.gz", entries);
   const std::string url = "file://" + (s.path() / "shapes.tar.gz").string();
   const auto cache = s.path() / "cache";

@@ -42,8 +42,11 @@ TEST(Env, NothingSetIsASingleProcess) {
 }
 
 TEST(Env, TorchrunVariables) {
-  const auto env = fl::resolve_env({}, vars({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
-                                             {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.7"},
+  const auto env = fl::resolve_env({}, vars({{"RANK", "3"},
+                                             {"WORLD_SIZE", "4"},
+                                             {"LOCAL_RANK", "1"},
+                                             {"LOCAL_WORLD_SIZE", "2"},
+                                             {"MASTER_ADDR", "10.0.0.7"},
                                              {"MASTER_PORT", "29555"}}));
   EXPECT_EQ(env.rank, 3);
   EXPECT_EQ(env.world_size, 4);
@@ -56,9 +59,9 @@ TEST(Env, TorchrunVariables) {
 
 TEST(Env, PrecedenceExplicitThenTorchrunThenOpenMpiThenPmiThenSlurm) {
   std::map<std::string, std::string> all{
-      {"RANK", "1"},         {"WORLD_SIZE", "8"},          {"OMPI_COMM_WORLD_RANK", "2"},
-      {"OMPI_COMM_WORLD_SIZE", "8"}, {"PMI_RANK", "3"},    {"PMI_SIZE", "8"},
-      {"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "8"},        {"MASTER_ADDR", "h"}};
+      {"RANK", "1"},       {"WORLD_SIZE", "8"}, {"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "8"},
+      {"PMI_RANK", "3"},   {"PMI_SIZE", "8"},   {"SLURM_PROCID", "4"},         {"SLURM_NTASKS", "8"},
+      {"MASTER_ADDR", "h"}};
   EXPECT_EQ(fl::resolve_env({.rank = 0, .world_size = 2}, vars(all)).rank, 0);
   EXPECT_EQ(fl::resolve_env({}, vars(all)).rank, 1);
   all.erase("RANK");
@@ -72,15 +75,19 @@ TEST(Env, PrecedenceExplicitThenTorchrunThenOpenMpiThenPmiThenSlurm) {
 }
 
 TEST(Env, OpenMpiLocalLayoutAndLoopbackMasterOnOneNode) {
-  const auto env = fl::resolve_env({}, vars({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
-                                             {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}));
+  const auto env = fl::resolve_env({}, vars({{"OMPI_COMM_WORLD_RANK", "1"},
+                                             {"OMPI_COMM_WORLD_SIZE", "2"},
+                                             {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                             {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}));
   EXPECT_EQ(env.local_rank, 1);
   EXPECT_EQ(env.master_addr, "127.0.0.1") << "all ranks on this node: loopback";
   EXPECT_EQ(env.master_port, 29500);
 }
 
 TEST(Env, SlurmTakesTheMasterFromTheNodeList) {
-  const auto env = fl::resolve_env({}, vars({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
+  const auto env = fl::resolve_env({}, vars({{"SLURM_PROCID", "5"},
+                                             {"SLURM_NTASKS", "8"},
+                                             {"SLURM_LOCALID", "1"},
                                              {"SLURM_NTASKS_PER_NODE", "4(x2)"},
                                              {"SLURM_JOB_NODELIST", "gpu[07-08]"}}));
   EXPECT_EQ(env.rank, 5);
@@ -99,7 +106,8 @@ TEST(Env, InconsistentValuesAreClearErrors) {
   EXPECT_NE(error_of({}, {{"RANK", "0"}, {"WORLD_SIZE", "0"}}).find("must be >= 1"), std::string::npos);
   EXPECT_NE(error_of({.rank = 1}, {}).find("set the rank option but not the world_size option"), std::string::npos);
   EXPECT_NE(error_of({}, {{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}}).find("set MASTER_ADDR"),
-            std::string::npos) << "a job spanning nodes needs a master address";
+            std::string::npos)
+      << "a job spanning nodes needs a master address";
   EXPECT_NE(error_of({}, {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "5"}}).find("local rank 5"),
             std::string::npos);
   EXPECT_NE(error_of({}, {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}).find("not a TCP port"),

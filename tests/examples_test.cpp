@@ -30,8 +30,10 @@ TEST(Examples, RingAllreduceOnThreeRanksMatchesAllReduce) {
   const auto [code, out] = run_shell(cli("launch --nproc-per-node 3 " + bin("ring_allreduce") + " --numel 100003"));
   EXPECT_EQ(code, 0) << out;
   for (int r = 0; r < 3; ++r) {
-    EXPECT_NE(out.find("[rank " + std::to_string(r) + "] rank " + std::to_string(r) + " of 3: ring allreduce of 100003"),
-              std::string::npos) << out;
+    EXPECT_NE(
+        out.find("[rank " + std::to_string(r) + "] rank " + std::to_string(r) + " of 3: ring allreduce of 100003"),
+        std::string::npos)
+        << out;
   }
 }
 

@@ -12,7 +12,8 @@ namespace fs = std::filesystem;
 
 TEST(FashionMnist, SimpleCnnReaches90PercentInThreeEpochs) {
   const fs::path data = "/usr/share/datasets/fashion-mnist";
-  if (!fs::exists(data / "train-images-idx3-ubyte.gz")) GTEST_SKIP() << "Debian's dataset-fashion-mnist is not installed";
+  if (!fs::exists(data / "train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "Debian's dataset-fashion-mnist is not installed";
   const auto out = fs::temp_directory_path() / ("fastlearn-fashion-" + std::to_string(getpid()));
   const std::string command = std::string(FASTLEARN_FASHION_APP) + " --epochs 3 --out " + out.string() + " > " +
                               (out.string() + ".log") + " 2>&1";

@@ -11,10 +11,10 @@
 //   fault_probe verify --out DIR           loads the newest checkpoint of DIR/checkpoints; exit 0 when it loads
 #include <fastlearn/fastlearn.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <torch/torch.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <csignal>
 #include <cstdio>
@@ -75,7 +75,8 @@ class Saboteur : public fl::Callback {
     if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
     if (!l.training || restart_count() > 0) return;
     if (fl::rank() == die_rank && l.epoch == die_epoch && l.iter == die_batch) {
-      std::fprintf(stderr, "fault_probe: rank %d kills itself at epoch %d batch %d\n", fl::rank(), die_epoch, die_batch);
+      std::fprintf(stderr, "fault_probe: rank %d kills itself at epoch %d batch %d\n", fl::rank(), die_epoch,
+                   die_batch);
       std::fflush(stderr);
       std::raise(SIGKILL);
     }
@@ -86,9 +87,10 @@ std::unique_ptr<fl::Learner> make_learner(const fs::path& out, std::int64_t n_tr
                                           std::int64_t hidden, std::vector<fl::CallbackPtr> cbs) {
   fl::set_seed(3);
   ProbeNet net(hidden);
-  return std::make_unique<fl::Learner>(probe_data(n_train, bs), net, fl::cross_entropy(),
-                                       fl::LearnerOptions{.opt_func = fl::Adam(), .metrics = {fl::accuracy()},
-                                                          .cbs = std::move(cbs), .path = out, .progress = false});
+  return std::make_unique<fl::Learner>(
+      probe_data(n_train, bs), net, fl::cross_entropy(),
+      fl::LearnerOptions{
+          .opt_func = fl::Adam(), .metrics = {fl::accuracy()}, .cbs = std::move(cbs), .path = out, .progress = false});
 }
 
 int train(const fs::path& out, int epochs, std::int64_t every, int timeout_s, const std::shared_ptr<Saboteur>& sab,
@@ -102,7 +104,8 @@ int train(const fs::path& out, int epochs, std::int64_t every, int timeout_s, co
   const auto resume = fl::latest_checkpoint(checkpointer->dir());
   {
     // Sets up the process group only under a launcher (several processes).
-    fl::DistribCtx ctx(*learn, fl::DistributedTrainerOptions{}, fl::SetupOptions{.timeout = std::chrono::seconds(timeout_s)});
+    fl::DistribCtx ctx(*learn, fl::DistributedTrainerOptions{},
+                       fl::SetupOptions{.timeout = std::chrono::seconds(timeout_s)});
     if (resume && fl::rank() == 0) std::fprintf(stderr, "fault_probe: resuming from %s\n", resume->c_str());
     learn->fit_one_cycle(epochs, 1e-2, {.fit = {.resume_from = resume.value_or(fs::path())}});
     if (!stop->stopped()) learn->save("final", {.with_opt = false});

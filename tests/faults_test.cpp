@@ -2,23 +2,23 @@
 // written, an elastic restart that resumes, SIGTERM during training, a hung rank, and bad input to the
 // fashion_mnist app and `fastlearn launch` (exit code, message on stderr, nothing half-written). The
 // training program is tests/fault_probe.cpp: a tiny model on synthetic data, milliseconds per epoch.
-#include <fastlearn/callbacks/checkpointing.h>
-#include <fastlearn/core/error.h>
-#include <fastlearn/learner/checkpoint.h>
-#include <fastlearn/core/safetensors.h>
 #include <archive.h>
 #include <archive_entry.h>
 #include <arpa/inet.h>
+#include <fastlearn/callbacks/checkpointing.h>
+#include <fastlearn/core/error.h>
+#include <fastlearn/core/safetensors.h>
+#include <fastlearn/learner/checkpoint.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -63,7 +63,8 @@ struct Proc {
   int status = -1;
 
   Proc(std::vector<std::string> args, const fs::path& logs, const std::map<std::string, std::string>& env = {},
-       const std::string& tag = "proc") : out(logs / (tag + ".out")), err(logs / (tag + ".err")) {
+       const std::string& tag = "proc")
+      : out(logs / (tag + ".out")), err(logs / (tag + ".err")) {
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -136,8 +137,8 @@ std::map<int, pid_t> rank_pids(const fs::path& file) {
 
 std::vector<std::string> launch(int nproc, std::vector<std::string> program, std::vector<std::string> extra = {},
                                 int grace_seconds = kGraceSeconds) {
-  std::vector<std::string> args{FASTLEARN_CLI, "launch", "--nproc-per-node", std::to_string(nproc), "--grace-period",
-                                std::to_string(grace_seconds)};
+  std::vector<std::string> args{FASTLEARN_CLI,         "launch",         "--nproc-per-node",
+                                std::to_string(nproc), "--grace-period", std::to_string(grace_seconds)};
   args.insert(args.end(), extra.begin(), extra.end());
   args.push_back("--");
   args.insert(args.end(), program.begin(), program.end());
@@ -195,7 +196,8 @@ TEST(Elastic, ARankKilledInEpoch2Of3RestartsResumesAndEndsWithTheSameMetrics) {
   EXPECT_TRUE(contains(err, "SIGKILL")) << err;
   EXPECT_TRUE(contains(err, "restart 1 of 1")) << err;
   EXPECT_TRUE(contains(err, "resuming from " + (dir.path / "checkpoints" / fl::checkpoint_file_name(1, 2)).string()))
-      << "checkpoints every 2 batches: the last one before the kill at batch index 2 is after 2 batches\n" << err;
+      << "checkpoints every 2 batches: the last one before the kill at batch index 2 is after 2 batches\n"
+      << err;
   EXPECT_EQ(metrics_of(dir.path), metrics_of(ref.dir.path / "run"));
   expect_same_weights(dir.path / "models" / "final.safetensors", ref.dir.path / "run" / "models" / "final.safetensors");
 }
@@ -208,8 +210,8 @@ TEST(GracefulStop, SigtermToTheLauncherStopsEveryRankAtABatchAndTheRunResumes) {
     // The launcher's default grace period: stopping is quick, but tearing down the Gloo group and exiting
     // takes seconds on a loaded machine.
     constexpr int grace = 10;
-    Proc p(launch(2, probe_train(dir.path, {"--sleep-ms", "30", "--pid-file", pid_file.string()}), {}, grace),
-           dir.path, {}, "launch");
+    Proc p(launch(2, probe_train(dir.path, {"--sleep-ms", "30", "--pid-file", pid_file.string()}), {}, grace), dir.path,
+           {}, "launch");
     // Stop once a few batches ran (the first mid-epoch checkpoint exists).
     const auto until = Clock::now() + std::chrono::seconds(30);
     while (!fs::exists(dir.path / "checkpoints" / fl::checkpoint_file_name(0, 2)) && Clock::now() < until)
@@ -259,10 +261,12 @@ void kill_a_rank_at_random(int runs, unsigned seed) {
     EXPECT_LT(seconds, kGraceSeconds + 5.0);
     EXPECT_TRUE(contains(err, fmt::format("rank {} (local {}, pid {}) was killed by signal 9 (SIGKILL)", victim, victim,
                                           pids.at(victim))))
-        << "run " << run << ":\n" << err;
+        << "run " << run << ":\n"
+        << err;
     for (const auto& [rank, pid] : pids) EXPECT_FALSE(alive(pid)) << "run " << run << ": rank " << rank << " left";
   }
-  std::printf("[ figure ] %d runs, rank SIGKILLed at random: launcher exit at most %.3f s after the kill\n", runs, worst);
+  std::printf("[ figure ] %d runs, rank SIGKILLed at random: launcher exit at most %.3f s after the kill\n", runs,
+              worst);
 }
 
 TEST(RandomKill, RankOfATwoRankTrainingRuns1To10) { kill_a_rank_at_random(10, 1); }
@@ -296,8 +300,10 @@ void kill_checkpoint_writer_at_random(int runs, unsigned seed) {
     }
   }
   EXPECT_EQ(loaded_before, static_cast<std::size_t>(runs));
-  std::printf("[ figure ] %d SIGKILLs of a checkpoint writer: the newest checkpoint loaded %zu times; "
-              "%d interrupted temporaries seen (removed by the next writer)\n", runs, loaded_before, stale);
+  std::printf(
+      "[ figure ] %d SIGKILLs of a checkpoint writer: the newest checkpoint loaded %zu times; "
+      "%d interrupted temporaries seen (removed by the next writer)\n",
+      runs, loaded_before, stale);
 }
 
 TEST(RandomKill, CheckpointWriterRuns1To25) { kill_checkpoint_writer_at_random(25, 3); }
@@ -353,7 +359,8 @@ void expect_nothing_written(const fs::path& dir) {
 class BadInput : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(kFashion / "train-images-idx3-ubyte.gz")) GTEST_SKIP() << "Debian's dataset-fashion-mnist is missing";
+    if (!fs::exists(kFashion / "train-images-idx3-ubyte.gz"))
+      GTEST_SKIP() << "Debian's dataset-fashion-mnist is missing";
   }
   TempDir dir;
 };
@@ -447,8 +454,12 @@ TEST_F(BadInput, ChecksumMismatch) {
 }
 
 TEST_F(BadInput, RankNotBelowWorldSize) {
-  const auto r = fashion(dir.path, {}, {{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
-                                        {"MASTER_PORT", "29999"}, {"LOCAL_RANK", "0"}});
+  const auto r = fashion(dir.path, {},
+                         {{"RANK", "2"},
+                          {"WORLD_SIZE", "2"},
+                          {"MASTER_ADDR", "127.0.0.1"},
+                          {"MASTER_PORT", "29999"},
+                          {"LOCAL_RANK", "0"}});
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.err, "RANK")) << r.err;
   EXPECT_TRUE(contains(r.err, "2")) << r.err;

@@ -1,8 +1,8 @@
 // The fuzz targets' seed corpus and every input a fuzzer once crashed on (tests/fuzz/regressions), run
 // through the same parsers in the normal build: each gives a value or the parser's own error type.
 #include <fastlearn/core/error.h>
-#include <fastlearn/data/idx.h>
 #include <fastlearn/core/safetensors.h>
+#include <fastlearn/data/idx.h>
 
 #include "cli/config.h"
 

@@ -3,9 +3,9 @@
 #include <fastlearn/distributed/process_group.h>
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/torch.h>
 
 #include "support/multiprocess.h"
 

@@ -10,15 +10,15 @@
 #include <fastlearn/callbacks/mixed_precision.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/random.h>
+#include <fastlearn/core/safetensors.h>
 #include <fastlearn/data/dataloaders.h>
 #include <fastlearn/distributed/collectives.h>
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/distributed/runtime.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/models/models.h>
 #include <fastlearn/learner/recorder.h>
-#include <fastlearn/core/safetensors.h>
+#include <fastlearn/models/models.h>
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -42,9 +42,10 @@ namespace {
 
 const fs::path kFashion = "/usr/share/datasets/fashion-mnist";
 
-#define SKIP_WITHOUT_CUDA()                                                                                        \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: this check runs on a GPU machine " \
-                                                    "(scripts/device-check)"
+#define SKIP_WITHOUT_CUDA()                                                   \
+  if (!torch::cuda::is_available())                                           \
+  GTEST_SKIP() << "no CUDA device visible: this check runs on a GPU machine " \
+                  "(scripts/device-check)"
 
 const torch::Device kGpu(torch::kCUDA, 0);
 
@@ -158,7 +159,8 @@ TEST(GpuData, BatchesComeThroughPinnedMemoryAndAGpuDatasetStaysOnTheGpu) {
   auto x = torch::arange(64, torch::kFloat32).view({64, 1});
   auto y = torch::arange(64, torch::kLong);
   auto host = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
-  auto on_gpu = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x.to(kGpu)}, std::vector<at::Tensor>{y.to(kGpu)});
+  auto on_gpu =
+      std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x.to(kGpu)}, std::vector<at::Tensor>{y.to(kGpu)});
   for (const auto& ds : {host, on_gpu}) {
     fl::DataLoader dl(ds, {.bs = 16, .shuffle = true, .num_workers = 2, .seed = 1, .device = kGpu});
     std::int64_t seen = 0;
@@ -188,32 +190,36 @@ TEST(GpuData, CudaTensorsAreWrittenToSafetensorsAsCpuData) {
 TEST(NcclWorldOfOne, DistribCtxRunsTheReducerStopVotesAndGathersOnNccl) {
   SKIP_WITHOUT_CUDA();
   if (!fl::backend_compiled_in(fl::BackendKind::nccl)) GTEST_SKIP() << "this build has no NCCL backend";
-  flt::run_on_ranks(1, [](const flt::RankContext&) {
-    auto model = small_conv_net();
-    fl::Learner learn(image_loaders(256, 32), model, fl::cross_entropy(),
-                      {.metrics = {fl::accuracy()}, .progress = false});
-    auto stop = std::make_shared<fl::GracefulStop>();
-    auto signal = std::make_shared<SignalAtBatch>(3);
-    {
-      fl::DistribCtx ctx(learn, {.with_one_process = true},
-                         {.backend = fl::BackendKind::nccl, .timeout = std::chrono::seconds(60),
-                          .env = {.world_size = 1}});
-      ASSERT_EQ(fl::world_group().kind(), fl::BackendKind::nccl);
-      ASSERT_NE(learn.cb<fl::DistributedTrainer>(), nullptr);
-      EXPECT_TRUE(learn.model().parameters().front().is_cuda()) << "to_distributed moves the model to the NCCL device";
-      learn.fit(1, 1e-2);  // validation metrics from the gathered predictions
-      EXPECT_GT(learn.recorder().history().back().metrics.at(0), 0.5);
-      learn.fit(2, 1e-2, {.cbs = {stop, signal}});
-      EXPECT_TRUE(stop->stopped());
-      // On CUDA the vote of batch k is read at batch k + 1: the stop comes one or two batches after the signal.
-      EXPECT_GE(signal->last_iter, 3);
-      EXPECT_LE(signal->last_iter, 5);
-      fl::clear_stop_signal();
-      auto preds = learn.get_preds();
-      EXPECT_EQ(preds.preds.size(0), 65);
-    }
-    EXPECT_FALSE(fl::is_initialized());
-  }, {.timeout = std::chrono::seconds(300), .env = flt::torchrun_env(1)});  // a free MASTER_PORT
+  flt::run_on_ranks(
+      1,
+      [](const flt::RankContext&) {
+        auto model = small_conv_net();
+        fl::Learner learn(image_loaders(256, 32), model, fl::cross_entropy(),
+                          {.metrics = {fl::accuracy()}, .progress = false});
+        auto stop = std::make_shared<fl::GracefulStop>();
+        auto signal = std::make_shared<SignalAtBatch>(3);
+        {
+          fl::DistribCtx ctx(
+              learn, {.with_one_process = true},
+              {.backend = fl::BackendKind::nccl, .timeout = std::chrono::seconds(60), .env = {.world_size = 1}});
+          ASSERT_EQ(fl::world_group().kind(), fl::BackendKind::nccl);
+          ASSERT_NE(learn.cb<fl::DistributedTrainer>(), nullptr);
+          EXPECT_TRUE(learn.model().parameters().front().is_cuda())
+              << "to_distributed moves the model to the NCCL device";
+          learn.fit(1, 1e-2);  // validation metrics from the gathered predictions
+          EXPECT_GT(learn.recorder().history().back().metrics.at(0), 0.5);
+          learn.fit(2, 1e-2, {.cbs = {stop, signal}});
+          EXPECT_TRUE(stop->stopped());
+          // On CUDA the vote of batch k is read at batch k + 1: the stop comes one or two batches after the signal.
+          EXPECT_GE(signal->last_iter, 3);
+          EXPECT_LE(signal->last_iter, 5);
+          fl::clear_stop_signal();
+          auto preds = learn.get_preds();
+          EXPECT_EQ(preds.preds.size(0), 65);
+        }
+        EXPECT_FALSE(fl::is_initialized());
+      },
+      {.timeout = std::chrono::seconds(300), .env = flt::torchrun_env(1)});  // a free MASTER_PORT
 }
 
 TEST(GlooCudaTensors, TwoRanksOnOneGpuTakeTheStepsOfOneProcessWithTwiceTheBatch) {
@@ -270,78 +276,92 @@ TEST(GlooCudaTensors, TwoRanksOnOneGpuTakeTheStepsOfOneProcessWithTwiceTheBatch)
     }
     return after_each_step;
   };
-  flt::run_on_ranks(2, [&steps](const flt::RankContext&) {
-    const auto reference = steps(false);
-    fl::setup_distrib({.backend = fl::BackendKind::gloo, .timeout = std::chrono::seconds(60)});
-    const auto ours = steps(true);
-    fl::teardown_distrib();
-    ASSERT_EQ(reference.size(), ours.size());
-    for (std::size_t s = 0; s < ours.size(); ++s) {
-      for (std::size_t i = 0; i < ours[s].size(); ++i) {
-        EXPECT_TRUE(ours[s][i].allclose(reference[s][i], 1e-4, 1e-5))
-            << "step " << s << " parameter " << i << " differs by " << (ours[s][i] - reference[s][i]).abs().max().item<double>();
-      }
-    }
-  }, {.timeout = std::chrono::seconds(300), .env = flt::torchrun_env(2)});
+  flt::run_on_ranks(2,
+                    [&steps](const flt::RankContext&) {
+                      const auto reference = steps(false);
+                      fl::setup_distrib({.backend = fl::BackendKind::gloo, .timeout = std::chrono::seconds(60)});
+                      const auto ours = steps(true);
+                      fl::teardown_distrib();
+                      ASSERT_EQ(reference.size(), ours.size());
+                      for (std::size_t s = 0; s < ours.size(); ++s) {
+                        for (std::size_t i = 0; i < ours[s].size(); ++i) {
+                          EXPECT_TRUE(ours[s][i].allclose(reference[s][i], 1e-4, 1e-5))
+                              << "step " << s << " parameter " << i << " differs by "
+                              << (ours[s][i] - reference[s][i]).abs().max().item<double>();
+                        }
+                      }
+                    },
+                    {.timeout = std::chrono::seconds(300), .env = flt::torchrun_env(2)});
 }
 
 TEST(NcclWorldOfOne, ShutdownAndAbortLeaveNoStuckKernelOrThread) {
   SKIP_WITHOUT_CUDA();
   if (!fl::backend_compiled_in(fl::BackendKind::nccl)) GTEST_SKIP() << "this build has no NCCL backend";
-  flt::run_on_ranks(1, [](const flt::RankContext&) {
-    torch::cuda::synchronize();
-    const int threads_before = thread_count();
-    for (bool abort : {false, true}) {
-      fl::setup_distrib({.backend = fl::BackendKind::nccl, .timeout = std::chrono::seconds(30),
-                         .env = {.world_size = 1}});
-      auto t = torch::ones({1 << 20}, torch::TensorOptions().device(kGpu));
-      fl::all_reduce(t);
-      if (abort) {
-        fl::abort_distrib();
-      } else {
-        fl::teardown_distrib();
-      }
-      const auto start = Clock::now();
-      torch::cuda::synchronize();  // would hang on a communicator kernel left waiting
-      EXPECT_LT(Clock::now() - start, std::chrono::seconds(5)) << (abort ? "abort" : "shutdown");
-    }
-    // NCCL's watchdog and heartbeat threads end with the communicator (give them a moment to exit).
-    for (int i = 0; i < 50 && thread_count() > threads_before + 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    EXPECT_LE(thread_count(), threads_before + 2) << "threads left behind after shutdown and abort";
-  }, {.timeout = std::chrono::seconds(120), .env = flt::torchrun_env(1)});
+  flt::run_on_ranks(
+      1,
+      [](const flt::RankContext&) {
+        torch::cuda::synchronize();
+        const int threads_before = thread_count();
+        for (bool abort : {false, true}) {
+          fl::setup_distrib(
+              {.backend = fl::BackendKind::nccl, .timeout = std::chrono::seconds(30), .env = {.world_size = 1}});
+          auto t = torch::ones({1 << 20}, torch::TensorOptions().device(kGpu));
+          fl::all_reduce(t);
+          if (abort) {
+            fl::abort_distrib();
+          } else {
+            fl::teardown_distrib();
+          }
+          const auto start = Clock::now();
+          torch::cuda::synchronize();  // would hang on a communicator kernel left waiting
+          EXPECT_LT(Clock::now() - start, std::chrono::seconds(5)) << (abort ? "abort" : "shutdown");
+        }
+        // NCCL's watchdog and heartbeat threads end with the communicator (give them a moment to exit).
+        for (int i = 0; i < 50 && thread_count() > threads_before + 2; ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        EXPECT_LE(thread_count(), threads_before + 2) << "threads left behind after shutdown and abort";
+      },
+      {.timeout = std::chrono::seconds(120), .env = flt::torchrun_env(1)});
 }
 
 TEST(GlooCudaTensors, ADeadPeerMakesTheSurvivorFailWithinTheTimeout) {
   SKIP_WITHOUT_CUDA();
-  flt::run_on_ranks(2, [](const flt::RankContext&) {
-    fl::setup_distrib({.backend = fl::BackendKind::gloo, .timeout = std::chrono::seconds(20)});
-    fl::barrier();
-    if (fl::rank() == 1) std::_Exit(0);  // dies without a word
-    const auto start = Clock::now();
-    const auto msg = message_of([] { fl::all_reduce(torch::ones({1024}, torch::TensorOptions().device(kGpu))); });
-    EXPECT_NE(msg.find("all_reduce(sum) of Float [1024]"), std::string::npos) << msg;
-    EXPECT_LT(Clock::now() - start, std::chrono::seconds(25)) << "within the 20 s timeout";
-    fl::abort_distrib();
-  }, {.timeout = std::chrono::seconds(120), .env = flt::torchrun_env(2)});
+  flt::run_on_ranks(2,
+                    [](const flt::RankContext&) {
+                      fl::setup_distrib({.backend = fl::BackendKind::gloo, .timeout = std::chrono::seconds(20)});
+                      fl::barrier();
+                      if (fl::rank() == 1) std::_Exit(0);  // dies without a word
+                      const auto start = Clock::now();
+                      const auto msg =
+                          message_of([] { fl::all_reduce(torch::ones({1024}, torch::TensorOptions().device(kGpu))); });
+                      EXPECT_NE(msg.find("all_reduce(sum) of Float [1024]"), std::string::npos) << msg;
+                      EXPECT_LT(Clock::now() - start, std::chrono::seconds(25)) << "within the 20 s timeout";
+                      fl::abort_distrib();
+                    },
+                    {.timeout = std::chrono::seconds(120), .env = flt::torchrun_env(2)});
 }
 
 // NCCL refuses two ranks on one GPU: a dead NCCL peer needs two GPUs (unverified on the one-GPU machine
 // this project can use; README says so).
 TEST(NcclTwoGpus, ADeadPeerMakesTheSurvivorFailWithinTheTimeout) {
   SKIP_WITHOUT_CUDA();
-  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "NCCL needs one GPU per rank: 2 needed, " << torch::cuda::device_count() << " visible";
-  flt::run_on_ranks(2, [](const flt::RankContext&) {
-    fl::setup_distrib({.backend = fl::BackendKind::nccl, .timeout = std::chrono::seconds(20)});
-    fl::barrier();
-    if (fl::rank() == 1) std::_Exit(0);
-    const auto start = Clock::now();
-    const auto msg = message_of([] {
-      auto t = torch::ones({1024}, torch::TensorOptions().device(fl::distrib_device()));
-      fl::all_reduce(t);
-      torch::cuda::synchronize();
-    });
-    EXPECT_NE(msg, "no error");
-    EXPECT_LT(Clock::now() - start, std::chrono::seconds(40)) << "within the timeout (and the watchdog's abort)";
-    fl::abort_distrib();
-  }, {.timeout = std::chrono::seconds(180), .env = flt::torchrun_env(2)});
+  if (torch::cuda::device_count() < 2)
+    GTEST_SKIP() << "NCCL needs one GPU per rank: 2 needed, " << torch::cuda::device_count() << " visible";
+  flt::run_on_ranks(2,
+                    [](const flt::RankContext&) {
+                      fl::setup_distrib({.backend = fl::BackendKind::nccl, .timeout = std::chrono::seconds(20)});
+                      fl::barrier();
+                      if (fl::rank() == 1) std::_Exit(0);
+                      const auto start = Clock::now();
+                      const auto msg = message_of([] {
+                        auto t = torch::ones({1024}, torch::TensorOptions().device(fl::distrib_device()));
+                        fl::all_reduce(t);
+                        torch::cuda::synchronize();
+                      });
+                      EXPECT_NE(msg, "no error");
+                      EXPECT_LT(Clock::now() - start, std::chrono::seconds(40))
+                          << "within the timeout (and the watchdog's abort)";
+                      fl::abort_distrib();
+                    },
+                    {.timeout = std::chrono::seconds(180), .env = flt::torchrun_env(2)});
 }

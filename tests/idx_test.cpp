@@ -43,10 +43,12 @@ class Idx : public ::testing::Test {
 };
 
 TEST_F(Idx, EveryElementTypeRoundTripsRawAndGzipped) {
-  const std::vector<torch::Tensor> tensors{
-      torch::randint(0, 256, {5, 3, 2}, torch::kUInt8), torch::randint(-128, 128, {7}, torch::kInt8),
-      torch::randint(-30000, 30000, {4, 4}, torch::kInt16), torch::randint(-2000000000, 2000000000, {3, 5}, torch::kInt32),
-      torch::randn({2, 3, 4, 5}, torch::kFloat32), torch::randn({6, 1}, torch::kFloat64)};
+  const std::vector<torch::Tensor> tensors{torch::randint(0, 256, {5, 3, 2}, torch::kUInt8),
+                                           torch::randint(-128, 128, {7}, torch::kInt8),
+                                           torch::randint(-30000, 30000, {4, 4}, torch::kInt16),
+                                           torch::randint(-2000000000, 2000000000, {3, 5}, torch::kInt32),
+                                           torch::randn({2, 3, 4, 5}, torch::kFloat32),
+                                           torch::randn({6, 1}, torch::kFloat64)};
   for (const auto& name : {"t.idx", "t.idx.gz"}) {
     for (const auto& t : tensors) {
       const auto path = dir_ / name;

@@ -23,7 +23,8 @@ const fs::path kWork = fs::path(FASTLEARN_BUILD_DIR) / "interop";
 const fs::path kConsumer = fs::path(FASTLEARN_SOURCE_DIR) / "tests" / "interop" / "consumer";
 
 std::string launcher() {
-  return std::string(FASTLEARN_CCACHE).empty() ? "" : fmt::format("-DCMAKE_CXX_COMPILER_LAUNCHER='{}'", FASTLEARN_CCACHE);
+  return std::string(FASTLEARN_CCACHE).empty() ? ""
+                                               : fmt::format("-DCMAKE_CXX_COMPILER_LAUNCHER='{}'", FASTLEARN_CCACHE);
 }
 
 std::string slurp(const fs::path& file) {
@@ -39,22 +40,23 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
   const auto prefix = kWork / "prefix", build = kWork / "package-build";
   fs::remove_all(prefix);
   fs::remove_all(build);
-  auto [status, out] = run_shell(fmt::format("'{}' --install '{}' --prefix '{}'", FASTLEARN_CMAKE, FASTLEARN_BUILD_DIR,
-                                       prefix.string()));
+  auto [status, out] = run_shell(
+      fmt::format("'{}' --install '{}' --prefix '{}'", FASTLEARN_CMAKE, FASTLEARN_BUILD_DIR, prefix.string()));
   ASSERT_EQ(status, 0) << out;
   // The layout a user includes and links from.
-  for (const char* file : {"include/fastlearn/fastlearn.h", "include/fastlearn/learner/learner.h",
-                           "include/fastlearn/callbacks/tensorboard.h", "include/fastlearn/distributed/runtime.h",
-                           "lib/libfastlearn.a", "lib/cmake/fastlearn/fastlearnConfig.cmake",
-                           "lib/cmake/fastlearn/fastlearnConfigVersion.cmake",
-                           "lib/cmake/fastlearn/fastlearnTargets.cmake", "bin/fastlearn"}) {
+  for (const char* file :
+       {"include/fastlearn/fastlearn.h", "include/fastlearn/learner/learner.h",
+        "include/fastlearn/callbacks/tensorboard.h", "include/fastlearn/distributed/runtime.h", "lib/libfastlearn.a",
+        "lib/cmake/fastlearn/fastlearnConfig.cmake", "lib/cmake/fastlearn/fastlearnConfigVersion.cmake",
+        "lib/cmake/fastlearn/fastlearnTargets.cmake", "bin/fastlearn"}) {
     EXPECT_TRUE(fs::exists(prefix / file)) << file;
   }
   EXPECT_FALSE(fs::exists(prefix / "include/fastlearn/learner/learner.cpp")) << "sources are not headers";
 
-  std::tie(status, out) = run_shell(fmt::format("'{}' -S '{}' -B '{}' -G Ninja -DCMAKE_BUILD_TYPE=Release "
-                                          "-DCMAKE_PREFIX_PATH='{}' {}",
-                                          FASTLEARN_CMAKE, kConsumer.string(), build.string(), prefix.string(), launcher()));
+  std::tie(status, out) =
+      run_shell(fmt::format("'{}' -S '{}' -B '{}' -G Ninja -DCMAKE_BUILD_TYPE=Release "
+                            "-DCMAKE_PREFIX_PATH='{}' {}",
+                            FASTLEARN_CMAKE, kConsumer.string(), build.string(), prefix.string(), launcher()));
   ASSERT_EQ(status, 0) << out;
   // It was the installed package, not the build tree, that the consumer found.
   EXPECT_NE(slurp(build / "CMakeCache.txt").find("fastlearn_DIR:PATH=" + (prefix / "lib/cmake/fastlearn").string()),
@@ -76,8 +78,8 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
   fs::create_directories(src);
   std::ofstream(src / "CMakeLists.txt") << "cmake_minimum_required(VERSION 3.25)\nproject(v LANGUAGES NONE)\n"
                                            "find_package(fastlearn 9.0 REQUIRED CONFIG)\n";
-  std::tie(status, out) = run_shell(fmt::format("'{}' -S '{}' -B '{}' -DCMAKE_PREFIX_PATH='{}'", FASTLEARN_CMAKE, src.string(),
-                                          version_build.string(), prefix.string()));
+  std::tie(status, out) = run_shell(fmt::format("'{}' -S '{}' -B '{}' -DCMAKE_PREFIX_PATH='{}'", FASTLEARN_CMAKE,
+                                                src.string(), version_build.string(), prefix.string()));
   EXPECT_NE(status, 0) << out;
   EXPECT_NE(out.find("compatible with requested version \"9.0\""), std::string::npos) << out;
   if (!HasFailure()) {  // the prefix and the consumer hold copies of the (large, with debug info) library
@@ -88,10 +90,10 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
 TEST(SourceTree, AddSubdirectoryConfiguresOnlyTheLibraryForTheParent) {
   const auto build = kWork / "subdirectory-build";
   fs::remove_all(build);
-  auto [status, out] = run_shell(fmt::format("'{}' -S '{}' -B '{}' -G Ninja -DCMAKE_BUILD_TYPE=Release -DFASTLEARN_SOURCE='{}' "
-                                       "-DFASTLEARN_PYTHON='{}' {}",
-                                       FASTLEARN_CMAKE, kConsumer.string(), build.string(), FASTLEARN_SOURCE_DIR,
-                                       FASTLEARN_PYTHON, launcher()));
+  auto [status, out] = run_shell(fmt::format(
+      "'{}' -S '{}' -B '{}' -G Ninja -DCMAKE_BUILD_TYPE=Release -DFASTLEARN_SOURCE='{}' "
+      "-DFASTLEARN_PYTHON='{}' {}",
+      FASTLEARN_CMAKE, kConsumer.string(), build.string(), FASTLEARN_SOURCE_DIR, FASTLEARN_PYTHON, launcher()));
   ASSERT_EQ(status, 0) << out;
   const auto ninja = slurp(build / "build.ninja");
   EXPECT_NE(ninja.find("build consumer:"), std::string::npos) << "the parent's target links fastlearn::fastlearn";

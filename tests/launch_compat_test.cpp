@@ -30,7 +30,8 @@ flt::JobResult run_with_env(const fs::path& dir, const std::function<std::map<st
   for (int rank = 0; rank < 2; ++rank) {
     auto e = env(rank);
     e["OMP_NUM_THREADS"] = "1";
-    commands.push_back({.argv = {FASTLEARN_TINY_TRAIN, (dir / "job").string()}, .env = e,
+    commands.push_back({.argv = {FASTLEARN_TINY_TRAIN, (dir / "job").string()},
+                        .env = e,
                         .log = dir / fmt::format("rank{}.log", rank)});
   }
   const auto results = flt::run_commands(commands, std::chrono::seconds(90));
@@ -45,12 +46,12 @@ TEST(LaunchCompat, TorchrunNoPython) {
   if (python.empty()) GTEST_SKIP() << "configured without -DFASTLEARN_PYTHON (torchrun comes with Python's torch)";
   const auto dir = scratch("torchrun");
   const auto want = flt::baseline_job(dir / "baseline");
-  const auto results = flt::run_commands(
-      {{.argv = {python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2", "--master-addr",
-                 "127.0.0.1", "--master-port", std::to_string(flt::free_tcp_port()), "--no-python",
-                 FASTLEARN_TINY_TRAIN, (dir / "job").string()},
-        .log = dir / "torchrun.log"}},
-      std::chrono::seconds(90));
+  const auto results =
+      flt::run_commands({{.argv = {python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+                                   "--master-addr", "127.0.0.1", "--master-port", std::to_string(flt::free_tcp_port()),
+                                   "--no-python", FASTLEARN_TINY_TRAIN, (dir / "job").string()},
+                          .log = dir / "torchrun.log"}},
+                        std::chrono::seconds(90));
   ASSERT_TRUE(results[0].ok()) << results[0].output;
   const auto got = flt::read_job(dir / "job", 2);
   flt::expect_layout(got, 2, 2, "torchrun");
@@ -63,10 +64,12 @@ TEST(LaunchCompat, OpenMpiEnvironment) {
   const auto want = flt::baseline_job(dir / "baseline");
   const int port = flt::free_tcp_port();
   const auto got = run_with_env(dir, [port](int rank) {
-    return std::map<std::string, std::string>{
-        {"OMPI_COMM_WORLD_RANK", std::to_string(rank)}, {"OMPI_COMM_WORLD_SIZE", "2"},
-        {"OMPI_COMM_WORLD_LOCAL_RANK", std::to_string(rank)}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
-        {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}};
+    return std::map<std::string, std::string>{{"OMPI_COMM_WORLD_RANK", std::to_string(rank)},
+                                              {"OMPI_COMM_WORLD_SIZE", "2"},
+                                              {"OMPI_COMM_WORLD_LOCAL_RANK", std::to_string(rank)},
+                                              {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                              {"MASTER_ADDR", "127.0.0.1"},
+                                              {"MASTER_PORT", std::to_string(port)}};
   });
   flt::expect_layout(got, 2, 2, "Open MPI");
   flt::expect_same_training(got, want);
@@ -80,9 +83,9 @@ TEST(LaunchCompat, SlurmEnvironmentWithTheMasterFromTheNodeList) {
   // No MASTER_ADDR: rank 0's host is the first of the node list ("localhost" here, then two others).
   const auto got = run_with_env(dir, [port](int rank) {
     return std::map<std::string, std::string>{
-        {"SLURM_PROCID", std::to_string(rank)}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", std::to_string(rank)},
-        {"SLURM_NTASKS_PER_NODE", "2"}, {"SLURM_JOB_NODELIST", "localhost,gpu[07-08]"},
-        {"MASTER_PORT", std::to_string(port)}};
+        {"SLURM_PROCID", std::to_string(rank)},         {"SLURM_NTASKS", "2"},
+        {"SLURM_LOCALID", std::to_string(rank)},        {"SLURM_NTASKS_PER_NODE", "2"},
+        {"SLURM_JOB_NODELIST", "localhost,gpu[07-08]"}, {"MASTER_PORT", std::to_string(port)}};
   });
   flt::expect_layout(got, 2, 2, "SLURM");
   for (const auto& r : got.ranks) EXPECT_EQ(r["master_addr"], "localhost") << r.dump();

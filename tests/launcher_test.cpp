@@ -588,7 +588,9 @@ TEST(LaunchCli, AnUnknownTorchrunFlagIsNamedWithTheNearestOption) {
   EXPECT_NE(cli.wait_exit_code(), 0);
   const auto err = read_text(cli.err());
   EXPECT_NE(err.find("unknown option '--rdzv-backend=c10d' (a torchrun option: fastlearn launch meets the other nodes "
-                     "through --master-addr / --master-port"), std::string::npos) << err;
+                     "through --master-addr / --master-port"),
+            std::string::npos)
+      << err;
   EXPECT_NE(err.find("the nearest option of fastlearn launch is --rdzv-id"), std::string::npos) << err;
   Cli typo({"launch", "--nproc-per-nod", "2", "--", FASTLEARN_LAUNCH_PROBE});
   EXPECT_NE(typo.wait_exit_code(), 0);

@@ -2,8 +2,8 @@
 // callbacks added and removed at run time, evaluation helpers, freezing, and bit-for-bit determinism.
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/models/models.h>
 #include <fastlearn/learner/recorder.h>
+#include <fastlearn/models/models.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -77,8 +77,8 @@ std::unique_ptr<fl::Learner> learner_with(std::shared_ptr<EventLog> log, int epo
 }
 
 std::vector<std::string> train_batch() {
-  return {"before_batch", "after_pred", "after_loss", "before_backward", "after_backward",
-          "before_step",  "after_step", "after_batch"};
+  return {"before_batch",   "after_pred",  "after_loss", "before_backward",
+          "after_backward", "before_step", "after_step", "after_batch"};
 }
 std::vector<std::string> valid_batch() { return {"before_batch", "after_pred", "after_loss", "after_batch"}; }
 
@@ -98,8 +98,11 @@ std::function<void()> throws() {
 TEST(Learner, FiresEveryEventInFastaiOrder) {
   auto log = std::make_shared<EventLog>();
   learner_with(log);
-  const auto expected = concat({{"before_fit", "before_epoch", "before_train"}, train_batch(), train_batch(),
-                                {"after_train", "before_validate"}, valid_batch(),
+  const auto expected = concat({{"before_fit", "before_epoch", "before_train"},
+                                train_batch(),
+                                train_batch(),
+                                {"after_train", "before_validate"},
+                                valid_batch(),
                                 {"after_validate", "after_epoch", "after_fit"}});
   EXPECT_EQ(log->events, expected);
 }
@@ -126,9 +129,9 @@ TEST(Learner, CancelBatchSkipsTheRestOfTheBatchAndZeroGrad) {
   learn->add_cb(stop);
   const auto before = flt::snapshot(learn->model());
   learn->fit(1, 0.01);
-  const auto first_batch = concat({{"before_fit", "before_epoch", "before_train", "before_batch", "after_pred",
-                                    "after_loss", "before_backward", "after_backward", "after_cancel_batch",
-                                    "after_batch"}});
+  const auto first_batch =
+      concat({{"before_fit", "before_epoch", "before_train", "before_batch", "after_pred", "after_loss",
+               "before_backward", "after_backward", "after_cancel_batch", "after_batch"}});
   ASSERT_GE(log->events.size(), first_batch.size());
   EXPECT_EQ(std::vector<std::string>(log->events.begin(), log->events.begin() + first_batch.size()), first_batch);
   ASSERT_TRUE(stop->grad.defined()) << "zero_grad must not run after CancelBatch: the gradient is kept";
@@ -144,11 +147,14 @@ TEST(Learner, CancelStepSkipsOnlyTheStep) {
   learn->add_cb(log);
   const auto before = flt::snapshot(learn->model());
   learn->fit(1, 0.01);
-  auto step = std::vector<std::string>{"before_batch", "after_pred", "after_loss", "before_backward",
-                                       "after_backward", "before_step", "after_cancel_step", "after_step",
-                                       "after_batch"};
-  EXPECT_EQ(log->events, concat({{"before_fit", "before_epoch", "before_train"}, step, step,
-                                 {"after_train", "before_validate"}, valid_batch(),
+  auto step =
+      std::vector<std::string>{"before_batch", "after_pred",        "after_loss", "before_backward", "after_backward",
+                               "before_step",  "after_cancel_step", "after_step", "after_batch"};
+  EXPECT_EQ(log->events, concat({{"before_fit", "before_epoch", "before_train"},
+                                 step,
+                                 step,
+                                 {"after_train", "before_validate"},
+                                 valid_batch(),
                                  {"after_validate", "after_epoch", "after_fit"}}));
   EXPECT_TRUE(flt::same_tensors(before, flt::snapshot(learn->model())));
   for (auto& p : learn->model().parameters()) EXPECT_FALSE(p.grad().defined()) << "zero_grad still runs";
@@ -162,11 +168,14 @@ TEST(Learner, CancelBackwardSkipsBackwardButStillSteps) {
   learn->add_cb(log);
   const auto before = flt::snapshot(learn->model());
   learn->fit(1, 0.01);
-  auto batch = std::vector<std::string>{"before_batch", "after_pred", "after_loss", "before_backward",
-                                        "after_cancel_backward", "after_backward", "before_step", "after_step",
-                                        "after_batch"};
-  EXPECT_EQ(log->events, concat({{"before_fit", "before_epoch", "before_train"}, batch, batch,
-                                 {"after_train", "before_validate"}, valid_batch(),
+  auto batch = std::vector<std::string>{
+      "before_batch",   "after_pred",  "after_loss", "before_backward", "after_cancel_backward",
+      "after_backward", "before_step", "after_step", "after_batch"};
+  EXPECT_EQ(log->events, concat({{"before_fit", "before_epoch", "before_train"},
+                                 batch,
+                                 batch,
+                                 {"after_train", "before_validate"},
+                                 valid_batch(),
                                  {"after_validate", "after_epoch", "after_fit"}}));
   EXPECT_TRUE(flt::same_tensors(before, flt::snapshot(learn->model()))) << "no gradient, so no change";
 }
@@ -177,9 +186,11 @@ TEST(Learner, CancelTrainEndsTrainingButValidationRuns) {
   log->only_iter = 1;
   log->thrower = throws<fl::CancelTrainException>();
   learner_with(log);
-  EXPECT_EQ(log->events, concat({{"before_fit", "before_epoch", "before_train"}, train_batch(),
+  EXPECT_EQ(log->events, concat({{"before_fit", "before_epoch", "before_train"},
+                                 train_batch(),
                                  {"before_batch", "after_cancel_train", "after_train", "before_validate"},
-                                 valid_batch(), {"after_validate", "after_epoch", "after_fit"}}));
+                                 valid_batch(),
+                                 {"after_validate", "after_epoch", "after_fit"}}));
 }
 
 TEST(Learner, CancelValidateEndsValidation) {
@@ -187,7 +198,9 @@ TEST(Learner, CancelValidateEndsValidation) {
   log->cancel_at = Event::before_validate;
   log->thrower = throws<fl::CancelValidException>();
   learner_with(log);
-  EXPECT_EQ(log->events, concat({{"before_fit", "before_epoch", "before_train"}, train_batch(), train_batch(),
+  EXPECT_EQ(log->events, concat({{"before_fit", "before_epoch", "before_train"},
+                                 train_batch(),
+                                 train_batch(),
                                  {"after_train", "before_validate", "after_cancel_validate", "after_validate",
                                   "after_epoch", "after_fit"}}));
 }
@@ -198,11 +211,17 @@ TEST(Learner, CancelEpochMovesToTheNextEpoch) {
   log->only_epoch = 0;
   log->thrower = throws<fl::CancelEpochException>();
   learner_with(log, 2);
-  const auto second_epoch = concat({{"before_epoch", "before_train"}, train_batch(), train_batch(),
-                                    {"after_train", "before_validate"}, valid_batch(),
+  const auto second_epoch = concat({{"before_epoch", "before_train"},
+                                    train_batch(),
+                                    train_batch(),
+                                    {"after_train", "before_validate"},
+                                    valid_batch(),
                                     {"after_validate", "after_epoch"}});
-  EXPECT_EQ(log->events, concat({{"before_fit", "before_epoch", "before_train"}, train_batch(), train_batch(),
-                                 {"after_train", "after_cancel_epoch", "after_epoch"}, second_epoch,
+  EXPECT_EQ(log->events, concat({{"before_fit", "before_epoch", "before_train"},
+                                 train_batch(),
+                                 train_batch(),
+                                 {"after_train", "after_cancel_epoch", "after_epoch"},
+                                 second_epoch,
                                  {"after_fit"}}));
 }
 
@@ -351,8 +370,7 @@ TEST(Learner, FreezeKeepsBatchNormTrainableAndFineTuneUnfreezes) {
   // A model of a linear body with BatchNorm and a linear head, split into two groups.
   torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::BatchNorm1d(8), torch::nn::ReLU(),
                               torch::nn::Linear(8, 3));
-  fl::Learner learn(dls, model, fl::cross_entropy(),
-                    {.splitter = fl::models::body_head_split, .progress = false});
+  fl::Learner learn(dls, model, fl::cross_entropy(), {.splitter = fl::models::body_head_split, .progress = false});
   learn.freeze();
   EXPECT_FALSE(model[0]->parameters()[0].requires_grad());
   EXPECT_TRUE(model[1]->parameters()[0].requires_grad()) << "BatchNorm stays trainable (train_bn)";

@@ -95,9 +95,8 @@ TEST(MultiNode, TwoNamespacesOverAVethPairTrainLikeOneNode) {
   std::vector<flt::Command> nodes;
   for (int k = 0; k < 2; ++k) {
     nodes.push_back({.argv = {"/usr/sbin/ip", "netns", "exec", hosts.ns(k), FASTLEARN_CLI, "launch", "--nnodes", "2",
-                              "--node-rank", std::to_string(k), "--master-addr", TwoHosts::address(0),
-                              "--master-port", "29517", "--nproc-per-node", "1", "--", FASTLEARN_TINY_TRAIN,
-                              (dir / "job").string()},
+                              "--node-rank", std::to_string(k), "--master-addr", TwoHosts::address(0), "--master-port",
+                              "29517", "--nproc-per-node", "1", "--", FASTLEARN_TINY_TRAIN, (dir / "job").string()},
                      .log = dir / fmt::format("node{}.log", k)});
   }
   const auto results = flt::run_commands(nodes, std::chrono::seconds(120));

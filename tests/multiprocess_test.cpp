@@ -33,9 +33,8 @@ TEST(MultiProcess, EveryRankRunsInItsOwnProcessAndSharesTheStore) {
 }
 
 TEST(MultiProcess, AFailedAssertionIsReportedWithItsRankAndMessage) {
-  const auto results = run_ranks(2, [](const RankContext& ctx) {
-    EXPECT_EQ(ctx.rank, 0) << "this assertion fails on rank " << ctx.rank;
-  });
+  const auto results = run_ranks(
+      2, [](const RankContext& ctx) { EXPECT_EQ(ctx.rank, 0) << "this assertion fails on rank " << ctx.rank; });
   ASSERT_EQ(results.size(), 2u);
   EXPECT_TRUE(results[0].passed) << results[0].output;
   EXPECT_FALSE(results[1].passed);

@@ -2,9 +2,9 @@
 #include <fastlearn/distributed/process_group.h>
 
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/cuda.h>
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "support/multiprocess.h"
 
@@ -28,8 +28,9 @@ TEST(NcclCollectives, AllreduceAndBroadcastOnTwoGpus) {
     pg->allreduce(sum)->wait();
     EXPECT_TRUE(torch::equal(sum[0].cpu(), torch::full({1024}, 3.0)));
 
-    std::vector<at::Tensor> bcast{ctx.rank == 0 ? torch::arange(8, torch::TensorOptions().device(device))
-                                                : torch::zeros({8}, torch::TensorOptions().device(device).dtype(torch::kLong))};
+    std::vector<at::Tensor> bcast{ctx.rank == 0
+                                      ? torch::arange(8, torch::TensorOptions().device(device))
+                                      : torch::zeros({8}, torch::TensorOptions().device(device).dtype(torch::kLong))};
     pg->broadcast(bcast)->wait();
     EXPECT_TRUE(torch::equal(bcast[0].cpu(), torch::arange(8)));
   });

@@ -1,12 +1,12 @@
 // Oracle: one epoch of the MLP with SGD gives the same per-batch losses as plain PyTorch in Python,
 // started from the same weights (handed over as safetensors). Skips when no Python torch is present.
+#include <fastlearn/core/safetensors.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/models/models.h>
-#include <fastlearn/core/safetensors.h>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <filesystem>

@@ -3,9 +3,9 @@
 // torch.nn module (tests/python/torch_twins.py), which predicts the same on the same inputs; weights saved
 // from Python load with Learner::load and fastlearn predicts what Python did. Both to 1e-5, for
 // simple_cnn, the BatchNorm ResNet and conv_net (buffers included). One Python run serves every model.
+#include <fastlearn/core/safetensors.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/models/models.h>
-#include <fastlearn/core/safetensors.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -120,8 +120,8 @@ class Safetensors : public ::testing::Test {
 TEST_F(Safetensors, EveryDtypeAndLayoutRoundTripsThroughAFile) {
   auto tensors = reference();
   const auto wide = torch::arange(40, torch::kInt64).reshape({5, 8});
-  tensors.emplace_back("strided", wide.slice(0, 0, 5, 2).slice(1, 1, 8, 3));  // steps in both dimensions
-  tensors.emplace_back("expanded", torch::tensor({1.5, -2.5}).expand({3, 2}));  // stride 0
+  tensors.emplace_back("strided", wide.slice(0, 0, 5, 2).slice(1, 1, 8, 3));     // steps in both dimensions
+  tensors.emplace_back("expanded", torch::tensor({1.5, -2.5}).expand({3, 2}));   // stride 0
   tensors.emplace_back("negated", at::_neg_view(torch::tensor({1.0F, -2.0F})));  // lazily negated view
   tensors.emplace_back("requires_grad", torch::ones({2, 2}, torch::requires_grad()));
   tensors.emplace_back("empty_3d", torch::empty({2, 0, 4}, torch::kInt16));
@@ -149,9 +149,8 @@ TEST_F(Safetensors, NoTensorsAndNoMetadataRoundTrip) {
 TEST_F(Safetensors, TheBytesFollowTheFormat) {
   const auto bytes = fl::serialize_safetensors(
       {{"b", torch::tensor({1, 258}, torch::kInt32)}, {"a", torch::tensor({7}, torch::kUInt8)}}, {{"k", "v"}});
-  const std::string json =
-      R"({"__metadata__":{"k":"v"},"b":{"dtype":"I32","shape":[2],"data_offsets":[0,8]},)"
-      R"("a":{"dtype":"U8","shape":[1],"data_offsets":[8,9]}})";
+  const std::string json = R"({"__metadata__":{"k":"v"},"b":{"dtype":"I32","shape":[2],"data_offsets":[0,8]},)"
+                           R"("a":{"dtype":"U8","shape":[1],"data_offsets":[8,9]}})";
   const std::string padded = json + std::string((8 - json.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
   EXPECT_EQ(bytes, craft(padded, std::string("\x01\x00\x00\x00\x02\x01\x00\x00\x07", 9)));
 }
@@ -310,9 +309,8 @@ TEST_F(Safetensors, GapsOverlapsAndUncoveredBytesNameBothTensors) {
                {"gap of 4 bytes", "tensor 'a' (data_offsets [0, 4])", "tensor 'b' (data_offsets [8, 12])",
                 fmt::format("byte offset {} in the file", 8 + json.size() + 4)});
   json = two(4, 8, 8, 12);
-  expect_error(craft(json, std::string(12, 'x')),
-               {"gap of 4 bytes at the start of the data buffer, before tensor 'a'",
-                fmt::format("byte offset {} in the file", 8 + json.size())});
+  expect_error(craft(json, std::string(12, 'x')), {"gap of 4 bytes at the start of the data buffer, before tensor 'a'",
+                                                   fmt::format("byte offset {} in the file", 8 + json.size())});
   json = two(0, 8, 4, 12);
   expect_error(craft(json, std::string(12, 'x')),
                {"tensor 'b' (data_offsets [4, 12]) overlaps tensor 'a' (data_offsets [0, 8])",
@@ -322,7 +320,8 @@ TEST_F(Safetensors, GapsOverlapsAndUncoveredBytesNameBothTensors) {
   json = two(0, 4, 4, 8);
   expect_error(craft(json, std::string(11, 'x')),
                {fmt::format("the last 3 byte(s) of the data buffer, from byte offset {} in the file, belong to no "
-                            "tensor; the last tensor is 'b'", 8 + json.size() + 8)});
+                            "tensor; the last tensor is 'b'",
+                            8 + json.size() + 8)});
   expect_error(craft("{}", "x"),
                {"the last 1 byte(s) of the data buffer, from byte offset 10 in the file, belong to no tensor"});
 }
@@ -365,7 +364,8 @@ TEST_F(Safetensors, LoadErrorsNameTheFile) {
     ADD_FAILURE() << "a missing file loaded";
   } catch (const fl::CheckpointError& e) {
     const std::string message = e.what();
-    EXPECT_NE(message.find("missing.safetensors: cannot open: No such file or directory"), std::string::npos) << message;
+    EXPECT_NE(message.find("missing.safetensors: cannot open: No such file or directory"), std::string::npos)
+        << message;
   }
   EXPECT_THROW(fl::load_safetensors(dir_), fl::CheckpointError);
 }
@@ -374,16 +374,22 @@ TEST_F(Safetensors, LoadErrorsNameTheFile) {
 // CheckpointError; nothing else escapes, nothing crashes.
 TEST_F(Safetensors, RandomCorruptionOnlyEverThrowsCheckpointError) {
   const auto valid = fl::serialize_safetensors(reference(), kMetadata);
-  const auto header_end = 8 + (static_cast<std::size_t>(static_cast<unsigned char>(valid[1])) << 8 |
-                               static_cast<unsigned char>(valid[0]));
+  const auto header_end =
+      8 + (static_cast<std::size_t>(static_cast<unsigned char>(valid[1])) << 8 | static_cast<unsigned char>(valid[0]));
   std::mt19937 random(1234);
   int refused = 0;
   for (int i = 0; i < 3000; ++i) {
     std::string bytes = valid;
     switch (i % 4) {
-      case 0: bytes.resize(random() % bytes.size()); break;
-      case 1: bytes[random() % std::min(bytes.size(), header_end)] = static_cast<char>(random()); break;
-      case 2: bytes[8 + random() % (header_end - 8)] = "{}[],:\"0123456789-e. \\"[random() % 20]; break;
+      case 0:
+        bytes.resize(random() % bytes.size());
+        break;
+      case 1:
+        bytes[random() % std::min(bytes.size(), header_end)] = static_cast<char>(random());
+        break;
+      case 2:
+        bytes[8 + random() % (header_end - 8)] = "{}[],:\"0123456789-e. \\"[random() % 20];
+        break;
       default:
         for (int k = 0; k < 4; ++k) bytes[random() % bytes.size()] = static_cast<char>(random());
     }
@@ -497,10 +503,9 @@ TEST_F(Safetensors, SavingABadTensorKeepsTheOldCheckpoint) {
 // Runs tests/python/safetensors_interop.py (or `args` as given when `script` is false); returns the exit
 // status and the output.
 std::pair<int, std::string> run_python(const std::string& args, bool script = true) {
-  return fastlearn::testing::run_shell(
-      fmt::format("'{}' {} {}", FASTLEARN_PYTHON,
-                  script ? fmt::format("'{}/tests/python/safetensors_interop.py'", FASTLEARN_SOURCE_DIR) : std::string(),
-                  args));
+  return fastlearn::testing::run_shell(fmt::format(
+      "'{}' {} {}", FASTLEARN_PYTHON,
+      script ? fmt::format("'{}/tests/python/safetensors_interop.py'", FASTLEARN_SOURCE_DIR) : std::string(), args));
 }
 
 // Why the Python interop tests cannot run, or an empty string.

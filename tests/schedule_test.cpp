@@ -1,11 +1,11 @@
 // Training schedules as the Learner applies them: fit_one_cycle and fit_flat_cos against fastai's
 // formulas at known points, per-group learning rates, and lr_find (stop rule, suggestion, restore).
-#include <fastlearn/learner/lr_finder.h>
-#include <fastlearn/learner/param_scheduler.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/models/models.h>
+#include <fastlearn/learner/lr_finder.h>
+#include <fastlearn/learner/param_scheduler.h>
 #include <fastlearn/learner/recorder.h>
+#include <fastlearn/models/models.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -43,8 +43,8 @@ TEST(Schedule, FitOneCycleFollowsFastaiFormulasEveryBatch) {
     const double pos = static_cast<double>(i) / 8;
     EXPECT_NEAR(lrs[i], one_cycle(0.25, 1e-2 / 25, 1e-2, 1e-2 / 1e5, pos), 1e-12) << "batch " << i;
   }
-  EXPECT_NEAR(lrs[0], 4e-4, 1e-12);   // lr_max / div at the start
-  EXPECT_NEAR(lrs[2], 1e-2, 1e-12);   // the peak at pct_start = 0.25
+  EXPECT_NEAR(lrs[0], 4e-4, 1e-12);  // lr_max / div at the start
+  EXPECT_NEAR(lrs[2], 1e-2, 1e-12);  // the peak at pct_start = 0.25
   // Momentum (Adam's beta1) goes the other way: 0.95 -> 0.85 -> 0.95; after the fit it holds the value of
   // the last batch.
   EXPECT_NEAR(learn->opt().hyper("mom", 0), one_cycle(0.25, 0.95, 0.85, 0.95, 7.0 / 8), 1e-12);
@@ -83,9 +83,7 @@ TEST(Schedule, DiscriminativeLearningRatesPerGroup) {
   std::vector<std::vector<double>> seen;
   struct Probe : fl::Callback {
     std::vector<std::vector<double>>* out;
-    void before_step() override {
-      out->push_back({learn().opt().hyper("lr", 0), learn().opt().hyper("lr", 1)});
-    }
+    void before_step() override { out->push_back({learn().opt().hyper("lr", 0), learn().opt().hyper("lr", 1)}); }
   };
   auto probe = std::make_shared<Probe>();
   probe->out = &seen;
@@ -117,8 +115,8 @@ TEST(Schedule, ValleySuggestsInsideTheLongestDecrease) {
 }
 
 TEST(Schedule, LrFindStopsOnDivergenceSuggestsAndRestores) {
-  auto learn = flt::regression_learner(flt::regression_data({.n_train = 64, .n_valid = 16, .bs = 4}),
-                                       {.opt_func = fl::SGD()});
+  auto learn =
+      flt::regression_learner(flt::regression_data({.n_train = 64, .n_valid = 16, .bs = 4}), {.opt_func = fl::SGD()});
   const auto before = flt::snapshot(learn->model());
   const auto dl_epoch = learn->dls().train().epoch();
   const auto plot = std::filesystem::temp_directory_path() / ("fastlearn-lrfind-" + std::to_string(getpid()) + ".svg");
@@ -145,8 +143,8 @@ TEST(Schedule, LrFindStopsOnDivergenceSuggestsAndRestores) {
 }
 
 TEST(Schedule, LrFindRunsAllIterationsWhenNothingDiverges) {
-  auto learn = flt::regression_learner(flt::regression_data({.n_train = 32, .n_valid = 8, .bs = 8}),
-                                       {.opt_func = fl::SGD()});
+  auto learn =
+      flt::regression_learner(flt::regression_data({.n_train = 32, .n_valid = 8, .bs = 8}), {.opt_func = fl::SGD()});
   auto result = learn->lr_find({.start_lr = 1e-7, .end_lr = 1e-4, .num_it = 20});
   EXPECT_EQ(learn->recorder().losses().size(), 20u) << "num_it batches over several epochs (4 per epoch)";
   EXPECT_NEAR(learn->recorder().lrs().front(), 1e-7, 1e-19);

@@ -75,8 +75,10 @@ void expect_exactly_batch_norm(const nn::BatchNormOptions& o, std::vector<std::i
                                     << o.affine() << " track " << o.track_running_stats());
   torch::manual_seed(11);
   Ref ref(o);
-  fl::SyncBatchNorm sync(fl::SyncBatchNormOptions{.num_features = o.num_features(), .eps = o.eps(),
-                                                  .momentum = o.momentum(), .affine = o.affine(),
+  fl::SyncBatchNorm sync(fl::SyncBatchNormOptions{.num_features = o.num_features(),
+                                                  .eps = o.eps(),
+                                                  .momentum = o.momentum(),
+                                                  .affine = o.affine(),
                                                   .track_running_stats = o.track_running_stats()});
   ref->to(dtype);
   sync->to(dtype);
@@ -119,8 +121,8 @@ void expect_exactly_batch_norm(const nn::BatchNormOptions& o, std::vector<std::i
 TEST(SyncBatchNormSingleProcess, EqualsBatchNormExactlyInTrainAndEval) {
   ASSERT_FALSE(fl::is_initialized());
   expect_exactly_batch_norm<nn::BatchNorm2d>(nn::BatchNormOptions(4), {6, 4, 3, 5}, torch::kFloat);
-  expect_exactly_batch_norm<nn::BatchNorm2d>(nn::BatchNormOptions(4).momentum(std::nullopt).eps(1e-3),
-                                             {6, 4, 3, 5}, torch::kDouble);
+  expect_exactly_batch_norm<nn::BatchNorm2d>(nn::BatchNormOptions(4).momentum(std::nullopt).eps(1e-3), {6, 4, 3, 5},
+                                             torch::kDouble);
   expect_exactly_batch_norm<nn::BatchNorm1d>(nn::BatchNormOptions(5).affine(false), {7, 5}, torch::kFloat);
   expect_exactly_batch_norm<nn::BatchNorm1d>(nn::BatchNormOptions(3), {4, 3, 6}, torch::kDouble);
   expect_exactly_batch_norm<nn::BatchNorm3d>(nn::BatchNormOptions(2).track_running_stats(false), {3, 2, 2, 3, 2},
@@ -128,11 +130,14 @@ TEST(SyncBatchNormSingleProcess, EqualsBatchNormExactlyInTrainAndEval) {
 }
 
 TEST(SyncBatchNormSingleProcess, AWorldOfOneIsPlainBatchNorm) {
-  flt::run_on_ranks(1, [](const RankContext&) {
-    Distributed dist;
-    ASSERT_TRUE(fl::is_initialized());
-    expect_exactly_batch_norm<nn::BatchNorm2d>(nn::BatchNormOptions(3), {5, 3, 2, 2}, torch::kFloat);
-  }, torchrun(1));
+  flt::run_on_ranks(
+      1,
+      [](const RankContext&) {
+        Distributed dist;
+        ASSERT_TRUE(fl::is_initialized());
+        expect_exactly_batch_norm<nn::BatchNorm2d>(nn::BatchNormOptions(3), {5, 3, 2, 2}, torch::kFloat);
+      },
+      torchrun(1));
 }
 
 TEST(SyncBatchNormSingleProcess, OptionsAndInputsAreChecked) {
@@ -145,7 +150,8 @@ TEST(SyncBatchNormSingleProcess, OptionsAndInputsAreChecked) {
   EXPECT_THROW(bn->forward(torch::zeros({4})), fl::ConfigError);
   std::ostringstream printed;
   printed << *bn;
-  EXPECT_EQ(printed.str(), "fastlearn::SyncBatchNorm(4, eps=1e-05, momentum=0.1, affine=true, track_running_stats=true)");
+  EXPECT_EQ(printed.str(),
+            "fastlearn::SyncBatchNorm(4, eps=1e-05, momentum=0.1, affine=true, track_running_stats=true)");
   // A clone is a deep copy that still works.
   auto copy = std::dynamic_pointer_cast<fl::SyncBatchNormImpl>(bn->clone());
   ASSERT_TRUE(copy);
@@ -163,7 +169,7 @@ struct GlobalCase {
   torch::Dtype dtype = torch::kFloat;
   std::optional<double> momentum = 0.1;
   int steps = 2;
-  double offset = 2;                     // the inputs' mean
+  double offset = 2;  // the inputs' mean
 };
 
 // Every rank draws the same seeded global batch, runs the reference BatchNorm on all of it and the
@@ -237,94 +243,113 @@ std::vector<std::int64_t> first(int n, std::vector<std::int64_t> sizes) {
 
 TEST_P(SyncBatchNormRanks, UnequalBatchesMatchOneBatchNormOverTheConcatenatedBatch) {
   const int n = GetParam();
-  flt::run_on_ranks(n, [n](const RankContext&) {
-    Distributed dist;
-    const auto sizes = first(n, {3, 5, 1});
-    for (const auto dtype : {torch::kFloat, torch::kDouble}) {
-      expect_global_batch_norm<nn::BatchNorm2d>({.sizes = sizes, .item_shape = {4, 3, 2}, .dtype = dtype});
-      expect_global_batch_norm<nn::BatchNorm2d>(
-          {.sizes = sizes, .item_shape = {4, 3, 2}, .dtype = dtype, .momentum = std::nullopt, .steps = 3});
-    }
-    expect_global_batch_norm<nn::BatchNorm1d>({.sizes = sizes, .item_shape = {5}, .dtype = torch::kDouble});
-  }, torchrun(n));
+  flt::run_on_ranks(
+      n,
+      [n](const RankContext&) {
+        Distributed dist;
+        const auto sizes = first(n, {3, 5, 1});
+        for (const auto dtype : {torch::kFloat, torch::kDouble}) {
+          expect_global_batch_norm<nn::BatchNorm2d>({.sizes = sizes, .item_shape = {4, 3, 2}, .dtype = dtype});
+          expect_global_batch_norm<nn::BatchNorm2d>(
+              {.sizes = sizes, .item_shape = {4, 3, 2}, .dtype = dtype, .momentum = std::nullopt, .steps = 3});
+        }
+        expect_global_batch_norm<nn::BatchNorm1d>({.sizes = sizes, .item_shape = {5}, .dtype = torch::kDouble});
+      },
+      torchrun(n));
 }
 
 TEST_P(SyncBatchNormRanks, ARankWithoutItemsTakesPart) {
   const int n = GetParam();
-  flt::run_on_ranks(n, [n](const RankContext&) {
-    Distributed dist;
-    const auto sizes = n == 2 ? std::vector<std::int64_t>{4, 0} : std::vector<std::int64_t>{0, 3, 0};
-    expect_global_batch_norm<nn::BatchNorm1d>({.sizes = sizes, .item_shape = {3, 4}, .dtype = torch::kFloat});
-    expect_global_batch_norm<nn::BatchNorm2d>({.sizes = sizes, .item_shape = {2, 2, 2}, .dtype = torch::kDouble});
-  }, torchrun(n));
+  flt::run_on_ranks(
+      n,
+      [n](const RankContext&) {
+        Distributed dist;
+        const auto sizes = n == 2 ? std::vector<std::int64_t>{4, 0} : std::vector<std::int64_t>{0, 3, 0};
+        expect_global_batch_norm<nn::BatchNorm1d>({.sizes = sizes, .item_shape = {3, 4}, .dtype = torch::kFloat});
+        expect_global_batch_norm<nn::BatchNorm2d>({.sizes = sizes, .item_shape = {2, 2, 2}, .dtype = torch::kDouble});
+      },
+      torchrun(n));
 }
 
 // With gradients AVERAGED over ranks (as a data parallel reducer does), each rank's loss is scaled by the world
 // size: weight/bias gradients are then exact, input gradients world-size times the reference's.
 TEST_P(SyncBatchNormRanks, AveragedParameterGradientsOfLossesScaledByTheWorldSize) {
   const int n = GetParam();
-  flt::run_on_ranks(n, [n](const RankContext&) {
-    Distributed dist;
-    const auto sizes = first(n, {2, 6, 3});
-    const auto total = std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0});
-    const auto offset = std::accumulate(sizes.begin(), sizes.begin() + fl::rank(), std::int64_t{0});
-    const auto mine = sizes[static_cast<std::size_t>(fl::rank())];
-    torch::manual_seed(5);
-    nn::BatchNorm2d ref(3);
-    fl::SyncBatchNorm sync(3);
-    ref->to(torch::kDouble);
-    sync->to(torch::kDouble);
-    const auto x = torch::randn({total, 3, 2, 2}, torch::kDouble), g = torch::randn({total, 3, 2, 2}, torch::kDouble);
-    auto xr = x.clone().requires_grad_();
-    ((ref->forward(xr) * g).sum() / total).backward();
-    auto xs = x.narrow(0, offset, mine).clone().requires_grad_();
-    ((sync->forward(xs) * g.narrow(0, offset, mine)).sum() * n / total).backward();
-    auto grad_weight = sync->weight.grad().clone(), grad_bias = sync->bias.grad().clone();
-    fl::all_reduce(grad_weight, fl::ReduceOp::avg);
-    fl::all_reduce(grad_bias, fl::ReduceOp::avg);
-    EXPECT_TRUE(close(grad_weight, ref->weight.grad(), 1e-10));
-    EXPECT_TRUE(close(grad_bias, ref->bias.grad(), 1e-10));
-    EXPECT_TRUE(close(xs.grad(), xr.grad().narrow(0, offset, mine) * n, 1e-10));
-  }, torchrun(n));
+  flt::run_on_ranks(
+      n,
+      [n](const RankContext&) {
+        Distributed dist;
+        const auto sizes = first(n, {2, 6, 3});
+        const auto total = std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0});
+        const auto offset = std::accumulate(sizes.begin(), sizes.begin() + fl::rank(), std::int64_t{0});
+        const auto mine = sizes[static_cast<std::size_t>(fl::rank())];
+        torch::manual_seed(5);
+        nn::BatchNorm2d ref(3);
+        fl::SyncBatchNorm sync(3);
+        ref->to(torch::kDouble);
+        sync->to(torch::kDouble);
+        const auto x = torch::randn({total, 3, 2, 2}, torch::kDouble),
+                   g = torch::randn({total, 3, 2, 2}, torch::kDouble);
+        auto xr = x.clone().requires_grad_();
+        ((ref->forward(xr) * g).sum() / total).backward();
+        auto xs = x.narrow(0, offset, mine).clone().requires_grad_();
+        ((sync->forward(xs) * g.narrow(0, offset, mine)).sum() * n / total).backward();
+        auto grad_weight = sync->weight.grad().clone(), grad_bias = sync->bias.grad().clone();
+        fl::all_reduce(grad_weight, fl::ReduceOp::avg);
+        fl::all_reduce(grad_bias, fl::ReduceOp::avg);
+        EXPECT_TRUE(close(grad_weight, ref->weight.grad(), 1e-10));
+        EXPECT_TRUE(close(grad_bias, ref->bias.grad(), 1e-10));
+        EXPECT_TRUE(close(xs.grad(), xr.grad().narrow(0, offset, mine) * n, 1e-10));
+      },
+      torchrun(n));
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, SyncBatchNormRanks, ::testing::Values(2, 3),
-                         [](const ::testing::TestParamInfo<int>& param) { return std::to_string(param.param) + "ranks"; });
+                         [](const ::testing::TestParamInfo<int>& param) {
+                           return std::to_string(param.param) + "ranks";
+                         });
 
 // Inputs whose mean is 1e4 times their spread: after the first step the sums are shifted by the previous
 // global mean, so float64 keeps ~1e-12 (unshifted sums of squares would lose eight digits more).
 TEST(SyncBatchNormRanksPrecision, LargeMeansKeepFloat64Precision) {
-  flt::run_on_ranks(2, [](const RankContext&) {
-    Distributed dist;
-    const std::vector<std::int64_t> sizes{3, 5};
-    const auto offset = fl::rank() == 0 ? 0 : 3;
-    const auto mine = sizes[static_cast<std::size_t>(fl::rank())];
-    torch::manual_seed(9);
-    nn::BatchNorm2d ref(nn::BatchNormOptions(3).momentum(0.5));
-    fl::SyncBatchNorm sync(fl::SyncBatchNormOptions{.num_features = 3, .momentum = 0.5});
-    ref->to(torch::kDouble);
-    sync->to(torch::kDouble);
-    for (int step = 0; step < 3; ++step) {
-      const auto x = torch::randn({8, 3, 2, 2}, torch::kDouble) + 1e4 + step;
-      const auto yr = ref->forward(x);
-      const auto ys = sync->forward(x.narrow(0, offset, mine));
-      EXPECT_TRUE(close(ys, yr.narrow(0, offset, mine), step == 0 ? 1e-6 : 1e-10)) << "step " << step;
-      EXPECT_TRUE(close(sync->running_mean, ref->running_mean, 1e-14)) << "step " << step;
-    }
-  }, torchrun(2));
+  flt::run_on_ranks(
+      2,
+      [](const RankContext&) {
+        Distributed dist;
+        const std::vector<std::int64_t> sizes{3, 5};
+        const auto offset = fl::rank() == 0 ? 0 : 3;
+        const auto mine = sizes[static_cast<std::size_t>(fl::rank())];
+        torch::manual_seed(9);
+        nn::BatchNorm2d ref(nn::BatchNormOptions(3).momentum(0.5));
+        fl::SyncBatchNorm sync(fl::SyncBatchNormOptions{.num_features = 3, .momentum = 0.5});
+        ref->to(torch::kDouble);
+        sync->to(torch::kDouble);
+        for (int step = 0; step < 3; ++step) {
+          const auto x = torch::randn({8, 3, 2, 2}, torch::kDouble) + 1e4 + step;
+          const auto yr = ref->forward(x);
+          const auto ys = sync->forward(x.narrow(0, offset, mine));
+          EXPECT_TRUE(close(ys, yr.narrow(0, offset, mine), step == 0 ? 1e-6 : 1e-10)) << "step " << step;
+          EXPECT_TRUE(close(sync->running_mean, ref->running_mean, 1e-14)) << "step " << step;
+        }
+      },
+      torchrun(2));
 }
 
 TEST(SyncBatchNormRanksErrors, OneValuePerChannelOverAllRanksFailsOnEveryRank) {
-  flt::run_on_ranks(2, [](const RankContext&) {
-    Distributed dist;
-    fl::SyncBatchNorm sync(3);
-    const auto msg = message_of([&] { sync->forward(torch::randn({fl::rank() == 0 ? 1 : 0, 3})); });
-    EXPECT_NE(msg.find("expected more than 1 value per channel when training, got 1 over the 2 ranks"),
-              std::string::npos) << msg;
-    // The group still works afterwards: every rank failed at the same point.
-    const auto y = sync->forward(torch::randn({2, 3}));
-    EXPECT_EQ(y.size(0), 2);
-  }, torchrun(2));
+  flt::run_on_ranks(
+      2,
+      [](const RankContext&) {
+        Distributed dist;
+        fl::SyncBatchNorm sync(3);
+        const auto msg = message_of([&] { sync->forward(torch::randn({fl::rank() == 0 ? 1 : 0, 3})); });
+        EXPECT_NE(msg.find("expected more than 1 value per channel when training, got 1 over the 2 ranks"),
+                  std::string::npos)
+            << msg;
+        // The group still works afterwards: every rank failed at the same point.
+        const auto y = sync->forward(torch::randn({2, 3}));
+        EXPECT_EQ(y.size(0), 2);
+      },
+      torchrun(2));
 }
 
 // ---- convert_sync_batchnorm -------------------------------------------------------------------------------
@@ -410,7 +435,8 @@ TEST(SyncBatchNormConvert, NestedModelKeepsNamesValuesTensorsAndForward) {
   ys.sum().backward();
   yr.sum().backward();
   EXPECT_TRUE(torch::equal(xs.grad(), xr.grad()));
-  for (const auto& b : reference->named_buffers()) EXPECT_TRUE(torch::equal(model->named_buffers()[b.key()], b.value()));
+  for (const auto& b : reference->named_buffers())
+    EXPECT_TRUE(torch::equal(model->named_buffers()[b.key()], b.value()));
   model->eval();
   reference->eval();
   EXPECT_TRUE(torch::equal(model->forward(x), reference->forward(x)));
@@ -424,7 +450,8 @@ TEST(SyncBatchNormConvert, NestedModelKeepsNamesValuesTensorsAndForward) {
     for (auto& p : fresh->parameters()) p.zero_();
   }
   torch::load(fresh, stream);
-  for (const auto& p : model->named_parameters()) EXPECT_TRUE(torch::equal(fresh->named_parameters()[p.key()], p.value()));
+  for (const auto& p : model->named_parameters())
+    EXPECT_TRUE(torch::equal(fresh->named_parameters()[p.key()], p.value()));
 }
 
 TEST(SyncBatchNormConvert, ModuleListModuleDictAndSharedModules) {
@@ -477,30 +504,33 @@ TEST(SyncBatchNormConvert, ABatchNormAlsoHeldByAMemberIsRefusedAndNothingChanges
 
 // The converted model on 2 ranks (batches of 3 and 5) computes what the original computes on all 8 items.
 TEST(SyncBatchNormConvert, ConvertedModelOnTwoRanksMatchesTheOriginalOnTheWholeBatch) {
-  flt::run_on_ranks(2, [](const RankContext&) {
-    Distributed dist;
-    const std::int64_t offset = fl::rank() == 0 ? 0 : 3, mine = fl::rank() == 0 ? 3 : 5;
-    auto model = make_model();
-    auto reference = make_model();
-    fl::convert_sync_batchnorm(*model);
-    torch::manual_seed(21);
-    const auto x = torch::randn({8, 3, 4, 4}), g = torch::randn({8, 6});
-    const auto yr = reference->forward(x);
-    ((yr * g).sum() / 8).backward();
-    const auto y = model->forward(x.narrow(0, offset, mine));
-    ((y * g.narrow(0, offset, mine)).sum() / 8).backward();
-    EXPECT_TRUE(close(y, yr.narrow(0, offset, mine), 1e-5));
-    // The biases right before a BatchNorm have a zero gradient (the normalization removes any shift), so
-    // their round-off is measured against the largest gradient of the model.
-    double largest = 0;
-    for (const auto& p : reference->parameters()) largest = std::max(largest, p.grad().abs().max().item<double>());
-    for (const auto& p : reference->named_parameters()) {
-      auto grad = model->named_parameters()[p.key()].grad().clone();
-      fl::all_reduce(grad);
-      EXPECT_TRUE(close(grad, p.value().grad(), 1e-5, largest)) << p.key();
-    }
-    for (const auto& b : reference->named_buffers()) {
-      EXPECT_TRUE(close(model->named_buffers()[b.key()], b.value(), 1e-5)) << b.key();
-    }
-  }, torchrun(2));
+  flt::run_on_ranks(
+      2,
+      [](const RankContext&) {
+        Distributed dist;
+        const std::int64_t offset = fl::rank() == 0 ? 0 : 3, mine = fl::rank() == 0 ? 3 : 5;
+        auto model = make_model();
+        auto reference = make_model();
+        fl::convert_sync_batchnorm(*model);
+        torch::manual_seed(21);
+        const auto x = torch::randn({8, 3, 4, 4}), g = torch::randn({8, 6});
+        const auto yr = reference->forward(x);
+        ((yr * g).sum() / 8).backward();
+        const auto y = model->forward(x.narrow(0, offset, mine));
+        ((y * g.narrow(0, offset, mine)).sum() / 8).backward();
+        EXPECT_TRUE(close(y, yr.narrow(0, offset, mine), 1e-5));
+        // The biases right before a BatchNorm have a zero gradient (the normalization removes any shift), so
+        // their round-off is measured against the largest gradient of the model.
+        double largest = 0;
+        for (const auto& p : reference->parameters()) largest = std::max(largest, p.grad().abs().max().item<double>());
+        for (const auto& p : reference->named_parameters()) {
+          auto grad = model->named_parameters()[p.key()].grad().clone();
+          fl::all_reduce(grad);
+          EXPECT_TRUE(close(grad, p.value().grad(), 1e-5, largest)) << p.key();
+        }
+        for (const auto& b : reference->named_buffers()) {
+          EXPECT_TRUE(close(model->named_buffers()[b.key()], b.value(), 1e-5)) << b.key();
+        }
+      },
+      torchrun(2));
 }

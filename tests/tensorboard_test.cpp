@@ -1,17 +1,17 @@
 // TensorBoardCallback: the event files it writes are read by TensorBoard's own reader (Python
 // tensorboard's EventAccumulator, which checks the TFRecord CRCs) and hold every scalar with the right
 // step and value; under a DistributedTrainer only rank 0 writes.
-#include <fastlearn/core/event_file.h>
 #include <fastlearn/callbacks/tensorboard.h>
+#include <fastlearn/core/event_file.h>
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/runtime.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/models/models.h>
 #include <fastlearn/learner/recorder.h>
+#include <fastlearn/models/models.h>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <filesystem>
@@ -88,8 +88,10 @@ TEST(TensorBoard, EveryScalarIsReadBackByTensorBoardWithItsStepAndValue) {
   // Two parameter groups with different learning rates, so the per-group lr scalars differ.
   fl::Learner learn(flt::classification_data({.n_train = 32, .n_valid = 16, .bs = 8}), fl::models::mlp(4, {8}, 3),
                     fl::cross_entropy(),
-                    {.metrics = {fl::accuracy(), fl::error_rate()}, .splitter = fl::models::body_head_split,
-                     .path = dir, .progress = false});
+                    {.metrics = {fl::accuracy(), fl::error_rate()},
+                     .splitter = fl::models::body_head_split,
+                     .path = dir,
+                     .progress = false});
   auto tb = std::make_shared<fl::TensorBoardCallback>(fl::TensorBoardOptions{.log_dir = "runs"});
   auto losses = std::make_shared<TrainLosses>();
   learn.fit_one_cycle(2, fl::LrSpec::slice(1e-3, 1e-2), {.fit = {.cbs = {tb, losses}}});
@@ -147,19 +149,22 @@ TEST(TensorBoard, EveryScalarIsReadBackByTensorBoardWithItsStepAndValue) {
 TEST(TensorBoard, OnlyRankZeroWritesUnderDistributedTraining) {
   const auto dir = scratch("ddp");
   if (!flt::in_rank_process()) fs::remove_all(dir);
-  flt::run_on_ranks(2, [&dir](const flt::RankContext&) {
-    fl::setup_distrib({.timeout = std::chrono::seconds(30)});
-    {
-      torch::manual_seed(0);
-      fl::Learner learn(flt::classification_data({.n_train = 32, .n_valid = 16, .bs = 4}), fl::models::mlp(4, {8}, 3),
-                        fl::cross_entropy(), {.path = dir, .progress = false});
-      auto tb = std::make_shared<fl::TensorBoardCallback>();
-      fl::DistribCtx ctx(learn);
-      learn.fit(1, 0.01, {.cbs = {tb}});
-      EXPECT_EQ(tb->path().empty(), fl::rank() != 0);
-    }
-    fl::teardown_distrib();
-  }, {.env = flt::torchrun_env(2)});
+  flt::run_on_ranks(2,
+                    [&dir](const flt::RankContext&) {
+                      fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+                      {
+                        torch::manual_seed(0);
+                        fl::Learner learn(flt::classification_data({.n_train = 32, .n_valid = 16, .bs = 4}),
+                                          fl::models::mlp(4, {8}, 3), fl::cross_entropy(),
+                                          {.path = dir, .progress = false});
+                        auto tb = std::make_shared<fl::TensorBoardCallback>();
+                        fl::DistribCtx ctx(learn);
+                        learn.fit(1, 0.01, {.cbs = {tb}});
+                        EXPECT_EQ(tb->path().empty(), fl::rank() != 0);
+                      }
+                      fl::teardown_distrib();
+                    },
+                    {.env = flt::torchrun_env(2)});
   if (flt::in_rank_process()) return;
   EXPECT_EQ(event_files(dir).size(), 1u);
   fs::remove_all(dir);

@@ -110,7 +110,8 @@ TEST_F(TrainCommand, WritesTheRunFolder) {
   EXPECT_NE(read(out_ / "loss.svg").find("<svg"), std::string::npos);
 
   // validate prints the same metrics for the final weights.
-  const auto v = run("validate " + config_.string() + " --checkpoint " + (out_ / "checkpoints/model.safetensors").string());
+  const auto v =
+      run("validate " + config_.string() + " --checkpoint " + (out_ / "checkpoints/model.safetensors").string());
   ASSERT_EQ(v.exit_code, 0) << v.output;
   const auto final_line = r.output.substr(r.output.find("final validation set: ") + 22);
   const auto validated = v.output.substr(v.output.find("validation set: ") + 16);
@@ -127,7 +128,8 @@ TEST_F(TrainCommand, AnInvalidConfigWritesNothing) {
   const auto bad_set = run(train("--set data.bs=-1 --nproc-per-node 2"));
   EXPECT_NE(bad_set.exit_code, 0);
   EXPECT_NE(bad_set.output.find("--set data.bs=-1: data.bs must be an integer >= 1, not the integer -1"),
-            std::string::npos) << bad_set.output;
+            std::string::npos)
+      << bad_set.output;
   EXPECT_EQ(bad_set.output.find("[rank"), std::string::npos) << "no rank was started:\n" << bad_set.output;
   EXPECT_FALSE(fs::exists(out_));
 }
@@ -183,8 +185,10 @@ std::vector<fastlearn::testing::CommandResult> start_ranks(const fs::path& confi
   for (int rank : ranks) {
     commands.push_back({.argv = {FASTLEARN_CLI, "train", config.string(), "--out", out.string(), "--set",
                                  "distributed.timeout_seconds=3"},
-                        .env = {{"RANK", std::to_string(rank)}, {"WORLD_SIZE", std::to_string(world_size)},
-                                {"LOCAL_RANK", std::to_string(rank)}, {"MASTER_ADDR", "127.0.0.1"},
+                        .env = {{"RANK", std::to_string(rank)},
+                                {"WORLD_SIZE", std::to_string(world_size)},
+                                {"LOCAL_RANK", std::to_string(rank)},
+                                {"MASTER_ADDR", "127.0.0.1"},
                                 {"MASTER_PORT", std::to_string(port)}},
                         .log = out.parent_path() / fmt::format("rank{}.log", rank)});
   }
@@ -212,7 +216,8 @@ TEST_F(TrainCommand, AWorldSizeAboveTheRanksStartedIsNamedWithinTheTimeout) {
     EXPECT_NE(r.exit_code, 0) << r.output;
     // Rank 0 says how many came; a rank whose store (rank 0's) went away first says that, naming WORLD_SIZE too.
     EXPECT_TRUE(r.output.find("only 2 of WORLD_SIZE=3 ranks joined") != std::string::npos ||
-                r.output.find("went away while waiting for WORLD_SIZE=3 ranks") != std::string::npos) << r.output;
+                r.output.find("went away while waiting for WORLD_SIZE=3 ranks") != std::string::npos)
+        << r.output;
   }
   EXPECT_LT(seconds, 15) << "3 s timeout";
   EXPECT_FALSE(fs::exists(out_)) << "nothing written";

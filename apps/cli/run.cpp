@@ -42,10 +42,9 @@ DataLoaders synthetic_regression(const DataConfig& d) {
   };
   auto train = make(s.n_train);
   auto valid = make(s.n_valid);
-  return DataLoaders(DataLoader(train, {.bs = d.bs, .shuffle = true, .num_workers = static_cast<int>(d.workers)}),
-                     DataLoader(valid, {.bs = d.valid_bs > 0 ? d.valid_bs : 2 * d.bs,
-                                        .num_workers = static_cast<int>(d.workers)}),
-                     1);
+  return DataLoaders(
+      DataLoader(train, {.bs = d.bs, .shuffle = true, .num_workers = static_cast<int>(d.workers)}),
+      DataLoader(valid, {.bs = d.valid_bs > 0 ? d.valid_bs : 2 * d.bs, .num_workers = static_cast<int>(d.workers)}), 1);
 }
 
 DataLoaders make_data(const TrainConfig& c) {
@@ -56,10 +55,14 @@ DataLoaders make_data(const TrainConfig& c) {
     dir = rank0_first([&] { return d.url.empty() ? untar_data(urls::fashion_mnist()) : untar_data(d.url); });
   }
   const auto& t = d.transforms;
-  return ImageDataLoaders::from_idx(dir, {.bs = d.bs, .valid_bs = d.valid_bs, .num_workers = static_cast<int>(d.workers),
-                                          .seed = static_cast<std::uint64_t>(c.train.seed), .normalize = t.normalize,
+  return ImageDataLoaders::from_idx(dir, {.bs = d.bs,
+                                          .valid_bs = d.valid_bs,
+                                          .num_workers = static_cast<int>(d.workers),
+                                          .seed = static_cast<std::uint64_t>(c.train.seed),
+                                          .normalize = t.normalize,
                                           .augment = t.random_crop_padding > 0 || t.random_flip > 0,
-                                          .crop_padding = t.random_crop_padding, .flip_p = t.random_flip});
+                                          .crop_padding = t.random_crop_padding,
+                                          .flip_p = t.random_flip});
 }
 
 torch::nn::Sequential make_model(const TrainConfig& c, DataLoaders& dls) {
@@ -69,8 +72,11 @@ torch::nn::Sequential make_model(const TrainConfig& c, DataLoaders& dls) {
   if (m.arch == "simple_cnn") return models::simple_cnn(outputs);
   if (m.arch == "conv_net") return models::conv_net({.widths = m.widths, .classes = outputs});
   if (m.arch == "resnet")
-    return models::resnet({.widths = m.widths, .blocks_per_stage = m.blocks_per_stage, .classes = outputs,
-                           .in_channels = 1, .stem_width = m.stem_width});
+    return models::resnet({.widths = m.widths,
+                           .blocks_per_stage = m.blocks_per_stage,
+                           .classes = outputs,
+                           .in_channels = 1,
+                           .stem_width = m.stem_width});
   const std::int64_t inputs = images ? 28 * 28 : c.data.synthetic.features;
   return models::mlp(inputs, m.hidden, outputs);
 }
@@ -90,13 +96,20 @@ Loss make_loss(const TrainSectionConfig& t) {
 std::vector<MetricPtr> make_metrics(const TrainSectionConfig& t) {
   std::vector<MetricPtr> metrics;
   for (const auto& name : t.metrics) {
-    if (name == "accuracy") metrics.push_back(accuracy());
-    else if (name == "error_rate") metrics.push_back(error_rate());
-    else if (name == "top_k_accuracy") metrics.push_back(top_k_accuracy(5));
-    else if (name == "f1_macro") metrics.push_back(f1_macro());
-    else if (name == "rmse") metrics.push_back(rmse());
-    else if (name == "mse") metrics.push_back(mse());
-    else if (name == "mae") metrics.push_back(mae());
+    if (name == "accuracy")
+      metrics.push_back(accuracy());
+    else if (name == "error_rate")
+      metrics.push_back(error_rate());
+    else if (name == "top_k_accuracy")
+      metrics.push_back(top_k_accuracy(5));
+    else if (name == "f1_macro")
+      metrics.push_back(f1_macro());
+    else if (name == "rmse")
+      metrics.push_back(rmse());
+    else if (name == "mse")
+      metrics.push_back(mse());
+    else if (name == "mae")
+      metrics.push_back(mae());
   }
   return metrics;
 }
@@ -107,15 +120,21 @@ std::optional<fs::path> checkpoint_to_resume(const fs::path& out) {
   const auto dir = out / "checkpoints";
   auto found = latest_checkpoint(dir);
   if (is_main()) {
-    if (found) fmt::print("resume: continuing from {}\n", found->string());
-    else fmt::print("resume: no checkpoint in {}; starting from the beginning\n", dir.string());
+    if (found)
+      fmt::print("resume: continuing from {}\n", found->string());
+    else
+      fmt::print("resume: no checkpoint in {}; starting from the beginning\n", dir.string());
   }
   return found;
 }
 
 LearnerOptions learner_options(const TrainConfig& c, const fs::path& out, bool with_run_callbacks, bool resume) {
-  LearnerOptions o{.opt_func = make_opt(c.train), .lr = c.train.lr, .wd = c.train.wd, .metrics = make_metrics(c.train),
-                   .path = out, .model_dir = "checkpoints"};
+  LearnerOptions o{.opt_func = make_opt(c.train),
+                   .lr = c.train.lr,
+                   .wd = c.train.wd,
+                   .metrics = make_metrics(c.train),
+                   .path = out,
+                   .model_dir = "checkpoints"};
   const auto& t = c.train;
   if (t.grad_accumulation > 0) o.cbs.push_back(std::make_shared<GradientAccumulation>(t.grad_accumulation));
   if (t.grad_clip > 0) o.cbs.push_back(std::make_shared<GradientClip>(GradientClipOptions{.max_norm = t.grad_clip}));
@@ -126,15 +145,15 @@ LearnerOptions learner_options(const TrainConfig& c, const fs::path& out, bool w
   const auto& cb = c.callbacks;
   if (cb.csv_log) o.cbs.push_back(std::make_shared<CSVLogger>(CSVLoggerOptions{.append = resume}));
   if (const auto& e = cb.early_stopping)
-    o.cbs.push_back(std::make_shared<EarlyStopping>(
-        EarlyStoppingOptions{.tracker = {.monitor = e->monitor, .min_delta = e->min_delta},
-                             .patience = static_cast<int>(e->patience)}));
+    o.cbs.push_back(std::make_shared<EarlyStopping>(EarlyStoppingOptions{
+        .tracker = {.monitor = e->monitor, .min_delta = e->min_delta}, .patience = static_cast<int>(e->patience)}));
   if (const auto& b = cb.save_best) {
     SaveModelOptions save{.fname = "best"};  // (a nested designated initializer trips GCC 12's -O3 maybe-uninitialized)
     save.tracker.monitor = b->monitor;
     o.cbs.push_back(std::make_shared<SaveModel>(save));
   }
-  if (cb.tensorboard) o.cbs.push_back(std::make_shared<TensorBoardCallback>(TensorBoardOptions{.log_dir = "tensorboard"}));
+  if (cb.tensorboard)
+    o.cbs.push_back(std::make_shared<TensorBoardCallback>(TensorBoardOptions{.log_dir = "tensorboard"}));
   if (c.output.checkpoints)
     o.cbs.push_back(std::make_shared<Checkpointer>(
         CheckpointerOptions{.dir = "checkpoints", .every_n_batches = c.output.checkpoint_every_n_batches}));
@@ -147,22 +166,28 @@ std::unique_ptr<Learner> make_learner(const TrainConfig& c, const fs::path& out,
   set_seed(static_cast<std::uint64_t>(c.train.seed));
   auto dls = make_data(c);
   auto model = make_model(c, dls);
-  return std::make_unique<Learner>(std::move(dls), model, make_loss(c.train), learner_options(c, out, with_run_callbacks, resume));
+  return std::make_unique<Learner>(std::move(dls), model, make_loss(c.train),
+                                   learner_options(c, out, with_run_callbacks, resume));
 }
 
 void fit(Learner& learn, const TrainSectionConfig& t, const std::optional<fs::path>& resume_from) {
   const int epochs = static_cast<int>(t.epochs);
   const FitOptions options{.resume_from = resume_from.value_or(fs::path())};
-  if (t.schedule == "one_cycle") learn.fit_one_cycle(epochs, t.lr, {.pct_start = t.pct_start, .fit = options});
-  else if (t.schedule == "flat_cos") learn.fit_flat_cos(epochs, t.lr, {.pct_start = t.pct_start, .fit = options});
-  else learn.fit(epochs, t.lr, options);
+  if (t.schedule == "one_cycle")
+    learn.fit_one_cycle(epochs, t.lr, {.pct_start = t.pct_start, .fit = options});
+  else if (t.schedule == "flat_cos")
+    learn.fit_flat_cos(epochs, t.lr, {.pct_start = t.pct_start, .fit = options});
+  else
+    learn.fit(epochs, t.lr, options);
 }
 
 // distributed.backend = "nccl" on a machine without a visible GPU: refused before anything runs or is written.
 void check_backend(const DistributedConfig& d, const std::string& origin) {
   if (d.backend == "nccl" && !torch::cuda::is_available()) {
-    throw ConfigError(fmt::format("{}: distributed.backend = \"nccl\" needs a CUDA GPU and none is visible; use "
-                                  "\"gloo\", or \"auto\" (NCCL when there is a GPU, Gloo otherwise)", origin));
+    throw ConfigError(
+        fmt::format("{}: distributed.backend = \"nccl\" needs a CUDA GPU and none is visible; use "
+                    "\"gloo\", or \"auto\" (NCCL when there is a GPU, Gloo otherwise)",
+                    origin));
   }
 }
 
@@ -175,12 +200,14 @@ SetupOptions setup_options(const DistributedConfig& d) {
 
 DistributedTrainerOptions trainer_options(const DistributedConfig& d) {
   return {.sync_bn = d.sync_bn,
-          .reducer = {.first_bucket_mb = d.first_bucket_mb, .bucket_cap_mb = d.bucket_cap_mb,
+          .reducer = {.first_bucket_mb = d.first_bucket_mb,
+                      .bucket_cap_mb = d.bucket_cap_mb,
                       .find_unused_parameters = d.find_unused_parameters}};
 }
 
 std::string format_metric(const std::string& name, double value) {
-  if (name == "accuracy" || name == "error_rate" || name == "top_k_accuracy") return fmt::format("{} {:.2f}%", name, 100 * value);
+  if (name == "accuracy" || name == "error_rate" || name == "top_k_accuracy")
+    return fmt::format("{} {:.2f}%", name, 100 * value);
   return fmt::format("{} {:.4f}", name, value);
 }
 
@@ -210,8 +237,10 @@ int run_train(const TrainArgs& args) {
   config.output.dir = out.string();
   check_backend(config.distributed, args.config_path);
   if (!config.data.path.empty() && !fs::is_directory(config.data.path))
-    throw ConfigError(fmt::format("{}: data.path '{}' is not a folder; point it at an MNIST-format folder, or leave it "
-                                  "out to use the default Fashion-MNIST", args.config_path, config.data.path));
+    throw ConfigError(
+        fmt::format("{}: data.path '{}' is not a folder; point it at an MNIST-format folder, or leave it "
+                    "out to use the default Fashion-MNIST",
+                    args.config_path, config.data.path));
   if (!under_launcher() && (args.nproc_per_node > 1 || args.max_restarts > 0)) return relaunch(args, out.string());
 
   DistribCtx job(setup_options(config.distributed));  // the launched job's group, torn down at exit
@@ -232,7 +261,9 @@ int run_train(const TrainArgs& args) {
     fit(*learn, config.train, resume ? checkpoint_to_resume(out) : std::nullopt);
     if (const auto stop = learn->cb<GracefulStop>(); stop && stop->stopped()) {
       const int signal = stop_signal() != 0 ? stop_signal() : SIGTERM;  // 0 here: another rank got it
-      if (is_main()) fmt::print(stderr, "fastlearn train: stopped by signal {}; `--resume` continues from the last checkpoint\n", signal);
+      if (is_main())
+        fmt::print(stderr, "fastlearn train: stopped by signal {}; `--resume` continues from the last checkpoint\n",
+                   signal);
       return 128 + signal;
     }
     result = learn->validate();  // on every rank: gathered, exact

@@ -13,7 +13,7 @@ struct TrainArgs {
   std::vector<std::string> sets;  ///< --set key=value, in order
   std::string out;                ///< empty: output.dir of the config
   bool resume = false;
-  int nproc_per_node = 0;         ///< > 0: start this many local ranks through the launcher (unless under one)
+  int nproc_per_node = 0;  ///< > 0: start this many local ranks through the launcher (unless under one)
   int max_restarts = 0;
 };
 

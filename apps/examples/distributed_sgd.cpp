@@ -40,9 +40,12 @@ int main(int argc, char** argv) {
     std::string dir = "/usr/share/datasets/fashion-mnist";
     for (int i = 1; i + 1 < argc; i += 2) {
       const std::string flag = argv[i];
-      if (flag == "--epochs") epochs = std::stoi(argv[i + 1]);
-      else if (flag == "--data") dir = argv[i + 1];
-      else throw std::invalid_argument("unknown option " + flag + " (use --epochs N, --data DIR)");
+      if (flag == "--epochs")
+        epochs = std::stoi(argv[i + 1]);
+      else if (flag == "--data")
+        dir = argv[i + 1];
+      else
+        throw std::invalid_argument("unknown option " + flag + " (use --epochs N, --data DIR)");
     }
     fl::DistribCtx ctx;
     const int rank = fl::rank(), world = fl::world_size();
@@ -73,7 +76,8 @@ int main(int argc, char** argv) {
         epoch_loss += loss.item<double>();  // a host sync per batch: fine for a tutorial
         ++batches;
       }
-      fmt::print("rank {} epoch {}: loss {:.4f} over {} batches of {}\n", rank, epoch, epoch_loss / batches, batches, bs);
+      fmt::print("rank {} epoch {}: loss {:.4f} over {} batches of {}\n", rank, epoch, epoch_loss / batches, batches,
+                 bs);
     }
     // Every replica holds the same weights: check with an all_reduce of their differences to rank 0's.
     auto flat = torch::cat({model->parameters()[0].detach().flatten(), model->parameters().back().detach().flatten()});

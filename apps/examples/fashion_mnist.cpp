@@ -9,8 +9,8 @@
 // at the next batch with a checkpoint (exit code 128 + signal).
 #include <fastlearn/fastlearn.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdlib>
 #include <iostream>
@@ -28,8 +28,10 @@ int main(int argc, char** argv) {
   std::uint64_t seed = 0;
   std::string data_sha256, resume;
   std::int64_t checkpoint_every = 0;
-  app.add_option("--data", data, "folder with the four Fashion-MNIST IDX files (.gz or raw), or the URL of an archive "
-                 "of them")->capture_default_str();
+  app.add_option("--data", data,
+                 "folder with the four Fashion-MNIST IDX files (.gz or raw), or the URL of an archive "
+                 "of them")
+      ->capture_default_str();
   app.add_option("--data-sha256", data_sha256, "expected SHA-256 of the archive given by URL");
   app.add_option("--epochs", epochs, "epochs of fit_one_cycle")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--lr", lr, "maximum learning rate of the cycle")->capture_default_str()->check(CLI::PositiveNumber);
@@ -50,12 +52,15 @@ int main(int argc, char** argv) {
       data = fl::rank0_first([&] { return fl::untar_data(source); }).string();
     }
     auto dls = fl::ImageDataLoaders::from_idx(data, {.bs = bs, .num_workers = workers, .seed = seed});
-    auto checkpointer = std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.every_n_batches = checkpoint_every});
+    auto checkpointer =
+        std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.every_n_batches = checkpoint_every});
     auto stop = std::make_shared<fl::GracefulStop>();
-    fl::Learner learn(dls, fl::models::simple_cnn(dls.c()), fl::cross_entropy(),
-                      {.opt_func = fl::Adam(), .metrics = {fl::accuracy()},
-                       .cbs = {std::make_shared<fl::CSVLogger>(), std::make_shared<fl::MetricsJson>(), checkpointer, stop},
-                       .path = out});
+    fl::Learner learn(
+        dls, fl::models::simple_cnn(dls.c()), fl::cross_entropy(),
+        {.opt_func = fl::Adam(),
+         .metrics = {fl::accuracy()},
+         .cbs = {std::make_shared<fl::CSVLogger>(), std::make_shared<fl::MetricsJson>(), checkpointer, stop},
+         .path = out});
     std::filesystem::path resume_from = resume;
     if (resume == "auto") resume_from = fl::latest_checkpoint(checkpointer->dir()).value_or(std::filesystem::path());
     {
@@ -67,7 +72,8 @@ int main(int argc, char** argv) {
     learn.save("fashion_cnn");
     learn.recorder().plot_loss(std::filesystem::path(out) / "loss.svg");
     const auto result = learn.validate();
-    fmt::print("test accuracy {:.2f}% (loss {:.4f}); outputs in {}\n", 100 * result.metric("accuracy"), result.loss, out);
+    fmt::print("test accuracy {:.2f}% (loss {:.4f}); outputs in {}\n", 100 * result.metric("accuracy"), result.loss,
+               out);
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "fashion_mnist: error: " << e.what() << "\n";

@@ -76,7 +76,8 @@ class Coprocess {
   std::string read_line() {
     std::string line;
     for (int c; (c = std::fgetc(from_)) != EOF && c != '\n';) line.push_back(static_cast<char>(c));
-    if (line.empty() && std::feof(from_)) throw std::runtime_error(fmt::format("bench: '{}' exited early (see its errors above)", command_));
+    if (line.empty() && std::feof(from_))
+      throw std::runtime_error(fmt::format("bench: '{}' exited early (see its errors above)", command_));
     return line;
   }
   std::string request(const std::string& line) {

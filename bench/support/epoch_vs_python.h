@@ -49,10 +49,15 @@ inline EpochComparison compare_epochs(const std::string& side, const std::string
                                       int n_repeats, bool channels_last = false) {
   namespace fl = fastlearn;
   const int threads = at::get_num_threads();
-  std::vector<std::string> command{FASTLEARN_PYTHON, std::string(FASTLEARN_SOURCE_DIR) + "/bench/python/epoch_server.py",
-                                   "--side", side, "--model", model_name, "--data", data, "--threads",
-                                   std::to_string(threads), "--bs", std::to_string(kEpochBatch), "--train-items",
-                                   std::to_string(kEpochTrainItems), "--valid-items", std::to_string(kEpochValidItems)};
+  std::vector<std::string> command{
+      FASTLEARN_PYTHON, std::string(FASTLEARN_SOURCE_DIR) + "/bench/python/epoch_server.py",
+      "--side",         side,
+      "--model",        model_name,
+      "--data",         data,
+      "--threads",      std::to_string(threads),
+      "--bs",           std::to_string(kEpochBatch),
+      "--train-items",  std::to_string(kEpochTrainItems),
+      "--valid-items",  std::to_string(kEpochValidItems)};
   if (channels_last) command.push_back("--channels-last");
   Coprocess python(command);
   if (python.read_line() != "ready") throw std::runtime_error("bench: epoch_server.py did not start");

@@ -16,7 +16,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     const auto config = fastlearn::cli::parse_config(text, "fuzz.toml");
     if (fastlearn::cli::parse_config(fastlearn::cli::to_toml(config), "resolved.toml") != config) std::abort();
-  } catch (const fastlearn::ConfigError&) {
-  }
+  } catch (const fastlearn::ConfigError&) {}
   return 0;
 }

@@ -13,7 +13,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     const auto tensor = fastlearn::parse_idx(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz");
     (void)tensor.numel();
-  } catch (const fastlearn::DataError&) {
-  }
+  } catch (const fastlearn::DataError&) {}
   return 0;
 }

@@ -28,7 +28,8 @@ inline nlohmann::json read_json(const std::filesystem::path& file) {
 
 inline JobResult read_job(const std::filesystem::path& dir, int world_size) {
   JobResult r;
-  if (std::filesystem::exists(dir / "weights.safetensors")) r.weights = load_safetensors(dir / "weights.safetensors").tensors;
+  if (std::filesystem::exists(dir / "weights.safetensors"))
+    r.weights = load_safetensors(dir / "weights.safetensors").tensors;
   if (std::filesystem::exists(dir / "history.json")) r.history = read_json(dir / "history.json");
   for (int rank = 0; rank < world_size; ++rank) {
     const auto file = dir / ("rank" + std::to_string(rank) + ".json");
@@ -67,10 +68,10 @@ inline void expect_layout(const JobResult& job, int world_size, int local_world_
 /// Runs `fastlearn launch --nproc-per-node 2 interop_tiny_train <dir>` and reads what it left.
 inline JobResult baseline_job(const std::filesystem::path& dir) {
   std::filesystem::create_directories(dir);
-  const auto results = run_commands({{.argv = {FASTLEARN_CLI, "launch", "--nproc-per-node", "2", "--",
-                                               FASTLEARN_TINY_TRAIN, dir.string()},
-                                      .log = dir / "launch.log"}},
-                                    std::chrono::seconds(90));
+  const auto results = run_commands(
+      {{.argv = {FASTLEARN_CLI, "launch", "--nproc-per-node", "2", "--", FASTLEARN_TINY_TRAIN, dir.string()},
+        .log = dir / "launch.log"}},
+      std::chrono::seconds(90));
   EXPECT_TRUE(results[0].ok()) << results[0].output;
   return read_job(dir, 2);
 }

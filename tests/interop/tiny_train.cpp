@@ -39,9 +39,12 @@ int main(int argc, char** argv) try {
   {
     fl::DistribCtx ctx(learn);
     const auto env = fl::dist_env();
-    std::ofstream(out / fmt::format("rank{}.json", fl::rank()))
-        << nlohmann::json{{"source", env.source}, {"rank", fl::rank()}, {"world_size", fl::world_size()},
-                          {"local_rank", fl::local_rank()}, {"master_addr", env.master_addr}}.dump();
+    std::ofstream(out / fmt::format("rank{}.json", fl::rank())) << nlohmann::json{
+        {"source", env.source},
+        {"rank", fl::rank()},
+        {"world_size", fl::world_size()},
+        {"local_rank", fl::local_rank()},
+        {"master_addr", env.master_addr}}.dump();
     learn.fit_one_cycle(2, 0.05);
   }
   if (fl::rank() == 0) {

@@ -1,21 +1,21 @@
 #include "support/multiprocess.h"
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <spawn.h>
 #include <sys/prctl.h>
-#include <sys/wait.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <unistd.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
-#include <arpa/inet.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include <csignal>
-#include <cstring>
 #include <fcntl.h>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -96,7 +96,10 @@ std::optional<int> env_int(const char* name) {
     failed |= r.failed();
     skipped |= r.skipped();
     std::cerr << (r.file_name() ? r.file_name() : "?") << ":" << r.line_number() << ": "
-              << (r.failed() ? "Failure" : r.skipped() ? "Skipped" : "Note") << "\n"
+              << (r.failed()    ? "Failure"
+                  : r.skipped() ? "Skipped"
+                                : "Note")
+              << "\n"
               << r.message() << "\n";
   }
   std::cout.flush();
@@ -210,9 +213,9 @@ std::function<std::map<std::string, std::string>(int rank)> torchrun_env(int wor
   return [port, world_size](int rank) {
     if (*port == 0) *port = free_tcp_port();
     return std::map<std::string, std::string>{
-        {"RANK", std::to_string(rank)},           {"WORLD_SIZE", std::to_string(world_size)},
-        {"LOCAL_RANK", std::to_string(rank)},     {"LOCAL_WORLD_SIZE", std::to_string(world_size)},
-        {"MASTER_ADDR", "127.0.0.1"},             {"MASTER_PORT", std::to_string(*port)}};
+        {"RANK", std::to_string(rank)},       {"WORLD_SIZE", std::to_string(world_size)},
+        {"LOCAL_RANK", std::to_string(rank)}, {"LOCAL_WORLD_SIZE", std::to_string(world_size)},
+        {"MASTER_ADDR", "127.0.0.1"},         {"MASTER_PORT", std::to_string(*port)}};
   };
 }
 
@@ -294,8 +297,7 @@ std::vector<RankResult> run_ranks(int world_size, const std::function<void(const
   for (auto& child : children) {
     // Anything a rank left behind in its process group dies too; as subreaper we reap the orphans.
     kill(-child.result.pid, SIGKILL);
-    while (waitpid(-child.result.pid, nullptr, 0) > 0) {
-    }
+    while (waitpid(-child.result.pid, nullptr, 0) > 0) {}
     child.result.output = read_file(child.output_file);
     std::filesystem::remove(child.output_file);
     results.push_back(std::move(child.result));

@@ -39,14 +39,14 @@ struct MultiProcessOptions {
 struct RankResult {
   int rank = 0;
   int pid = 0;
-  bool passed = false;      ///< exited 0 with no failed assertion
-  bool skipped = false;     ///< the body called GTEST_SKIP
-  bool timed_out = false;   ///< killed at the timeout
+  bool passed = false;                 ///< exited 0 with no failed assertion
+  bool skipped = false;                ///< the body called GTEST_SKIP
+  bool timed_out = false;              ///< killed at the timeout
   bool stopped_after_failure = false;  ///< killed because another rank had failed and this one did not end
-  int exit_code = -1;       ///< when it exited
-  int signal = 0;           ///< when a signal ended it
-  std::string output;       ///< its stdout and stderr, with the failed assertions
-  std::string summary() const;  ///< one line: "rank 1: exited with code 1", "rank 0: timed out (killed)"...
+  int exit_code = -1;                  ///< when it exited
+  int signal = 0;                      ///< when a signal ended it
+  std::string output;                  ///< its stdout and stderr, with the failed assertions
+  std::string summary() const;         ///< one line: "rank 1: exited with code 1", "rank 0: timed out (killed)"...
 };
 
 /// Runs `body` on `world_size` ranks and returns how each ended; reports nothing by itself.

@@ -19,9 +19,9 @@ namespace fastlearn::testing {
 namespace {
 
 bool describes_a_job(const std::string& name) {
-  static const std::array<const char*, 10> prefixes = {"LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_", "GROUP_RANK",
-                                                       "TORCHELASTIC_", "OMPI_", "PMI_", "MPI_LOCAL", "SLURM_",
-                                                       "ROLE_"};
+  static const std::array<const char*, 10> prefixes = {
+      "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_", "GROUP_RANK", "TORCHELASTIC_", "OMPI_",
+      "PMI_",       "MPI_LOCAL",        "SLURM_",  "ROLE_"};
   if (name == "RANK" || name == "WORLD_SIZE") return true;
   for (const char* p : prefixes) {
     if (name.starts_with(p)) return true;

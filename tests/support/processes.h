@@ -12,9 +12,9 @@
 namespace fastlearn::testing {
 
 struct Command {
-  std::vector<std::string> argv;              ///< argv[0] is a path (no PATH lookup)
-  std::map<std::string, std::string> env;     ///< set in the child (on top of the cleaned environment)
-  std::filesystem::path log;                  ///< the child's stdout and stderr go here
+  std::vector<std::string> argv;           ///< argv[0] is a path (no PATH lookup)
+  std::map<std::string, std::string> env;  ///< set in the child (on top of the cleaned environment)
+  std::filesystem::path log;               ///< the child's stdout and stderr go here
 };
 
 struct CommandResult {
