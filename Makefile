@@ -6,7 +6,7 @@ JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 VENV = $(shell scripts/bootstrap --print-venv)
 
-.PHONY: all deps configure build test demo clean
+.PHONY: all deps configure build test demo lint clean
 
 all: build
 
@@ -24,6 +24,10 @@ build: configure
 # Each TEST is its own ctest entry; select an area with `make test CTEST_ARGS="-L distributed"`.
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+# clang-format on every C++ file, clang-tidy on the sources the last commit changed (scripts/lint).
+lint: configure
+	scripts/lint $(BUILD_DIR)
 
 # The README's main job: configs/fashion_mnist.toml on 2 local ranks on CPU (live progress on rank 0,
 # the per-epoch table, the final test accuracy); the run's files go to build/demo.

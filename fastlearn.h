@@ -21,6 +21,7 @@
 #include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/distributed/grad_reducer.h>
 #include <fastlearn/distributed/launcher.h>
+#include <fastlearn/distributed/p2p.h>
 #include <fastlearn/distributed/runtime.h>
 #include <fastlearn/distributed/spawn.h>
 #include <fastlearn/distributed/sync_batch_norm.h>
@@ -33,5 +34,7 @@
 #include <fastlearn/learner/progress.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/models/models.h>
+#include <fastlearn/optim/adam.h>
 #include <fastlearn/optim/annealing.h>
 #include <fastlearn/optim/optimizer.h>
+#include <fastlearn/optim/sgd.h>

@@ -14,6 +14,7 @@
 #include <fastlearn/distributed/spawn.h>
 #include <fastlearn/models/models.h>
 #include <fastlearn/optim/optimizer.h>
+#include <fastlearn/optim/sgd.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>

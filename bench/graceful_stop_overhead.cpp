@@ -13,6 +13,7 @@
 #include <fastlearn/distributed/spawn.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/models/models.h>
+#include <fastlearn/optim/sgd.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>

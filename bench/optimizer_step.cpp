@@ -3,7 +3,9 @@
 // with fixed random gradients. Both sides run interleaved in one process on the same parameters' shapes.
 // Prints one JSON object (one entry per optimizer and model; time per step, lower is better).
 #include <fastlearn/models/models.h>
+#include <fastlearn/optim/adam.h>
 #include <fastlearn/optim/optimizer.h>
+#include <fastlearn/optim/sgd.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>

@@ -32,6 +32,23 @@ std::string_view to_string(ReduceOp op) {
   return "?";
 }
 
+std::string describe_tensor(const at::Tensor& t) {
+  if (!t.defined()) return "no tensor";
+  return fmt::format("{} [{}]", c10::toString(t.scalar_type()), fmt::join(t.sizes(), ", "));
+}
+
+Group* group_or_world(Group* group) {
+  if (group) return group;
+  if (!is_initialized()) {
+    if (world_size() == 1) return nullptr;
+    throw DistributedError(
+        fmt::format("rank {} of {}: no process group is set up; call setup_distrib() (or use a "
+                    "DistribCtx) before collectives",
+                    rank(), world_size()));
+  }
+  return &world_group();
+}
+
 namespace {
 
 enum class Op : std::int64_t { broadcast = 1, reduce, all_reduce, scatter, gather, all_gather, barrier };
@@ -40,11 +57,6 @@ const char* op_name(std::int64_t op) {
   static constexpr std::array<const char*, 8> names{"?",       "broadcast", "reduce",     "all_reduce",
                                                     "scatter", "gather",    "all_gather", "barrier"};
   return op >= 1 && op < static_cast<std::int64_t>(names.size()) ? names[static_cast<std::size_t>(op)] : "?";
-}
-
-std::string describe(const at::Tensor& t) {
-  if (!t.defined()) return "no tensor";
-  return fmt::format("{} [{}]", c10::toString(t.scalar_type()), fmt::join(t.sizes(), ", "));
 }
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
@@ -61,19 +73,6 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
       return c10d::ReduceOp::AVG;
   }
   return c10d::ReduceOp::SUM;
-}
-
-// nullptr when this is a job of one process with nothing set up: every collective is then trivial.
-Group* resolve(Group* group) {
-  if (group) return group;
-  if (!is_initialized()) {
-    if (world_size() == 1) return nullptr;
-    throw DistributedError(
-        fmt::format("rank {} of {}: no process group is set up; call setup_distrib() (or use a "
-                    "DistribCtx) before collectives",
-                    rank(), world_size()));
-  }
-  return &world_group();
 }
 
 // Waits for `work` (call `call` of the group), turning any failure into an error that names the operation,
@@ -162,8 +161,8 @@ void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, Gro
   }
   for (std::size_t i = 0; i < list.size(); ++i) {
     if (!list[i].defined() || list[i].sizes() != like.sizes() || list[i].scalar_type() != like.scalar_type()) {
-      throw DistributedError(
-          fmt::format("{}: tensor {} is {} but must be {} like the input", what, i, describe(list[i]), describe(like)));
+      throw DistributedError(fmt::format("{}: tensor {} is {} but must be {} like the input", what, i,
+                                         describe_tensor(list[i]), describe_tensor(like)));
     }
   }
 }
@@ -171,58 +170,59 @@ void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, Gro
 }  // namespace
 
 void broadcast(const at::Tensor& tensor, int src, Group* group) {
-  Group* g = resolve(group);
+  Group* g = group_or_world(group);
   if (!g) return;
   check_same_call(*g, Op::broadcast, tensor, src);
   with_contiguous(tensor, [&](const at::Tensor& t) {
     std::vector<at::Tensor> tensors{t};
     c10d::BroadcastOptions options;
     options.rootRank = g->group_rank_of(src);
-    run(*g, fmt::format("broadcast of {} from rank {}", describe(t), src),
+    run(*g, fmt::format("broadcast of {} from rank {}", describe_tensor(t), src),
         [&] { return g->backend().broadcast(tensors, options); });
   });
 }
 
 void reduce(const at::Tensor& tensor, int dst, ReduceOp op, Group* group) {
-  Group* g = resolve(group);
+  Group* g = group_or_world(group);
   if (!g) return;
   check_same_call(*g, Op::reduce, tensor, dst, op);
   const bool emulate_avg = op == ReduceOp::avg && g->kind() == BackendKind::gloo;
   if (emulate_avg && !at::isFloatingType(tensor.scalar_type())) {
-    throw DistributedError("reduce(avg) of an integer tensor (" + describe(tensor) + ") is not exact; use sum");
+    throw DistributedError("reduce(avg) of an integer tensor (" + describe_tensor(tensor) + ") is not exact; use sum");
   }
   with_contiguous(tensor, [&](const at::Tensor& t) {
     std::vector<at::Tensor> tensors{t};
     c10d::ReduceOptions options;
     options.reduceOp = to_c10d(emulate_avg ? ReduceOp::sum : op);
     options.rootRank = g->group_rank_of(dst);
-    run(*g, fmt::format("reduce({}) of {} to rank {}", to_string(op), describe(t), dst),
+    run(*g, fmt::format("reduce({}) of {} to rank {}", to_string(op), describe_tensor(t), dst),
         [&] { return g->backend().reduce(tensors, options); });
     if (emulate_avg && rank() == dst) t.div_(g->size());
   });
 }
 
 void all_reduce(const at::Tensor& tensor, ReduceOp op, Group* group) {
-  Group* g = resolve(group);
+  Group* g = group_or_world(group);
   if (!g) return;
   check_same_call(*g, Op::all_reduce, tensor, -1, op);
   // Gloo has no average: sum, then divide once (exact for every rank count, unlike pre-dividing).
   const bool emulate_avg = op == ReduceOp::avg && g->kind() == BackendKind::gloo;
   if (emulate_avg && !at::isFloatingType(tensor.scalar_type())) {
-    throw DistributedError("all_reduce(avg) of an integer tensor (" + describe(tensor) + ") is not exact; use sum");
+    throw DistributedError("all_reduce(avg) of an integer tensor (" + describe_tensor(tensor) +
+                           ") is not exact; use sum");
   }
   with_contiguous(tensor, [&](const at::Tensor& t) {
     std::vector<at::Tensor> tensors{t};
     c10d::AllreduceOptions options;
     options.reduceOp = to_c10d(emulate_avg ? ReduceOp::sum : op);
-    run(*g, fmt::format("all_reduce({}) of {}", to_string(op), describe(t)),
+    run(*g, fmt::format("all_reduce({}) of {}", to_string(op), describe_tensor(t)),
         [&] { return g->backend().allreduce(tensors, options); });
     if (emulate_avg) t.div_(g->size());
   });
 }
 
 void scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs, int src, Group* group) {
-  Group* g = resolve(group);
+  Group* g = group_or_world(group);
   if (!g) {
     output.copy_(inputs.at(0));
     return;
@@ -239,13 +239,13 @@ void scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs, in
     }
     c10d::ScatterOptions options;
     options.rootRank = g->group_rank_of(src);
-    run(*g, fmt::format("scatter of {} from rank {}", describe(out), src),
+    run(*g, fmt::format("scatter of {} from rank {}", describe_tensor(out), src),
         [&] { return g->backend().scatter(outputs, in, options); });
   });
 }
 
 void gather(const at::Tensor& input, const std::vector<at::Tensor>& outputs, int dst, Group* group) {
-  Group* g = resolve(group);
+  Group* g = group_or_world(group);
   if (!g) {
     outputs.at(0).copy_(input);
     return;
@@ -263,7 +263,7 @@ void gather(const at::Tensor& input, const std::vector<at::Tensor>& outputs, int
   }
   c10d::GatherOptions options;
   options.rootRank = g->group_rank_of(dst);
-  run(*g, fmt::format("gather of {} to rank {}", describe(input), dst),
+  run(*g, fmt::format("gather of {} to rank {}", describe_tensor(input), dst),
       [&] { return g->backend().gather(out, in, options); });
   if (root) {
     for (std::size_t i = 0; i < outputs.size(); ++i) {
@@ -273,7 +273,7 @@ void gather(const at::Tensor& input, const std::vector<at::Tensor>& outputs, int
 }
 
 void all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input, Group* group) {
-  Group* g = resolve(group);
+  Group* g = group_or_world(group);
   if (!g) {
     outputs.at(0).copy_(input);
     return;
@@ -284,14 +284,14 @@ void all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
   std::vector<std::vector<at::Tensor>> out(1);
   for (const auto& t : outputs)
     out[0].push_back(t.is_contiguous() ? t : torch::empty_like(t, at::MemoryFormat::Contiguous));
-  run(*g, fmt::format("all_gather of {}", describe(input)), [&] { return g->backend().allgather(out, in); });
+  run(*g, fmt::format("all_gather of {}", describe_tensor(input)), [&] { return g->backend().allgather(out, in); });
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     if (!outputs[i].is_same(out[0][i])) outputs[i].copy_(out[0][i]);
   }
 }
 
 void barrier(Group* group) {
-  Group* g = resolve(group);
+  Group* g = group_or_world(group);
   if (!g) return;
   check_same_call(*g, Op::barrier, at::Tensor());
   run(*g, "barrier", [&] { return g->backend().barrier(); });
@@ -324,153 +324,6 @@ std::string silent_ranks(Group& group, std::int64_t call) {
 
 void debug_check_all_reduce(const at::Tensor& tensor, Group& group) {
   check_same_call(group, Op::all_reduce, tensor, -1, ReduceOp::sum);
-}
-
-namespace {
-
-constexpr int kFingerprintTag = 1 << 30;  // debug mode: a send's fingerprint goes on tag + this
-constexpr int kFingerprintDims = 8;
-
-// dtype, dimensions, then up to 8 sizes: what a receive must match.
-at::Tensor fingerprint_of(const at::Tensor& t) {
-  std::vector<std::int64_t> fp(2 + kFingerprintDims, -1);
-  fp[0] = static_cast<std::int64_t>(t.scalar_type());
-  fp[1] = t.dim();
-  for (int d = 0; d < std::min<int>(kFingerprintDims, static_cast<int>(t.dim())); ++d) fp[2 + d] = t.size(d);
-  return torch::tensor(fp, torch::kLong).to(t.device());
-}
-
-std::string describe_fingerprint(const at::Tensor& fp) {
-  auto cpu = fp.cpu();
-  const auto* v = cpu.data_ptr<std::int64_t>();
-  std::vector<std::int64_t> dims;
-  for (int d = 0; d < std::min<std::int64_t>(kFingerprintDims, v[1]); ++d) dims.push_back(v[2 + d]);
-  return fmt::format("{} [{}]", c10::toString(static_cast<c10::ScalarType>(v[0])), fmt::join(dims, ", "));
-}
-
-}  // namespace
-
-Request::Request(c10::intrusive_ptr<c10d::Work> work, std::string what, std::chrono::milliseconds timeout)
-    : work_(std::move(work)), what_(std::move(what)), timeout_(timeout) {}
-Request::~Request() = default;
-Request::Request(Request&&) noexcept = default;
-Request& Request::operator=(Request&&) noexcept = default;
-
-void Request::check_fingerprint() {
-  if (!fingerprint_work_) return;
-  auto work = std::exchange(fingerprint_work_, {});
-  try {
-    work->wait(timeout_);
-  } catch (const std::exception& e) {
-    throw DistributedError(fmt::format("{} on rank {} failed in the debug check: {}", what_, rank(), error_text(e)));
-  }
-  if (!tensor_.defined()) return;  // a send: its fingerprint is on its way
-  if (source_ < 0) source_ = group_->ranks()[static_cast<std::size_t>(work->sourceRank())];
-  const auto mine = fingerprint_of(tensor_);
-  if (!torch::equal(mine, fingerprint_)) {
-    throw DistributedError(fmt::format(
-        "mismatched point-to-point calls (debug mode): rank {} sends {} (tag {}) but rank {} receives into {}", source_,
-        describe_fingerprint(fingerprint_), tag_, rank(), describe_fingerprint(mine)));
-  }
-  if (!work_) {  // the fingerprint matched (and names the sender): now receive the data
-    std::vector<at::Tensor> tensors{tensor_};
-    work_ = group_->backend().recv(tensors, group_->group_rank_of(source_), tag_);
-  }
-}
-
-void Request::wait() {
-  check_fingerprint();
-  if (!work_) throw DistributedError("Request::wait: an empty request");
-  try {
-    work_->wait(timeout_);
-  } catch (const std::exception& e) {
-    throw DistributedError(
-        fmt::format("{} on rank {} failed: {}. A peer that died, hangs or never made the matching "
-                    "call causes this; the timeout is {} ms",
-                    what_, rank(), error_text(e), timeout_.count()));
-  }
-}
-
-bool Request::is_completed() const { return work_ && work_->isCompleted(); }
-
-int Request::source_rank() const {
-  if (source_ >= 0) return source_;
-  if (!work_) throw DistributedError("Request::source_rank: an empty request");
-  const int group_rank = work_->sourceRank();
-  return group_ranks_ ? (*group_ranks_)[static_cast<std::size_t>(group_rank)] : group_rank;
-}
-
-namespace {
-Group& p2p_group(Group* group, const char* what) {
-  Group* g = resolve(group);
-  if (!g) throw DistributedError(fmt::format("{}: a single process has no peer to talk to", what));
-  return *g;
-}
-}  // namespace
-
-Request isend(const at::Tensor& tensor, int dst, int tag, Group* group) {
-  auto& g = p2p_group(group, "isend");
-  std::vector<at::Tensor> tensors{tensor.contiguous()};
-  const auto what = fmt::format("send of {} to rank {} (tag {})", describe(tensor), dst, tag);
-  try {
-    c10::intrusive_ptr<c10d::Work> fingerprint;
-    if (debug_checks_enabled()) {
-      std::vector<at::Tensor> fp{fingerprint_of(tensor)};
-      fingerprint = g.backend().send(fp, g.group_rank_of(dst), tag + kFingerprintTag);
-    }
-    Request request(g.backend().send(tensors, g.group_rank_of(dst), tag), what, g.timeout());
-    request.fingerprint_work_ = std::move(fingerprint);
-    return request;
-  } catch (const DistributedError&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw DistributedError(fmt::format("{} on rank {} could not start: {}", what, rank(), error_text(e)));
-  }
-}
-
-Request irecv(const at::Tensor& tensor, std::optional<int> src, int tag, Group* group) {
-  auto& g = p2p_group(group, "irecv");
-  if (!tensor.is_contiguous()) throw DistributedError("irecv: the receiving tensor must be contiguous");
-  std::vector<at::Tensor> tensors{tensor};
-  const auto what = src ? fmt::format("recv of {} from rank {} (tag {})", describe(tensor), *src, tag)
-                        : fmt::format("recv of {} from any rank (tag {})", describe(tensor), tag);
-  try {
-    if (debug_checks_enabled()) {
-      Request request({}, what, g.timeout());
-      request.group_ranks_ = g.ranks();
-      request.group_ = &g;
-      request.tensor_ = tensor;
-      request.tag_ = tag;
-      request.fingerprint_ =
-          torch::empty({2 + kFingerprintDims}, torch::TensorOptions().dtype(torch::kLong).device(tensor.device()));
-      std::vector<at::Tensor> fp{request.fingerprint_};
-      // The data's receive is posted once the fingerprint matched (check_fingerprint), so that a mismatched
-      // message is never received into the wrong tensor.
-      if (src) {
-        request.source_ = *src;
-        request.fingerprint_work_ = g.backend().recv(fp, g.group_rank_of(*src), tag + kFingerprintTag);
-      } else {
-        request.fingerprint_work_ = g.backend().recvAnysource(fp, tag + kFingerprintTag);
-      }
-      return request;
-    }
-    auto work = src ? g.backend().recv(tensors, g.group_rank_of(*src), tag) : g.backend().recvAnysource(tensors, tag);
-    Request request(std::move(work), what, g.timeout());
-    request.group_ranks_ = g.ranks();
-    return request;
-  } catch (const DistributedError&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw DistributedError(fmt::format("{} on rank {} could not start: {}", what, rank(), error_text(e)));
-  }
-}
-
-void send(const at::Tensor& tensor, int dst, int tag, Group* group) { isend(tensor, dst, tag, group).wait(); }
-
-int recv(const at::Tensor& tensor, std::optional<int> src, int tag, Group* group) {
-  auto request = irecv(tensor, src, tag, group);
-  request.wait();
-  return src ? *src : request.source_rank();
 }
 
 }  // namespace fastlearn

@@ -1,20 +1,14 @@
 #pragma once
-// Collectives and point-to-point messages over a process group (the world group when `group` is null),
-// blocking unless named i*. Ranks are global ranks. Tensors are changed in place. Every failure (a
+// Collectives over a process group (the world group when `group` is null); point-to-point messages are in
+// distributed/p2p.h. Ranks are global ranks. Tensors are changed in place. Every failure (a
 // timeout, a dead peer) is a DistributedError naming the operation, the tensor, this rank and the timeout.
 // With one process and nothing set up, the collectives are no-ops (the tensor is already the result).
 #include <fastlearn/distributed/group.h>
 
 #include <ATen/core/Tensor.h>
-#include <c10/util/intrusive_ptr.h>
 
-#include <optional>
 #include <string>
 #include <vector>
-
-namespace c10d {
-class Work;
-}
 
 namespace fastlearn {
 
@@ -22,37 +16,11 @@ enum class ReduceOp { sum, product, min, max, avg };
 
 std::string_view to_string(ReduceOp op);
 
-/// A pending point-to-point operation. In debug mode a send first sends a fingerprint of its tensor
-/// (dtype and shape, on tag + 2^30) and the receive checks it, so mismatched calls fail naming both ranks.
-class Request {
- public:
-  Request() = default;
-  Request(c10::intrusive_ptr<c10d::Work> work, std::string what, std::chrono::milliseconds timeout);
-  ~Request();
-  Request(Request&&) noexcept;
-  Request& operator=(Request&&) noexcept;
-  /// Blocks until done; DistributedError naming the operation on failure or timeout.
-  void wait();
-  bool is_completed() const;
-  /// For irecv from any source: the rank the message came from (after wait()).
-  int source_rank() const;
-
- private:
-  c10::intrusive_ptr<c10d::Work> work_;
-  std::string what_;
-  std::chrono::milliseconds timeout_{};
-  std::optional<std::vector<int>> group_ranks_;
-  // Debug mode: the fingerprint exchanged before the data; for a receive from any rank the data's receive is
-  // posted once the fingerprint names the sender.
-  c10::intrusive_ptr<c10d::Work> fingerprint_work_;
-  at::Tensor fingerprint_, tensor_;
-  Group* group_ = nullptr;
-  int tag_ = 0;
-  int source_ = -1;  // global rank, once known
-  void check_fingerprint();
-  friend Request isend(const at::Tensor&, int, int, Group*);
-  friend Request irecv(const at::Tensor&, std::optional<int>, int, Group*);
-};
+/// The group a call given `group` runs on: `group`, else the world group; nullptr in a job of one process with
+/// nothing set up (every call is then trivial); DistributedError in a job of several with nothing set up.
+Group* group_or_world(Group* group);
+/// A tensor as errors name it: "Float [4, 3]" ("no tensor" when undefined).
+std::string describe_tensor(const at::Tensor& t);
 
 /// After call `call` (Group::next_call) failed on this rank: tells the other members through the store, waits
 /// briefly for theirs, and returns " Rank(s) R never reached this call (...)" naming the members that did not
@@ -79,12 +47,5 @@ void gather(const at::Tensor& input, const std::vector<at::Tensor>& outputs, int
 void all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input, Group* group = nullptr);
 /// Waits until every rank of the group arrives.
 void barrier(Group* group = nullptr);
-
-/// Sends `tensor` to rank `dst`.
-void send(const at::Tensor& tensor, int dst, int tag = 0, Group* group = nullptr);
-/// Receives into `tensor` from rank `src` (any rank when empty); returns the sender's rank.
-int recv(const at::Tensor& tensor, std::optional<int> src = {}, int tag = 0, Group* group = nullptr);
-Request isend(const at::Tensor& tensor, int dst, int tag = 0, Group* group = nullptr);
-Request irecv(const at::Tensor& tensor, std::optional<int> src = {}, int tag = 0, Group* group = nullptr);
 
 }  // namespace fastlearn

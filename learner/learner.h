@@ -1,6 +1,6 @@
 #pragma once
 // Learner: trains a torch::nn module on DataLoaders with a loss, an optimizer and metrics, firing the
-// events of learner/callback.h at every step (fastai's loop, see DESIGN.md "The Learner loop"):
+// events of learner/callback.h at every step (fastai's loop; ARCHITECTURE.md "One batch"):
 //
 //   fit:    before_fit, then per epoch { before_epoch,
 //             train:    before_train, per batch { one batch }, after_train,
@@ -17,7 +17,7 @@
 #include <fastlearn/learner/checkpoint.h>
 #include <fastlearn/learner/loss.h>
 #include <fastlearn/learner/metrics.h>
-#include <fastlearn/optim/optimizer.h>
+#include <fastlearn/optim/adam.h>
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>

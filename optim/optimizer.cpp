@@ -31,8 +31,22 @@ std::vector<std::string> keys_of(const Hypers& hypers) {
   return keys;
 }
 
+// Parses a decimal index of a state tensor name; nullopt when `s` is not one.
+std::optional<std::size_t> parse_index(std::string_view s) {
+  std::size_t value = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (ec != std::errc() || end != s.data() + s.size() || s.empty()) return std::nullopt;
+  return value;
+}
+
+[[noreturn]] void load_fail(const std::string& what) {
+  throw CheckpointError(fmt::format("Optimizer::load_state: {}", what));
+}
+
+}  // namespace
+
 // The value of a hyper-parameter inside step_group, where the group index is not known.
-double read_hyper(const ParamGroup& group, const char* name, const char* algorithm) {
+double Optimizer::read_hyper(const ParamGroup& group, const char* name, const char* algorithm) {
   const auto it = group.hypers.find(name);
   if (it == group.hypers.end())
     throw ConfigError(
@@ -42,7 +56,7 @@ double read_hyper(const ParamGroup& group, const char* name, const char* algorit
   return it->second;
 }
 
-void check_finite(const std::string& name, double value, const std::string& where) {
+void Optimizer::check_finite(const std::string& name, double value, const std::string& where) {
   if (!std::isfinite(value))
     throw ConfigError(
         fmt::format("{}: hyper-parameter '{}' must be finite, got {}; check the value or the schedule "
@@ -51,14 +65,14 @@ void check_finite(const std::string& name, double value, const std::string& wher
 }
 
 // Whether two tensors lay out the same elements at the same offsets.
-bool same_layout(const at::Tensor& a, const at::Tensor& b) {
+bool Optimizer::same_layout(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes() == b.sizes() && a.strides() == b.strides();
 }
 
 // Whether ATen's fused CPU kernels can update `p` from `g`: they walk raw memory element by element, so
 // any dense layout (contiguous, channels-last) works as long as the parameter, its gradient and its state
 // share it.
-bool fusable(const at::Tensor& p, const at::Tensor& g) {
+bool Optimizer::fusable(const at::Tensor& p, const at::Tensor& g) {
   const auto dtype = p.scalar_type();
   const bool floating = dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16;
   return floating && p.device().is_cpu() && g.device().is_cpu() && p.layout() == at::kStrided &&
@@ -67,7 +81,7 @@ bool fusable(const at::Tensor& p, const at::Tensor& g) {
 }
 
 // Gradients the update can use: dense and shaped like their parameter. Checked before anything changes.
-void check_grads(const ParamGroup& group, const std::vector<std::size_t>& active, const char* algorithm) {
+void Optimizer::check_grads(const ParamGroup& group, const std::vector<std::size_t>& active, const char* algorithm) {
   for (const auto i : active) {
     const auto& p = group.params[i];
     const auto& g = p.grad();
@@ -82,51 +96,17 @@ void check_grads(const ParamGroup& group, const std::vector<std::size_t>& active
   }
 }
 
-std::vector<ParamGroup> make_groups(std::vector<std::vector<at::Tensor>> params, const Hypers& hypers) {
+std::vector<ParamGroup> Optimizer::make_groups(std::vector<std::vector<at::Tensor>> params, const Hypers& hypers) {
   std::vector<ParamGroup> groups;
   groups.reserve(params.size());
   for (auto& p : params) groups.push_back({std::move(p), hypers});
   return groups;
 }
 
-// Parses a decimal index of a state tensor name; nullopt when `s` is not one.
-std::optional<std::size_t> parse_index(std::string_view s) {
-  std::size_t value = 0;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-  if (ec != std::errc() || end != s.data() + s.size() || s.empty()) return std::nullopt;
-  return value;
-}
-
-void validate(const SGDOptions& o) {
-  check_finite("mom", o.mom, "SGD");
-  check_finite("wd", o.wd, "SGD");
-  if (o.mom < 0) throw ConfigError(fmt::format("SGD: mom must be >= 0, got {}", o.mom));
-  if (o.wd < 0) throw ConfigError(fmt::format("SGD: wd must be >= 0, got {}", o.wd));
-  if (o.nesterov && o.mom <= 0)
-    throw ConfigError("SGD: nesterov needs momentum; set mom > 0 (e.g. {.mom = 0.9, .nesterov = true})");
-}
-
-void validate(const AdamOptions& o) {
-  for (const auto& [name, v] : std::initializer_list<std::pair<const char*, double>>{
-           {"mom", o.mom}, {"sqr_mom", o.sqr_mom}, {"eps", o.eps}, {"wd", o.wd}})
-    check_finite(name, v, "Adam");
-  if (o.mom < 0 || o.mom >= 1) throw ConfigError(fmt::format("Adam: mom (beta1) must be in [0, 1), got {}", o.mom));
-  if (o.sqr_mom < 0 || o.sqr_mom >= 1)
-    throw ConfigError(fmt::format("Adam: sqr_mom (beta2) must be in [0, 1), got {}", o.sqr_mom));
-  if (o.eps < 0) throw ConfigError(fmt::format("Adam: eps must be >= 0, got {}", o.eps));
-  if (o.wd < 0) throw ConfigError(fmt::format("Adam: wd must be >= 0, got {}", o.wd));
-}
-
-[[noreturn]] void load_fail(const std::string& what) {
-  throw CheckpointError(fmt::format("Optimizer::load_state: {}", what));
-}
-
-void validate_lr(double lr, const char* algorithm) {
+void Optimizer::validate_lr(double lr, const char* algorithm) {
   check_finite("lr", lr, algorithm);
   if (lr < 0) throw ConfigError(fmt::format("{}: lr must be >= 0, got {}", algorithm, lr));
 }
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------------------------
 // Optimizer
@@ -376,186 +356,5 @@ void Optimizer::load_state(const NamedTensors& tensors, const std::string& json)
   states_ = std::move(states);
   step_count_ = step_count;
 }
-
-// ---------------------------------------------------------------------------------------------------------------
-// SGD
-
-SGDOptimizer::SGDOptimizer(std::vector<std::vector<at::Tensor>> param_groups, double lr, SGDOptions options)
-    : Optimizer((validate(options), validate_lr(lr, "SGD"),
-                 make_groups(std::move(param_groups), {{"lr", lr}, {"mom", options.mom}, {"wd", options.wd}}))),
-      options_(options),
-      has_momentum_(options.mom != 0) {}
-
-std::vector<std::string> SGDOptimizer::state_names() const {
-  return has_momentum_ ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
-}
-
-void SGDOptimizer::step_group(ParamGroup& group, GroupState& state, const std::vector<std::size_t>& active) {
-  check_grads(group, active, "SGD");
-  const double lr = read_hyper(group, "lr", "SGD");
-  const double wd = read_hyper(group, "wd", "SGD");
-  const double mom = has_momentum_ ? read_hyper(group, "mom", "SGD") : 0.0;
-  const bool decoupled = options_.decouple_wd && wd != 0;
-  const double l2 = options_.decouple_wd ? 0.0 : wd;
-  auto* bufs = has_momentum_ ? &state.tensors["momentum_buffer"] : nullptr;
-  if (bufs) bufs->resize(group.params.size());
-
-  std::vector<at::Tensor> params, grads;
-  for (const auto i : active) {
-    params.push_back(group.params[i]);
-    grads.push_back(group.params[i].grad());
-  }
-  if (decoupled) at::_foreach_mul_(params, 1 - lr * wd);
-
-  // The fused kernel skips the buffer when momentum is 0; a buffer that exists must still decay, so then
-  // the group takes the general path.
-  const bool fuse_group = options_.fused && !(has_momentum_ && mom == 0);
-  std::vector<at::Tensor> fp[2], fg[2], fb[2];  // fused lists; [1]: first update (the buffer starts as the gradient)
-  std::vector<std::size_t> general;
-  for (std::size_t k = 0; k < active.size(); ++k) {
-    const auto i = active[k];
-    const bool first = state.steps[i] == 1;
-    if (fuse_group && fusable(params[k], grads[k]) && (!bufs || first || same_layout((*bufs)[i], params[k]))) {
-      fp[first].push_back(params[k]);
-      fg[first].push_back(grads[k]);
-      if (bufs) {
-        if (first) (*bufs)[i] = at::empty_like(params[k], at::MemoryFormat::Preserve);
-        fb[first].push_back((*bufs)[i]);
-      }
-    } else {
-      general.push_back(k);
-    }
-  }
-  for (int first = 0; first < 2; ++first)
-    if (!fp[first].empty())
-      at::_fused_sgd_(fp[first], fg[first], fb[first], l2, mom, lr, /*dampening=*/0.0, options_.nesterov,
-                      /*maximize=*/false, /*is_first_step=*/first == 1);
-  if (general.empty()) return;
-
-  std::vector<at::Tensor> gp, gd;
-  for (const auto k : general) {
-    gp.push_back(params[k]);
-    gd.push_back(grads[k]);
-  }
-  if (l2 != 0) gd = at::_foreach_add(gd, gp, l2);  // a new list: the gradients themselves stay untouched
-  if (bufs) {
-    std::vector<at::Tensor> all_bufs, old_bufs, old_d;
-    for (std::size_t n = 0; n < general.size(); ++n) {
-      const auto i = active[general[n]];
-      auto& buf = (*bufs)[i];
-      if (state.steps[i] == 1) {
-        buf = at::empty_like(gp[n], at::MemoryFormat::Preserve).copy_(gd[n]);
-      } else {
-        old_bufs.push_back(buf);
-        old_d.push_back(gd[n]);
-      }
-      all_bufs.push_back(buf);
-    }
-    if (!old_bufs.empty()) {
-      at::_foreach_mul_(old_bufs, mom);
-      at::_foreach_add_(old_bufs, old_d);
-    }
-    if (options_.nesterov)
-      gd = at::_foreach_add(gd, all_bufs, mom);
-    else
-      gd = std::move(all_bufs);
-  }
-  at::_foreach_add_(gp, gd, -lr);
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// Adam
-
-AdamOptimizer::AdamOptimizer(std::vector<std::vector<at::Tensor>> param_groups, double lr, AdamOptions options)
-    : Optimizer((validate(options), validate_lr(lr, "Adam"),
-                 make_groups(std::move(param_groups), {{"lr", lr},
-                                                       {"mom", options.mom},
-                                                       {"sqr_mom", options.sqr_mom},
-                                                       {"eps", options.eps},
-                                                       {"wd", options.wd}}))),
-      options_(options) {}
-
-std::vector<std::string> AdamOptimizer::state_names() const { return {"exp_avg", "exp_avg_sq"}; }
-
-void AdamOptimizer::step_group(ParamGroup& group, GroupState& state, const std::vector<std::size_t>& active) {
-  check_grads(group, active, "Adam");
-  const double lr = read_hyper(group, "lr", "Adam");
-  const double beta1 = read_hyper(group, "mom", "Adam");
-  const double beta2 = read_hyper(group, "sqr_mom", "Adam");
-  const double eps = read_hyper(group, "eps", "Adam");
-  const double wd = read_hyper(group, "wd", "Adam");
-  auto& exp_avg = state.tensors["exp_avg"];
-  auto& exp_avg_sq = state.tensors["exp_avg_sq"];
-  exp_avg.resize(group.params.size());
-  exp_avg_sq.resize(group.params.size());
-
-  std::vector<at::Tensor> fp, fg, fm, fv, fs;  // fused lists
-  std::vector<at::Tensor> gp, gg, gm, gv;      // general lists
-  std::vector<at::Scalar> neg_step_size, bc2_sqrt;
-  for (const auto i : active) {
-    const auto& p = group.params[i];
-    const auto& g = p.grad();
-    if (state.steps[i] == 1) {
-      exp_avg[i] = at::zeros_like(p, at::MemoryFormat::Preserve);
-      exp_avg_sq[i] = at::zeros_like(p, at::MemoryFormat::Preserve);
-    }
-    if (options_.fused && fusable(p, g) && same_layout(exp_avg[i], p) && same_layout(exp_avg_sq[i], p)) {
-      fp.push_back(p);
-      fg.push_back(g);
-      fm.push_back(exp_avg[i]);
-      fv.push_back(exp_avg_sq[i]);
-      fs.push_back(state.step_views[i]);
-    } else {
-      gp.push_back(p);
-      gg.push_back(g);
-      gm.push_back(exp_avg[i]);
-      gv.push_back(exp_avg_sq[i]);
-      // Bias corrections in double from the exact step count, as torch::optim::Adam computes them.
-      const auto t = static_cast<double>(state.steps[i]);
-      neg_step_size.emplace_back(-lr / (1 - std::pow(beta1, t)));
-      bc2_sqrt.emplace_back(std::sqrt(1 - std::pow(beta2, t)));
-    }
-  }
-  if (!fp.empty()) {
-    if (options_.decouple_wd)
-      at::_fused_adamw_(fp, fg, fm, fv, {}, fs, lr, beta1, beta2, wd, eps, /*amsgrad=*/false, /*maximize=*/false);
-    else
-      at::_fused_adam_(fp, fg, fm, fv, {}, fs, lr, beta1, beta2, wd, eps, /*amsgrad=*/false, /*maximize=*/false);
-  }
-  if (gp.empty()) return;
-  if (wd != 0) {
-    if (options_.decouple_wd)
-      at::_foreach_mul_(gp, 1 - lr * wd);
-    else
-      gg = at::_foreach_add(gg, gp, wd);  // a new list: the gradients themselves stay untouched
-  }
-  at::_foreach_mul_(gm, beta1);
-  at::_foreach_add_(gm, gg, 1 - beta1);
-  at::_foreach_mul_(gv, beta2);
-  at::_foreach_addcmul_(gv, gg, gg, 1 - beta2);
-  auto denom = at::_foreach_sqrt(gv);
-  at::_foreach_div_(denom, bc2_sqrt);
-  at::_foreach_add_(denom, eps);
-  at::_foreach_addcdiv_(gp, gm, denom, neg_step_size);
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// Factories
-
-OptFunc SGD(SGDOptions options) {
-  validate(options);
-  return [options](std::vector<std::vector<at::Tensor>> param_groups, double lr) -> std::unique_ptr<Optimizer> {
-    return std::make_unique<SGDOptimizer>(std::move(param_groups), lr, options);
-  };
-}
-
-OptFunc Adam(AdamOptions options) {
-  validate(options);
-  return [options](std::vector<std::vector<at::Tensor>> param_groups, double lr) -> std::unique_ptr<Optimizer> {
-    return std::make_unique<AdamOptimizer>(std::move(param_groups), lr, options);
-  };
-}
-
-OptFunc AdamW(AdamOptions options) { return Adam(options); }
 
 }  // namespace fastlearn

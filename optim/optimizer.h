@@ -1,10 +1,9 @@
 #pragma once
 // Optimizers in fastai's shape: parameter groups, each with its own hyper-parameters ("lr", "mom",
 // "sqr_mom", "eps", "wd") that are read at every step, so a scheduler can change them between steps.
-// SGD (momentum, nesterov) and Adam / AdamW, with weight decay either decoupled (fastai's true weight
-// decay, p *= 1 - lr*wd before the update) or as L2 (grad += wd*p, like torch.optim's weight_decay).
-// On CPU the update of contiguous parameters is one fused, vectorized pass per tensor (ATen's
-// _fused_sgd_ / _fused_adam(w)_ kernels); anything else goes through at::_foreach_* ops.
+// The algorithms derive from Optimizer and implement step_group: optim/sgd.h (momentum, nesterov) and
+// optim/adam.h (Adam / AdamW), with weight decay either decoupled (fastai's true weight decay,
+// p *= 1 - lr*wd before the update) or as L2 (grad += wd*p, like torch.optim's weight_decay).
 #include <fastlearn/core/named_tensors.h>
 
 #include <ATen/core/Tensor.h>
@@ -74,6 +73,22 @@ class Optimizer {
   /// optimizer is left unchanged.
   void load_state(const NamedTensors& tensors, const std::string& json);
 
+  // For the algorithms' constructors and step_group; `algorithm` / `where` name them in the errors.
+  /// One group per parameter list, each with `hypers`.
+  static std::vector<ParamGroup> make_groups(std::vector<std::vector<at::Tensor>> params, const Hypers& hypers);
+  /// ConfigError unless `value` is finite.
+  static void check_finite(const std::string& name, double value, const std::string& where);
+  /// ConfigError unless lr is finite and >= 0.
+  static void validate_lr(double lr, const char* algorithm);
+  /// The value of a hyper-parameter inside step_group (ConfigError naming the ones the group has).
+  static double read_hyper(const ParamGroup& group, const char* name, const char* algorithm);
+  /// ConfigError, before anything changes, unless the active parameters' gradients are dense and shaped like them.
+  static void check_grads(const ParamGroup& group, const std::vector<std::size_t>& active, const char* algorithm);
+  /// Whether two tensors lay out the same elements at the same offsets.
+  static bool same_layout(const at::Tensor& a, const at::Tensor& b);
+  /// Whether ATen's fused CPU kernels can update `p` from its gradient `g` (same dense layout, CPU, floating).
+  static bool fusable(const at::Tensor& p, const at::Tensor& g);
+
  protected:
   /// The per-parameter state of one group.
   struct GroupState {
@@ -100,65 +115,5 @@ class Optimizer {
 };
 
 using OptFunc = std::function<std::unique_ptr<Optimizer>(std::vector<std::vector<at::Tensor>> param_groups, double lr)>;
-
-struct SGDOptions {
-  double mom = 0.0;
-  double wd = 0.0;
-  bool nesterov = false;
-  bool decouple_wd = true;  ///< true: p *= 1 - lr*wd before the update; false: L2, grad += wd*p
-  bool fused = true;        ///< fused CPU kernels where the tensors allow; false: at::_foreach_* ops only
-};
-
-struct AdamOptions {
-  double mom = 0.9;       ///< beta1
-  double sqr_mom = 0.99;  ///< beta2
-  double eps = 1e-5;
-  double wd = 0.01;
-  bool decouple_wd = true;  ///< true: p *= 1 - lr*wd before the update (AdamW); false: L2, grad += wd*p
-  bool fused = true;        ///< fused CPU kernels where the tensors allow; false: at::_foreach_* ops only
-};
-
-/// SGD with optional momentum (no dampening; the buffer starts as the first gradient) and nesterov, as
-/// torch.optim.SGD. With mom == 0 at construction there is no momentum buffer and "mom" is ignored later.
-/// Hypers: lr, mom, wd.
-class SGDOptimizer : public Optimizer {
- public:
-  SGDOptimizer(std::vector<std::vector<at::Tensor>> param_groups, double lr, SGDOptions options = {});
-  std::string type() const override { return "SGD"; }
-  const SGDOptions& options() const { return options_; }
-
- protected:
-  void step_group(ParamGroup& group, GroupState& state, const std::vector<std::size_t>& active) override;
-  std::vector<std::string> state_names() const override;
-
- private:
-  SGDOptions options_;
-  bool has_momentum_;
-};
-
-/// Adam with bias correction as torch.optim.Adam (denominator sqrt(v)/sqrt(1 - sqr_mom^t) + eps).
-/// Hypers: lr, mom, sqr_mom, eps, wd. State: "exp_avg", "exp_avg_sq".
-class AdamOptimizer : public Optimizer {
- public:
-  AdamOptimizer(std::vector<std::vector<at::Tensor>> param_groups, double lr, AdamOptions options = {});
-  std::string type() const override { return "Adam"; }
-  const AdamOptions& options() const { return options_; }
-
- protected:
-  void step_group(ParamGroup& group, GroupState& state, const std::vector<std::size_t>& active) override;
-  std::vector<std::string> state_names() const override;
-
- private:
-  AdamOptions options_;
-};
-
-/// SGD, fastai's defaults (no momentum, no weight decay).
-OptFunc SGD(SGDOptions options = {});
-/// Adam with fastai's defaults (mom 0.9, sqr_mom 0.99, eps 1e-5, decoupled wd 0.01).
-OptFunc Adam(AdamOptions options = {});
-/// Adam with decoupled weight decay and torch.optim.AdamW's defaults (0.9, 0.999, 1e-8, wd 0.01). Those
-/// defaults apply only when no options are passed: AdamW({.wd = 0.1}) starts from AdamOptions' (fastai's)
-/// defaults, so spell out sqr_mom and eps when passing options.
-OptFunc AdamW(AdamOptions options = {.mom = 0.9, .sqr_mom = 0.999, .eps = 1e-8, .wd = 0.01, .decouple_wd = true});
 
 }  // namespace fastlearn

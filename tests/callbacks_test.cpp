@@ -12,6 +12,7 @@
 #include <fastlearn/learner/progress.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/models/models.h>
+#include <fastlearn/optim/sgd.h>
 
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>

@@ -19,6 +19,7 @@
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/models/models.h>
+#include <fastlearn/optim/sgd.h>
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>

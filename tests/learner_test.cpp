@@ -4,6 +4,7 @@
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/models/models.h>
+#include <fastlearn/optim/sgd.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

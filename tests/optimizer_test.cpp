@@ -1,7 +1,9 @@
 // Optimizers: parity with LibTorch's torch::optim over sequences of random gradients (fused and _foreach_
 // paths), decoupled weight decay by hand, hypers per group and between steps, checkpoint round trips.
 #include <fastlearn/core/error.h>
+#include <fastlearn/optim/adam.h>
 #include <fastlearn/optim/optimizer.h>
+#include <fastlearn/optim/sgd.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -3,6 +3,7 @@
 #include <fastlearn/core/safetensors.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/models/models.h>
+#include <fastlearn/optim/sgd.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

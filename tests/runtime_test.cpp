@@ -5,6 +5,7 @@
 #include <fastlearn/distributed/collectives.h>
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/grad_reducer.h>
+#include <fastlearn/distributed/p2p.h>
 #include <fastlearn/distributed/runtime.h>
 
 #include <gtest/gtest.h>

@@ -6,6 +6,7 @@
 #include <fastlearn/learner/param_scheduler.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/models/models.h>
+#include <fastlearn/optim/sgd.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

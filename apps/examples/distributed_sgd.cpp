@@ -7,6 +7,7 @@
 #include <fastlearn/distributed/collectives.h>
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/models/models.h>
+#include <fastlearn/optim/sgd.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>

@@ -6,6 +6,7 @@
 //   fastlearn launch --nproc-per-node 3 build/bin/ring_allreduce [--numel N]
 #include <fastlearn/distributed/collectives.h>
 #include <fastlearn/distributed/distrib_ctx.h>
+#include <fastlearn/distributed/p2p.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>

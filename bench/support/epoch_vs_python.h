@@ -94,7 +94,7 @@ inline EpochComparison compare_epochs(const std::string& side, const std::string
   return result;
 }
 
-/// One JSON member `"name": {...}` in the results format of DESIGN.md.
+/// One JSON member `"name": {...}` in the results format of ARCHITECTURE.md "Contracts".
 inline std::string epoch_json(const std::string& name, const EpochComparison& c, const std::string& what) {
   return fmt::format(
       R"("{}": {{"ours": {:.1f}, "anchor": {:.1f}, "ratio": {:.3f}, "unit": "train samples/s", "higher_is_better": true, )"
