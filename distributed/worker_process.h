@@ -1,0 +1,54 @@
+#pragma once
+// Internal to launch(): one rank's process — its environment, its fork()/execve() into the group, its exit status.
+#include <fastlearn/distributed/launcher.h>
+#include <fastlearn/distributed/prefixed_output.h>
+#include <sys/types.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace fastlearn::detail {
+
+// A rank's process and the launcher's ends of its output.
+struct RankProcess {
+  RankExit exit;
+  int pidfd = -1;                         // -1 before Linux 5.3: its exit is then polled
+  std::array<PrefixedStream, 2> streams;  // stdout, stderr
+  std::FILE* log = nullptr;               // <log_dir>/rank<R>.log, when there is a log_dir
+  bool exited = false;                    // its exit status is known (it may not be reaped yet)
+  bool reaped = false;
+  std::string prefix;
+};
+
+// Everything a child needs, prepared before fork(): between fork() and execve() only async-signal-safe calls.
+struct ExecPlan {
+  std::string path;
+  std::vector<std::string> args;
+  std::vector<std::string> env;
+  std::vector<char*> argv;
+  std::vector<char*> envp;
+  /// Fills argv and envp from args and env; call once, after they are final.
+  void seal() {
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+  }
+};
+
+/// The environment of local rank `local_rank`: the launcher's own, with torchrun's variables (and extra_env) set.
+/// `live`: `out` is a terminal, so rank 0 gets FASTLEARN_PROGRESS_LIVE=1.
+std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank, int restart, int port, bool live);
+
+/// Forks and execs `plan` for `r` in process group `group` (0: a new group led by the new process), with
+/// `stdin_fd` as its stdin and pipes as its stdout and stderr. Sets r.exit.pid, r.pidfd and the streams' fds;
+/// throws DistributedError when the pipes or fork() fail.
+void start_rank(RankProcess& r, const ExecPlan& plan, pid_t group, int stdin_fd);
+
+/// Records the rank's exit if it has ended, leaving it a zombie: its pid (and with rank 0 the group's id)
+/// stays reserved until the final reap, so signals to the group can never reach a recycled id.
+bool check_exit(RankProcess& rank);
+
+}  // namespace fastlearn::detail
