@@ -12,12 +12,12 @@
 namespace fastlearn {
 
 // Order 55: after the Recorder (50) has the epoch's row and the smoothed loss, before trackers (60).
-TensorBoardCallback::TensorBoardCallback(TensorBoardOptions options) : options_(std::move(options)) {
+TensorBoardLogger::TensorBoardLogger(TensorBoardOptions options) : options_(std::move(options)) {
   order = cb_order::file_logs;
   run_valid = false;  // batches of validation are not steps
 }
 
-void TensorBoardCallback::before_fit() {
+void TensorBoardLogger::before_fit() {
   auto& l = learn();
   if (lr_finder_attached(l)) {  // an lr_find sweep is not training to log
     run = false;
@@ -29,7 +29,7 @@ void TensorBoardCallback::before_fit() {
   last_flush_ = std::chrono::steady_clock::now();
 }
 
-void TensorBoardCallback::after_batch() {
+void TensorBoardLogger::after_batch() {
   auto& l = learn();
   if (!writer_ || !options_.per_step || !l.training) return;
   write_recorded_steps();
@@ -46,7 +46,7 @@ void TensorBoardCallback::after_batch() {
 }
 
 // The Recorder's per-batch records not written yet (on CUDA the newest batch's loss arrives one batch later).
-void TensorBoardCallback::write_recorded_steps() {
+void TensorBoardLogger::write_recorded_steps() {
   const auto& rec = learn().recorder();
   for (; written_ < rec.losses().size(); ++written_) {
     const auto step = rec.steps()[written_];
@@ -56,7 +56,7 @@ void TensorBoardCallback::write_recorded_steps() {
   }
 }
 
-void TensorBoardCallback::after_epoch() {
+void TensorBoardLogger::after_epoch() {
   const auto& rec = learn().recorder();
   if (writer_ && options_.per_step) write_recorded_steps();
   if (!writer_ || rec.history().empty()) return;
@@ -72,7 +72,7 @@ void TensorBoardCallback::after_epoch() {
   last_flush_ = std::chrono::steady_clock::now();
 }
 
-void TensorBoardCallback::after_fit() {
+void TensorBoardLogger::after_fit() {
   if (writer_) writer_->flush();
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// TensorBoardCallback: writes what a fit does as TensorBoard scalars, one event file per fit under
+// TensorBoardLogger: writes what a fit does as TensorBoard scalars, one event file per fit under
 // log_dir. Per training batch (step = training batches done, counted from the first epoch, so a
 // resumed fit continues the curve): "train_loss" (the batch's loss), "smooth_loss" (the Recorder's) and
 // "lr" (last parameter group; "lr/group_<i>" for each group when there are several). Per epoch
@@ -20,9 +20,9 @@ struct TensorBoardOptions {
   double flush_secs = 10;                  ///< flush at least this often while training (and after each epoch)
 };
 
-class TensorBoardCallback : public Callback {
+class TensorBoardLogger : public Callback {
  public:
-  explicit TensorBoardCallback(TensorBoardOptions options = {});
+  explicit TensorBoardLogger(TensorBoardOptions options = {});
   std::string name() const override { return "tensorboard"; }
   bool rank0_only() const override { return true; }
   void before_fit() override;

@@ -1,4 +1,4 @@
-// TensorBoardCallback: the event files it writes are read by TensorBoard's own reader (Python
+// TensorBoardLogger: the event files it writes are read by TensorBoard's own reader (Python
 // tensorboard's EventAccumulator, which checks the TFRecord CRCs) and hold every scalar with the right
 // step and value; under a DistributedTrainer only rank 0 writes.
 #include <fastlearn/callbacks/tensorboard.h>
@@ -92,7 +92,7 @@ TEST(TensorBoard, EveryScalarIsReadBackByTensorBoardWithItsStepAndValue) {
                      .splitter = fl::models::body_head_split,
                      .path = dir,
                      .progress = false});
-  auto tb = std::make_shared<fl::TensorBoardCallback>(fl::TensorBoardOptions{.log_dir = "runs"});
+  auto tb = std::make_shared<fl::TensorBoardLogger>(fl::TensorBoardOptions{.log_dir = "runs"});
   auto losses = std::make_shared<TrainLosses>();
   learn.fit_one_cycle(2, fl::LrSpec::slice(1e-3, 1e-2), {.fit = {.cbs = {tb, losses}}});
 
@@ -157,7 +157,7 @@ TEST(TensorBoard, OnlyRankZeroWritesUnderDistributedTraining) {
                         fl::Learner learn(flt::classification_data({.n_train = 32, .n_valid = 16, .bs = 4}),
                                           fl::models::mlp(4, {8}, 3), fl::cross_entropy(),
                                           {.path = dir, .progress = false});
-                        auto tb = std::make_shared<fl::TensorBoardCallback>();
+                        auto tb = std::make_shared<fl::TensorBoardLogger>();
                         fl::DistribCtx ctx(learn);
                         learn.fit(1, 0.01, {.cbs = {tb}});
                         EXPECT_EQ(tb->path().empty(), fl::rank() != 0);

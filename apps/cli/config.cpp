@@ -1,420 +1,301 @@
 #include "cli/config.h"
 
-#include <fastlearn/core/suggest.h>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <toml++/toml.h>
 
 #include <algorithm>
-#include <cmath>
 #include <fstream>
-#include <limits>
-#include <map>
+#include <functional>
 #include <sstream>
+#include <type_traits>
 
 namespace fastlearn::cli {
 
 namespace {
 
-std::string type_name(const toml::node& node) {
-  switch (node.type()) {
-    case toml::node_type::table: return "a table";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::string: return fmt::format("the string \"{}\"", *node.value<std::string>());
-    case toml::node_type::integer: return fmt::format("the integer {}", *node.value<std::int64_t>());
-    case toml::node_type::floating_point: return fmt::format("the float {}", *node.value_exact<double>());
-    case toml::node_type::boolean: return fmt::format("the boolean {}", *node.value<bool>());
-    case toml::node_type::date: return "a date";
-    case toml::node_type::time: return "a time";
-    case toml::node_type::date_time: return "a date-time";
-    default: return "nothing";
-  }
-}
+using Check = std::string (*)(const TrainConfig&);
 
-// What every reader shares: where the text came from, which keys --set gave, and every key the
-// schema knows (filled as the readers ask for keys), for suggestions across sections.
-struct Context {
-  std::string source;
-  std::map<std::string, std::string> overridden;  // dotted key -> the --set argument
-  std::vector<std::string> known;                 // dotted keys of the schema
-  struct Unknown {
-    std::string key;  // dotted
-    toml::source_region where;
-  };
-  std::vector<Unknown> unknown;
-
-  // "config.toml:3:9", or "--set train.epochs=x" for a value given on the command line.
-  std::string location(const std::string& key, const toml::source_region& where) const {
-    for (std::string prefix = key;;) {
-      if (auto it = overridden.find(prefix); it != overridden.end()) return fmt::format("--set {}", it->second);
-      const auto dot = prefix.rfind('.');
-      if (dot == std::string::npos) break;
-      prefix.resize(dot);
-    }
-    if (where.begin.line == 0) return source;
-    return fmt::format("{}:{}:{}", source, where.begin.line, where.begin.column);
-  }
-
-  [[noreturn]] void fail(const std::string& key, const toml::source_region& where, const std::string& what) const {
-    const bool from_set = location(key, where).starts_with("--set");
-    throw ConfigFileError(fmt::format("{}: {}", location(key, where), what), key,
-                          from_set ? 0 : static_cast<int>(where.begin.line),
-                          from_set ? 0 : static_cast<int>(where.begin.column));
-  }
+// When a key applies: given where `holds` is false, it is the error `unless`; the resolved config leaves it out.
+struct Condition {
+  bool (*holds)(const TrainConfig&) = nullptr;  // nullptr: everywhere
+  std::string_view unless;
 };
 
-// Reads the keys of one table of the schema; keys it was not asked for are unknown (see finish()).
-class Section {
- public:
-  Section(Context& ctx, const toml::table* table, std::string prefix)
-      : ctx_(ctx), table_(table), prefix_(std::move(prefix)) {}
+struct Rules {
+  Condition applies;
+  // The values a string key accepts when they depend on keys above it; the first is its default.
+  std::vector<std::string> (*choices)(const TrainConfig&) = nullptr;
+  // What is wrong with the config once the key is read, given or not ("" when nothing is).
+  Check check = nullptr;
+  bool omit_empty = false;  // a string key: "" means not set, and is left out of the resolved config
+};
 
-  std::string dotted(std::string_view key) const { return prefix_.empty() ? std::string(key) : prefix_ + "." + std::string(key); }
-  bool present() const { return table_ != nullptr; }
-  bool has(std::string_view key) const { return table_ && table_->contains(key); }
-
-  /// A sub-table (absent: a Section that reads nothing, so defaults stay).
-  Section table(std::string_view key) {
-    const toml::node* node = find(key);
-    if (node && !node->is_table()) expected(key, *node, "a table");
-    return Section(ctx_, node ? node->as_table() : nullptr, dotted(key));
+// One key of the schema: its dotted name, what it accepts, when it applies, and the field it fills.
+struct Key {
+  // `field` of the struct that `section` gives for a TrainConfig; its type picks what the key accepts.
+  template <class Section, class S, class T>
+  Key(std::string_view key_name, Section section, T S::*field, strict::SpecFor<T> accepts = {}, Rules key_rules = {})
+      : name(key_name), spec(std::move(accepts)), rules(key_rules) {
+    get = [section, field](const TrainConfig& c) -> std::optional<strict::Value> {
+      const T& value = section(c).*field;
+      if constexpr (std::is_same_v<T, std::optional<double>>) {
+        if (!value) return std::nullopt;
+        return *value;
+      } else {
+        return value;
+      }
+    };
+    set = [section, field](TrainConfig& c, strict::Value value) {
+      auto& out = section(c).*field;
+      if constexpr (std::is_same_v<T, std::optional<double>>)
+        out = std::get<double>(std::move(value));
+      else
+        out = std::get<T>(std::move(value));
+    };
   }
 
-  bool read(std::string_view key, bool& out) {
-    const toml::node* node = find(key);
-    if (!node) return false;
-    if (!node->is_boolean()) expected(key, *node, "a boolean (true or false)");
-    out = *node->value<bool>();
-    return true;
+  // A table whose keys have their own entries; `applies` as for a key.
+  static Key table(std::string_view name, Condition applies = {}) { return Key(name, applies); }
+
+  // A table that turns `field` (a std::optional member of what `section` gives) on when it is given.
+  template <class Section, class S, class T>
+  static Key optional_table(std::string_view name, Section section, std::optional<T> S::*field) {
+    Key key(name, {});
+    key.is_on = [section, field](const TrainConfig& c) { return (section(c).*field).has_value(); };
+    key.turn_on = [section, field](TrainConfig& c) { (section(c).*field).emplace(); };
+    return key;
   }
 
-  bool read(std::string_view key, std::int64_t& out, std::int64_t min,
-            std::int64_t max = std::numeric_limits<std::int64_t>::max()) {
-    const toml::node* node = find(key);
-    if (!node) return false;
-    const std::string range = max == std::numeric_limits<std::int64_t>::max() ? fmt::format("an integer >= {}", min)
-                                                                               : fmt::format("an integer in [{}, {}]", min, max);
-    if (!node->is_integer()) expected(key, *node, range);
-    const auto value = *node->value<std::int64_t>();
-    if (value < min || value > max) expected(key, *node, range);
-    out = value;
-    return true;
-  }
+  bool applies(const TrainConfig& c) const { return !rules.applies.holds || rules.applies.holds(c); }
 
-  /// A float (an integer is accepted too) with min < value (or min <= value when min_inclusive) and value <= max.
-  bool read(std::string_view key, double& out, double min, bool min_inclusive,
-            double max = std::numeric_limits<double>::infinity()) {
-    const toml::node* node = find(key);
-    if (!node) return false;
-    std::string range = fmt::format("a number {} {}", min_inclusive ? ">=" : ">", min);
-    if (std::isfinite(max)) range += fmt::format(" and <= {}", max);
-    if (!node->is_number()) expected(key, *node, range);
-    // Not value<double>(): it refuses integers a double cannot hold exactly.
-    const double value = node->is_integer() ? static_cast<double>(*node->value<std::int64_t>())
-                                            : *node->value_exact<double>();
-    const bool ok = (min_inclusive ? value >= min : value > min) && value <= max && std::isfinite(value);
-    if (!ok) expected(key, *node, range);
-    out = value;
-    return true;
-  }
-
-  /// A string; one of `choices` unless that is empty.
-  bool read(std::string_view key, std::string& out, const std::vector<std::string>& choices = {}) {
-    const toml::node* node = find(key);
-    if (!node) return false;
-    const std::string expectation =
-        choices.empty() ? std::string("a string") : fmt::format("one of \"{}\"", fmt::join(choices, "\", \""));
-    if (!node->is_string()) expected(key, *node, expectation);
-    auto value = *node->value<std::string>();
-    if (!choices.empty() && std::find(choices.begin(), choices.end(), value) == choices.end())
-      expected(key, *node, expectation);
-    out = std::move(value);
-    return true;
-  }
-
-  bool read(std::string_view key, std::vector<std::int64_t>& out, std::int64_t min, bool allow_empty) {
-    const toml::node* node = find(key);
-    if (!node) return false;
-    const std::string expectation =
-        fmt::format("{}an array of integers >= {}", allow_empty ? "" : "a non-empty ", min);
-    const auto* array = node->as_array();
-    if (!array || (!allow_empty && array->empty())) expected(key, *node, expectation);
-    std::vector<std::int64_t> values;
-    for (const auto& element : *array) {
-      if (!element.is_integer() || *element.value<std::int64_t>() < min) expected(key, element, expectation);
-      values.push_back(*element.value<std::int64_t>());
-    }
-    out = std::move(values);
-    return true;
-  }
-
-  bool read(std::string_view key, std::vector<std::string>& out) {
-    const toml::node* node = find(key);
-    if (!node) return false;
-    const auto* array = node->as_array();
-    if (!array) expected(key, *node, "an array of strings");
-    std::vector<std::string> values;
-    for (const auto& element : *array) {
-      if (!element.is_string()) expected(key, element, "an array of strings");
-      values.push_back(*element.value<std::string>());
-    }
-    out = std::move(values);
-    return true;
-  }
-
-  /// An error about the value at `key`.
-  [[noreturn]] void invalid(std::string_view key, const std::string& what) const {
-    const toml::node* node = table_ ? table_->get(key) : nullptr;
-    ctx_.fail(dotted(key), node ? node->source() : toml::source_region{}, fmt::format("{}: {}", dotted(key), what));
-  }
-
-  /// Records the keys of this table that no read asked for.
-  void finish() {
-    if (!table_) return;
-    for (auto&& [key, node] : *table_) {
-      if (std::find(asked_.begin(), asked_.end(), key.str()) != asked_.end()) continue;
-      ctx_.unknown.push_back({dotted(key.str()), key.source()});
-    }
-  }
+  std::string name;
+  std::optional<strict::Spec> spec;  // nullopt: a table
+  Rules rules;
+  std::function<std::optional<strict::Value>(const TrainConfig&)> get;  // nullopt: not set, not written
+  std::function<void(TrainConfig&, strict::Value)> set;
+  std::function<bool(const TrainConfig&)> is_on;  // an optional table: whether it is on
+  std::function<void(TrainConfig&)> turn_on;
 
  private:
-  const toml::node* find(std::string_view key) {
-    asked_.emplace_back(key);
-    ctx_.known.push_back(dotted(key));
-    return table_ ? table_->get(key) : nullptr;
-  }
-
-  [[noreturn]] void expected(std::string_view key, const toml::node& node, const std::string& expectation) const {
-    ctx_.fail(dotted(key), node.source(),
-              fmt::format("{} must be {}, not {}", dotted(key), expectation, type_name(node)));
-  }
-
-  Context& ctx_;
-  const toml::table* table_;
-  std::string prefix_;
-  std::vector<std::string> asked_;
+  Key(std::string_view table_name, Condition applies) : name(table_name), rules{.applies = applies} {}
 };
 
-// The first unknown key (in file order) as an error naming the closest known key.
-[[noreturn]] void fail_unknown(const Context& ctx) {
-  const auto& first = *std::min_element(ctx.unknown.begin(), ctx.unknown.end(), [](const auto& a, const auto& b) {
-    return std::pair(a.where.begin.line, a.where.begin.column) < std::pair(b.where.begin.line, b.where.begin.column);
+// The struct each table fills (in::train(config) is config.train); the keys below name their field in it.
+namespace in {
+constexpr auto data = [](auto& c) -> auto& { return c.data; };
+constexpr auto transforms = [](auto& c) -> auto& { return c.data.transforms; };
+constexpr auto synthetic = [](auto& c) -> auto& { return c.data.synthetic; };
+constexpr auto model = [](auto& c) -> auto& { return c.model; };
+constexpr auto train = [](auto& c) -> auto& { return c.train; };
+constexpr auto distributed = [](auto& c) -> auto& { return c.distributed; };
+constexpr auto callbacks = [](auto& c) -> auto& { return c.callbacks; };
+// Used only once the table was given, which turned the optional on.
+constexpr auto early_stopping = [](auto& c) -> auto& { return *c.callbacks.early_stopping; };
+constexpr auto save_best = [](auto& c) -> auto& { return *c.callbacks.save_best; };
+constexpr auto output = [](auto& c) -> auto& { return c.output; };
+}  // namespace in
+
+constexpr Condition images_only{[](const TrainConfig& c) { return is_classification(c.data); },
+                                "applies to dataset = \"fashion_mnist\" only"};
+constexpr Condition synthetic_only{[](const TrainConfig& c) { return !is_classification(c.data); },
+                                   "applies to dataset = \"synthetic_regression\" only"};
+constexpr Condition mlp_only{[](const TrainConfig& c) { return c.model.arch == "mlp"; },
+                             "applies to arch = \"mlp\" only"};
+constexpr Condition resnet_only{[](const TrainConfig& c) { return c.model.arch == "resnet"; },
+                                "applies to arch = \"resnet\" only"};
+constexpr Condition staged_only{
+    [](const TrainConfig& c) { return c.model.arch == "resnet" || c.model.arch == "conv_net"; },
+    "applies to arch = \"resnet\" or \"conv_net\" only"};
+constexpr Condition sgd_only{[](const TrainConfig& c) { return c.train.optimizer == "sgd"; },
+                             "applies to optimizer = \"sgd\" only"};
+constexpr Condition scheduled{[](const TrainConfig& c) { return c.train.schedule != "constant"; },
+                              "does not apply to schedule = \"constant\""};
+
+constexpr strict::Number positive{.min_inclusive = false};
+constexpr strict::Number fraction{.max = 1};
+
+std::vector<std::string> losses_for(const TrainConfig& c) {
+  if (is_classification(c.data)) return {"cross_entropy"};
+  return {"mse", "l1"};
+}
+
+std::vector<std::string> metrics_for(const TrainConfig& c) {
+  if (is_classification(c.data)) return {"accuracy", "error_rate", "top_k_accuracy", "f1_macro"};
+  return {"rmse", "mse", "mae"};
+}
+
+std::string known_metrics(const TrainConfig& c) {
+  const auto known = metrics_for(c);
+  for (const auto& m : c.train.metrics) {
+    if (std::find(known.begin(), known.end(), m) == known.end())
+      return fmt::format("unknown metric \"{}\" for {}; expected some of \"{}\"", m, c.data.dataset,
+                         fmt::join(known, "\", \""));
+  }
+  return {};
+}
+
+std::string arch_fits_data(const TrainConfig& c) {
+  if (c.model.arch == "mlp" || is_classification(c.data)) return {};
+  return fmt::format("\"{}\" needs images (data.dataset = \"fashion_mnist\"); use arch = \"mlp\" for {}", c.model.arch,
+                     c.data.dataset);
+}
+
+std::string path_or_url(const TrainConfig& c) {
+  if (c.data.path.empty() || c.data.url.empty()) return {};
+  return "give either data.path (a local folder) or data.url, not both";
+}
+
+std::string recorded(const std::string& monitor, const TrainSectionConfig& train) {
+  if (monitor == "valid_loss" || monitor == "train_loss") return {};
+  if (std::find(train.metrics.begin(), train.metrics.end(), monitor) != train.metrics.end()) return {};
+  return fmt::format("\"{}\" is not recorded; expected \"valid_loss\", \"train_loss\" or one of train.metrics (\"{}\")",
+                     monitor, fmt::join(train.metrics, "\", \""));
+}
+
+std::string early_stopping_monitor_recorded(const TrainConfig& c) {
+  return recorded(c.callbacks.early_stopping->monitor, c.train);
+}
+
+std::string save_best_monitor_recorded(const TrainConfig& c) {
+  return recorded(c.callbacks.save_best->monitor, c.train);
+}
+
+std::string dir_not_empty(const TrainConfig& c) { return c.output.dir.empty() ? "must not be empty" : ""; }
+
+// Every key, in the order they are read and written: the data first, since it decides which losses, metrics
+// and models fit. A sub-table may come before its table's plain keys: the writer groups keys by table.
+const std::vector<Key>& schema() {
+  static const std::vector<Key> keys{
+      Key("data.dataset", in::data, &DataConfig::dataset, {.choices = {"fashion_mnist", "synthetic_regression"}}),
+      Key("data.path", in::data, &DataConfig::path, {}, {.applies = images_only, .omit_empty = true}),
+      Key("data.url", in::data, &DataConfig::url, {},
+          {.applies = images_only, .check = path_or_url, .omit_empty = true}),
+      Key("data.bs", in::data, &DataConfig::bs, {.min = 1}),
+      Key("data.valid_bs", in::data, &DataConfig::valid_bs),
+      Key("data.workers", in::data, &DataConfig::workers, {.max = 64}),
+      Key::table("data.transforms", images_only),
+      Key("data.transforms.normalize", in::transforms, &TransformsConfig::normalize),
+      Key("data.transforms.random_crop_padding", in::transforms, &TransformsConfig::random_crop_padding, {.max = 64}),
+      Key("data.transforms.random_flip", in::transforms, &TransformsConfig::random_flip, fraction),
+      Key::table("data.synthetic", synthetic_only),
+      Key("data.synthetic.n_train", in::synthetic, &SyntheticRegressionConfig::n_train, {.min = 1, .max = 100'000'000}),
+      Key("data.synthetic.n_valid", in::synthetic, &SyntheticRegressionConfig::n_valid, {.min = 1, .max = 100'000'000}),
+      Key("data.synthetic.features", in::synthetic, &SyntheticRegressionConfig::features, {.min = 1, .max = 1'000'000}),
+      Key("data.synthetic.noise", in::synthetic, &SyntheticRegressionConfig::noise),
+      Key("data.synthetic.seed", in::synthetic, &SyntheticRegressionConfig::seed),
+
+      Key("model.arch", in::model, &ModelConfig::arch, {.choices = {"mlp", "simple_cnn", "conv_net", "resnet"}},
+          {.check = arch_fits_data}),
+      Key("model.hidden", in::model, &ModelConfig::hidden, {.min = 1}, {.applies = mlp_only}),
+      Key("model.widths", in::model, &ModelConfig::widths, {.min = 1, .allow_empty = false}, {.applies = staged_only}),
+      Key("model.blocks_per_stage", in::model, &ModelConfig::blocks_per_stage, {.min = 1, .max = 64},
+          {.applies = resnet_only}),
+      Key("model.stem_width", in::model, &ModelConfig::stem_width, {.min = 1}, {.applies = resnet_only}),
+
+      Key("train.epochs", in::train, &TrainSectionConfig::epochs, {.min = 1, .max = 1'000'000}),
+      Key("train.lr", in::train, &TrainSectionConfig::lr, positive),
+      Key("train.schedule", in::train, &TrainSectionConfig::schedule,
+          {.choices = {"one_cycle", "flat_cos", "constant"}}),
+      Key("train.pct_start", in::train, &TrainSectionConfig::pct_start, fraction, {.applies = scheduled}),
+      Key("train.optimizer", in::train, &TrainSectionConfig::optimizer, {.choices = {"adam", "adamw", "sgd"}}),
+      Key("train.wd", in::train, &TrainSectionConfig::wd),
+      Key("train.momentum", in::train, &TrainSectionConfig::momentum, fraction, {.applies = sgd_only}),
+      Key("train.seed", in::train, &TrainSectionConfig::seed),
+      Key("train.mixed_precision", in::train, &TrainSectionConfig::mixed_precision),
+      Key("train.channels_last", in::train, &TrainSectionConfig::channels_last),
+      Key("train.grad_accumulation", in::train, &TrainSectionConfig::grad_accumulation),
+      Key("train.grad_clip", in::train, &TrainSectionConfig::grad_clip),
+      Key("train.loss", in::train, &TrainSectionConfig::loss, {}, {.choices = losses_for}),
+      Key("train.metrics", in::train, &TrainSectionConfig::metrics, {},
+          {.choices = metrics_for, .check = known_metrics}),
+
+      Key("distributed.backend", in::distributed, &DistributedConfig::backend, {.choices = {"auto", "gloo", "nccl"}}),
+      Key("distributed.sync_bn", in::distributed, &DistributedConfig::sync_bn),
+      Key("distributed.bucket_cap_mb", in::distributed, &DistributedConfig::bucket_cap_mb, positive),
+      Key("distributed.first_bucket_mb", in::distributed, &DistributedConfig::first_bucket_mb, positive),
+      Key("distributed.timeout_seconds", in::distributed, &DistributedConfig::timeout_seconds, positive),
+      Key("distributed.find_unused_parameters", in::distributed, &DistributedConfig::find_unused_parameters),
+
+      Key::optional_table("callbacks.early_stopping", in::callbacks, &CallbacksConfig::early_stopping),
+      Key("callbacks.early_stopping.monitor", in::early_stopping, &EarlyStoppingConfig::monitor, {},
+          {.check = early_stopping_monitor_recorded}),
+      Key("callbacks.early_stopping.patience", in::early_stopping, &EarlyStoppingConfig::patience, {.min = 1}),
+      Key("callbacks.early_stopping.min_delta", in::early_stopping, &EarlyStoppingConfig::min_delta),
+      Key::optional_table("callbacks.save_best", in::callbacks, &CallbacksConfig::save_best),
+      Key("callbacks.save_best.monitor", in::save_best, &SaveBestConfig::monitor, {},
+          {.check = save_best_monitor_recorded}),
+      Key("callbacks.csv_log", in::callbacks, &CallbacksConfig::csv_log),
+      Key("callbacks.tensorboard", in::callbacks, &CallbacksConfig::tensorboard),
+
+      Key("output.dir", in::output, &OutputConfig::dir, {}, {.check = dir_not_empty}),
+      Key("output.checkpoints", in::output, &OutputConfig::checkpoints),
+      Key("output.checkpoint_every_n_batches", in::output, &OutputConfig::checkpoint_every_n_batches),
+      Key("output.plots", in::output, &OutputConfig::plots),
+  };
+  return keys;
+}
+
+const std::vector<std::string>& key_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> all;
+    for (const auto& key : schema()) all.push_back(key.name);
+    return all;
+  }();
+  return names;
+}
+
+// Whether `key` lies in one of `tables`.
+bool inside(std::string_view key, const std::vector<std::string_view>& tables) {
+  return std::any_of(tables.begin(), tables.end(), [&](std::string_view table) {
+    return key.size() > table.size() && key.starts_with(table) && key[table.size()] == '.';
   });
-  const auto dot = first.key.rfind('.');
-  const std::string section = dot == std::string::npos ? "" : first.key.substr(0, dot);
-  const std::string leaf = dot == std::string::npos ? first.key : first.key.substr(dot + 1);
-  // Prefer the same name in another section (`epochs` under [data] -> train.epochs), then the closest
-  // key of the same section, then the closest anywhere.
-  std::string best;
-  std::size_t best_score = std::numeric_limits<std::size_t>::max();
-  std::vector<std::string> siblings;
-  for (const auto& known : ctx.known) {
-    const auto kdot = known.rfind('.');
-    const std::string ksection = kdot == std::string::npos ? "" : known.substr(0, kdot);
-    const std::string kleaf = kdot == std::string::npos ? known : known.substr(kdot + 1);
-    if (ksection == section && std::find(siblings.begin(), siblings.end(), kleaf) == siblings.end())
-      siblings.push_back(kleaf);
-    std::size_t score = kleaf == leaf ? 0 : 1 + 2 * edit_distance(leaf, kleaf) + (ksection == section ? 0 : 3);
-    if (score < best_score) best_score = score, best = known;
-  }
-  std::sort(siblings.begin(), siblings.end());
-  const std::string where = section.empty() ? "at the top level" : fmt::format("in [{}]", section);
-  ctx.fail(first.key, first.where,
-           fmt::format("unknown key {}; did you mean {}? (valid keys {}: {})", first.key, best, where,
-                       fmt::join(siblings, ", ")));
 }
 
-// Applies one "key.path=value" to the parsed document.
-void apply_override(toml::table& root, const std::string& assignment, Context& ctx) {
-  const auto eq = assignment.find('=');
-  if (eq == std::string::npos || eq == 0)
-    throw ConfigFileError(fmt::format("--set {}: expected key=value, e.g. --set train.epochs=5", assignment), "", 0, 0);
-  const std::string key = assignment.substr(0, eq);
-  const std::string text = assignment.substr(eq + 1);
-  std::vector<std::string> parts;
-  for (std::size_t start = 0;;) {
-    const auto dot = key.find('.', start);
-    parts.push_back(key.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
-    if (parts.back().empty())
-      throw ConfigFileError(fmt::format("--set {}: '{}' is not a dotted key such as train.epochs", assignment, key), key, 0, 0);
-    if (dot == std::string::npos) break;
-    start = dot + 1;
+// Reads one key (a table: checks it is one, and turns an optional one on); returns whether it is given.
+bool read_key(const strict::Document& doc, const Key& key, TrainConfig& config, std::vector<std::string_view>& off) {
+  if (!key.spec) {
+    const bool given = doc.table(key.name);
+    if (key.turn_on && given) key.turn_on(config);
+    if (key.turn_on && !given) off.push_back(key.name);  // its keys are not read
+    return given;
   }
-  // The value is TOML (5, 3e-3, true, [64, 32], "x"); anything else is taken as a bare string (resnet).
-  toml::table parsed;
-  try {
-    parsed = toml::parse(std::string_view("value = " + text), std::string_view("--set"));
-  } catch (const toml::parse_error&) {
-    parsed = toml::table{{"value", text}};
+  strict::Spec spec = *key.spec;
+  const auto choices = key.rules.choices ? key.rules.choices(config) : std::vector<std::string>{};
+  if (auto* text = std::get_if<strict::String>(&spec); text && key.rules.choices) text->choices = choices;
+  if (auto value = doc.read(key.name, spec)) {
+    key.set(config, std::move(*value));
+    return true;
   }
-  toml::table* table = &root;
-  std::string walked;
-  for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
-    walked += (walked.empty() ? "" : ".") + parts[i];
-    toml::node* node = table->get(parts[i]);
-    if (!node) node = table->insert(parts[i], toml::table{}).first->second.as_table();
-    if (!node->is_table())
-      throw ConfigFileError(fmt::format("--set {}: {} is {}, not a table", assignment, walked, type_name(*node)), walked, 0, 0);
-    table = node->as_table();
-  }
-  table->insert_or_assign(parts.back(), std::move(*parsed.get("value")));
-  ctx.overridden[key] = assignment;
+  if (key.rules.choices && std::holds_alternative<strict::Strings>(spec))
+    key.set(config, std::vector{choices.front()});
+  else if (key.rules.choices)
+    key.set(config, choices.front());
+  return false;
 }
 
-void read_data(Section s, DataConfig& d) {
-  s.read("dataset", d.dataset, {"fashion_mnist", "synthetic_regression"});
-  s.read("path", d.path);
-  s.read("url", d.url);
-  s.read("bs", d.bs, 1);
-  s.read("valid_bs", d.valid_bs, 0);
-  s.read("workers", d.workers, 0, 64);
-  {
-    auto t = s.table("transforms");
-    t.read("normalize", d.transforms.normalize);
-    t.read("random_crop_padding", d.transforms.random_crop_padding, 0, 64);
-    t.read("random_flip", d.transforms.random_flip, 0.0, true, 1.0);
-    t.finish();
-  }
-  auto syn = s.table("synthetic");
-  {
-    syn.read("n_train", d.synthetic.n_train, 1, 100'000'000);
-    syn.read("n_valid", d.synthetic.n_valid, 1, 100'000'000);
-    syn.read("features", d.synthetic.features, 1, 1'000'000);
-    syn.read("noise", d.synthetic.noise, 0.0, true);
-    syn.read("seed", d.synthetic.seed, 0);
-    syn.finish();
-  }
-  const bool images = d.dataset == "fashion_mnist";
-  if (images && syn.present()) s.invalid("synthetic", "applies to dataset = \"synthetic_regression\" only");
-  if (!images) {
-    for (const char* key : {"path", "url", "transforms"}) {
-      if (s.has(key)) s.invalid(key, "applies to dataset = \"fashion_mnist\" only");
-    }
-  }
-  if (!d.path.empty() && !d.url.empty()) s.invalid("url", "give either data.path (a local folder) or data.url, not both");
-  s.finish();
-}
+std::string_view top_table(std::string_view key) { return key.substr(0, key.find('.')); }
 
-void read_model(Section s, ModelConfig& m, const DataConfig& data) {
-  s.read("arch", m.arch, {"mlp", "simple_cnn", "conv_net", "resnet"});
-  s.read("hidden", m.hidden, 1, true);
-  s.read("widths", m.widths, 1, false);
-  s.read("blocks_per_stage", m.blocks_per_stage, 1, 64);
-  s.read("stem_width", m.stem_width, 1);
-  for (const char* key : {"hidden"}) {
-    if (m.arch != "mlp" && s.has(key)) s.invalid(key, "applies to arch = \"mlp\" only");
-  }
-  if (m.arch != "resnet" && m.arch != "conv_net" && s.has("widths"))
-    s.invalid("widths", "applies to arch = \"resnet\" or \"conv_net\" only");
-  for (const char* key : {"blocks_per_stage", "stem_width"}) {
-    if (m.arch != "resnet" && s.has(key)) s.invalid(key, "applies to arch = \"resnet\" only");
-  }
-  if (m.arch != "mlp" && !is_classification(data))
-    s.invalid("arch", fmt::format("\"{}\" needs images (data.dataset = \"fashion_mnist\"); use arch = \"mlp\" for {}",
-                                  m.arch, data.dataset));
-  s.finish();
-}
-
-void read_train(Section s, TrainSectionConfig& t, const DataConfig& data) {
-  s.read("epochs", t.epochs, 1, 1'000'000);
-  s.read("lr", t.lr, 0.0, false);
-  s.read("schedule", t.schedule, {"one_cycle", "flat_cos", "constant"});
-  s.read("pct_start", t.pct_start, 0.0, true, 1.0);
-  s.read("optimizer", t.optimizer, {"adam", "adamw", "sgd"});
-  double wd = 0;
-  if (s.read("wd", wd, 0.0, true)) t.wd = wd;
-  s.read("momentum", t.momentum, 0.0, true, 1.0);
-  s.read("seed", t.seed, 0);
-  s.read("mixed_precision", t.mixed_precision);
-  s.read("channels_last", t.channels_last);
-  s.read("grad_accumulation", t.grad_accumulation, 0);
-  s.read("grad_clip", t.grad_clip, 0.0, true);
-  const bool classification = is_classification(data);
-  const std::vector<std::string> losses =
-      classification ? std::vector<std::string>{"cross_entropy"} : std::vector<std::string>{"mse", "l1"};
-  if (!s.read("loss", t.loss, losses)) t.loss = losses.front();
-  const std::vector<std::string> metrics = classification
-                                               ? std::vector<std::string>{"accuracy", "error_rate", "top_k_accuracy", "f1_macro"}
-                                               : std::vector<std::string>{"rmse", "mse", "mae"};
-  if (s.read("metrics", t.metrics)) {
-    for (const auto& m : t.metrics) {
-      if (std::find(metrics.begin(), metrics.end(), m) == metrics.end())
-        s.invalid("metrics", fmt::format("unknown metric \"{}\" for {}; expected some of \"{}\"", m, data.dataset,
-                                         fmt::join(metrics, "\", \"")));
-    }
-  } else {
-    t.metrics = {metrics.front()};
-  }
-  if (s.has("momentum") && t.optimizer != "sgd") s.invalid("momentum", "applies to optimizer = \"sgd\" only");
-  if (s.has("pct_start") && t.schedule == "constant") s.invalid("pct_start", "does not apply to schedule = \"constant\"");
-  s.finish();
-}
-
-void read_distributed(Section s, DistributedConfig& d) {
-  s.read("backend", d.backend, {"auto", "gloo", "nccl"});
-  s.read("sync_bn", d.sync_bn);
-  s.read("bucket_cap_mb", d.bucket_cap_mb, 0.0, false);
-  s.read("first_bucket_mb", d.first_bucket_mb, 0.0, false);
-  s.read("timeout_seconds", d.timeout_seconds, 0.0, false);
-  s.read("find_unused_parameters", d.find_unused_parameters);
-  s.finish();
-}
-
-void check_monitor(Section& s, const std::string& monitor, const TrainSectionConfig& train) {
-  if (monitor == "valid_loss" || monitor == "train_loss") return;
-  if (std::find(train.metrics.begin(), train.metrics.end(), monitor) != train.metrics.end()) return;
-  s.invalid("monitor", fmt::format("\"{}\" is not recorded; expected \"valid_loss\", \"train_loss\" or one of "
-                                   "train.metrics (\"{}\")", monitor, fmt::join(train.metrics, "\", \"")));
-}
-
-void read_callbacks(Section s, CallbacksConfig& c, const TrainSectionConfig& train) {
-  {
-    auto es = s.table("early_stopping");
-    EarlyStoppingConfig e;
-    es.read("monitor", e.monitor);
-    es.read("patience", e.patience, 1);
-    es.read("min_delta", e.min_delta, 0.0, true);
-    if (es.present()) {
-      check_monitor(es, e.monitor, train);
-      c.early_stopping = e;
-    }
-    es.finish();
-  }
-  {
-    auto sb = s.table("save_best");
-    SaveBestConfig b;
-    sb.read("monitor", b.monitor);
-    if (sb.present()) {
-      check_monitor(sb, b.monitor, train);
-      c.save_best = b;
-    }
-    sb.finish();
-  }
-  s.read("csv_log", c.csv_log);
-  s.read("tensorboard", c.tensorboard);
-  s.finish();
-}
-
-void read_output(Section s, OutputConfig& o) {
-  if (s.read("dir", o.dir) && o.dir.empty()) s.invalid("dir", "must not be empty");
-  s.read("checkpoints", o.checkpoints);
-  s.read("checkpoint_every_n_batches", o.checkpoint_every_n_batches, std::int64_t{0});
-  s.read("plots", o.plots);
-  s.finish();
-}
-
-// Every section, the data first: what it holds decides which losses, metrics and models fit.
-TrainConfig read_all(Context& ctx, const toml::table& root) {
+// Table by table (data, model, ...): every value's type and range first, then whether the keys given apply,
+// then the checks across keys. So a rule may look at any key of its table or of the tables above it.
+TrainConfig read_config(const strict::Document& doc) {
   TrainConfig config;
-  Section top(ctx, &root, "");
-  read_data(top.table("data"), config.data);
-  read_model(top.table("model"), config.model, config.data);
-  read_train(top.table("train"), config.train, config.data);
-  read_distributed(top.table("distributed"), config.distributed);
-  read_callbacks(top.table("callbacks"), config.callbacks, config.train);
-  read_output(top.table("output"), config.output);
-  top.finish();
+  const auto& keys = schema();
+  std::vector<std::string_view> off;  // optional tables not given
+  std::vector<bool> given(keys.size());
+  for (std::size_t begin = 0, end = 0; begin < keys.size(); begin = end) {
+    while (end < keys.size() && top_table(keys[end].name) == top_table(keys[begin].name)) ++end;
+    for (auto i = begin; i < end; ++i) {
+      if (!inside(keys[i].name, off)) given[i] = read_key(doc, keys[i], config, off);
+    }
+    for (auto i = begin; i < end; ++i) {
+      if (given[i] && !keys[i].applies(config)) doc.invalid(keys[i].name, keys[i].rules.applies.unless);
+    }
+    for (auto i = begin; i < end; ++i) {
+      if (!keys[i].rules.check || inside(keys[i].name, off)) continue;
+      if (const auto what = keys[i].rules.check(config); !what.empty()) doc.invalid(keys[i].name, what);
+    }
+  }
+  doc.reject_unknown();
   return config;
 }
 
@@ -424,176 +305,40 @@ bool is_classification(const DataConfig& data) { return data.dataset == "fashion
 
 TrainConfig parse_config(std::string_view toml_text, std::string_view source_name,
                          std::span<const std::string> overrides) {
-  Context ctx{.source = std::string(source_name)};
-  toml::table root;
-  try {
-    root = toml::parse(toml_text, source_name);
-  } catch (const toml::parse_error& e) {
-    const auto& where = e.source().begin;
-    throw ConfigFileError(fmt::format("{}:{}:{}: TOML syntax error: {}", source_name, where.line, where.column,
-                                      e.description()),
-                          "", static_cast<int>(where.line), static_cast<int>(where.column));
-  }
-  for (const auto& assignment : overrides) apply_override(root, assignment, ctx);
-
-  const TrainConfig config = read_all(ctx, root);
-  if (!ctx.unknown.empty()) fail_unknown(ctx);
-  return config;
-}
-
-std::string describe_keys() {
-  Context ctx;
-  const toml::table empty;
-  read_all(ctx, empty);
-  std::map<std::string, std::vector<std::string>> sections;  // "[data]" -> its keys
-  std::vector<std::string> order;
-  for (const auto& key : ctx.known) {
-    const auto dot = key.rfind('.');
-    if (dot == std::string::npos) continue;  // the section names themselves
-    const auto section = key.substr(0, dot);
-    if (!sections.contains(section)) order.push_back(section);
-    auto& keys = sections[section];
-    if (std::find(keys.begin(), keys.end(), key.substr(dot + 1)) == keys.end()) keys.push_back(key.substr(dot + 1));
-  }
-  std::vector<std::string> lines;
-  for (const auto& section : order) lines.push_back(fmt::format("[{}] {}", section, fmt::join(sections[section], ", ")));
-  return fmt::format("{}", fmt::join(lines, "\n  "));
+  strict::Document doc(toml_text, source_name, key_names());
+  for (const auto& assignment : overrides) doc.set(assignment);
+  return read_config(doc);
 }
 
 TrainConfig load_config(const std::string& path, std::span<const std::string> overrides) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigFileError(fmt::format("{}: cannot read the configuration file (does it exist?)", path), "", 0, 0);
+  if (!in)
+    throw ConfigFileError(fmt::format("{}: cannot read the configuration file (does it exist?)", path), "", 0, 0);
   std::ostringstream text;
   text << in.rdbuf();
   return parse_config(text.str(), path, overrides);
 }
 
-namespace {
+std::string describe_keys() { return strict::describe_tables(key_names()); }
 
-// Writes TOML by hand, sections and keys in the order of the structs (toml++'s printer sorts them and
-// prints floats with 17 digits).
-class TomlWriter {
- public:
-  void section(std::string_view name) { out_ += fmt::format("{}[{}]\n", out_.empty() ? "" : "\n", name); }
-  void put(std::string_view key, const std::string& value) { line(key, quote(value)); }
-  void put(std::string_view key, std::int64_t value) { line(key, fmt::format("{}", value)); }
-  void put(std::string_view key, bool value) { line(key, value ? "true" : "false"); }
-  void put(std::string_view key, double value) {
-    auto text = fmt::format("{}", value);  // shortest text that reads back as the same double
-    if (text.find_first_of(".eEn") == std::string::npos) text += ".0";
-    line(key, text);
-  }
-  void put(std::string_view key, const std::vector<std::int64_t>& values) {
-    line(key, fmt::format("[{}]", fmt::join(values, ", ")));
-  }
-  void put(std::string_view key, const std::vector<std::string>& values) {
-    std::vector<std::string> quoted;
-    for (const auto& v : values) quoted.push_back(quote(v));
-    line(key, fmt::format("[{}]", fmt::join(quoted, ", ")));
-  }
-  const std::string& text() const { return out_; }
-
- private:
-  void line(std::string_view key, std::string_view value) { out_ += fmt::format("{} = {}\n", key, value); }
-  static std::string quote(const std::string& value) {
-    std::string q = "\"";
-    for (const unsigned char c : value) {
-      switch (c) {
-        case '"': q += "\\\""; break;
-        case '\\': q += "\\\\"; break;
-        case '\n': q += "\\n"; break;
-        case '\t': q += "\\t"; break;
-        case '\r': q += "\\r"; break;
-        default:
-          if (c < 0x20 || c == 0x7f) q += fmt::format("\\u{:04X}", c);
-          else q += static_cast<char>(c);
-      }
+std::string to_toml(const TrainConfig& config) {
+  strict::Writer writer;
+  std::vector<std::string_view> off;  // tables that do not apply or are not on: their keys are left out
+  for (const Key& key : schema()) {
+    if (inside(key.name, off)) continue;
+    const bool applies = key.applies(config);
+    if (!key.spec) {
+      if (applies && (!key.is_on || key.is_on(config)))
+        writer.table(key.name);
+      else
+        off.push_back(key.name);
+    } else if (const auto value = key.get(config); applies && value) {
+      if (!key.rules.omit_empty || *value != strict::Value(std::string())) writer.put(key.name, *value);
     }
-    return q + "\"";
   }
-  std::string out_;
-};
-
-}  // namespace
-
-std::string to_toml(const TrainConfig& c) {
-  TomlWriter w;
-  const auto& d = c.data;
-  w.section("data");
-  w.put("dataset", d.dataset);
-  if (!d.path.empty()) w.put("path", d.path);
-  if (!d.url.empty()) w.put("url", d.url);
-  w.put("bs", d.bs);
-  w.put("valid_bs", d.valid_bs);
-  w.put("workers", d.workers);
-  if (is_classification(d)) {
-    w.section("data.transforms");
-    w.put("normalize", d.transforms.normalize);
-    w.put("random_crop_padding", d.transforms.random_crop_padding);
-    w.put("random_flip", d.transforms.random_flip);
-  } else {
-    w.section("data.synthetic");
-    w.put("n_train", d.synthetic.n_train);
-    w.put("n_valid", d.synthetic.n_valid);
-    w.put("features", d.synthetic.features);
-    w.put("noise", d.synthetic.noise);
-    w.put("seed", d.synthetic.seed);
-  }
-  const auto& m = c.model;
-  w.section("model");
-  w.put("arch", m.arch);
-  if (m.arch == "mlp") w.put("hidden", m.hidden);
-  if (m.arch == "conv_net") w.put("widths", m.widths);
-  if (m.arch == "resnet") {
-    w.put("widths", m.widths);
-    w.put("blocks_per_stage", m.blocks_per_stage);
-    w.put("stem_width", m.stem_width);
-  }
-  const auto& t = c.train;
-  w.section("train");
-  w.put("epochs", t.epochs);
-  w.put("lr", t.lr);
-  w.put("schedule", t.schedule);
-  if (t.schedule != "constant") w.put("pct_start", t.pct_start);
-  w.put("optimizer", t.optimizer);
-  if (t.wd) w.put("wd", *t.wd);
-  if (t.optimizer == "sgd") w.put("momentum", t.momentum);
-  w.put("seed", t.seed);
-  w.put("mixed_precision", t.mixed_precision);
-  w.put("channels_last", t.channels_last);
-  w.put("grad_accumulation", t.grad_accumulation);
-  w.put("grad_clip", t.grad_clip);
-  w.put("loss", t.loss);
-  w.put("metrics", t.metrics);
-  const auto& di = c.distributed;
-  w.section("distributed");
-  w.put("backend", di.backend);
-  w.put("sync_bn", di.sync_bn);
-  w.put("bucket_cap_mb", di.bucket_cap_mb);
-  w.put("first_bucket_mb", di.first_bucket_mb);
-  w.put("timeout_seconds", di.timeout_seconds);
-  w.put("find_unused_parameters", di.find_unused_parameters);
-  w.section("callbacks");
-  w.put("csv_log", c.callbacks.csv_log);
-  w.put("tensorboard", c.callbacks.tensorboard);
-  if (const auto& e = c.callbacks.early_stopping) {
-    w.section("callbacks.early_stopping");
-    w.put("monitor", e->monitor);
-    w.put("patience", e->patience);
-    w.put("min_delta", e->min_delta);
-  }
-  if (const auto& b = c.callbacks.save_best) {
-    w.section("callbacks.save_best");
-    w.put("monitor", b->monitor);
-  }
-  w.section("output");
-  w.put("dir", c.output.dir);
-  w.put("checkpoints", c.output.checkpoints);
-  w.put("checkpoint_every_n_batches", c.output.checkpoint_every_n_batches);
-  w.put("plots", c.output.plots);
   return "# The resolved configuration of this run: the file, the --set overrides and every default.\n"
          "# `fastlearn train` reads it back as it is.\n\n" +
-         w.text();
+         writer.text();
 }
 
 }  // namespace fastlearn::cli

@@ -1,9 +1,10 @@
 #pragma once
-// The configuration of `fastlearn train CONFIG.toml`: its sections as plain structs, the strict
-// TOML reader (unknown keys, wrong types and out-of-range values are errors that say where and what
-// is expected) and the writer of the resolved configuration. No torch here: this is parsed, fuzzed
-// and tested on bytes alone; apps/cli/run.h turns a TrainConfig into a Learner.
-#include <fastlearn/core/error.h>
+// The configuration of `fastlearn train CONFIG.toml`: its sections as plain structs, read strictly
+// (unknown keys, wrong types and out-of-range values are errors that say where and what is expected) and
+// written back resolved. One table in config.cpp describes every key; apps/cli/strict_toml.h is the generic
+// reading and writing. No torch here: this is parsed, fuzzed and tested on bytes alone; apps/cli/run.h
+// turns a TrainConfig into a Learner.
+#include "cli/strict_toml.h"  // ConfigFileError
 
 #include <cstdint>
 #include <optional>
@@ -13,24 +14,6 @@
 #include <vector>
 
 namespace fastlearn::cli {
-
-/// A configuration that cannot be used: says which key (when one is to blame), where (file:line:col, or
-/// the --set argument), and what is expected.
-class ConfigFileError : public ConfigError {
- public:
-  ConfigFileError(const std::string& message, std::string key, int line, int column)
-      : ConfigError(message), key_(std::move(key)), line_(line), column_(column) {}
-  /// The dotted key at fault ("train.epochs"); empty for a syntax error.
-  const std::string& key() const { return key_; }
-  /// 1-based position in the file, 0 when unknown (e.g. a value given with --set).
-  int line() const { return line_; }
-  int column() const { return column_; }
-
- private:
-  std::string key_;
-  int line_;
-  int column_;
-};
 
 struct TransformsConfig {
   bool normalize = true;                 ///< to [0, 1], then the training images' mean / std
@@ -62,11 +45,11 @@ struct DataConfig {
 };
 
 struct ModelConfig {
-  std::string arch = "simple_cnn";                 ///< mlp | simple_cnn | conv_net | resnet
-  std::vector<std::int64_t> hidden{256, 128};      ///< mlp: hidden layer sizes
-  std::vector<std::int64_t> widths{32, 64, 128};   ///< resnet: channels of each stage; conv_net: of each stride-2 layer
-  std::int64_t blocks_per_stage = 1;               ///< resnet
-  std::int64_t stem_width = 32;                    ///< resnet
+  std::string arch = "simple_cnn";                ///< mlp | simple_cnn | conv_net | resnet
+  std::vector<std::int64_t> hidden{256, 128};     ///< mlp: hidden layer sizes
+  std::vector<std::int64_t> widths{32, 64, 128};  ///< resnet: channels of each stage; conv_net: of each stride-2 layer
+  std::int64_t blocks_per_stage = 1;              ///< resnet
+  std::int64_t stem_width = 32;                   ///< resnet
   bool operator==(const ModelConfig&) const = default;
 };
 
@@ -108,7 +91,8 @@ struct EarlyStoppingConfig {
 };
 
 struct SaveBestConfig {
-  std::string monitor = "valid_loss";  ///< the best epoch's weights go to checkpoints/best and are loaded back at the end
+  /// The best epoch's weights go to checkpoints/best and are loaded back at the end.
+  std::string monitor = "valid_loss";
   bool operator==(const SaveBestConfig&) const = default;
 };
 
@@ -124,7 +108,7 @@ struct OutputConfig {
   std::string dir = "runs/train";  ///< --out overrides
   bool checkpoints = true;         ///< a checkpoint after every epoch in checkpoints/ (what --resume continues from)
   std::int64_t checkpoint_every_n_batches = 0;  ///< also one every N training batches (0: only at epoch ends)
-  bool plots = true;               ///< loss.svg
+  bool plots = true;                            ///< loss.svg
   bool operator==(const OutputConfig&) const = default;
 };
 

@@ -153,7 +153,7 @@ LearnerOptions learner_options(const TrainConfig& c, const fs::path& out, bool w
     o.cbs.push_back(std::make_shared<SaveModel>(save));
   }
   if (cb.tensorboard)
-    o.cbs.push_back(std::make_shared<TensorBoardCallback>(TensorBoardOptions{.log_dir = "tensorboard"}));
+    o.cbs.push_back(std::make_shared<TensorBoardLogger>(TensorBoardOptions{.log_dir = "tensorboard"}));
   if (c.output.checkpoints)
     o.cbs.push_back(std::make_shared<Checkpointer>(
         CheckpointerOptions{.dir = "checkpoints", .every_n_batches = c.output.checkpoint_every_n_batches}));
