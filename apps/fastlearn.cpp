@@ -194,7 +194,7 @@ CLI::App* add_lr_find(CLI::App& app, fastlearn::cli::TrainArgs& a) {
   auto* cmd = app.add_subcommand(
       "lr-find",
       "The learning-rate range test on CONFIG's data and model (one process): writes lr_find.svg into the output "
-      "directory and prints the suggested learning rate (fastai's valley)");
+      "directory and prints the learning rates fastai's four rules suggest (minimum, steep, slide, valley)");
   add_config_options(*cmd, a);
   cmd->add_option("--out", a.out, "Where lr_find.svg goes (default: output.dir of the config)");
   return cmd;

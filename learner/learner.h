@@ -123,7 +123,11 @@ struct LrFindOptions {
 };
 
 struct LrFindResult {
-  double valley = 0;           ///< fastai's "valley" suggestion
+  // The suggestions of fastai's lr_find, computed on the curve below (learner/lr_finder.h explains each).
+  double valley = 0;           ///< fastai's default: the middle of the longest descent (cautious: often early)
+  double slide = 0;            ///< where the loss stops falling steadily, found from the end of the curve
+  double minimum = 0;          ///< the lr of the lowest loss / 10 (the classic rule; what the README example uses)
+  double steep = 0;            ///< the steepest descent per decade of lr
   std::vector<double> lrs;     ///< every lr tried
   std::vector<double> losses;  ///< the smoothed loss at each
 };

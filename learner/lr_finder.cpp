@@ -52,9 +52,18 @@ void LRFinder::restore() {
 
 bool lr_finder_attached(const Learner& learn) { return learn.cb<LRFinder>() != nullptr; }
 
-double valley(const std::vector<double>& lrs, const std::vector<double>& losses) {
+namespace {
+
+std::size_t checked_size(const std::vector<double>& lrs, const std::vector<double>& losses, const char* rule) {
   const std::size_t n = std::min(lrs.size(), losses.size());
-  if (n == 0) throw Error("valley: no losses to suggest a learning rate from");
+  if (n == 0) throw Error(fmt::format("{}: no losses to suggest a learning rate from", rule));
+  return n;
+}
+
+}  // namespace
+
+double valley(const std::vector<double>& lrs, const std::vector<double>& losses) {
+  const std::size_t n = checked_size(lrs, losses, "valley");
   // Longest decreasing subsequence ending at each point; the longest overall is the valley.
   std::vector<std::size_t> run(n, 1);
   std::size_t max_start = 0, max_end = 0;
@@ -70,6 +79,41 @@ double valley(const std::vector<double>& lrs, const std::vector<double>& losses)
   const double sections = static_cast<double>(max_end - max_start) / 3.0;
   const std::size_t idx = max_start + static_cast<std::size_t>(sections) + static_cast<std::size_t>(sections / 2);
   return lrs[std::min(idx, n - 1)];
+}
+
+double slide(const std::vector<double>& lrs, const std::vector<double>& losses, int lr_diff, double thresh) {
+  const auto n = static_cast<std::int64_t>(checked_size(lrs, losses, "slide"));
+  // The loss gradient per point: central differences inside, one-sided at both ends (numpy.gradient).
+  std::vector<double> grad(static_cast<std::size_t>(n), 0.0);
+  for (std::int64_t i = 0; i < n && n > 1; ++i) {
+    const auto lo = static_cast<std::size_t>(std::max<std::int64_t>(i - 1, 0));
+    const auto hi = static_cast<std::size_t>(std::min<std::int64_t>(i + 1, n - 1));
+    grad[static_cast<std::size_t>(i)] = (losses[hi] - losses[lo]) / static_cast<double>(hi - lo);
+  }
+  std::int64_t right = n - 1, left = right - lr_diff;
+  double suggestion = lrs[static_cast<std::size_t>(std::max<std::int64_t>(left, 0))];
+  for (; left >= 0; --left, --right) {
+    if (std::abs(grad[static_cast<std::size_t>(right)] - grad[static_cast<std::size_t>(left)]) <= thresh) break;
+    suggestion = lrs[static_cast<std::size_t>(left)];
+  }
+  return suggestion;
+}
+
+double minimum(const std::vector<double>& lrs, const std::vector<double>& losses) {
+  const std::size_t n = checked_size(lrs, losses, "minimum");
+  const auto lowest = std::min_element(losses.begin(), losses.begin() + static_cast<std::ptrdiff_t>(n));
+  return lrs[static_cast<std::size_t>(lowest - losses.begin())] / 10;
+}
+
+double steep(const std::vector<double>& lrs, const std::vector<double>& losses) {
+  const std::size_t n = checked_size(lrs, losses, "steep");
+  std::size_t best = 0;
+  double steepest = std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i + 1 < n; ++i) {
+    const double slope = (losses[i + 1] - losses[i]) / (std::log(lrs[i + 1]) - std::log(lrs[i]));
+    if (slope < steepest) steepest = slope, best = i;
+  }
+  return lrs[best];
 }
 
 LrFindResult Learner::lr_find(LrFindOptions options) {
@@ -103,6 +147,9 @@ LrFindResult Learner::lr_find(LrFindOptions options) {
                             losses.size()));
   }
   result.valley = valley(result.lrs, result.losses);
+  result.slide = slide(result.lrs, result.losses);
+  result.minimum = minimum(result.lrs, result.losses);
+  result.steep = steep(result.lrs, result.losses);
   if (options.plot) rec.plot_lr_find(*options.plot, 5, result.valley);
   return result;
 }

@@ -1,5 +1,6 @@
 #pragma once
-// LRFinder: lr_find's exponential learning-rate sweep, and fastai's "valley" suggestion.
+// LRFinder: lr_find's exponential learning-rate sweep, and fastai's four suggestion rules (same names, same
+// results on the same curve as fastai 2.8's valley, slide, minimum and steep).
 #include <fastlearn/learner/checkpoint.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/param_scheduler.h>
@@ -36,5 +37,14 @@ bool lr_finder_attached(const Learner& learn);
 
 /// fastai's "valley" rule: the lr a third and a half into the longest strictly decreasing run of losses.
 double valley(const std::vector<double>& lrs, const std::vector<double>& losses);
+/// fastai's "slide" rule: windows of `lr_diff` points move left from the end of the curve until the loss
+/// gradients (per point, as numpy.gradient) at both ends of a window differ by at most `thresh`; the lr at
+/// the left end of the last window that still differed.
+double slide(const std::vector<double>& lrs, const std::vector<double>& losses, int lr_diff = 15,
+             double thresh = 0.005);
+/// fastai's "minimum" rule: the lr of the lowest loss, divided by 10.
+double minimum(const std::vector<double>& lrs, const std::vector<double>& losses);
+/// fastai's "steep" rule: the lr at the start of the segment where the loss falls fastest per log(lr).
+double steep(const std::vector<double>& lrs, const std::vector<double>& losses);
 
 }  // namespace fastlearn

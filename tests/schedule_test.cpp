@@ -115,6 +115,27 @@ TEST(Schedule, ValleySuggestsInsideTheLongestDecrease) {
   EXPECT_THROW(fl::valley({}, {}), fl::Error);
 }
 
+// A real curve (tests/data: the README example's lr_find at seed 0) and what fastai 2.8.12's four rules
+// suggest on it, recorded from fastai itself.
+TEST(Schedule, SuggestionsEqualFastaisOnTheReadmeCurve) {
+  std::ifstream in(std::string(FASTLEARN_SOURCE_DIR) + "/tests/data/lr_find_fashion_mnist_seed0.csv");
+  ASSERT_TRUE(in) << "tests/data/lr_find_fashion_mnist_seed0.csv";
+  std::vector<double> lrs, losses;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#' || line == "lr,loss") continue;
+    const auto comma = line.find(',');
+    lrs.push_back(std::stod(line.substr(0, comma)));
+    losses.push_back(std::stod(line.substr(comma + 1)));
+  }
+  ASSERT_EQ(lrs.size(), 69u);
+  EXPECT_NEAR(fl::valley(lrs, losses), 3.981072e-04, 1e-9);
+  EXPECT_NEAR(fl::slide(lrs, losses), 3.630781e-03, 1e-8);
+  EXPECT_NEAR(fl::minimum(lrs, losses), 5.754399e-03, 1e-8);
+  EXPECT_NEAR(fl::steep(lrs, losses), 2.511886e-03, 1e-8);
+  for (auto rule : {fl::minimum, fl::steep}) EXPECT_THROW(rule({}, {}), fl::Error);
+  EXPECT_THROW(fl::slide({}, {}), fl::Error);
+}
+
 TEST(Schedule, LrFindStopsOnDivergenceSuggestsAndRestores) {
   auto learn =
       flt::regression_learner(flt::regression_data({.n_train = 64, .n_valid = 16, .bs = 4}), {.opt_func = fl::SGD()});
@@ -131,8 +152,10 @@ TEST(Schedule, LrFindStopsOnDivergenceSuggestsAndRestores) {
   for (std::size_t i = 0; i + 1 < losses.size(); ++i) {
     EXPECT_LE(losses[i], 4 * *std::min_element(losses.begin(), losses.begin() + static_cast<std::ptrdiff_t>(i) + 1));
   }
-  EXPECT_GT(result.valley, 1e-5);
-  EXPECT_LT(result.valley, 100);
+  for (double suggestion : {result.valley, result.slide, result.minimum, result.steep}) {
+    EXPECT_GT(suggestion, 1e-6);
+    EXPECT_LT(suggestion, 100);
+  }
   EXPECT_TRUE(flt::same_tensors(before, flt::snapshot(learn->model()))) << "lr_find restores the model";
   EXPECT_EQ(learn->dls().train().epoch(), dl_epoch) << "and the data order";
   ASSERT_TRUE(std::filesystem::exists(plot));

@@ -164,7 +164,7 @@ TEST_F(TrainCommand, TrainsOnTwoRanksThroughTheLauncher) {
 TEST_F(TrainCommand, LrFindWritesThePlotAndSuggests) {
   const auto r = run("lr-find " + config_.string() + " --out " + out_.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("suggested learning rate (valley): "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("suggested learning rates (fastai's rules): minimum "), std::string::npos) << r.output;
   EXPECT_NE(read(out_ / "lr_find.svg").find("<svg"), std::string::npos);
 }
 

@@ -283,7 +283,10 @@ int run_lr_find(const TrainArgs& args) {
   fs::create_directories(out);
   const auto plot = out / "lr_find.svg";
   const auto found = learn->lr_find({.plot = plot});
-  fmt::print("suggested learning rate (valley): {:.2e}; plot in {}\n", found.valley, plot.string());
+  fmt::print(
+      "suggested learning rates (fastai's rules): minimum {:.2e}, steep {:.2e}, slide {:.2e}, valley {:.2e}; "
+      "plot in {}\n",
+      found.minimum, found.steep, found.slide, found.valley, plot.string());
   return 0;
 }
 
