@@ -25,6 +25,7 @@
 #include <fastlearn/distributed/runtime.h>
 #include <fastlearn/distributed/spawn.h>
 #include <fastlearn/distributed/sync_batch_norm.h>
+#include <fastlearn/learner/annealing.h>
 #include <fastlearn/learner/checkpoint.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/loss.h>
@@ -35,6 +36,5 @@
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/models/models.h>
 #include <fastlearn/optim/adam.h>
-#include <fastlearn/optim/annealing.h>
 #include <fastlearn/optim/optimizer.h>
 #include <fastlearn/optim/sgd.h>

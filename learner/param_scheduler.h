@@ -1,8 +1,8 @@
 #pragma once
-// ParamScheduler: sets the optimizer's hyper-parameters from schedules (optim/annealing.h) at every
+// ParamScheduler: sets the optimizer's hyper-parameters from schedules (learner/annealing.h) at every
 // training batch; fit_one_cycle, fit_flat_cos and fine_tune (learner/param_scheduler.cpp) are built on it.
+#include <fastlearn/learner/annealing.h>
 #include <fastlearn/learner/callback.h>
-#include <fastlearn/optim/annealing.h>
 
 #include <map>
 #include <string>

@@ -1,7 +1,7 @@
 // Annealing schedules: values at known points computed by hand from the formulas, fastai's one-cycle
 // shapes, phase boundaries, and bad inputs.
 #include <fastlearn/core/error.h>
-#include <fastlearn/optim/annealing.h>
+#include <fastlearn/learner/annealing.h>
 
 #include <gtest/gtest.h>
 

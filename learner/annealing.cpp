@@ -1,4 +1,4 @@
-#include <fastlearn/optim/annealing.h>
+#include <fastlearn/learner/annealing.h>
 
 #include <fastlearn/core/error.h>
 #include <fmt/format.h>
