@@ -35,23 +35,26 @@ struct LaunchOptions {
   int nnodes = 1;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;              ///< 0: a free port picked on master_addr (single node only; multi-node needs an explicit port)
+  int master_port = 0;  ///< 0: a free port picked on master_addr (single node only; multi-node needs an explicit port)
   int max_restarts = 0;
-  std::optional<std::filesystem::path> log_dir;  ///< also write each rank's output to <log_dir>/rank<R>.log (and restart_<k>/ subfolders after restarts)
+  std::optional<std::filesystem::path>
+      log_dir;  ///< also write each rank's output to <log_dir>/rank<R>.log (and restart_<k>/ subfolders after restarts)
   std::chrono::milliseconds grace_period = std::chrono::seconds(10);  ///< SIGTERM -> SIGKILL delay
   std::vector<std::string> command;  ///< program and its arguments; a program without '/' is looked up in PATH
-  std::map<std::string, std::string> extra_env;  ///< added to the launcher's environment (may not set the variables above)
+  std::map<std::string, std::string>
+      extra_env;  ///< added to the launcher's environment (may not set the variables above)
   /// The job's id (torchrun's --rdzv-id): every node of a job must be given the same one. Each start of the
   /// ranks gets FASTLEARN_RUN_ID=<id>.<restart>, which rendezvous checks, so that no rank ever joins the store
   /// of another run on the same port. Default: random on a single node; none across nodes (then give one).
   std::string run_id;
-  bool prefix_output = true;        ///< "[rank R] " before each line of a rank's stdout/stderr
-  std::FILE* out = stdout;  std::FILE* err = stderr;   ///< where the launcher writes (tests redirect)
+  bool prefix_output = true;  ///< "[rank R] " before each line of a rank's stdout/stderr
+  std::FILE* out = stdout;
+  std::FILE* err = stderr;  ///< where the launcher writes (tests redirect)
 };
 
 /// How one rank ended (exit_code when it exited, signal when a signal killed it).
 struct RankExit {
-  int rank = 0;        ///< global rank
+  int rank = 0;  ///< global rank
   int local_rank = 0;
   int pid = 0;
   int exit_code = -1;  ///< -1 when killed by a signal
