@@ -8,6 +8,7 @@
 #include <fastlearn/distributed/p2p.h>
 #include <fastlearn/distributed/runtime.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
