@@ -1,0 +1,118 @@
+#include <fastlearn/data/image_decode.h>
+
+#include <fastlearn/core/error.h>
+#include <fmt/format.h>
+#include <spng.h>
+#include <torch/torch.h>
+#include <turbojpeg.h>
+
+#include <array>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <vector>
+
+namespace fastlearn {
+
+namespace {
+
+[[noreturn]] void fail(std::string_view origin, std::string_view what) {
+  throw DataError(fmt::format("{}: {}", origin, what));
+}
+
+void check_pixels(std::int64_t width, std::int64_t height, const DecodeOptions& options, std::string_view origin) {
+  if (width <= 0 || height <= 0) fail(origin, fmt::format("the image claims {}x{} pixels", width, height));
+  if (width * height > options.max_pixels) {
+    fail(origin, fmt::format("{}x{} pixels is more than the limit of {} (DecodeOptions::max_pixels)", width, height,
+                             options.max_pixels));
+  }
+}
+
+// (H, W, channels) interleaved uint8 -> (C, H, W) in `mode`; gray from RGB is ITU-R 601 luma, rounded.
+at::Tensor to_chw(at::Tensor hwc, ImageMode mode) {
+  if (mode == ImageMode::gray && hwc.size(2) >= 3) {
+    auto rgb = hwc.slice(2, 0, 3).to(at::kInt);
+    auto luma = (rgb.select(2, 0) * 299 + rgb.select(2, 1) * 587 + rgb.select(2, 2) * 114 + 500) / 1000;
+    return luma.to(at::kByte).unsqueeze(0).contiguous();
+  }
+  if (mode == ImageMode::rgb && hwc.size(2) >= 3) hwc = hwc.slice(2, 0, 3);
+  return hwc.permute({2, 0, 1}).contiguous();
+}
+
+at::Tensor decode_jpeg(std::span<const std::uint8_t> bytes, std::string_view origin, const DecodeOptions& options) {
+  std::unique_ptr<void, int (*)(tjhandle)> handle(tjInitDecompress(), tjDestroy);
+  if (!handle) fail(origin, "libjpeg-turbo could not start a decoder");
+  auto error = [&] { return std::string(tjGetErrorStr2(handle.get())); };
+  int width = 0, height = 0, subsampling = 0, colorspace = 0;
+  if (tjDecompressHeader3(handle.get(), bytes.data(), static_cast<unsigned long>(bytes.size()), &width, &height,
+                          &subsampling, &colorspace) != 0) {
+    fail(origin, "not a readable JPEG: " + error());
+  }
+  check_pixels(width, height, options, origin);
+  if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) fail(origin, "CMYK JPEGs are not supported; convert to RGB");
+  // The smallest scale whose result still has both sides >= min_side.
+  int scaled_w = width, scaled_h = height;
+  if (options.min_side > 0) {
+    int n = 0;
+    const tjscalingfactor* factors = tjGetScalingFactors(&n);
+    for (int i = 0; i < n; ++i) {
+      const int w = TJSCALED(width, factors[i]), h = TJSCALED(height, factors[i]);
+      if (w >= options.min_side && h >= options.min_side && static_cast<std::int64_t>(w) * h < scaled_w * scaled_h) {
+        scaled_w = w, scaled_h = h;
+      }
+    }
+  }
+  const bool gray = options.mode == ImageMode::gray;
+  auto hwc = torch::empty({scaled_h, scaled_w, gray ? 1 : 3}, torch::kUInt8);
+  // Warnings (a truncated file, corrupt data) are errors: a partly grey image must not train silently.
+  if (tjDecompress2(handle.get(), bytes.data(), static_cast<unsigned long>(bytes.size()), hwc.data_ptr<std::uint8_t>(),
+                    scaled_w, 0, scaled_h, gray ? TJPF_GRAY : TJPF_RGB, TJFLAG_STOPONWARNING) != 0) {
+    fail(origin, "corrupt JPEG: " + error());
+  }
+  return hwc.permute({2, 0, 1}).contiguous();
+}
+
+at::Tensor decode_png(std::span<const std::uint8_t> bytes, std::string_view origin, const DecodeOptions& options) {
+  std::unique_ptr<spng_ctx, void (*)(spng_ctx*)> ctx(spng_ctx_new(0), spng_ctx_free);
+  if (!ctx) fail(origin, "libspng could not start a decoder");
+  auto check = [&](int status, const char* what) {
+    if (status != 0) fail(origin, fmt::format("corrupt PNG ({}): {}", what, spng_strerror(status)));
+  };
+  check(spng_set_crc_action(ctx.get(), SPNG_CRC_ERROR, SPNG_CRC_ERROR), "options");
+  check(spng_set_chunk_limits(ctx.get(), 64 << 20, 64 << 20), "options");
+  check(spng_set_png_buffer(ctx.get(), bytes.data(), bytes.size()), "buffer");
+  spng_ihdr ihdr{};
+  check(spng_get_ihdr(ctx.get(), &ihdr), "header");
+  check_pixels(ihdr.width, ihdr.height, options, origin);
+  std::size_t size = 0;
+  // RGBA8 is the one output every PNG colour type and depth converts to (16-bit samples are scaled).
+  check(spng_decoded_image_size(ctx.get(), SPNG_FMT_RGBA8, &size), "size");
+  auto hwc =
+      torch::empty({static_cast<std::int64_t>(ihdr.height), static_cast<std::int64_t>(ihdr.width), 4}, torch::kUInt8);
+  if (size != static_cast<std::size_t>(hwc.numel())) fail(origin, "the decoded size does not match the header");
+  check(spng_decode_image(ctx.get(), hwc.data_ptr<std::uint8_t>(), size, SPNG_FMT_RGBA8, SPNG_DECODE_TRNS), "data");
+  return to_chw(hwc, options.mode);
+}
+
+}  // namespace
+
+at::Tensor decode_image(std::span<const std::uint8_t> bytes, std::string_view origin, const DecodeOptions& options) {
+  constexpr std::array<std::uint8_t, 3> jpeg{0xFF, 0xD8, 0xFF};
+  constexpr std::array<std::uint8_t, 8> png{0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  auto starts_with = [&](const auto& magic) {
+    return bytes.size() >= magic.size() && std::equal(magic.begin(), magic.end(), bytes.begin());
+  };
+  if (starts_with(jpeg)) return decode_jpeg(bytes, origin, options);
+  if (starts_with(png)) return decode_png(bytes, origin, options);
+  fail(origin, bytes.empty() ? "the file is empty" : "neither a JPEG nor a PNG file (by its first bytes)");
+}
+
+at::Tensor read_image(const std::filesystem::path& file, const DecodeOptions& options) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) fail(file.string(), "cannot open");
+  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) fail(file.string(), "read error");
+  return decode_image(bytes, file.string(), options);
+}
+
+}  // namespace fastlearn

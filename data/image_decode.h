@@ -1,0 +1,33 @@
+#pragma once
+// Image files as tensors: JPEG through libjpeg-turbo's TurboJPEG API and PNG through libspng. Grayscale,
+// RGB, RGBA, palette and 16-bit images all become uint8 (C, H, W) tensors with 3 channels (or 1 with
+// ImageMode::gray), as torchvision's read_image with ImageReadMode.RGB / GRAY: alpha is dropped, 16-bit
+// samples are scaled to 8 bits, gray is ITU-R 601 luma. A file that is neither, truncated or corrupt is a
+// DataError naming it.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string_view>
+
+namespace fastlearn {
+
+enum class ImageMode { rgb, gray };
+
+struct DecodeOptions {
+  ImageMode mode = ImageMode::rgb;
+  /// JPEG only: decode at the smallest of libjpeg-turbo's scales (1/8 .. 1) that keeps both sides at least
+  /// this long (0: full size). Much faster when the training size is far below the file's.
+  std::int64_t min_side = 0;
+  /// Images with more pixels are refused before any allocation (a hostile header can claim anything).
+  std::int64_t max_pixels = std::int64_t{1} << 28;
+};
+
+/// Decodes the bytes of a JPEG or PNG file; `origin` names it in errors.
+at::Tensor decode_image(std::span<const std::uint8_t> bytes, std::string_view origin,
+                        const DecodeOptions& options = {});
+/// Reads and decodes `file`.
+at::Tensor read_image(const std::filesystem::path& file, const DecodeOptions& options = {});
+
+}  // namespace fastlearn
