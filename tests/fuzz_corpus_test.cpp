@@ -3,6 +3,7 @@
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/safetensors.h>
 #include <fastlearn/data/idx.h>
+#include <fastlearn/data/image_decode.h>
 
 #include "cli/config.h"
 
@@ -71,6 +72,23 @@ TEST(FuzzCorpus, AHeaderClaimingGigabytesIsATruncationNotAnAllocation) {
   } catch (const fl::DataError& e) {
     EXPECT_NE(std::string(e.what()).find("truncated at byte offset 11"), std::string::npos) << e.what();
   }
+}
+
+TEST(FuzzCorpus, ImageInputsDecodeOrFailWithDataError) {
+  const auto files = inputs("image");
+  ASSERT_FALSE(files.empty());
+  int decoded = 0;
+  for (const auto& file : files) {
+    try {
+      const auto image = fl::read_image(file);
+      EXPECT_EQ(image.size(0), 3) << file;
+      ++decoded;
+    } catch (const fl::DataError&) {
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << file << ": " << e.what();
+    }
+  }
+  EXPECT_GE(decoded, 9) << "the seeds (one file per JPEG / PNG kind) all decode";
 }
 
 TEST(FuzzCorpus, SafetensorsInputsParseOrFailWithCheckpointError) {
