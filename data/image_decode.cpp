@@ -69,7 +69,7 @@ at::Tensor decode_jpeg(std::span<const std::uint8_t> bytes, std::string_view ori
                     scaled_w, 0, scaled_h, gray ? TJPF_GRAY : TJPF_RGB, TJFLAG_STOPONWARNING) != 0) {
     fail(origin, "corrupt JPEG: " + error());
   }
-  return hwc.permute({2, 0, 1}).contiguous();
+  return to_chw(hwc, options.mode);
 }
 
 at::Tensor decode_png(std::span<const std::uint8_t> bytes, std::string_view origin, const DecodeOptions& options) {
