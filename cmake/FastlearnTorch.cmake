@@ -65,9 +65,17 @@ target_include_directories(fastlearn_torch SYSTEM INTERFACE "${FASTLEARN_GLOO_IN
 # LibTorch ships fmt 12 headers on its include path, ahead of the system's: use them header-only, so
 # no other fmt library's symbols can mismatch them.
 # Some LibTorch wheels (2.11.0 among them) export std::filesystem functions of their own from libtorch.so; a
-# program that lists libtorch before libstdc++ among its needed libraries then calls those and crashes
-# (std::filesystem::remove_all jumped to address 0). Naming libstdc++ first keeps the standard library's own.
-target_link_options(fastlearn_torch INTERFACE "LINKER:--push-state,--no-as-needed" "-lstdc++" "LINKER:--pop-state")
+# program that binds to those crashes (std::filesystem::remove_all jumped to address 0). Naming the shared
+# libstdc++ first, by its path, keeps the standard library's own, also with a toolchain whose -lstdc++ finds
+# only the static archive (then nothing is taken from it before libtorch.so is seen).
+execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libstdc++.so OUTPUT_VARIABLE _libstdcxx
+                OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+if(NOT IS_ABSOLUTE "${_libstdcxx}" OR NOT EXISTS "${_libstdcxx}")
+  find_library(FASTLEARN_LIBSTDCXX NAMES libstdc++.so.6 PATHS ${CMAKE_CXX_IMPLICIT_LINK_DIRECTORIES}
+               /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib64 NO_DEFAULT_PATH REQUIRED)
+  set(_libstdcxx "${FASTLEARN_LIBSTDCXX}")
+endif()
+target_link_options(fastlearn_torch INTERFACE "LINKER:--push-state,--no-as-needed" "${_libstdcxx}" "LINKER:--pop-state")
 target_compile_definitions(fastlearn_torch INTERFACE USE_C10D_GLOO FASTLEARN_WITH_GLOO=1 FMT_HEADER_ONLY)
 if(FASTLEARN_WITH_CUDA)
   target_compile_definitions(fastlearn_torch INTERFACE USE_C10D_NCCL FASTLEARN_WITH_CUDA=1 FASTLEARN_WITH_NCCL=1

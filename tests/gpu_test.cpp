@@ -140,17 +140,19 @@ TEST(GpuLearner, CheckpointsSavedOnGpuLoadOnCpuAndTheOtherWay) {
   auto on_cpu = small_conv_net();
   fl::Learner cpu(image_loaders(128, 32), on_cpu, fl::cross_entropy(), {.path = dir, .progress = false});
   cpu.load("from_gpu");
-  on_gpu->eval();
-  on_cpu->eval();
-  torch::NoGradGuard no_grad;
-  EXPECT_TRUE(on_cpu->forward(x).allclose(on_gpu->forward(x.to(kGpu)).cpu(), 1e-4, 1e-4));
+  // Both models in eval mode and without autograd only while they are compared: fit trains them again.
+  auto same_outputs = [&] {
+    torch::NoGradGuard no_grad;
+    on_gpu->eval();
+    on_cpu->eval();
+    return on_cpu->forward(x).allclose(on_gpu->forward(x.to(kGpu)).cpu(), 1e-4, 1e-4);
+  };
+  EXPECT_TRUE(same_outputs()) << "GPU checkpoint loaded on the CPU";
 
   cpu.fit(1, 1e-2);
   cpu.save("from_cpu");
   gpu.load("from_cpu");
-  on_gpu->eval();
-  on_cpu->eval();
-  EXPECT_TRUE(on_gpu->forward(x.to(kGpu)).cpu().allclose(on_cpu->forward(x), 1e-4, 1e-4));
+  EXPECT_TRUE(same_outputs()) << "CPU checkpoint loaded on the GPU";
   EXPECT_TRUE(on_gpu->parameters().front().is_cuda()) << "loading keeps the model where it is";
   fs::remove_all(dir);
 }
@@ -231,25 +233,20 @@ TEST(GlooCudaTensors, TwoRanksOnOneGpuTakeTheStepsOfOneProcessWithTwiceTheBatch)
     auto model = small_conv_net();
     model->to(kGpu);
     auto [x, y] = images(64, 1);
-    std::vector<std::int64_t> order;
-    for (std::int64_t k = 0; k < 4; ++k) {
-      for (std::int64_t half = 0; half < 2; ++half) {
-        for (std::int64_t i = 0; i < 8; ++i) order.push_back(half * 32 + k * 8 + i);
-      }
-    }
-    auto idx = torch::tensor(order, torch::kLong);
-    x = x.index_select(0, idx);
-    y = y.index_select(0, idx);
-    std::int64_t bs = 16;
-    if (distributed) {  // this rank's items: block k of 16 -> its half of 8
-      std::vector<at::Tensor> xs, ys;
+    std::int64_t bs = 8;
+    if (!distributed) {
+      // Each rank's loader takes a contiguous half of the 64 items: batch k of one process with twice the
+      // batch is rank 0's batch k (items 8k..8k+7) then rank 1's (items 32+8k..32+8k+7).
+      std::vector<std::int64_t> order;
       for (std::int64_t k = 0; k < 4; ++k) {
-        xs.push_back(x.narrow(0, k * 16 + fl::rank() * 8, 8));
-        ys.push_back(y.narrow(0, k * 16 + fl::rank() * 8, 8));
+        for (std::int64_t half = 0; half < 2; ++half) {
+          for (std::int64_t i = 0; i < 8; ++i) order.push_back(half * 32 + k * 8 + i);
+        }
       }
-      x = torch::cat(xs);
-      y = torch::cat(ys);
-      bs = 8;
+      auto idx = torch::tensor(order, torch::kLong);
+      x = x.index_select(0, idx);
+      y = y.index_select(0, idx);
+      bs = 16;
     }
     auto train = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
     auto valid = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
@@ -268,7 +265,7 @@ TEST(GlooCudaTensors, TwoRanksOnOneGpuTakeTheStepsOfOneProcessWithTwiceTheBatch)
     auto log = std::make_shared<Log>();
     log->out = &after_each_step;
     if (distributed) {
-      // The data is already this rank's share: the trainer syncs gradients and BatchNorm statistics only.
+      // The trainer gives each rank its half of the items and syncs gradients and BatchNorm statistics.
       fl::to_distributed(learn, {.sync_bn = true});
       learn.fit(1, 0.05, {.cbs = {log}});
       fl::detach_distributed(learn);
@@ -283,7 +280,8 @@ TEST(GlooCudaTensors, TwoRanksOnOneGpuTakeTheStepsOfOneProcessWithTwiceTheBatch)
                       fl::setup_distrib({.backend = fl::BackendKind::gloo, .timeout = std::chrono::seconds(60)});
                       const auto ours = steps(true);
                       fl::teardown_distrib();
-                      ASSERT_EQ(reference.size(), ours.size());
+                      ASSERT_EQ(reference.size(), 4u) << "64 items, 16 a step";
+                      ASSERT_EQ(ours.size(), reference.size());
                       for (std::size_t s = 0; s < ours.size(); ++s) {
                         for (std::size_t i = 0; i < ours[s].size(); ++i) {
                           EXPECT_TRUE(ours[s][i].allclose(reference[s][i], 1e-4, 1e-5))
