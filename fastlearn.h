@@ -14,6 +14,8 @@
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/random.h>
 #include <fastlearn/data/dataloaders.h>
+#include <fastlearn/data/image_dataloaders.h>
+#include <fastlearn/data/image_dataset.h>
 #include <fastlearn/data/untar_data.h>
 #include <fastlearn/distributed/collectives.h>
 #include <fastlearn/distributed/distrib_ctx.h>
@@ -31,10 +33,15 @@
 #include <fastlearn/learner/loss.h>
 #include <fastlearn/learner/lr_finder.h>
 #include <fastlearn/learner/metrics.h>
+#include <fastlearn/learner/multi_label_metrics.h>
 #include <fastlearn/learner/param_scheduler.h>
+#include <fastlearn/learner/predict_image.h>
 #include <fastlearn/learner/progress.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/models/models.h>
+#include <fastlearn/models/torchvision_resnet.h>
+#include <fastlearn/models/vision_model.h>
+#include <fastlearn/models/weights.h>
 #include <fastlearn/optim/adam.h>
 #include <fastlearn/optim/optimizer.h>
 #include <fastlearn/optim/sgd.h>

@@ -212,6 +212,20 @@ CLI::App* add_validate(CLI::App& app, fastlearn::cli::TrainArgs& a, std::string&
   return cmd;
 }
 
+CLI::App* add_predict(CLI::App& app, fastlearn::cli::TrainArgs& a, std::string& checkpoint,
+                      std::vector<std::string>& inputs) {
+  auto* cmd = app.add_subcommand(
+      "predict",
+      "Load a checkpoint's weights into CONFIG's model and print, for each image file, its class and probability "
+      "(multi-label: every class at or above 0.5)");
+  add_config_options(*cmd, a);
+  cmd->add_option("--checkpoint", checkpoint, "A .safetensors checkpoint written by `fastlearn train`")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("inputs", inputs, "Image files (JPEG or PNG)")->required();
+  return cmd;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -221,11 +235,13 @@ int main(int argc, char** argv) {
       "Print the fastlearn and LibTorch versions and whether CUDA, NCCL and Gloo are compiled in");
   LaunchArgs launch_args;
   auto* launch = add_launch(app, launch_args);
-  fastlearn::cli::TrainArgs train_args, lr_find_args, validate_args;
+  fastlearn::cli::TrainArgs train_args, lr_find_args, validate_args, predict_args;
   std::string checkpoint;
+  std::vector<std::string> predict_inputs;
   auto* train = add_train(app, train_args);
   auto* lr_find = add_lr_find(app, lr_find_args);
   auto* validate = add_validate(app, validate_args, checkpoint);
+  auto* predict = add_predict(app, predict_args, checkpoint, predict_inputs);
   int parsed_argc = argc;
   for (int i = 1; i < argc; ++i) {
     if (std::string_view(argv[i]) != "--") continue;
@@ -239,6 +255,7 @@ int main(int argc, char** argv) {
     if (train->parsed()) return fastlearn::cli::run_train(train_args);
     if (lr_find->parsed()) return fastlearn::cli::run_lr_find(lr_find_args);
     if (validate->parsed()) return fastlearn::cli::run_validate(validate_args, checkpoint);
+    if (predict->parsed()) return fastlearn::cli::run_predict(predict_args, checkpoint, predict_inputs);
     if (launch_args.after_dashes)
       throw fastlearn::ConfigError(
           "arguments after `--` need a subcommand: fastlearn launch [options] -- program args...");

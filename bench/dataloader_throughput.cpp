@@ -1,7 +1,7 @@
 // dataloader_throughput: samples/s the DataLoader delivers over Fashion-MNIST (gather + uint8 -> float +
 // normalize, batch 128) against the samples/s one training process consumes (simple_cnn, forward +
 // backward + AdamW step, batch 128), measured side by side in one run. Prints one JSON object.
-#include <fastlearn/data/dataloaders.h>
+#include <fastlearn/data/image_dataloaders.h>
 #include <fastlearn/models/models.h>
 
 #include <fmt/format.h>

@@ -3,7 +3,7 @@
 // LibTorch loop doing the same steps with the same loaders, model, loss and optimizer: forward, loss,
 // backward, step, zero_grad, the running loss, then validation loss and accuracy. Interleaved repeats;
 // prints one JSON object. ratio = loop time / Learner time (0.98 = the Learner is 2% slower).
-#include <fastlearn/data/dataloaders.h>
+#include <fastlearn/data/image_dataloaders.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/progress.h>
 #include <fastlearn/models/models.h>

@@ -25,5 +25,5 @@ configure_package_config_file(cmake/fastlearnConfig.cmake.in "${PROJECT_BINARY_D
 write_basic_package_version_file("${PROJECT_BINARY_DIR}/fastlearnConfigVersion.cmake"
                                  VERSION "${PROJECT_VERSION}" COMPATIBILITY SameMinorVersion)
 install(FILES "${PROJECT_BINARY_DIR}/fastlearnConfig.cmake" "${PROJECT_BINARY_DIR}/fastlearnConfigVersion.cmake"
-              cmake/FastlearnTorch.cmake
+              cmake/FastlearnTorch.cmake cmake/FastlearnCsv.cmake
         DESTINATION "${FASTLEARN_CMAKE_DIR}")

@@ -67,12 +67,10 @@ class DataLoader::EpochRun {
   Batch make(std::int64_t k) const {
     const auto begin = k * options_.bs;
     const auto count = std::min<std::int64_t>(options_.bs, static_cast<std::int64_t>(order_.size()) - begin);
-    Batch batch = dataset_->get_batch(std::span(order_).subspan(begin, count));
-    if (!options_.batch_tfms.empty()) {
-      // Seeded by (seed, epoch, batch): the same augmentation whichever worker makes the batch.
-      auto rng = at::make_generator<at::CPUGeneratorImpl>(mix_seed(seed_, epoch_, k));
-      for (const auto& tfm : options_.batch_tfms) tfm(batch, rng);
-    }
+    // Seeded by (seed, epoch, batch): the same augmentation whichever worker makes the batch.
+    auto rng = at::make_generator<at::CPUGeneratorImpl>(mix_seed(seed_, epoch_, k));
+    Batch batch = dataset_->load_batch(std::span(order_).subspan(begin, count), rng);
+    for (const auto& tfm : options_.batch_tfms) tfm(batch, rng);
     return pin_ ? batch.pinned() : batch;
   }
 

@@ -1,14 +1,19 @@
 #pragma once
-// DataLoaders: the train and valid loaders of a task, their device, and the number of classes.
+// DataLoaders: the train and valid loaders of a task, their device, the number of classes and, for
+// named classes, their vocabulary (saved with the model, so that predictions map back to names).
 #include <fastlearn/data/dataloader.h>
 
-#include <filesystem>
+#include <string>
+#include <vector>
 
 namespace fastlearn {
 
 class DataLoaders {
  public:
   DataLoaders(DataLoader train, DataLoader valid, std::int64_t c);
+  /// Classes named by `vocab` (c = its size; class i is vocab[i]). `multi_label`: each item has any number of
+  /// the classes (targets are multi-hot float rows of c values, for a BCE-with-logits loss).
+  DataLoaders(DataLoader train, DataLoader valid, std::vector<std::string> vocab, bool multi_label = false);
 
   DataLoader& train() { return train_; }
   DataLoader& valid() { return valid_; }
@@ -16,6 +21,9 @@ class DataLoaders {
   const DataLoader& valid() const { return valid_; }
   /// Number of classes (output size of a classifier for this data).
   std::int64_t c() const { return c_; }
+  /// The class names, sorted as the class indices run; empty when the classes have no names.
+  const std::vector<std::string>& vocab() const { return vocab_; }
+  bool multi_label() const { return multi_label_; }
 
   /// Puts both loaders' batches on `device`.
   void to(const c10::Device& device);
@@ -25,25 +33,8 @@ class DataLoaders {
   DataLoader train_;
   DataLoader valid_;
   std::int64_t c_;
-};
-
-struct ImageDataLoadersOptions {
-  std::int64_t bs = 64;
-  std::int64_t valid_bs = 0;  ///< 0: twice bs, as there is no backward pass to hold memory for
-  int num_workers = 0;
-  std::optional<std::uint64_t> seed;
-  bool normalize = true;          ///< scale to [0, 1], then per-channel mean/std of the training images
-  bool augment = false;           ///< training only: random crop (padding crop_padding) and left-right flip (flip_p)
-  std::int64_t crop_padding = 2;  ///< with augment: 0 leaves out the random crop
-  double flip_p = 0.5;            ///< with augment: 0 leaves out the flip
-  std::optional<c10::Device> device;
-};
-
-struct ImageDataLoaders {
-  /// MNIST-format folder: train-images/-labels for training, t10k-images/-labels for validation, each
-  /// `*-idx3-ubyte` / `*-idx1-ubyte`, gzipped (.gz) or raw. Images stay uint8 in memory; batches are
-  /// converted and normalized by the loader.
-  static DataLoaders from_idx(const std::filesystem::path& dir, const ImageDataLoadersOptions& options = {});
+  std::vector<std::string> vocab_;
+  bool multi_label_ = false;
 };
 
 }  // namespace fastlearn

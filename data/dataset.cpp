@@ -13,6 +13,10 @@ Batch Dataset::get_batch(std::span<const std::int64_t> indices) const {
   return collate(items);
 }
 
+Batch Dataset::load_batch(std::span<const std::int64_t> indices, at::Generator& /*rng*/) const {
+  return get_batch(indices);
+}
+
 Batch collate(const std::vector<Item>& items) {
   if (items.empty()) return {};
   const auto n_inputs = items.front().inputs.size();

@@ -1,6 +1,8 @@
 #pragma once
 // A Dataset maps an index in [0, size()) to an Item; get_batch fetches many at once (by default by
-// stacking items; datasets held in tensors override it with one gather).
+// stacking items; datasets held in tensors override it with one gather). The DataLoader calls load_batch,
+// which hands datasets with random item transforms (image crops) the batch's seeded generator.
+#include <ATen/core/Generator.h>
 #include <fastlearn/data/batch.h>
 
 #include <cstdint>
@@ -21,6 +23,10 @@ class Dataset {
 
   /// The items at `indices`, collated into a batch. Default: get() each and stack position by position.
   virtual Batch get_batch(std::span<const std::int64_t> indices) const;
+
+  /// What the DataLoader calls for each batch: `rng` is seeded by (seed, epoch, batch), so random item
+  /// transforms give the same items whichever worker loads the batch. Default: get_batch(indices).
+  virtual Batch load_batch(std::span<const std::int64_t> indices, at::Generator& rng) const;
 };
 
 /// Stacks items position by position into a batch; every item must have the same structure and shapes.

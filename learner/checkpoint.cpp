@@ -2,6 +2,7 @@
 
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/learner.h>
+#include <fastlearn/models/weights.h>
 
 #include <ATen/Context.h>
 #include <fmt/format.h>
@@ -20,14 +21,6 @@ constexpr std::string_view kFormat = "fastlearn-checkpoint";
 constexpr std::string_view kFormatVersion = "1";
 constexpr std::string_view kOptimizerPrefix = "optimizer/";
 constexpr std::string_view kRngPrefix = "rng/";
-
-// Parameters and buffers under their state-dict names.
-std::vector<std::pair<std::string, at::Tensor>> model_tensors(torch::nn::Module& model) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& item : model.named_parameters(true)) out.emplace_back(item.key(), item.value());
-  for (const auto& item : model.named_buffers(true)) out.emplace_back(item.key(), item.value());
-  return out;
-}
 
 std::vector<at::Generator> rng_generators() {
   std::vector<at::Generator> gens{at::detail::getDefaultCPUGenerator()};
@@ -74,6 +67,17 @@ Optimizer& ensure_opt(Learner& learn) {
   return learn.opt();
 }
 
+// The class names saved with the model (metadata "vocab"; empty when the data had none).
+std::vector<std::string> checkpoint_vocab(const CheckpointState& state, std::string_view origin) {
+  const auto it = state.metadata.find("vocab");
+  if (it == state.metadata.end()) return {};
+  try {
+    return nlohmann::json::parse(it->second).get<std::vector<std::string>>();
+  } catch (const std::exception&) {
+    throw CheckpointError(fmt::format("{}: metadata 'vocab' is not a JSON list of class names", origin));
+  }
+}
+
 }  // namespace
 
 CheckpointState capture_state(Learner& learn, SaveOptions options) {
@@ -81,6 +85,8 @@ CheckpointState capture_state(Learner& learn, SaveOptions options) {
   for (auto& [name, t] : model_tensors(learn.model())) state.tensors.emplace_back(name, t.detach().clone());
   state.metadata["format"] = kFormat;
   state.metadata["format_version"] = kFormatVersion;
+  // The class names, so that predictions from the saved model map back to them.
+  if (!learn.dls().vocab().empty()) state.metadata["vocab"] = nlohmann::json(learn.dls().vocab()).dump();
   if (!options.with_opt) return state;
   if (learn.has_opt()) {
     for (auto& [name, t] : learn.opt().state_tensors()) {
@@ -167,40 +173,17 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
   std::map<std::string, const at::Tensor*> in_file;
   for (const auto& [name, t] : state.tensors) in_file[name] = &t;
 
+  if (auto it = state.metadata.find("vocab"); it != state.metadata.end() && !learn.dls().vocab().empty()) {
+    const auto saved = checkpoint_vocab(state, origin);
+    if (saved != learn.dls().vocab()) {
+      throw CheckpointError(fmt::format("{}: the model was saved for the classes [{}], the data has [{}]", origin,
+                                        fmt::join(saved, ", "), fmt::join(learn.dls().vocab(), ", ")));
+    }
+  }
   // 1. Check every model tensor before changing anything.
-  auto targets = model_tensors(learn.model());
-  std::set<std::string> model_names;
-  std::vector<std::pair<at::Tensor, const at::Tensor*>> copies;
-  for (auto& [name, target] : targets) {
-    model_names.insert(name);
-    auto it = in_file.find(name);
-    if (it == in_file.end()) {
-      if (!options.strict) continue;
-      throw CheckpointError(
-          fmt::format("{}: no tensor '{}', which the model has; the file was saved from another "
-                      "model (load with strict = false to load the tensors that match)",
-                      origin, name));
-    }
-    const auto& source = *it->second;
-    if (source.sizes() != target.sizes()) {
-      throw CheckpointError(fmt::format("{}: tensor '{}' has shape [{}] in the file but [{}] in the model", origin,
-                                        name, fmt::join(source.sizes(), ", "), fmt::join(target.sizes(), ", ")));
-    }
-    if (source.scalar_type() != target.scalar_type()) {
-      throw CheckpointError(fmt::format("{}: tensor '{}' is {} in the file but {} in the model", origin, name,
-                                        c10::toString(source.scalar_type()), c10::toString(target.scalar_type())));
-    }
-    copies.emplace_back(target, &source);
-  }
-  if (options.strict) {
-    for (const auto& [name, t] : state.tensors) {
-      if (starts_with(name, kOptimizerPrefix) || starts_with(name, kRngPrefix) || model_names.contains(name)) continue;
-      throw CheckpointError(
-          fmt::format("{}: tensor '{}' is not in the model; the file was saved from another model "
-                      "(load with strict = false to ignore it)",
-                      origin, name));
-    }
-  }
+  const auto copies = match_weights(
+      learn.model(), state.tensors, origin,
+      {.strict = options.strict, .ignore_prefixes = {std::string(kOptimizerPrefix), std::string(kRngPrefix)}});
 
   // 2. The optimizer and training position, if wanted and present (load_state checks before it changes).
   const bool restore_training = options.with_opt && state.metadata.contains("epochs_completed");
@@ -248,10 +231,7 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
   }
 
   // 3. Nothing can fail from here on.
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& [target, source] : copies) target.copy_(*source);
-  }
+  copy_weights(copies);
   if (restore_training) {
     const auto gens = rng_generators();
     for (std::size_t i = 0; i < gens.size(); ++i) {

@@ -93,8 +93,17 @@ TEST(Config, KeysThatDoNotApplyAreErrors) {
   expect_contains(error_of("[model]\narch = \"conv_net\"\nstem_width = 8\n").what(),
                   "model.stem_width: applies to arch = \"resnet\" only");
   expect_contains(error_of("[train]\nmomentum = 0.9\n").what(), "train.momentum: applies to optimizer = \"sgd\" only");
-  expect_contains(error_of("[data]\ndataset = \"synthetic_regression\"\n").what(),
-                  "model.arch: \"simple_cnn\" needs images");
+  expect_contains(error_of("[data]\ndataset = \"synthetic_regression\"\n[model]\narch = \"simple_cnn\"\n").what(),
+                  "model.arch");
+  expect_contains(error_of("[data]\ndataset = \"image_folder\"\npath = \"x\"\n[model]\narch = \"simple_cnn\"\n").what(),
+                  "\"resnet18\"");
+  expect_contains(error_of("[data]\ndataset = \"image_folder\"\n").what(), "data.path: must name the folder");
+  expect_contains(error_of("[data]\nsize = 64\n").what(),
+                  "data.size: applies to dataset = \"image_folder\" or \"image_csv\" only");
+  expect_contains(error_of("[data]\ndataset = \"image_folder\"\npath = \"x\"\ncsv = \"a.csv\"\n").what(),
+                  "data.csv: applies to dataset = \"image_csv\" only");
+  expect_contains(error_of("[model]\nweights = \"w.safetensors\"\n").what(),
+                  "model.weights: applies to arch = \"resnet18\", \"resnet34\" or \"resnet50\" only");
   expect_contains(error_of("[callbacks.early_stopping]\nmonitor = \"acc\"\n").what(),
                   "callbacks.early_stopping.monitor: \"acc\" is not recorded");
 }

@@ -2,8 +2,8 @@
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/archive.h>
 #include <fastlearn/data/checksum.h>
-#include <fastlearn/data/dataloaders.h>
 #include <fastlearn/data/download.h>
+#include <fastlearn/data/image_dataloaders.h>
 #include <fastlearn/data/untar_data.h>
 
 #include <archive.h>

@@ -11,7 +11,7 @@
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/random.h>
 #include <fastlearn/core/safetensors.h>
-#include <fastlearn/data/dataloaders.h>
+#include <fastlearn/data/image_dataloaders.h>
 #include <fastlearn/distributed/collectives.h>
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/distributed_trainer.h>

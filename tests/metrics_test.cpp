@@ -2,6 +2,7 @@
 // classes, clone independence, NaN when empty, detached inputs.
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/metrics.h>
+#include <fastlearn/learner/multi_label_metrics.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -165,3 +166,23 @@ TEST(Metrics, InputsAreDetached) {
 }
 
 }  // namespace
+
+// Predicted sets {0, 1}, {2}, {} against targets {0}, {1, 2}, {2} (values worked out by hand, as sklearn's
+// fbeta_score(average='samples' / 'macro', zero_division=0) gives them).
+TEST(MultiLabelMetrics, AccuracyMultiAndFbetaMultiOverTheWholeSet) {
+  const auto logits = torch::tensor({{3.0, 3.0, -3.0}, {-3.0, -3.0, 3.0}, {-3.0, -3.0, -3.0}});
+  const auto targets = torch::tensor({{1.0, 0.0, 0.0}, {0.0, 1.0, 1.0}, {0.0, 0.0, 1.0}});
+  auto value = [&](const fl::MetricPtr& m) {
+    m->reset();
+    m->accumulate(logits.slice(0, 0, 2), targets.slice(0, 0, 2));  // two batches: the whole set counts
+    m->accumulate(logits.slice(0, 2), targets.slice(0, 2));
+    return m->value();
+  };
+  EXPECT_NEAR(value(fl::accuracy_multi()), 6.0 / 9.0, 1e-12);
+  EXPECT_NEAR(value(fl::fbeta_multi(2.0)), (5.0 / 6.0 + 5.0 / 9.0 + 0.0) / 3.0, 1e-12);
+  EXPECT_NEAR(value(fl::fbeta_multi(2.0, 0.5, "macro")), (1.0 + 0.0 + 5.0 / 9.0) / 3.0, 1e-12);
+  EXPECT_NEAR(value(fl::fbeta_multi(1.0)), (2.0 / 3.0 + 2.0 / 3.0 + 0.0) / 3.0, 1e-12);
+  EXPECT_EQ(fl::accuracy_multi()->name(), "accuracy_multi");
+  EXPECT_THROW(fl::fbeta_multi(0.0), fl::ConfigError);
+  EXPECT_THROW(fl::fbeta_multi(1.0, 0.5, "micro"), fl::ConfigError);
+}

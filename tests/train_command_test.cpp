@@ -118,6 +118,49 @@ TEST_F(TrainCommand, WritesTheRunFolder) {
   EXPECT_EQ(validated.substr(0, validated.find('\n')), final_line.substr(0, final_line.find(';')));
 }
 
+TEST_F(TrainCommand, TrainsResnet18OnImageFoldersAndSavesTheClassNamesWithTheModel) {
+  const auto [made, why] = fastlearn::testing::run_shell(
+      fmt::format("'{}' '{}/scripts/make-image-folders' '{}' --train 10 --valid 4 --classes 4 2>&1", FASTLEARN_PYTHON,
+                  FASTLEARN_SOURCE_DIR, (dir_ / "images").string()));
+  if (made != 0) GTEST_SKIP() << "scripts/make-image-folders needs a Python with numpy and Pillow: " << why;
+  std::ofstream(config_) << fmt::format(R"([data]
+dataset = "image_folder"
+path = "{}"
+size = 32
+bs = 8
+workers = 2
+[model]
+arch = "resnet18"
+[train]
+epochs = 2
+lr = 0.002
+metrics = ["accuracy"]
+)",
+                                        (dir_ / "images" / "png").string());
+  const auto r = run(train(""));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto metrics = nlohmann::json::parse(read(out_ / "metrics.json"));
+  ASSERT_EQ(metrics.size(), 2u) << metrics;
+  EXPECT_TRUE(metrics[1]["accuracy"].is_number()) << metrics;
+  // The checkpoint's metadata holds the sorted class names.
+  const auto model = read(out_ / "checkpoints" / "model.safetensors");
+  EXPECT_NE(model.find(R"(\"Dress\",\"Pullover\",\"T-shirt_top\",\"Trouser\")"), std::string::npos)
+      << model.substr(0, 400);
+
+  // predict: one line per file, the class a name of the vocabulary; a file that does not decode is named.
+  const auto image = dir_ / "images" / "png" / "valid" / "Trouser" / "valid_0000.png";
+  std::ofstream(dir_ / "broken.png") << "not a png";
+  const auto p = run(fmt::format("predict {} --checkpoint {} {} {}", config_.string(),
+                                 (out_ / "checkpoints" / "model.safetensors").string(), image.string(),
+                                 (dir_ / "broken.png").string()));
+  EXPECT_EQ(p.exit_code, 1) << p.output;
+  const auto line = p.output.substr(p.output.find(image.string() + "\t"));
+  const auto predicted = line.substr(image.string().size() + 1, line.find(' ') - image.string().size() - 1);
+  EXPECT_TRUE(predicted == "Dress" || predicted == "Pullover" || predicted == "T-shirt_top" || predicted == "Trouser")
+      << p.output;
+  EXPECT_NE(p.output.find("broken.png"), std::string::npos) << p.output;
+}
+
 TEST_F(TrainCommand, AnInvalidConfigWritesNothing) {
   std::ofstream(config_, std::ios::app) << "epoch = 3\n";
   const auto r = run(train(""));

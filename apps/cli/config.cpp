@@ -96,7 +96,16 @@ constexpr auto output = [](auto& c) -> auto& { return c.output; };
 }  // namespace in
 
 constexpr Condition images_only{[](const TrainConfig& c) { return is_classification(c.data); },
-                                "applies to dataset = \"fashion_mnist\" only"};
+                                "applies to dataset = \"fashion_mnist\", \"image_folder\" or \"image_csv\" only"};
+constexpr Condition idx_only{[](const TrainConfig& c) { return c.data.dataset == "fashion_mnist"; },
+                             "applies to dataset = \"fashion_mnist\" only"};
+constexpr Condition files_only{[](const TrainConfig& c) { return is_image_files(c.data); },
+                               "applies to dataset = \"image_folder\" or \"image_csv\" only"};
+constexpr Condition csv_only{[](const TrainConfig& c) { return c.data.dataset == "image_csv"; },
+                             "applies to dataset = \"image_csv\" only"};
+constexpr Condition torchvision_only{
+    [](const TrainConfig& c) { return c.model.arch.starts_with("resnet") && c.model.arch != "resnet"; },
+    "applies to arch = \"resnet18\", \"resnet34\" or \"resnet50\" only"};
 constexpr Condition synthetic_only{[](const TrainConfig& c) { return !is_classification(c.data); },
                                    "applies to dataset = \"synthetic_regression\" only"};
 constexpr Condition mlp_only{[](const TrainConfig& c) { return c.model.arch == "mlp"; },
@@ -115,11 +124,13 @@ constexpr strict::Number positive{.min_inclusive = false};
 constexpr strict::Number fraction{.max = 1};
 
 std::vector<std::string> losses_for(const TrainConfig& c) {
+  if (is_multi_label(c.data)) return {"bce_with_logits"};
   if (is_classification(c.data)) return {"cross_entropy"};
   return {"mse", "l1"};
 }
 
 std::vector<std::string> metrics_for(const TrainConfig& c) {
+  if (is_multi_label(c.data)) return {"accuracy_multi", "fbeta_multi"};
   if (is_classification(c.data)) return {"accuracy", "error_rate", "top_k_accuracy", "f1_macro"};
   return {"rmse", "mse", "mae"};
 }
@@ -134,10 +145,19 @@ std::string known_metrics(const TrainConfig& c) {
   return {};
 }
 
-std::string arch_fits_data(const TrainConfig& c) {
-  if (c.model.arch == "mlp" || is_classification(c.data)) return {};
-  return fmt::format("\"{}\" needs images (data.dataset = \"fashion_mnist\"); use arch = \"mlp\" for {}", c.model.arch,
-                     c.data.dataset);
+std::vector<std::string> archs_for(const TrainConfig& c) {
+  if (is_image_files(c.data)) return {"resnet18", "resnet34", "resnet50"};
+  if (is_classification(c.data)) return {"simple_cnn", "mlp", "conv_net", "resnet"};
+  return {"mlp"};
+}
+
+std::string fine_tune_fits_model(const TrainConfig& c) {
+  if (c.train.schedule != "fine_tune" || torchvision_only.holds(c)) return {};
+  return "\"fine_tune\" trains a body and a head: it needs arch = \"resnet18\", \"resnet34\" or \"resnet50\"";
+}
+
+std::string path_given(const TrainConfig& c) {
+  return is_image_files(c.data) && c.data.path.empty() ? "must name the folder of the images (or of the CSV file)" : "";
 }
 
 std::string path_or_url(const TrainConfig& c) {
@@ -166,17 +186,32 @@ std::string dir_not_empty(const TrainConfig& c) { return c.output.dir.empty() ? 
 // and models fit. A sub-table may come before its table's plain keys: the writer groups keys by table.
 const std::vector<Key>& schema() {
   static const std::vector<Key> keys{
-      Key("data.dataset", in::data, &DataConfig::dataset, {.choices = {"fashion_mnist", "synthetic_regression"}}),
-      Key("data.path", in::data, &DataConfig::path, {}, {.applies = images_only, .omit_empty = true}),
-      Key("data.url", in::data, &DataConfig::url, {},
-          {.applies = images_only, .check = path_or_url, .omit_empty = true}),
+      Key("data.dataset", in::data, &DataConfig::dataset,
+          {.choices = {"fashion_mnist", "image_folder", "image_csv", "synthetic_regression"}}),
+      Key("data.path", in::data, &DataConfig::path, {},
+          {.applies = images_only, .check = path_given, .omit_empty = true}),
+      Key("data.url", in::data, &DataConfig::url, {}, {.applies = idx_only, .check = path_or_url, .omit_empty = true}),
       Key("data.bs", in::data, &DataConfig::bs, {.min = 1}),
       Key("data.valid_bs", in::data, &DataConfig::valid_bs),
       Key("data.workers", in::data, &DataConfig::workers, {.max = 64}),
+      Key("data.size", in::data, &DataConfig::size, {.min = 8, .max = 4096}, {.applies = files_only}),
+      Key("data.valid_pct", in::data, &DataConfig::valid_pct, {.min_inclusive = false, .max = 0.9},
+          {.applies = files_only}),
+      Key("data.skip_bad_images", in::data, &DataConfig::skip_bad_images, {}, {.applies = files_only}),
+      Key("data.csv", in::data, &DataConfig::csv, {}, {.applies = csv_only}),
+      Key("data.fn_col", in::data, &DataConfig::fn_col, {}, {.applies = csv_only, .omit_empty = true}),
+      Key("data.label_col", in::data, &DataConfig::label_col, {}, {.applies = csv_only, .omit_empty = true}),
+      Key("data.valid_col", in::data, &DataConfig::valid_col, {}, {.applies = csv_only, .omit_empty = true}),
+      Key("data.label_delim", in::data, &DataConfig::label_delim, {}, {.applies = csv_only, .omit_empty = true}),
       Key::table("data.transforms", images_only),
       Key("data.transforms.normalize", in::transforms, &TransformsConfig::normalize),
-      Key("data.transforms.random_crop_padding", in::transforms, &TransformsConfig::random_crop_padding, {.max = 64}),
+      Key("data.transforms.random_crop_padding", in::transforms, &TransformsConfig::random_crop_padding, {.max = 64},
+          {.applies = idx_only}),
       Key("data.transforms.random_flip", in::transforms, &TransformsConfig::random_flip, fraction),
+      Key("data.transforms.resize", in::transforms, &TransformsConfig::resize, {.choices = {"crop", "pad", "squish"}},
+          {.applies = files_only}),
+      Key("data.transforms.min_scale", in::transforms, &TransformsConfig::min_scale, {.min = 0.01, .max = 1},
+          {.applies = files_only}),
       Key::table("data.synthetic", synthetic_only),
       Key("data.synthetic.n_train", in::synthetic, &SyntheticRegressionConfig::n_train, {.min = 1, .max = 100'000'000}),
       Key("data.synthetic.n_valid", in::synthetic, &SyntheticRegressionConfig::n_valid, {.min = 1, .max = 100'000'000}),
@@ -184,8 +219,8 @@ const std::vector<Key>& schema() {
       Key("data.synthetic.noise", in::synthetic, &SyntheticRegressionConfig::noise),
       Key("data.synthetic.seed", in::synthetic, &SyntheticRegressionConfig::seed),
 
-      Key("model.arch", in::model, &ModelConfig::arch, {.choices = {"mlp", "simple_cnn", "conv_net", "resnet"}},
-          {.check = arch_fits_data}),
+      Key("model.arch", in::model, &ModelConfig::arch, {}, {.choices = archs_for}),
+      Key("model.weights", in::model, &ModelConfig::weights, {}, {.applies = torchvision_only, .omit_empty = true}),
       Key("model.hidden", in::model, &ModelConfig::hidden, {.min = 1}, {.applies = mlp_only}),
       Key("model.widths", in::model, &ModelConfig::widths, {.min = 1, .allow_empty = false}, {.applies = staged_only}),
       Key("model.blocks_per_stage", in::model, &ModelConfig::blocks_per_stage, {.min = 1, .max = 64},
@@ -195,7 +230,7 @@ const std::vector<Key>& schema() {
       Key("train.epochs", in::train, &TrainSectionConfig::epochs, {.min = 1, .max = 1'000'000}),
       Key("train.lr", in::train, &TrainSectionConfig::lr, positive),
       Key("train.schedule", in::train, &TrainSectionConfig::schedule,
-          {.choices = {"one_cycle", "flat_cos", "constant"}}),
+          {.choices = {"one_cycle", "flat_cos", "constant", "fine_tune"}}, {.check = fine_tune_fits_model}),
       Key("train.pct_start", in::train, &TrainSectionConfig::pct_start, fraction, {.applies = scheduled}),
       Key("train.optimizer", in::train, &TrainSectionConfig::optimizer, {.choices = {"adam", "adamw", "sgd"}}),
       Key("train.wd", in::train, &TrainSectionConfig::wd),
@@ -301,7 +336,11 @@ TrainConfig read_config(const strict::Document& doc) {
 
 }  // namespace
 
-bool is_classification(const DataConfig& data) { return data.dataset == "fashion_mnist"; }
+bool is_classification(const DataConfig& data) { return data.dataset == "fashion_mnist" || is_image_files(data); }
+
+bool is_image_files(const DataConfig& data) { return data.dataset == "image_folder" || data.dataset == "image_csv"; }
+
+bool is_multi_label(const DataConfig& data) { return data.dataset == "image_csv" && !data.label_delim.empty(); }
 
 TrainConfig parse_config(std::string_view toml_text, std::string_view source_name,
                          std::span<const std::string> overrides) {

@@ -16,9 +16,11 @@
 namespace fastlearn::cli {
 
 struct TransformsConfig {
-  bool normalize = true;                 ///< to [0, 1], then the training images' mean / std
-  std::int64_t random_crop_padding = 0;  ///< > 0: pad by this and crop back to the image size at random (training)
+  bool normalize = true;                 ///< to [0, 1], then the training images' mean / std (image files: ImageNet's)
+  std::int64_t random_crop_padding = 0;  ///< fashion_mnist: > 0 pads by this and crops back at random (training)
   double random_flip = 0.0;              ///< probability of a left-right flip (training); 0: off
+  std::string resize = "crop";           ///< image files: crop | pad | squish, to data.size
+  double min_scale = 1.0;                ///< image files: < 1 uses RandomResizedCrop(size, min_scale) for training
   bool operator==(const TransformsConfig&) const = default;
 };
 
@@ -33,19 +35,28 @@ struct SyntheticRegressionConfig {
 };
 
 struct DataConfig {
-  std::string dataset = "fashion_mnist";  ///< fashion_mnist | synthetic_regression
-  std::string path;                       ///< fashion_mnist: a local MNIST-format folder (default: url)
-  std::string url;                        ///< fashion_mnist: an archive for untar_data (default: Debian's copy)
+  std::string dataset = "fashion_mnist";  ///< fashion_mnist | image_folder | image_csv | synthetic_regression
+  std::string path;  ///< fashion_mnist: a local MNIST-format folder (default: url); image_folder / image_csv: the data
+  std::string url;   ///< fashion_mnist: an archive for untar_data (default: Debian's copy)
   std::int64_t bs = 128;
   std::int64_t valid_bs = 0;  ///< 0: twice bs
   std::int64_t workers = 1;
+  std::int64_t size = 224;         ///< image files: items come out size x size
+  double valid_pct = 0.2;          ///< image files without a train/valid split: share held out (seeded by train.seed)
+  bool skip_bad_images = false;    ///< image files: leave out the files that do not decode, with one warning
+  std::string csv = "labels.csv";  ///< image_csv: the table, under data.path
+  std::string fn_col;              ///< image_csv: file name column (empty: the first)
+  std::string label_col;           ///< image_csv: label column (empty: the second)
+  std::string valid_col;           ///< image_csv: column marking validation rows (empty: data.valid_pct)
+  std::string label_delim;         ///< image_csv: non-empty makes a multi-label task, labels separated by it
   TransformsConfig transforms;
   SyntheticRegressionConfig synthetic;  ///< synthetic_regression only
   bool operator==(const DataConfig&) const = default;
 };
 
 struct ModelConfig {
-  std::string arch = "simple_cnn";                ///< mlp | simple_cnn | conv_net | resnet
+  std::string arch = "simple_cnn";  ///< mlp | simple_cnn | conv_net | resnet (fashion_mnist); resnet18 | 34 | 50
+  std::string weights;              ///< resnet18/34/50: a torchvision state dict (safetensors) for the body
   std::vector<std::int64_t> hidden{256, 128};     ///< mlp: hidden layer sizes
   std::vector<std::int64_t> widths{32, 64, 128};  ///< resnet: channels of each stage; conv_net: of each stride-2 layer
   std::int64_t blocks_per_stage = 1;              ///< resnet
@@ -56,7 +67,7 @@ struct ModelConfig {
 struct TrainSectionConfig {
   std::int64_t epochs = 3;
   double lr = 3e-3;
-  std::string schedule = "one_cycle";  ///< one_cycle | flat_cos | constant
+  std::string schedule = "one_cycle";  ///< one_cycle | flat_cos | constant | fine_tune (freeze_epochs 1)
   double pct_start = 0.25;             ///< one_cycle: warm-up fraction; flat_cos: flat fraction
   std::string optimizer = "adam";      ///< adam | adamw | sgd
   std::optional<double> wd;            ///< default: the optimizer's
@@ -140,5 +151,9 @@ std::string describe_keys();
 
 /// Whether the data is a classification task (the loss and metrics that fit it differ).
 bool is_classification(const DataConfig& data);
+/// image_folder or image_csv: the user's image files.
+bool is_image_files(const DataConfig& data);
+/// image_csv with a label_delim: each image has any number of labels.
+bool is_multi_label(const DataConfig& data);
 
 }  // namespace fastlearn::cli

@@ -47,9 +47,35 @@ DataLoaders synthetic_regression(const DataConfig& d) {
       DataLoader(valid, {.bs = d.valid_bs > 0 ? d.valid_bs : 2 * d.bs, .num_workers = static_cast<int>(d.workers)}), 1);
 }
 
+// The user's image files: class folders, or a CSV table of file names and labels.
+DataLoaders image_files(const TrainConfig& c) {
+  const auto& d = c.data;
+  const auto& t = d.transforms;
+  const ImageFilesOptions options{.bs = d.bs,
+                                  .valid_bs = d.valid_bs,
+                                  .num_workers = static_cast<int>(d.workers),
+                                  .seed = static_cast<std::uint64_t>(c.train.seed),
+                                  .size = d.size,
+                                  .method = resize_method(t.resize),
+                                  .min_scale = t.min_scale,
+                                  .flip_p = t.random_flip,
+                                  .normalize = t.normalize ? ImageNormalization::imagenet : ImageNormalization::none,
+                                  .skip_bad_images = d.skip_bad_images,
+                                  .valid_pct = d.valid_pct,
+                                  .split_seed = static_cast<std::uint64_t>(c.train.seed)};
+  if (d.dataset == "image_csv") {
+    return ImageDataLoaders::from_csv(
+        fs::path(d.path) / d.csv,
+        {.fn_col = d.fn_col, .label_col = d.label_col, .valid_col = d.valid_col, .label_delim = d.label_delim},
+        options);
+  }
+  return ImageDataLoaders::from_folder(d.path, options);
+}
+
 DataLoaders make_data(const TrainConfig& c) {
   const auto& d = c.data;
   if (!is_classification(d)) return synthetic_regression(d);
+  if (is_image_files(d)) return image_files(c);
   fs::path dir = d.path;
   if (dir.empty()) {
     dir = rank0_first([&] { return d.url.empty() ? untar_data(urls::fashion_mnist()) : untar_data(d.url); });
@@ -69,6 +95,9 @@ torch::nn::Sequential make_model(const TrainConfig& c, DataLoaders& dls) {
   const auto& m = c.model;
   const bool images = is_classification(c.data);
   const std::int64_t outputs = dls.c();
+  if (is_image_files(c.data)) {
+    return models::vision_model({.arch = m.arch, .classes = outputs, .weights = m.weights});
+  }
   if (m.arch == "simple_cnn") return models::simple_cnn(outputs);
   if (m.arch == "conv_net") return models::conv_net({.widths = m.widths, .classes = outputs});
   if (m.arch == "resnet")
@@ -90,6 +119,7 @@ OptFunc make_opt(const TrainSectionConfig& t) {
 Loss make_loss(const TrainSectionConfig& t) {
   if (t.loss == "mse") return mse_loss();
   if (t.loss == "l1") return l1_loss();
+  if (t.loss == "bce_with_logits") return bce_with_logits();
   return cross_entropy();
 }
 
@@ -104,6 +134,10 @@ std::vector<MetricPtr> make_metrics(const TrainSectionConfig& t) {
       metrics.push_back(top_k_accuracy(5));
     else if (name == "f1_macro")
       metrics.push_back(f1_macro());
+    else if (name == "accuracy_multi")
+      metrics.push_back(accuracy_multi());
+    else if (name == "fbeta_multi")
+      metrics.push_back(fbeta_multi());
     else if (name == "rmse")
       metrics.push_back(rmse());
     else if (name == "mse")
@@ -175,6 +209,8 @@ void fit(Learner& learn, const TrainSectionConfig& t, const std::optional<fs::pa
   const FitOptions options{.resume_from = resume_from.value_or(fs::path())};
   if (t.schedule == "one_cycle")
     learn.fit_one_cycle(epochs, t.lr, {.pct_start = t.pct_start, .fit = options});
+  else if (t.schedule == "fine_tune")
+    learn.fine_tune(epochs, t.lr, {.pct_start = t.pct_start, .fit = options});
   else if (t.schedule == "flat_cos")
     learn.fit_flat_cos(epochs, t.lr, {.pct_start = t.pct_start, .fit = options});
   else
@@ -299,6 +335,31 @@ int run_validate(const TrainArgs& args, const std::string& checkpoint) {
   const auto result = learn->validate();
   fmt::print("{} set: {}\n", is_classification(config.data) ? "test" : "validation", describe(result));
   return 0;
+}
+
+int run_predict(const TrainArgs& args, const std::string& checkpoint, const std::vector<std::string>& inputs) {
+  auto config = load_config(args.config_path, args.sets);
+  if (!is_image_files(config.data)) {
+    throw ConfigError(
+        fmt::format("predict: {} has data.dataset = \"{}\"; predict takes image files (data.dataset = "
+                    "\"image_folder\" or \"image_csv\")",
+                    args.config_path, config.data.dataset));
+  }
+  if (!fs::exists(checkpoint))
+    throw CheckpointError(fmt::format("predict: checkpoint '{}' does not exist", checkpoint));
+  auto learn = make_learner(config, config.output.dir, /*with_run_callbacks=*/false);
+  load_checkpoint(*learn, checkpoint, {.with_opt = false});  // also checks the saved class names
+  int failed = 0;
+  for (const auto& input : inputs) {
+    try {
+      fmt::print("{}\t{}\n", input, describe(predict_image(*learn, input)));
+    } catch (const DataError& e) {
+      std::fflush(stdout);
+      fmt::print(stderr, "fastlearn: error: {}\n", e.what());
+      ++failed;
+    }
+  }
+  return failed == 0 ? 0 : 1;
 }
 
 }  // namespace fastlearn::cli

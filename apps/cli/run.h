@@ -28,4 +28,10 @@ int run_lr_find(const TrainArgs& args);
 /// metrics on the validation (for Fashion-MNIST: test) set.
 int run_validate(const TrainArgs& args, const std::string& checkpoint);
 
+/// `fastlearn predict`: loads the checkpoint's weights into the config's model (image data) and prints one
+/// line per image file: the file, a tab, then the class and its probability (multi-label: every class at or
+/// above 0.5). A file that does not decode is reported on stderr and makes the exit code 1; the others are
+/// still predicted.
+int run_predict(const TrainArgs& args, const std::string& checkpoint, const std::vector<std::string>& inputs);
+
 }  // namespace fastlearn::cli

@@ -8,7 +8,7 @@
 #include "bench_support.h"
 
 #include <fastlearn/callbacks/channels_last.h>
-#include <fastlearn/data/dataloaders.h>
+#include <fastlearn/data/image_dataloaders.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/models/models.h>
 

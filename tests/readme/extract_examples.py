@@ -6,6 +6,7 @@
 quick_start.cpp  the first ```cpp block (a whole program)
 distributed.cpp  the same program with its fit line replaced by the second block (the DistribCtx scope)
 data.cpp         the third block (includes, then statements), its statements wrapped in main()
+images.cpp       the fourth block, the same way
 """
 import pathlib
 import re
@@ -19,9 +20,10 @@ def blocks(text):
 def main():
     readme, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
     found = blocks(readme.read_text(encoding="utf-8"))
-    if len(found) < 3:
-        sys.exit(f"{readme}: expected at least 3 ```cpp blocks (quick start, distributed, data), found {len(found)}")
-    quick, distributed, data = found[:3]
+    if len(found) < 4:
+        sys.exit(f"{readme}: expected at least 4 ```cpp blocks (quick start, distributed, data, images), "
+                 f"found {len(found)}")
+    quick, distributed, data, images = found[:4]
     fit_lines = [line for line in quick.splitlines() if "learn.fit_one_cycle(" in line]
     if len(fit_lines) != 1:
         sys.exit(f"{readme}: the first ```cpp block must have exactly one learn.fit_one_cycle( line")
@@ -31,9 +33,10 @@ def main():
         "quick_start.cpp": quick,
         "distributed.cpp": quick.replace(fit_lines[0] + "\n", distributed),
     }
-    top = [l for l in data.splitlines() if l.startswith("#include") or l.startswith("namespace ")]
-    body = [l for l in data.splitlines() if l not in top]
-    files["data.cpp"] = "\n".join(top) + "\n\nint main() {\n" + "\n".join("  " + l for l in body) + "\n}\n"
+    for name, block in (("data.cpp", data), ("images.cpp", images)):
+        top = [l for l in block.splitlines() if l.startswith("#include") or l.startswith("namespace ")]
+        body = [l for l in block.splitlines() if l not in top]
+        files[name] = "\n".join(top) + "\n\nint main() {\n" + "\n".join("  " + l for l in body) + "\n}\n"
     for name, code in files.items():
         path = out / name
         text = header + code

@@ -1,0 +1,91 @@
+#include <fastlearn/data/csv.h>
+
+#include <csv.h>
+#include <fastlearn/core/error.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <fstream>
+#include <memory>
+
+namespace fastlearn {
+namespace {
+
+struct Reader {
+  CsvTable table;
+  std::vector<std::string> row;
+  std::size_t rows_seen = 0;
+  std::string error;  // the first row whose width differs (callbacks cannot throw through C)
+  std::string origin;
+  bool header = true;
+
+  void end_row() {
+    ++rows_seen;
+    if (rows_seen == 1) {
+      if (header) {
+        table.columns = std::move(row);
+      } else {
+        for (std::size_t i = 0; i < row.size(); ++i) table.columns.push_back(std::to_string(i));
+        table.rows.push_back(std::move(row));
+      }
+    } else if (row.size() != table.columns.size()) {
+      if (error.empty()) {
+        error = fmt::format("{}: row {} has {} field(s), the first row has {}", origin, rows_seen, row.size(),
+                            table.columns.size());
+      }
+    } else {
+      table.rows.push_back(std::move(row));
+    }
+    row.clear();
+  }
+};
+
+void on_field(void* data, std::size_t size, void* reader) {
+  static_cast<Reader*>(reader)->row.emplace_back(static_cast<const char*>(data), size);
+}
+void on_row(int, void* reader) { static_cast<Reader*>(reader)->end_row(); }
+
+}  // namespace
+
+std::size_t CsvTable::column(const std::string& name, const std::string& origin) const {
+  for (std::size_t i = 0; i < columns.size(); ++i) {
+    if (columns[i] == name) return i;
+  }
+  throw DataError(fmt::format("{}: no column '{}'; the columns are {}", origin, name, fmt::join(columns, ", ")));
+}
+
+CsvTable read_csv(const std::filesystem::path& file, const CsvOptions& options) {
+  const std::string origin = file.string();
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw DataError(fmt::format("{}: cannot open", origin));
+  csv_parser parser;
+  if (csv_init(&parser, CSV_STRICT | CSV_STRICT_FINI) != 0) {
+    throw DataError(fmt::format("{}: cannot set up the CSV parser", origin));
+  }
+  std::unique_ptr<csv_parser, void (*)(csv_parser*)> guard(&parser, csv_free);
+  csv_set_delim(&parser, static_cast<unsigned char>(options.delimiter));
+  Reader reader;
+  reader.origin = origin;
+  reader.header = options.header;
+  std::vector<char> buffer(std::size_t{1} << 16);
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    const auto got = static_cast<std::size_t>(in.gcount());
+    if (got == 0) break;
+    if (csv_parse(&parser, buffer.data(), got, on_field, on_row, &reader) != got) {
+      throw DataError(fmt::format("{}: malformed CSV near row {}: {}", origin, reader.rows_seen + 1,
+                                  csv_strerror(csv_error(&parser))));
+    }
+    if (!reader.error.empty()) throw DataError(reader.error);
+  }
+  if (in.bad()) throw DataError(fmt::format("{}: read error", origin));
+  if (csv_fini(&parser, on_field, on_row, &reader) != 0) {
+    throw DataError(fmt::format("{}: malformed CSV at the end (row {}): {}", origin, reader.rows_seen + 1,
+                                csv_strerror(csv_error(&parser))));
+  }
+  if (!reader.error.empty()) throw DataError(reader.error);
+  if (reader.rows_seen == 0) throw DataError(fmt::format("{}: the file is empty", origin));
+  return std::move(reader.table);
+}
+
+}  // namespace fastlearn

@@ -1,0 +1,26 @@
+#pragma once
+// CSV files through libcsv (RFC 4180: quoted fields, doubled quotes, line breaks inside quotes), read
+// strictly: every row must have as many fields as the first, and a malformed file is a DataError that
+// names the file and the row.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace fastlearn {
+
+struct CsvOptions {
+  char delimiter = ',';
+  bool header = true;  ///< the first row names the columns
+};
+
+struct CsvTable {
+  std::vector<std::string> columns;            ///< from the header, or "0", "1", ... without one
+  std::vector<std::vector<std::string>> rows;  ///< the data rows, each with columns.size() fields
+
+  /// The index of column `name`; DataError naming `origin` and the columns there are when it is absent.
+  std::size_t column(const std::string& name, const std::string& origin) const;
+};
+
+CsvTable read_csv(const std::filesystem::path& file, const CsvOptions& options = {});
+
+}  // namespace fastlearn

@@ -1,0 +1,348 @@
+#include <fastlearn/data/image_dataloaders.h>
+
+#include <fastlearn/core/error.h>
+#include <fastlearn/data/csv.h>
+#include <fastlearn/data/idx.h>
+#include <fastlearn/data/image_dataset.h>
+#include <fastlearn/data/transforms.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <map>
+#include <regex>
+#include <set>
+
+namespace fastlearn {
+namespace {
+
+// Finds <dir>/<stem> or <dir>/<stem>.gz.
+std::filesystem::path find_idx(const std::filesystem::path& dir, const std::string& stem) {
+  for (const auto& name : {stem + ".gz", stem}) {
+    if (std::filesystem::exists(dir / name)) return dir / name;
+  }
+  throw DataError(
+      fmt::format("ImageDataLoaders::from_idx: '{}' has no {}[.gz]; an MNIST-format folder holds "
+                  "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and "
+                  "t10k-labels-idx1-ubyte (gzipped or raw)",
+                  dir.string(), stem));
+}
+
+std::shared_ptr<TensorDataset> load_split(const std::filesystem::path& dir, const std::string& prefix) {
+  auto images = read_idx(find_idx(dir, prefix + "-images-idx3-ubyte"));
+  auto labels = read_idx(find_idx(dir, prefix + "-labels-idx1-ubyte"));
+  if (images.dim() != 3 || labels.dim() != 1 || images.size(0) != labels.size(0)) {
+    throw DataError(fmt::format("ImageDataLoaders::from_idx: '{}' {} images {} do not match labels {}", dir.string(),
+                                prefix, fmt::join(images.sizes(), "x"), fmt::join(labels.sizes(), "x")));
+  }
+  return std::make_shared<TensorDataset>(std::vector<at::Tensor>{images.unsqueeze(1)},
+                                         std::vector<at::Tensor>{labels.to(torch::kLong)});
+}
+
+// Mean and standard deviation of all pixels scaled to [0, 1], in chunks to bound the memory used.
+std::pair<double, double> pixel_statistics(const at::Tensor& images) {
+  double sum = 0, sum_sq = 0;
+  const auto n = images.numel();
+  for (std::int64_t i = 0; i < images.size(0); i += 4096) {
+    auto chunk = images.slice(0, i, i + 4096).to(torch::kFloat64).div_(255.0);
+    sum += chunk.sum().item<double>();
+    sum_sq += chunk.square().sum().item<double>();
+  }
+  const double mean = n ? sum / n : 0.0;
+  const double var = n > 1 ? (sum_sq - n * mean * mean) / (n - 1) : 0.0;
+  return {mean, std::sqrt(std::max(var, 1e-12))};
+}
+
+}  // namespace
+
+DataLoaders ImageDataLoaders::from_idx(const std::filesystem::path& dir, const ImageDataLoadersOptions& options) {
+  auto train = load_split(dir, "train");
+  auto valid = load_split(dir, "t10k");
+  const auto& train_labels = train->targets().front();
+  const std::int64_t c = train_labels.numel() ? train_labels.max().item<std::int64_t>() + 1 : 0;
+
+  std::vector<BatchTransform> common{to_float(1.0 / 255.0)};
+  if (options.normalize) {
+    const auto [mean, std] = pixel_statistics(train->inputs().front());
+    common.push_back(normalize({mean}, {std}));
+  }
+  DataLoaderOptions train_options{.bs = options.bs,
+                                  .shuffle = true,
+                                  .drop_last = true,
+                                  .num_workers = options.num_workers,
+                                  .seed = options.seed,
+                                  .batch_tfms = common,
+                                  .device = options.device};
+  if (options.augment) {
+    const auto side = train->inputs().front().size(2);
+    std::vector<BatchTransform> augment;
+    if (options.crop_padding > 0) augment.push_back(random_crop(side, options.crop_padding));
+    if (options.flip_p > 0) augment.push_back(random_flip(options.flip_p));
+    train_options.batch_tfms.insert(train_options.batch_tfms.begin(), augment.begin(), augment.end());
+  }
+  DataLoaderOptions valid_options{.bs = options.valid_bs > 0 ? options.valid_bs : 2 * options.bs,
+                                  .num_workers = options.num_workers,
+                                  .seed = options.seed,
+                                  .batch_tfms = common,
+                                  .device = options.device};
+  return DataLoaders(DataLoader(train, train_options), DataLoader(valid, valid_options), c);
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+using Labels = std::vector<std::string>;  // the labels of one item (one, or any number for multi-label)
+
+struct Items {
+  std::vector<fs::path> files;
+  std::vector<Labels> labels;
+};
+
+// torchvision's ImageNet statistics; a gray image gets their means.
+constexpr double kImagenetMean[] = {0.485, 0.456, 0.406};
+constexpr double kImagenetStd[] = {0.229, 0.224, 0.225};
+
+std::vector<BatchTransform> to_model_input(const ImageFilesOptions& options) {
+  std::vector<BatchTransform> tfms{to_float(1.0 / 255.0)};
+  if (options.normalize == ImageNormalization::imagenet) {
+    if (options.mode == ImageMode::gray) {
+      tfms.push_back(normalize({(kImagenetMean[0] + kImagenetMean[1] + kImagenetMean[2]) / 3},
+                               {(kImagenetStd[0] + kImagenetStd[1] + kImagenetStd[2]) / 3}));
+    } else {
+      tfms.push_back(normalize({std::begin(kImagenetMean), std::end(kImagenetMean)},
+                               {std::begin(kImagenetStd), std::end(kImagenetStd)}));
+    }
+  }
+  return tfms;
+}
+
+// Leaves out the files that do not decode, with one warning that counts and names them.
+void drop_bad_images(Items& items, const char* split) {
+  const auto bad = verify_images(items.files);
+  if (bad.empty()) return;
+  std::set<fs::path> bad_files;
+  std::vector<std::string> named;
+  for (const auto& b : bad) {
+    bad_files.insert(b.file);
+    if (named.size() < 10) named.push_back(fmt::format("{} ({})", b.file.string(), b.error));
+  }
+  std::cerr << fmt::format("fastlearn: warning: skipping {} {} image(s) that do not decode: {}{}\n", bad.size(), split,
+                           fmt::join(named, "; "), bad.size() > named.size() ? "; ..." : "");
+  Items kept;
+  for (std::size_t i = 0; i < items.files.size(); ++i) {
+    if (bad_files.contains(items.files[i])) continue;
+    kept.files.push_back(items.files[i]);
+    kept.labels.push_back(items.labels[i]);
+  }
+  items = std::move(kept);
+}
+
+at::Tensor targets_of(const Items& items, const std::map<std::string, std::int64_t>& index, bool multi_label) {
+  const auto n = static_cast<std::int64_t>(items.files.size());
+  if (multi_label) {
+    auto targets = torch::zeros({n, static_cast<std::int64_t>(index.size())}, torch::kFloat32);
+    auto rows = targets.accessor<float, 2>();
+    for (std::int64_t i = 0; i < n; ++i) {
+      for (const auto& label : items.labels[static_cast<std::size_t>(i)]) rows[i][index.at(label)] = 1.0F;
+    }
+    return targets;
+  }
+  auto targets = torch::empty({n}, torch::kLong);
+  auto* out = targets.data_ptr<std::int64_t>();
+  for (std::int64_t i = 0; i < n; ++i) out[i] = index.at(items.labels[static_cast<std::size_t>(i)].front());
+  return targets;
+}
+
+DataLoaders build(Items train, Items valid, bool multi_label, const ImageFilesOptions& options, const char* origin) {
+  if (options.size < 1) throw DataError(fmt::format("{}: size {} must be positive", origin, options.size));
+  if (options.skip_bad_images) {
+    drop_bad_images(train, "training");
+    drop_bad_images(valid, "validation");
+  }
+  if (train.files.empty()) throw DataError(fmt::format("{}: no training images", origin));
+  if (valid.files.empty()) throw DataError(fmt::format("{}: no validation images", origin));
+  std::set<std::string> names;
+  for (const auto* items : {&train, &valid}) {
+    for (const auto& labels : items->labels) names.insert(labels.begin(), labels.end());
+  }
+  std::vector<std::string> vocab(names.begin(), names.end());
+  std::map<std::string, std::int64_t> index;
+  for (std::size_t i = 0; i < vocab.size(); ++i) index[vocab[i]] = static_cast<std::int64_t>(i);
+
+  const auto valid_tfm = resize(options.size, options.method);
+  const auto train_tfm =
+      options.min_scale < 1.0 ? random_resized_crop(options.size, {.min_scale = options.min_scale}) : valid_tfm;
+  auto train_ds = std::make_shared<ImageDataset>(
+      std::move(train.files), targets_of(train, index, multi_label),
+      ImageDatasetOptions{
+          .mode = options.mode, .item_tfm = train_tfm, .decode_min_side = options.size, .random = true});
+  auto valid_ds = std::make_shared<ImageDataset>(
+      std::move(valid.files), targets_of(valid, index, multi_label),
+      ImageDatasetOptions{.mode = options.mode, .item_tfm = valid_tfm, .decode_min_side = options.size});
+
+  auto train_tfms = to_model_input(options);
+  if (options.flip_p > 0) train_tfms.insert(train_tfms.begin(), random_flip(options.flip_p));
+  DataLoaderOptions train_options{.bs = options.bs,
+                                  .shuffle = true,
+                                  .drop_last = true,
+                                  .num_workers = options.num_workers,
+                                  .seed = options.seed,
+                                  .batch_tfms = std::move(train_tfms),
+                                  .device = options.device};
+  DataLoaderOptions valid_options{.bs = options.valid_bs > 0 ? options.valid_bs : 2 * options.bs,
+                                  .num_workers = options.num_workers,
+                                  .seed = options.seed,
+                                  .batch_tfms = to_model_input(options),
+                                  .device = options.device};
+  return DataLoaders(DataLoader(train_ds, train_options), DataLoader(valid_ds, valid_options), std::move(vocab),
+                     multi_label);
+}
+
+// The seeded valid_pct split (fastai's RandomSplitter): a permutation of the items; its first
+// floor(valid_pct * n) go to validation. Both parts keep the items' order.
+std::pair<Items, Items> random_split(Items all, double valid_pct, std::uint64_t seed, const char* origin) {
+  if (!(valid_pct > 0 && valid_pct < 1)) {
+    throw DataError(fmt::format("{}: valid_pct {} must lie in (0, 1)", origin, valid_pct));
+  }
+  const auto n = static_cast<std::int64_t>(all.files.size());
+  auto gen = at::detail::createCPUGenerator(seed);
+  auto order = at::randperm(n, gen, at::TensorOptions().dtype(at::kLong));
+  const auto n_valid = static_cast<std::int64_t>(std::floor(valid_pct * static_cast<double>(n)));
+  std::vector<bool> is_valid(static_cast<std::size_t>(n), false);
+  for (std::int64_t i = 0; i < n_valid; ++i) is_valid[static_cast<std::size_t>(order[i].item<std::int64_t>())] = true;
+  Items train, valid;
+  for (std::size_t i = 0; i < all.files.size(); ++i) {
+    auto& part = is_valid[i] ? valid : train;
+    part.files.push_back(std::move(all.files[i]));
+    part.labels.push_back(std::move(all.labels[i]));
+  }
+  return {std::move(train), std::move(valid)};
+}
+
+Items labelled_by_parent_folder(const fs::path& dir) {
+  Items items;
+  for (auto& file : get_image_files(dir)) {
+    items.labels.push_back({file.parent_path().filename().string()});
+    items.files.push_back(std::move(file));
+  }
+  if (items.files.empty()) throw DataError(fmt::format("no .jpg, .jpeg or .png files under '{}'", dir.string()));
+  return items;
+}
+
+bool parse_flag(const std::string& text, const std::string& origin, std::size_t row, const std::string& column) {
+  std::string t = text;
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (t == "true" || t == "1" || t == "yes") return true;
+  if (t == "false" || t == "0" || t == "no" || t.empty()) return false;
+  throw DataError(fmt::format("{}: row {}: column '{}' holds '{}', not true/false or 1/0", origin, row, column, text));
+}
+
+}  // namespace
+
+DataLoaders ImageDataLoaders::from_folder(const fs::path& path, const ImageFilesOptions& options,
+                                          const std::string& train, const std::string& valid) {
+  if (fs::is_directory(path / train)) {
+    if (!fs::is_directory(path / valid)) {
+      throw DataError(fmt::format("ImageDataLoaders::from_folder: '{}' has a '{}' folder but no '{}' folder",
+                                  path.string(), train, valid));
+    }
+    return build(labelled_by_parent_folder(path / train), labelled_by_parent_folder(path / valid), false, options,
+                 "ImageDataLoaders::from_folder");
+  }
+  auto [train_items, valid_items] = random_split(labelled_by_parent_folder(path), options.valid_pct, options.split_seed,
+                                                 "ImageDataLoaders::from_folder");
+  return build(std::move(train_items), std::move(valid_items), false, options, "ImageDataLoaders::from_folder");
+}
+
+DataLoaders ImageDataLoaders::from_lists(std::vector<fs::path> files, std::vector<std::string> labels,
+                                         const ImageFilesOptions& options) {
+  if (files.size() != labels.size()) {
+    throw DataError(fmt::format("ImageDataLoaders::from_lists: {} files but {} labels", files.size(), labels.size()));
+  }
+  Items all{std::move(files), {}};
+  for (auto& label : labels) all.labels.push_back({std::move(label)});
+  auto [train, valid] =
+      random_split(std::move(all), options.valid_pct, options.split_seed, "ImageDataLoaders::from_lists");
+  return build(std::move(train), std::move(valid), false, options, "ImageDataLoaders::from_lists");
+}
+
+DataLoaders ImageDataLoaders::from_name_func(std::vector<fs::path> files,
+                                             const std::function<std::string(const fs::path&)>& label_of,
+                                             const ImageFilesOptions& options) {
+  std::vector<std::string> labels;
+  labels.reserve(files.size());
+  for (const auto& file : files) labels.push_back(label_of(file));
+  return from_lists(std::move(files), std::move(labels), options);
+}
+
+DataLoaders ImageDataLoaders::from_name_re(std::vector<fs::path> files, const std::string& pattern,
+                                           const ImageFilesOptions& options) {
+  std::regex re;
+  try {
+    re = std::regex(pattern);
+  } catch (const std::regex_error& e) {
+    throw DataError(
+        fmt::format("ImageDataLoaders::from_name_re: pattern '{}' is not a regular expression: {}", pattern, e.what()));
+  }
+  if (re.mark_count() < 1) {
+    throw DataError(
+        fmt::format("ImageDataLoaders::from_name_re: pattern '{}' has no capture group for the label", pattern));
+  }
+  return from_name_func(
+      std::move(files),
+      [&](const fs::path& file) {
+        const auto name = file.filename().string();
+        std::smatch match;
+        if (!std::regex_match(name, match, re)) {
+          throw DataError(
+              fmt::format("ImageDataLoaders::from_name_re: '{}' does not match '{}'", file.string(), pattern));
+        }
+        return match[1].str();
+      },
+      options);
+}
+
+DataLoaders ImageDataLoaders::from_csv(const fs::path& csv_file, const ImageCsvColumns& columns,
+                                       const ImageFilesOptions& options) {
+  const auto table = read_csv(csv_file, {.delimiter = columns.delimiter});
+  const std::string origin = csv_file.string();
+  if (table.columns.size() < 2 && (columns.fn_col.empty() || columns.label_col.empty())) {
+    throw DataError(
+        fmt::format("{}: needs a file name and a label column, has {} column(s)", origin, table.columns.size()));
+  }
+  const auto fn = columns.fn_col.empty() ? 0 : table.column(columns.fn_col, origin);
+  const auto label = columns.label_col.empty() ? 1 : table.column(columns.label_col, origin);
+  const bool has_valid_col = !columns.valid_col.empty();
+  const std::size_t valid_col = has_valid_col ? table.column(columns.valid_col, origin) : 0;
+  const auto root = csv_file.parent_path() / columns.folder;
+  const bool multi_label = !columns.label_delim.empty();
+  Items all, train, valid;
+  for (std::size_t r = 0; r < table.rows.size(); ++r) {
+    const auto& row = table.rows[r];
+    Labels labels;
+    if (multi_label) {
+      std::size_t start = 0;
+      for (;;) {
+        const auto end = row[label].find(columns.label_delim, start);
+        auto piece = row[label].substr(start, end == std::string::npos ? std::string::npos : end - start);
+        if (!piece.empty()) labels.push_back(std::move(piece));
+        if (end == std::string::npos) break;
+        start = end + columns.label_delim.size();
+      }
+    } else {
+      if (row[label].empty()) throw DataError(fmt::format("{}: row {} has an empty label", origin, r + 2));
+      labels.push_back(row[label]);
+    }
+    auto& part = !has_valid_col ? all : parse_flag(row[valid_col], origin, r + 2, columns.valid_col) ? valid : train;
+    part.files.push_back(root / (row[fn] + columns.suffix));
+    part.labels.push_back(std::move(labels));
+  }
+  if (!has_valid_col)
+    std::tie(train, valid) = random_split(std::move(all), options.valid_pct, options.split_seed, origin.c_str());
+  return build(std::move(train), std::move(valid), multi_label, options, origin.c_str());
+}
+
+}  // namespace fastlearn

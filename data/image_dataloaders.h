@@ -1,0 +1,99 @@
+#pragma once
+// ImageDataLoaders: the train and valid loaders of an image classification task, from files (class
+// folders, a CSV table, lists, names matched by a regular expression or a function) or from MNIST-format
+// idx files. The vocabulary is the sorted set of labels; the valid_pct split is seeded (split_seed), so
+// every rank of a distributed job and every rerun gets the same split.
+//
+// Files go through: decode (JPEG scaled down where the size allows) -> item transform in the workers
+// (Resize, or RandomResizedCrop for training) -> uint8 batch -> training only: left-right flip -> to float
+// in [0, 1] -> normalize (ImageNet statistics by default).
+#include <fastlearn/data/dataloaders.h>
+#include <fastlearn/data/image_decode.h>
+#include <fastlearn/data/image_transforms.h>
+
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fastlearn {
+
+/// Options of from_idx (MNIST-format files, already 28x28).
+struct ImageDataLoadersOptions {
+  std::int64_t bs = 64;
+  std::int64_t valid_bs = 0;  ///< 0: twice bs, as there is no backward pass to hold memory for
+  int num_workers = 0;
+  std::optional<std::uint64_t> seed;
+  bool normalize = true;          ///< scale to [0, 1], then per-channel mean/std of the training images
+  bool augment = false;           ///< training only: random crop (padding crop_padding) and left-right flip (flip_p)
+  std::int64_t crop_padding = 2;  ///< with augment: 0 leaves out the random crop
+  double flip_p = 0.5;            ///< with augment: 0 leaves out the flip
+  std::optional<c10::Device> device;
+};
+
+/// Normalization of image files' batches.
+enum class ImageNormalization {
+  imagenet,  ///< torchvision's ImageNet mean and std (what pretrained weights expect)
+  none,      ///< only scaled to [0, 1]
+};
+
+/// Options of the loaders of image files.
+struct ImageFilesOptions {
+  std::int64_t bs = 64;
+  std::int64_t valid_bs = 0;          ///< 0: twice bs
+  int num_workers = 0;                ///< threads decoding and transforming batches (0: in the training thread)
+  std::optional<std::uint64_t> seed;  ///< order and augmentation seed (default: drawn from torch's generator)
+  std::optional<c10::Device> device;
+  ImageMode mode = ImageMode::rgb;
+  std::int64_t size = 224;                   ///< items come out size x size
+  ResizeMethod method = ResizeMethod::crop;  ///< Resize(size, method) on every item
+  /// Below 1: training items go through RandomResizedCrop(size, {min_scale}) instead of Resize.
+  double min_scale = 1.0;
+  double flip_p = 0.5;  ///< training batches: left-right flip probability (0: none)
+  ImageNormalization normalize = ImageNormalization::imagenet;
+  /// Decode every file first; files that do not decode are left out with one warning that counts and names
+  /// them (otherwise the first bad file stops training with an error naming it).
+  bool skip_bad_images = false;
+  double valid_pct = 0.2;         ///< share of the items for validation when no split is given
+  std::uint64_t split_seed = 42;  ///< the valid_pct split's seed
+};
+
+/// Columns of from_csv (fastai's from_csv arguments).
+struct ImageCsvColumns {
+  std::string fn_col;       ///< file name column (empty: the first)
+  std::string label_col;    ///< label column (empty: the second)
+  std::string valid_col;    ///< a column of true/false (or 1/0) marking validation rows (empty: valid_pct split)
+  std::string label_delim;  ///< non-empty: multi-label, labels separated by it
+  std::string folder;       ///< prefix folder of the file names, under the CSV's folder
+  std::string suffix;       ///< appended to each file name (e.g. ".jpg")
+  char delimiter = ',';
+};
+
+struct ImageDataLoaders {
+  /// MNIST-format folder: train-images/-labels for training, t10k-images/-labels for validation, each
+  /// `*-idx3-ubyte` / `*-idx1-ubyte`, gzipped (.gz) or raw. Images stay uint8 in memory; batches are
+  /// converted and normalized by the loader.
+  static DataLoaders from_idx(const std::filesystem::path& dir, const ImageDataLoadersOptions& options = {});
+
+  /// ImageNet-style folders: <path>/<train>/<label>/<file> and <path>/<valid>/<label>/<file> when
+  /// <path>/<train> exists, else <path>/<label>/<file> split by valid_pct. Labels are the parent folder names.
+  static DataLoaders from_folder(const std::filesystem::path& path, const ImageFilesOptions& options = {},
+                                 const std::string& train = "train", const std::string& valid = "valid");
+  /// Files with their labels, split by valid_pct.
+  static DataLoaders from_lists(std::vector<std::filesystem::path> files, std::vector<std::string> labels,
+                                const ImageFilesOptions& options = {});
+  /// Labels from the first capture group of `pattern` matched against each file's name (the whole name
+  /// must match); a file that does not match is an error naming it.
+  static DataLoaders from_name_re(std::vector<std::filesystem::path> files, const std::string& pattern,
+                                  const ImageFilesOptions& options = {});
+  /// Labels from `label_of(file)`.
+  static DataLoaders from_name_func(std::vector<std::filesystem::path> files,
+                                    const std::function<std::string(const std::filesystem::path&)>& label_of,
+                                    const ImageFilesOptions& options = {});
+  /// A CSV table of file names (relative to the CSV's folder / columns.folder) and labels.
+  static DataLoaders from_csv(const std::filesystem::path& csv_file, const ImageCsvColumns& columns = {},
+                              const ImageFilesOptions& options = {});
+};
+
+}  // namespace fastlearn

@@ -1,0 +1,115 @@
+#include <fastlearn/data/image_dataset.h>
+
+#include <fastlearn/core/error.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <mutex>
+#include <thread>
+
+namespace fastlearn {
+
+ImageDataset::ImageDataset(std::vector<std::filesystem::path> files, at::Tensor targets, ImageDatasetOptions options)
+    : files_(std::move(files)), targets_(std::move(targets)), options_(std::move(options)) {
+  if (!targets_.defined() || targets_.dim() < 1 || targets_.size(0) != static_cast<std::int64_t>(files_.size())) {
+    throw DataError(fmt::format("ImageDataset: {} files but targets shaped [{}]; give one target per file",
+                                files_.size(),
+                                targets_.defined() ? fmt::format("{}", fmt::join(targets_.sizes(), ", ")) : ""));
+  }
+}
+
+at::Tensor ImageDataset::load_image(std::int64_t index, at::Generator* rng) const {
+  if (index < 0 || index >= size()) {
+    throw DataError(fmt::format("ImageDataset: index {} is outside [0, {})", index, size()));
+  }
+  const auto& file = files_[static_cast<std::size_t>(index)];
+  auto image = read_image(file, {.mode = options_.mode, .min_side = options_.decode_min_side});
+  if (!options_.item_tfm) return image;
+  try {
+    return options_.item_tfm(image, options_.random ? rng : nullptr);
+  } catch (const DataError& e) {
+    throw DataError(fmt::format("{}: {}", file.string(), e.what()));
+  }
+}
+
+Batch ImageDataset::load(std::span<const std::int64_t> indices, at::Generator* rng) const {
+  std::vector<at::Tensor> images;
+  images.reserve(indices.size());
+  for (auto i : indices) {
+    images.push_back(load_image(i, rng));
+    if (images.back().sizes() != images.front().sizes()) {
+      throw DataError(fmt::format(
+          "ImageDataset: '{}' comes out [{}] but '{}' [{}]; give an item transform "
+          "(resize) that makes every image the same size",
+          files_[static_cast<std::size_t>(i)].string(), fmt::join(images.back().sizes(), ", "),
+          files_[static_cast<std::size_t>(indices.front())].string(), fmt::join(images.front().sizes(), ", ")));
+    }
+  }
+  auto index = torch::tensor(std::vector<std::int64_t>(indices.begin(), indices.end()), torch::kLong);
+  return {{torch::stack(images)}, {targets_.index_select(0, index)}};
+}
+
+Item ImageDataset::get(std::int64_t index) const { return {{load_image(index, nullptr)}, {targets_[index]}}; }
+
+Batch ImageDataset::get_batch(std::span<const std::int64_t> indices) const { return load(indices, nullptr); }
+
+Batch ImageDataset::load_batch(std::span<const std::int64_t> indices, at::Generator& rng) const {
+  return load(indices, &rng);
+}
+
+std::vector<std::filesystem::path> get_image_files(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (!fs::is_directory(dir, error)) {
+    throw DataError(
+        fmt::format("'{}' is not a folder of images{}", dir.string(), error ? ": " + error.message() : std::string()));
+  }
+  std::vector<fs::path> files;
+  auto it = fs::recursive_directory_iterator(dir, fs::directory_options::none, error);
+  if (error) throw DataError(fmt::format("cannot list '{}': {}", dir.string(), error.message()));
+  for (const auto& end = fs::recursive_directory_iterator(); it != end; it.increment(error)) {
+    if (error) throw DataError(fmt::format("cannot list '{}': {}", dir.string(), error.message()));
+    if (!it->is_regular_file(error)) continue;
+    auto ext = it->path().extension().string();
+    std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (ext == ".jpg" || ext == ".jpeg" || ext == ".png") files.push_back(it->path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+std::vector<BadImage> verify_images(const std::vector<std::filesystem::path>& files, int threads) {
+  const int n_threads = std::max(1, threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
+  std::vector<std::string> errors(files.size());
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < files.size();) {
+      try {
+        // Decoding at 1/8 scale checks the whole JPEG stream at a fraction of the cost.
+        read_image(files[i], {.min_side = 1});
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+        if (errors[i].empty()) errors[i] = "unknown error";
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < n_threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  std::vector<BadImage> bad;
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    if (!errors[i].empty()) bad.push_back({files[i], errors[i]});
+  }
+  return bad;
+}
+
+std::vector<BadImage> verify_images(const std::filesystem::path& dir, int threads) {
+  return verify_images(get_image_files(dir), threads);
+}
+
+}  // namespace fastlearn

@@ -1,0 +1,56 @@
+#pragma once
+// torchvision's ResNet-18, -34 and -50 (resnet.py, "v1.5": the stride of a bottleneck is on its 3x3
+// convolution), with the same layers under the same names: conv1, bn1, layer1..layer4 of blocks "0", "1",
+// ... (conv1, bn1, conv2, bn2[, conv3, bn3], downsample.0 / .1) and fc. Their state dicts therefore equal
+// torchvision's key for key and shape for shape, so weights exported from torchvision (safetensors) load
+// strictly. BatchNorms are called through the module tree, so convert_sync_batchnorm can swap them.
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <string>
+
+namespace fastlearn::models {
+
+struct TorchvisionResNetOptions {
+  int depth = 18;               ///< 18, 34 or 50
+  std::int64_t classes = 1000;  ///< outputs of fc
+  /// false: no avgpool and fc; forward returns the body's feature maps (a body for vision_model's head).
+  bool head = true;
+};
+
+class TorchvisionResNetImpl : public torch::nn::Module {
+ public:
+  explicit TorchvisionResNetImpl(const TorchvisionResNetOptions& options = {});
+
+  /// Logits (N, classes) of images (N, 3, H, W), any H, W >= 32; without the head, features(x).
+  at::Tensor forward(const at::Tensor& x);
+  /// The body's output, before pooling: (N, features(), H/32, W/32).
+  at::Tensor features(const at::Tensor& x);
+  /// Channels of the body's output (512 for 18 and 34, 2048 for 50).
+  std::int64_t feature_channels() const { return feature_channels_; }
+  int depth() const { return depth_; }
+
+ private:
+  torch::nn::Conv2d conv1_{nullptr};
+  torch::nn::Sequential layers_[4];
+  torch::nn::Linear fc_{nullptr};
+  std::int64_t feature_channels_ = 0;
+  int depth_ = 0;
+};
+TORCH_MODULE(TorchvisionResNet);
+
+/// torchvision.models.resnet18 / 34 / 50 with `classes` outputs, initialized as torchvision does (Kaiming
+/// normal convolutions, BatchNorm scale 1 and shift 0).
+TorchvisionResNet resnet18(std::int64_t classes = 1000);
+TorchvisionResNet resnet34(std::int64_t classes = 1000);
+TorchvisionResNet resnet50(std::int64_t classes = 1000);
+/// The depth of "resnet18", "resnet34" or "resnet50"; ConfigError naming the choices otherwise.
+int torchvision_resnet_depth(const std::string& arch);
+/// The model named `arch` (see torchvision_resnet_depth).
+TorchvisionResNet torchvision_resnet(const std::string& arch, std::int64_t classes = 1000);
+
+}  // namespace fastlearn::models

@@ -1,0 +1,57 @@
+#include <fastlearn/models/vision_model.h>
+
+#include <fastlearn/core/error.h>
+#include <fastlearn/core/safetensors.h>
+#include <fastlearn/models/torchvision_resnet.h>
+#include <fastlearn/models/weights.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+namespace fastlearn::models {
+
+namespace nn = torch::nn;
+
+namespace {
+
+// A Sequential that can sit inside another: AnyModule needs a forward with plain argument and return types.
+class HeadImpl : public nn::SequentialImpl {
+ public:
+  at::Tensor forward(const at::Tensor& x) { return nn::SequentialImpl::forward(x); }
+};
+TORCH_MODULE(Head);
+
+}  // namespace
+
+nn::Sequential vision_model(const VisionModelOptions& options) {
+  if (options.classes < 1 || options.hidden < 1 || options.dropout < 0 || options.dropout >= 1) {
+    throw ConfigError(fmt::format("vision_model: classes {} and hidden {} must be positive, dropout {} in [0, 1)",
+                                  options.classes, options.hidden, options.dropout));
+  }
+  TorchvisionResNet body(TorchvisionResNetOptions{.depth = torchvision_resnet_depth(options.arch), .head = false});
+  if (!options.weights.empty()) {
+    const auto content = load_safetensors(options.weights);
+    copy_weights(match_weights(*body, content.tensors, options.weights.string(), {.ignore_prefixes = {"fc."}}));
+  }
+  const auto features = 2 * body->feature_channels();  // max and average pooling side by side
+  Head head;
+  head->push_back(nn::Functional(std::function<at::Tensor(at::Tensor)>([](at::Tensor x) {
+    return torch::cat(std::vector<at::Tensor>{std::get<0>(torch::adaptive_max_pool2d(x, {1, 1})),
+                                              torch::adaptive_avg_pool2d(x, {1, 1})},
+                      1)
+        .flatten(1);
+  })));
+  head->push_back(nn::BatchNorm1d(features));
+  head->push_back(nn::Dropout(options.dropout / 2));
+  head->push_back(nn::Linear(nn::LinearOptions(features, options.hidden).bias(false)));
+  head->push_back(nn::ReLU());
+  head->push_back(nn::BatchNorm1d(options.hidden));
+  head->push_back(nn::Dropout(options.dropout));
+  head->push_back(nn::Linear(nn::LinearOptions(options.hidden, options.classes).bias(false)));
+  // fastai initializes the head's linear layers with Kaiming normal.
+  for (auto& module : head->modules(/*include_self=*/false)) {
+    if (auto* linear = module->as<nn::LinearImpl>()) nn::init::kaiming_normal_(linear->weight);
+  }
+  return nn::Sequential(body, head);
+}
+
+}  // namespace fastlearn::models

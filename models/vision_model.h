@@ -1,0 +1,28 @@
+#pragma once
+// The model of fastai's vision_learner: a torchvision ResNet body (its layers up to layer4, optionally
+// with weights exported from torchvision) and a new head for the data's classes, as fastai's create_head
+// makes it: concat pooling (max and average), BatchNorm, dropout 0.25, linear to 512, ReLU, BatchNorm,
+// dropout 0.5, linear to the classes. A Sequential of the two, so body_head_split gives fine_tune its
+// frozen body and trained head.
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+namespace fastlearn::models {
+
+struct VisionModelOptions {
+  std::string arch = "resnet18";  ///< resnet18 | resnet34 | resnet50
+  std::int64_t classes = 2;
+  /// A torchvision state dict of the architecture (safetensors): the body loads from it strictly (every body
+  /// tensor must be there with its shape; its fc is left out). Empty: random initialization.
+  std::filesystem::path weights;
+  std::int64_t hidden = 512;  ///< width of the head's hidden layer
+  double dropout = 0.5;       ///< of the last linear layer; the first gets half of it
+};
+
+/// Sequential(body, head); the body's parameters are named "0.<torchvision name>", the head's "1.<index>...".
+torch::nn::Sequential vision_model(const VisionModelOptions& options);
+
+}  // namespace fastlearn::models

@@ -1,0 +1,235 @@
+// Image files as training data: listing and verifying files, the item transforms' geometry, and the
+// ImageDataLoaders built from class folders, lists, names and CSV tables. The files are Fashion-MNIST
+// written out by scripts/make-image-folders (with odd and bad files), made once per run of this binary.
+#include <fastlearn/core/error.h>
+#include <fastlearn/data/image_dataloaders.h>
+#include <fastlearn/data/image_dataset.h>
+#include <fastlearn/data/image_transforms.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <set>
+
+#include "support/message_of.h"
+#include "support/processes.h"
+
+namespace fl = fastlearn;
+namespace fs = std::filesystem;
+
+namespace {
+
+class ImageFiles : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = fs::temp_directory_path() / fmt::format("fastlearn-images-{}", ::getpid());
+    const auto [code, output] = fastlearn::testing::run_shell(fmt::format(
+        "'{}' '{}/scripts/make-image-folders' '{}' 2>&1", FASTLEARN_PYTHON, FASTLEARN_SOURCE_DIR, root_.string()));
+    made_ = code == 0;
+    why_ = output;
+  }
+  static void TearDownTestSuite() { fs::remove_all(root_); }
+  void SetUp() override {
+    if (!made_) GTEST_SKIP() << "scripts/make-image-folders needs a Python with numpy and Pillow: " << why_;
+  }
+  static std::vector<std::string> labels_of(const fl::DataLoader& dl, const std::vector<std::string>& vocab) {
+    const auto& ds = dynamic_cast<const fl::ImageDataset&>(dl.dataset());
+    std::vector<std::string> out;
+    for (std::int64_t i = 0; i < ds.size(); ++i) out.push_back(vocab.at(ds.targets()[i].item<std::int64_t>()));
+    return out;
+  }
+  static const fl::ImageDataset& dataset(const fl::DataLoader& dl) {
+    return dynamic_cast<const fl::ImageDataset&>(dl.dataset());
+  }
+  static inline fs::path root_;
+  static inline bool made_ = false;
+  static inline std::string why_;
+};
+
+const std::vector<std::string> kClasses{"Ankle_boot", "Bag",   "Coat",    "Dress",       "Pullover",
+                                        "Sandal",     "Shirt", "Sneaker", "T-shirt_top", "Trouser"};
+
+// A 1 x h x w image whose pixel (y, x) is 10 * y + x: where a crop came from can be read off it.
+at::Tensor coordinates(std::int64_t h, std::int64_t w) {
+  return (torch::arange(h).view({h, 1}) * 10 + torch::arange(w).view({1, w})).to(torch::kUInt8).unsqueeze(0);
+}
+
+}  // namespace
+
+TEST(ImageTransforms, CropTakesTheCentredSquareOrARandomOneAndKeepsTheSizeWhenItFits) {
+  const auto image = coordinates(4, 8);
+  // The shorter side is already the size: no resampling, only the crop.
+  EXPECT_TRUE(torch::equal(fl::resize_image(image, 4, fl::ResizeMethod::crop), image.narrow(2, 2, 4)));
+  std::set<std::int64_t> lefts;
+  for (std::uint64_t seed = 0; seed < 40; ++seed) {
+    auto rng = at::make_generator<at::CPUGeneratorImpl>(seed);
+    const auto out = fl::resize_image(image, 4, fl::ResizeMethod::crop, &rng);
+    const auto left = out[0][0][0].item<std::int64_t>();
+    EXPECT_TRUE(torch::equal(out, image.narrow(2, left, 4))) << "seed " << seed;
+    lefts.insert(left);
+  }
+  EXPECT_EQ(lefts, (std::set<std::int64_t>{0, 1, 2, 3, 4})) << "every position of the window is drawn";
+}
+
+TEST(ImageTransforms, SquishAndPadGiveTheirGeometry) {
+  const auto flat = torch::full({3, 2, 8}, 200, torch::kUInt8);
+  const auto squished = fl::resize_image(flat, 4, fl::ResizeMethod::squish);
+  EXPECT_EQ(squished.sizes(), (std::vector<std::int64_t>{3, 4, 4}));
+  EXPECT_TRUE(squished.eq(200).all().item<bool>()) << "a flat image stays flat";
+  const auto padded = fl::resize_image(flat, 4, fl::ResizeMethod::pad);
+  EXPECT_EQ(padded.sizes(), (std::vector<std::int64_t>{3, 4, 4}));
+  // 2 x 8 scales to 1 x 4, padded by 1 row above and 2 below.
+  EXPECT_TRUE(padded.narrow(1, 1, 1).eq(200).all().item<bool>());
+  EXPECT_TRUE(padded.narrow(1, 0, 1).eq(0).all().item<bool>());
+  EXPECT_TRUE(padded.narrow(1, 2, 2).eq(0).all().item<bool>());
+  EXPECT_THROW(fl::resize_image(torch::zeros({3, 4, 4}), 4, fl::ResizeMethod::crop), fl::DataError) << "not uint8";
+  EXPECT_THROW(fl::resize_method("stretch"), fl::DataError);
+}
+
+TEST(ImageTransforms, RandomResizedCropIsSeededAndCentredWithoutAGenerator) {
+  const auto image = coordinates(20, 24);
+  auto a = at::make_generator<at::CPUGeneratorImpl>(7);
+  auto b = at::make_generator<at::CPUGeneratorImpl>(7);
+  const auto x = fl::random_resized_crop(image, 8, &a, {.min_scale = 0.3});
+  EXPECT_TRUE(torch::equal(x, fl::random_resized_crop(image, 8, &b, {.min_scale = 0.3}))) << "same seed, same crop";
+  EXPECT_EQ(x.sizes(), (std::vector<std::int64_t>{1, 8, 8}));
+  EXPECT_TRUE(
+      torch::equal(fl::random_resized_crop(image, 8, nullptr), fl::resize_image(image, 8, fl::ResizeMethod::crop)));
+  // A full-scale, square-ratio crop of a square image is the whole image.
+  const auto square = coordinates(8, 8);
+  auto c = at::make_generator<at::CPUGeneratorImpl>(1);
+  EXPECT_TRUE(torch::equal(fl::random_resized_crop(square, 8, &c, {.min_scale = 1.0, .ratio = {1.0, 1.0}}), square));
+}
+
+TEST_F(ImageFiles, GetImageFilesFindsEveryExtensionInAnyCaseSortedAndVerifyImagesNamesTheBadOnes) {
+  const auto files = fl::get_image_files(root_ / "odd");
+  std::vector<std::string> names;
+  for (const auto& f : files) names.push_back(fs::relative(f, root_ / "odd").string());
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"a/gray.jpg", "a/palette.png", "a/rgba.png", "b/CAPS.PNG", "b/nested/UPPER.JPG",
+                                      "b/nested/sixteen.png", "c/notes.jpg", "c/truncated.jpg", "c/whole.jpg"}));
+  const auto bad = fl::verify_images(root_ / "odd", 2);
+  ASSERT_EQ(bad.size(), 2u);
+  EXPECT_EQ(bad[0].file, root_ / "odd" / "c" / "notes.jpg");
+  EXPECT_EQ(bad[1].file, root_ / "odd" / "c" / "truncated.jpg");
+  for (const auto& b : bad) EXPECT_NE(b.error.find(b.file.string()), std::string::npos) << b.error;
+  EXPECT_THROW(fl::get_image_files(root_ / "missing"), fl::DataError);
+}
+
+TEST_F(ImageFiles, FromFolderWithTrainAndValidFoldersLabelsByParentFolderWithASortedVocab) {
+  auto dls = fl::ImageDataLoaders::from_folder(root_ / "png", {.bs = 16, .seed = 1, .size = 28});
+  EXPECT_EQ(dls.vocab(), kClasses);
+  EXPECT_EQ(dls.c(), 10);
+  EXPECT_FALSE(dls.multi_label());
+  EXPECT_EQ(dls.train().dataset().size(), 200);
+  EXPECT_EQ(dls.valid().dataset().size(), 100);
+  const auto& train = dataset(dls.train());
+  const auto labels = labels_of(dls.train(), dls.vocab());
+  for (std::size_t i = 0; i < labels.size(); ++i) {
+    EXPECT_EQ(labels[i], train.files()[i].parent_path().filename().string());
+    EXPECT_EQ(train.files()[i].parent_path().parent_path().filename(), "train");
+  }
+  // Batches: RGB uint8 files become normalized float (N, 3, 28, 28) with their labels.
+  std::int64_t seen = 0;
+  for (const auto& batch : dls.valid()) {
+    EXPECT_EQ(batch.inputs[0].sizes(), (std::vector<std::int64_t>{batch.size(), 3, 28, 28}));
+    EXPECT_EQ(batch.inputs[0].scalar_type(), torch::kFloat32);
+    EXPECT_EQ(batch.targets[0].scalar_type(), torch::kLong);
+    seen += batch.size();
+  }
+  EXPECT_EQ(seen, 100);
+  // The pixels are the file's, normalized with ImageNet's statistics.
+  const auto first = *dls.valid().begin();
+  const auto file = fl::read_image(dataset(dls.valid()).files()[0]).to(torch::kFloat32).div(255);
+  const auto expected = (file - torch::tensor({0.485, 0.456, 0.406}).view({3, 1, 1})) /
+                        torch::tensor({0.229, 0.224, 0.225}).view({3, 1, 1});
+  EXPECT_TRUE(first.inputs[0][0].allclose(expected.to(torch::kFloat32), 1e-5, 1e-5));
+}
+
+TEST_F(ImageFiles, ValidPctSplitIsReproducibleAndFollowsItsSeed) {
+  auto valid_files = [&](std::uint64_t split_seed) {
+    auto dls =
+        fl::ImageDataLoaders::from_folder(root_ / "jpg", {.size = 28, .valid_pct = 0.25, .split_seed = split_seed});
+    EXPECT_EQ(dls.valid().dataset().size(), 75);
+    EXPECT_EQ(dls.train().dataset().size(), 225);
+    return dataset(dls.valid()).files();
+  };
+  EXPECT_EQ(valid_files(3), valid_files(3));
+  EXPECT_NE(valid_files(3), valid_files(4));
+  EXPECT_THROW(fl::ImageDataLoaders::from_folder(root_ / "jpg", {.valid_pct = 1.0}), fl::DataError);
+}
+
+TEST_F(ImageFiles, BatchesAreTheSameWithAnyNumberOfWorkers) {
+  auto batches = [&](int workers) {
+    auto dls = fl::ImageDataLoaders::from_folder(
+        root_ / "png", {.bs = 32, .num_workers = workers, .seed = 5, .size = 24, .min_scale = 0.5});
+    std::vector<at::Tensor> out;
+    for (const auto& b : dls.train()) out.push_back(b.inputs[0]);
+    return out;
+  };
+  const auto a = batches(0), b = batches(3);
+  ASSERT_EQ(a.size(), 6u) << "200 items, batches of 32, the last dropped";
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "batch " << i;
+}
+
+TEST_F(ImageFiles, FromCsvWithAValidColumnAndMultiLabel) {
+  auto dls = fl::ImageDataLoaders::from_csv(root_ / "labels.csv", {.valid_col = "is_valid"}, {.size = 28});
+  EXPECT_EQ(dls.vocab(), kClasses);
+  EXPECT_EQ(dls.train().dataset().size(), 200);
+  EXPECT_EQ(dls.valid().dataset().size(), 100);
+  for (const auto& f : dataset(dls.valid()).files()) EXPECT_EQ(f.parent_path().parent_path().filename(), "valid");
+
+  auto multi = fl::ImageDataLoaders::from_csv(root_ / "multi.csv", {.label_delim = " "}, {.size = 28});
+  EXPECT_TRUE(multi.multi_label());
+  const auto& targets = dataset(multi.train()).targets();
+  EXPECT_EQ(targets.scalar_type(), torch::kFloat32);
+  EXPECT_EQ(targets.size(1), 10);
+  EXPECT_TRUE(targets.sum(1).eq(2).all().item<bool>()) << "two labels per image";
+
+  const auto error = fastlearn::testing::message_of(
+      [&] { fl::ImageDataLoaders::from_csv(root_ / "labels.csv", {.label_col = "class"}, {.size = 28}); });
+  EXPECT_NE(error.find("labels.csv: no column 'class'; the columns are name, label, is_valid"), std::string::npos)
+      << error;
+}
+
+TEST_F(ImageFiles, FromNameReTakesTheLabelFromTheFirstGroupAndNamesAFileThatDoesNotMatch) {
+  auto files = fl::get_image_files(root_ / "jpg");
+  auto dls = fl::ImageDataLoaders::from_name_re(files, R"((train|valid)_\d+\.jpg)", {.size = 28});
+  EXPECT_EQ(dls.vocab(), (std::vector<std::string>{"train", "valid"}));
+  files.push_back(root_ / "odd" / "a" / "gray.jpg");
+  const auto error =
+      fastlearn::testing::message_of([&] { fl::ImageDataLoaders::from_name_re(files, R"((train|valid)_\d+\.jpg)"); });
+  EXPECT_NE(error.find("gray.jpg' does not match"), std::string::npos) << error;
+}
+
+TEST_F(ImageFiles, BadImagesStopTrainingNamingTheFileUnlessSkippedWithOneWarning) {
+  const auto odd = root_ / "odd";
+  // valid_pct over 9 files: both splits get some; every file must decode to be loaded.
+  auto strict = fl::ImageDataLoaders::from_folder(odd, {.bs = 2, .size = 16, .valid_pct = 0.3});
+  const auto error = fastlearn::testing::message_of([&] {
+    for (auto& dl : {&strict.train(), &strict.valid()}) {
+      for (const auto& batch : *dl) (void)batch;
+    }
+  });
+  EXPECT_TRUE(error.find("notes.jpg") != std::string::npos || error.find("truncated.jpg") != std::string::npos)
+      << error;
+
+  testing::internal::CaptureStderr();
+  auto skipping =
+      fl::ImageDataLoaders::from_folder(odd, {.bs = 2, .size = 16, .skip_bad_images = true, .valid_pct = 0.3});
+  const auto warning = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(skipping.train().dataset().size() + skipping.valid().dataset().size(), 7);
+  EXPECT_NE(warning.find("notes.jpg"), std::string::npos) << warning;
+  EXPECT_NE(warning.find("truncated.jpg"), std::string::npos) << warning;
+  std::int64_t seen = 0;
+  for (auto* dl : {&skipping.train(), &skipping.valid()}) {
+    for (const auto& batch : *dl) {
+      EXPECT_EQ(batch.inputs[0].size(1), 3) << "gray, RGBA, palette and 16-bit files all come out RGB";
+      seen += batch.size();
+    }
+  }
+  EXPECT_GT(seen, 0);
+}

@@ -1,0 +1,122 @@
+// models::resnet18/34/50 against torchvision's: the same state-dict keys and shapes (so exported weights
+// load strictly), the same logits on the same PNG files, errors that name the tensor when weights do not
+// fit, and BatchNorms that convert to SyncBatchNorm. The torchvision side is tests/python/torchvision_resnet_oracle.py.
+#include <fastlearn/core/error.h>
+#include <fastlearn/core/safetensors.h>
+#include <fastlearn/data/image_decode.h>
+#include <fastlearn/distributed/sync_batch_norm.h>
+#include <fastlearn/models/torchvision_resnet.h>
+#include <fastlearn/models/weights.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "support/message_of.h"
+#include "support/processes.h"
+
+namespace fl = fastlearn;
+namespace fs = std::filesystem;
+
+namespace {
+
+class TorchvisionOracle : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / fmt::format("fastlearn-torchvision-{}", ::getpid());
+    fs::create_directories(dir_);
+    const auto [code, output] =
+        fastlearn::testing::run_shell(fmt::format("'{}' '{}/tests/python/torchvision_resnet_oracle.py' '{}' 2>&1",
+                                                  FASTLEARN_PYTHON, FASTLEARN_SOURCE_DIR, dir_.string()));
+    made_ = code == 0;
+    why_ = output;
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  void SetUp() override {
+    if (!made_) GTEST_SKIP() << "the oracle needs a Python with torch, torchvision, Pillow and safetensors: " << why_;
+  }
+  // The two PNG files as the model's input: [0, 1], ImageNet's mean and std.
+  static at::Tensor images() {
+    std::vector<at::Tensor> xs;
+    for (int i = 0; i < 2; ++i) xs.push_back(fl::read_image(dir_ / fmt::format("image{}.png", i)));
+    auto x = torch::stack(xs).to(torch::kFloat32).div(255);
+    return (x - torch::tensor({0.485, 0.456, 0.406}).view({1, 3, 1, 1})) /
+           torch::tensor({0.229, 0.224, 0.225}).view({1, 3, 1, 1});
+  }
+  static inline fs::path dir_;
+  static inline bool made_ = false;
+  static inline std::string why_;
+};
+
+class Arch : public TorchvisionOracle, public ::testing::WithParamInterface<std::string> {};
+
+}  // namespace
+
+TEST(TorchvisionResNet, ParameterCountsAreTorchvisions) {
+  auto count = [](fl::models::TorchvisionResNet m) {
+    std::int64_t n = 0;
+    for (const auto& p : m->parameters()) n += p.numel();
+    return n;
+  };
+  EXPECT_EQ(count(fl::models::resnet18()), 11689512);
+  EXPECT_EQ(count(fl::models::resnet34()), 21797672);
+  EXPECT_EQ(count(fl::models::resnet50()), 25557032);
+  EXPECT_THROW(fl::models::torchvision_resnet("resnet101"), fl::ConfigError);
+}
+
+TEST(TorchvisionResNet, BatchNormsConvertToSyncBatchNormAndTheModelStillRuns) {
+  auto model = fl::models::resnet18(10);
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const auto x = torch::randn({2, 3, 64, 64});
+  const auto before = model->forward(x);
+  fl::convert_sync_batchnorm(*model);
+  std::int64_t sync = 0;
+  for (const auto& m : model->modules()) sync += m->as<fl::SyncBatchNormImpl>() != nullptr;
+  EXPECT_EQ(sync, 20) << "bn1, 2 per basic block and 3 downsample BatchNorms";
+  EXPECT_TRUE(model->forward(x).allclose(before, 1e-5, 1e-5)) << "one process: SyncBatchNorm acts as BatchNorm";
+}
+
+TEST_P(Arch, StateDictLoadsStrictlyAndTheLogitsAreTorchvisions) {
+  const auto arch = GetParam();
+  auto model = fl::models::torchvision_resnet(arch);
+  fl::load_weights(*model, dir_ / (arch + ".safetensors"));  // strict: every key and shape
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const auto logits = model->forward(images());
+  const auto expected = *fl::load_safetensors(dir_ / (arch + "_logits.safetensors")).find("logits");
+  ASSERT_EQ(logits.sizes(), expected.sizes());
+  // Relative to the logits' norm: the deeper models' logits run into the tens, and the two sides may pick
+  // different convolution algorithms, whose float32 rounding differs in the last bits.
+  const double relative = ((logits - expected).norm() / expected.norm()).item<double>();
+  EXPECT_LT(relative, 1e-4) << arch << ": largest difference " << (logits - expected).abs().max().item<double>()
+                            << " of logits up to " << expected.abs().max().item<double>();
+  EXPECT_GT(expected.std().item<double>(), 0.1) << "the logits must differ from each other for the check to mean much";
+}
+
+INSTANTIATE_TEST_SUITE_P(Torchvision, Arch, ::testing::Values("resnet18", "resnet34", "resnet50"));
+
+TEST_F(TorchvisionOracle, WeightsThatDoNotFitNameTheTensorAndChangeNothing) {
+  auto content = fl::load_safetensors(dir_ / "resnet18.safetensors");
+  auto ten_classes = fl::models::resnet18(10);
+  const auto before = ten_classes->named_parameters()["conv1.weight"].clone();
+  auto error = fastlearn::testing::message_of([&] { fl::load_weights(*ten_classes, dir_ / "resnet18.safetensors"); });
+  EXPECT_NE(error.find("tensor 'fc.weight' has shape [1000, 512] in the file but [10, 512] in the model"),
+            std::string::npos)
+      << error;
+  EXPECT_TRUE(torch::equal(ten_classes->named_parameters()["conv1.weight"], before)) << "nothing was copied";
+
+  std::erase_if(content.tensors, [](const auto& named) { return named.first == "layer2.1.bn2.running_var"; });
+  auto model = fl::models::resnet18();
+  error = fastlearn::testing::message_of(
+      [&] { fl::copy_weights(fl::match_weights(*model, content.tensors, "cut.safetensors")); });
+  EXPECT_NE(error.find("cut.safetensors: no tensor 'layer2.1.bn2.running_var'"), std::string::npos) << error;
+  // Without strict, a file without the head loads into a model with another head; the head stays its own.
+  std::erase_if(content.tensors, [](const auto& named) { return named.first.starts_with("fc."); });
+  const auto head = ten_classes->named_parameters()["fc.weight"].clone();
+  fl::copy_weights(fl::match_weights(*ten_classes, content.tensors, "body.safetensors", {.strict = false}));
+  EXPECT_FALSE(torch::equal(ten_classes->named_parameters()["conv1.weight"], before));
+  EXPECT_TRUE(torch::equal(ten_classes->named_parameters()["fc.weight"], head));
+}
