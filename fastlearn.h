@@ -13,6 +13,7 @@
 #include <fastlearn/core/build_info.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/random.h>
+#include <fastlearn/data/aug_transforms.h>
 #include <fastlearn/data/dataloaders.h>
 #include <fastlearn/data/image_dataloaders.h>
 #include <fastlearn/data/image_dataset.h>

@@ -183,7 +183,8 @@ DataLoaders build(Items train, Items valid, bool multi_label, const ImageFilesOp
       std::move(valid.files), targets_of(valid, index, multi_label),
       ImageDatasetOptions{.mode = options.mode, .item_tfm = valid_tfm, .decode_min_side = options.size});
 
-  auto train_tfms = to_model_input(options);
+  auto train_tfms = to_model_input(options);  // to_float, normalize
+  if (options.augment) train_tfms.insert(train_tfms.begin() + 1, aug_transforms(*options.augment));
   if (options.flip_p > 0) train_tfms.insert(train_tfms.begin(), random_flip(options.flip_p));
   DataLoaderOptions train_options{.bs = options.bs,
                                   .shuffle = true,

@@ -6,7 +6,8 @@
 //
 // Files go through: decode (JPEG scaled down where the size allows) -> item transform in the workers
 // (Resize, or RandomResizedCrop for training) -> uint8 batch -> training only: left-right flip -> to float
-// in [0, 1] -> normalize (ImageNet statistics by default).
+// in [0, 1] -> training, when asked: aug_transforms -> normalize (ImageNet statistics by default).
+#include <fastlearn/data/aug_transforms.h>
 #include <fastlearn/data/dataloaders.h>
 #include <fastlearn/data/image_decode.h>
 #include <fastlearn/data/image_transforms.h>
@@ -57,6 +58,9 @@ struct ImageFilesOptions {
   bool skip_bad_images = false;
   double valid_pct = 0.2;         ///< share of the items for validation when no split is given
   std::uint64_t split_seed = 42;  ///< the valid_pct split's seed
+  /// Training batches: aug_transforms (rotation, zoom, warp, lighting) between the scaling to [0, 1] and
+  /// the normalization. AugOptions{} are fastai's aug_transforms() defaults.
+  std::optional<AugOptions> augment;
 };
 
 /// Columns of from_csv (fastai's from_csv arguments).

@@ -2,6 +2,7 @@
 // ImageDataLoaders built from class folders, lists, names and CSV tables. The files are Fashion-MNIST
 // written out by scripts/make-image-folders (with odd and bad files), made once per run of this binary.
 #include <fastlearn/core/error.h>
+#include <fastlearn/data/aug_transforms.h>
 #include <fastlearn/data/image_dataloaders.h>
 #include <fastlearn/data/image_dataset.h>
 #include <fastlearn/data/image_transforms.h>
@@ -101,6 +102,45 @@ TEST(ImageTransforms, RandomResizedCropIsSeededAndCentredWithoutAGenerator) {
   const auto square = coordinates(8, 8);
   auto c = at::make_generator<at::CPUGeneratorImpl>(1);
   EXPECT_TRUE(torch::equal(fl::random_resized_crop(square, 8, &c, {.min_scale = 1.0, .ratio = {1.0, 1.0}}), square));
+}
+
+TEST(AugTransforms, WithNothingToDrawTheImagesComeBackUnchanged) {
+  fl::Batch batch{{torch::rand({3, 3, 12, 16})}, {}};
+  const auto before = batch.inputs[0].clone();
+  auto rng = at::make_generator<at::CPUGeneratorImpl>(0);
+  fl::aug_transforms(
+      {.max_rotate = 0, .max_zoom = 1, .max_warp = 0, .p_affine = 1, .max_lighting = 0, .p_lighting = 1})(batch, rng);
+  EXPECT_TRUE(batch.inputs[0].allclose(before, 1e-5, 1e-5)) << (batch.inputs[0] - before).abs().max();
+}
+
+TEST(AugTransforms, TheDrawsFollowTheGeneratorAndZoomAndLightingHaveTheirEffect) {
+  const auto image = torch::rand({4, 3, 16, 16});
+  auto run = [&](std::uint64_t seed, fl::AugOptions options) {
+    fl::Batch batch{{image.clone()}, {}};
+    auto rng = at::make_generator<at::CPUGeneratorImpl>(seed);
+    fl::aug_transforms(options)(batch, rng);
+    return batch.inputs[0];
+  };
+  EXPECT_TRUE(torch::equal(run(1, {}), run(1, {})));
+  EXPECT_FALSE(torch::equal(run(1, {}), run(2, {})));
+  // Zoom x2 on a left-to-right ramp: each row spans half of the ramp.
+  const auto ramp = torch::linspace(0, 1, 17).view({1, 1, 1, 17}).expand({2, 1, 9, 17}).contiguous();
+  fl::Batch zoomed{{ramp.clone()}, {}};
+  auto rng = at::make_generator<at::CPUGeneratorImpl>(3);
+  fl::aug_transforms({.max_rotate = 0, .min_zoom = 2, .max_zoom = 2, .max_warp = 0, .p_affine = 1, .p_lighting = 0})(
+      zoomed, rng);
+  const auto row = zoomed.inputs[0][0][0][0];
+  EXPECT_NEAR((row.max() - row.min()).item<double>(), 0.5, 1e-4);
+  // Brightness and contrast on a flat 0.5 image: contrast leaves logit 0 alone, brightness moves it within
+  // [0.4, 0.6], the same for every pixel of an image.
+  fl::Batch flat{{torch::full({8, 1, 4, 4}, 0.5)}, {}};
+  fl::aug_transforms({.p_affine = 0, .max_lighting = 0.2, .p_lighting = 1})(flat, rng);
+  const auto& lit = flat.inputs[0];
+  EXPECT_TRUE(lit.ge(0.4 - 1e-6).all().item<bool>() && lit.le(0.6 + 1e-6).all().item<bool>()) << lit.flatten();
+  EXPECT_TRUE(lit.amax({1, 2, 3}).sub(lit.amin({1, 2, 3})).lt(1e-6).all().item<bool>());
+  EXPECT_THROW(fl::aug_transforms({.max_warp = 1}), fl::ConfigError);
+  fl::Batch bytes{{torch::zeros({1, 3, 4, 4}, torch::kUInt8)}, {}};
+  EXPECT_THROW(fl::aug_transforms()(bytes, rng), fl::DataError);
 }
 
 TEST_F(ImageFiles, GetImageFilesFindsEveryExtensionInAnyCaseSortedAndVerifyImagesNamesTheBadOnes) {

@@ -21,6 +21,7 @@ struct TransformsConfig {
   double random_flip = 0.0;              ///< probability of a left-right flip (training); 0: off
   std::string resize = "crop";           ///< image files: crop | pad | squish, to data.size
   double min_scale = 1.0;                ///< image files: < 1 uses RandomResizedCrop(size, min_scale) for training
+  bool augment = false;                  ///< image files: fastai's aug_transforms() on training batches
   bool operator==(const TransformsConfig&) const = default;
 };
 

@@ -62,7 +62,8 @@ DataLoaders image_files(const TrainConfig& c) {
                                   .normalize = t.normalize ? ImageNormalization::imagenet : ImageNormalization::none,
                                   .skip_bad_images = d.skip_bad_images,
                                   .valid_pct = d.valid_pct,
-                                  .split_seed = static_cast<std::uint64_t>(c.train.seed)};
+                                  .split_seed = static_cast<std::uint64_t>(c.train.seed),
+                                  .augment = t.augment ? std::optional(AugOptions{}) : std::nullopt};
   if (d.dataset == "image_csv") {
     return ImageDataLoaders::from_csv(
         fs::path(d.path) / d.csv,
