@@ -70,5 +70,5 @@ int main(int argc, char** argv) {
       R"x(batches of 64: ImageDataLoaders::from_folder vs torchvision ImageFolder + DataLoader, PIL in draft mode"}}}})x"
       "\n",
       o.median, a.median, o.median / a.median, o.min, o.max, a.min, a.max, repeats, images, workers);
-return 0;
+  return 0;
 }
