@@ -9,6 +9,7 @@
 #include <archive.h>
 #include <archive_entry.h>
 #include <arpa/inet.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -19,6 +20,7 @@
 #include <atomic>
 #include <fstream>
 #include <map>
+#include <stdexcept>
 #include <thread>
 
 #include "support/multiprocess.h"
@@ -107,10 +109,11 @@ class LocalHttpServer {
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     addr.sin_port = 0;
-    bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-    listen(fd_, 16);
     socklen_t len = sizeof addr;
-    getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    if (bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(fd_, 16) != 0 ||
+        getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      throw std::runtime_error("LocalHttpServer: cannot listen on a loopback socket");
+    }
     port_ = ntohs(addr.sin_port);
     thread_ = std::thread([this] { serve(); });
   }
