@@ -30,6 +30,7 @@
 #include <fastlearn/distributed/sync_batch_norm.h>
 #include <fastlearn/learner/annealing.h>
 #include <fastlearn/learner/checkpoint.h>
+#include <fastlearn/learner/interpretation.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/loss.h>
 #include <fastlearn/learner/lr_finder.h>

@@ -1,6 +1,7 @@
 // Metrics: hand-computed small cases, batch-size weighting, whole-set vs per-batch values, F1 with absent
 // classes, clone independence, NaN when empty, detached inputs.
 #include <fastlearn/core/error.h>
+#include <fastlearn/learner/interpretation.h>
 #include <fastlearn/learner/metrics.h>
 #include <fastlearn/learner/multi_label_metrics.h>
 
@@ -185,4 +186,27 @@ TEST(MultiLabelMetrics, AccuracyMultiAndFbetaMultiOverTheWholeSet) {
   EXPECT_EQ(fl::accuracy_multi()->name(), "accuracy_multi");
   EXPECT_THROW(fl::fbeta_multi(0.0), fl::ConfigError);
   EXPECT_THROW(fl::fbeta_multi(1.0, 0.5, "micro"), fl::ConfigError);
+}
+
+// Four items of classes a, b, c: two right, one b taken for a, one c taken for a with little confidence.
+TEST(ClassificationInterpretation, ConfusionMatrixMostConfusedAndTopLosses) {
+  const auto probs = torch::tensor({{0.8, 0.1, 0.1}, {0.6, 0.3, 0.1}, {0.2, 0.7, 0.1}, {0.5, 0.1, 0.4}});
+  const auto targets = torch::tensor({0, 1, 1, 2});
+  const fl::ClassificationInterpretation interp(probs, targets, {"a", "b", "c"});
+  EXPECT_TRUE(torch::equal(interp.confusion_matrix(), torch::tensor({{1, 0, 0}, {1, 1, 0}, {1, 0, 0}})));
+  const auto confused = interp.most_confused();
+  ASSERT_EQ(confused.size(), 2u);
+  EXPECT_EQ(confused[0].actual, "b");
+  EXPECT_EQ(confused[0].predicted, "a");
+  EXPECT_EQ(confused[1].actual, "c");
+  EXPECT_EQ(confused[0].count, 1);
+  const auto top = interp.top_losses(2);
+  ASSERT_EQ(top.size(), 2u);
+  EXPECT_EQ(top[0].index, 1);  // -log 0.3
+  EXPECT_NEAR(top[0].loss, -std::log(0.3), 1e-6);  // the probabilities are float32
+  EXPECT_EQ(top[0].predicted, "a");
+  EXPECT_NEAR(top[0].probability, 0.6, 1e-6);
+  EXPECT_EQ(top[1].index, 3);  // -log 0.4
+  EXPECT_EQ(interp.top_losses(10).size(), 4u);
+  EXPECT_THROW(fl::ClassificationInterpretation(probs, targets, {"a", "b"}), fl::ConfigError);
 }
