@@ -202,7 +202,7 @@ TEST(ClassificationInterpretation, ConfusionMatrixMostConfusedAndTopLosses) {
   EXPECT_EQ(confused[0].count, 1);
   const auto top = interp.top_losses(2);
   ASSERT_EQ(top.size(), 2u);
-  EXPECT_EQ(top[0].index, 1);  // -log 0.3
+  EXPECT_EQ(top[0].index, 1);                      // -log 0.3
   EXPECT_NEAR(top[0].loss, -std::log(0.3), 1e-6);  // the probabilities are float32
   EXPECT_EQ(top[0].predicted, "a");
   EXPECT_NEAR(top[0].probability, 0.6, 1e-6);
