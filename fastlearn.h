@@ -17,6 +17,10 @@
 #include <fastlearn/data/dataloaders.h>
 #include <fastlearn/data/image_dataloaders.h>
 #include <fastlearn/data/image_dataset.h>
+#include <fastlearn/data/image_decode.h>
+#include <fastlearn/data/image_encode.h>
+#include <fastlearn/data/tabular_dataloaders.h>
+#include <fastlearn/data/tabular_procs.h>
 #include <fastlearn/data/untar_data.h>
 #include <fastlearn/distributed/collectives.h>
 #include <fastlearn/distributed/distrib_ctx.h>
@@ -38,9 +42,13 @@
 #include <fastlearn/learner/multi_label_metrics.h>
 #include <fastlearn/learner/param_scheduler.h>
 #include <fastlearn/learner/predict_image.h>
+#include <fastlearn/learner/predict_tabular.h>
 #include <fastlearn/learner/progress.h>
 #include <fastlearn/learner/recorder.h>
+#include <fastlearn/learner/tabular_learner.h>
+#include <fastlearn/learner/top_losses_grid.h>
 #include <fastlearn/models/models.h>
+#include <fastlearn/models/tabular_model.h>
 #include <fastlearn/models/torchvision_resnet.h>
 #include <fastlearn/models/vision_model.h>
 #include <fastlearn/models/weights.h>

@@ -148,7 +148,7 @@ int run_launch(CLI::App& launch, LaunchArgs& a) {
   return result.exit_code;
 }
 
-// The options train, lr-find and validate share: the config and its overrides.
+// The options train, lr-find, validate, interpret and predict share: the config and its overrides.
 void add_config_options(CLI::App& cmd, fastlearn::cli::TrainArgs& a) {
   cmd.add_option("config", a.config_path, "The run's TOML configuration (see configs/ and README.md)")
       ->required()
@@ -200,15 +200,32 @@ CLI::App* add_lr_find(CLI::App& app, fastlearn::cli::TrainArgs& a) {
   return cmd;
 }
 
+void add_checkpoint_option(CLI::App& cmd, std::string& checkpoint) {
+  cmd.add_option("--checkpoint", checkpoint, "A .safetensors checkpoint written by `fastlearn train`")
+      ->required()
+      ->check(CLI::ExistingFile);
+}
+
 CLI::App* add_validate(CLI::App& app, fastlearn::cli::TrainArgs& a, std::string& checkpoint) {
   auto* cmd = app.add_subcommand(
       "validate",
       "Load a checkpoint's weights into CONFIG's model and print the loss and metrics on the validation set "
       "(Fashion-MNIST: the 10,000 test images)");
   add_config_options(*cmd, a);
-  cmd->add_option("--checkpoint", checkpoint, "A .safetensors checkpoint written by `fastlearn train`")
-      ->required()
-      ->check(CLI::ExistingFile);
+  add_checkpoint_option(*cmd, checkpoint);
+  return cmd;
+}
+
+CLI::App* add_interpret(CLI::App& app, fastlearn::cli::TrainArgs& a, std::string& checkpoint, int& top) {
+  auto* cmd = app.add_subcommand(
+      "interpret",
+      "Where a classifier goes wrong: load a checkpoint's weights into CONFIG's model, print the confusion matrix "
+      "and the most confused classes on the validation set, and write confusion_matrix.csv and top_losses.svg "
+      "(the items with the highest loss, each image with its predicted and actual class) into the output directory");
+  add_config_options(*cmd, a);
+  add_checkpoint_option(*cmd, checkpoint);
+  cmd->add_option("--out", a.out, "Where the files go (default: output.dir of the config)");
+  cmd->add_option("--top", top, "Items in top_losses.svg")->check(CLI::Range(1, 1000))->capture_default_str();
   return cmd;
 }
 
@@ -219,9 +236,7 @@ CLI::App* add_predict(CLI::App& app, fastlearn::cli::TrainArgs& a, std::string& 
       "Load a checkpoint's weights into CONFIG's model and print, for each image file, its class and probability "
       "(multi-label: every class at or above 0.5)");
   add_config_options(*cmd, a);
-  cmd->add_option("--checkpoint", checkpoint, "A .safetensors checkpoint written by `fastlearn train`")
-      ->required()
-      ->check(CLI::ExistingFile);
+  add_checkpoint_option(*cmd, checkpoint);
   cmd->add_option("inputs", inputs, "Image files (JPEG or PNG)")->required();
   return cmd;
 }
@@ -235,12 +250,14 @@ int main(int argc, char** argv) {
       "Print the fastlearn and LibTorch versions and whether CUDA, NCCL and Gloo are compiled in");
   LaunchArgs launch_args;
   auto* launch = add_launch(app, launch_args);
-  fastlearn::cli::TrainArgs train_args, lr_find_args, validate_args, predict_args;
+  fastlearn::cli::TrainArgs train_args, lr_find_args, validate_args, interpret_args, predict_args;
   std::string checkpoint;
+  int top = 16;
   std::vector<std::string> predict_inputs;
   auto* train = add_train(app, train_args);
   auto* lr_find = add_lr_find(app, lr_find_args);
   auto* validate = add_validate(app, validate_args, checkpoint);
+  auto* interpret = add_interpret(app, interpret_args, checkpoint, top);
   auto* predict = add_predict(app, predict_args, checkpoint, predict_inputs);
   int parsed_argc = argc;
   for (int i = 1; i < argc; ++i) {
@@ -255,6 +272,7 @@ int main(int argc, char** argv) {
     if (train->parsed()) return fastlearn::cli::run_train(train_args);
     if (lr_find->parsed()) return fastlearn::cli::run_lr_find(lr_find_args);
     if (validate->parsed()) return fastlearn::cli::run_validate(validate_args, checkpoint);
+    if (interpret->parsed()) return fastlearn::cli::run_interpret(interpret_args, checkpoint, top);
     if (predict->parsed()) return fastlearn::cli::run_predict(predict_args, checkpoint, predict_inputs);
     if (launch_args.after_dashes)
       throw fastlearn::ConfigError(

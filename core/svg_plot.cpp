@@ -13,29 +13,6 @@ namespace {
 
 constexpr const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"};
 
-std::string escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
 struct Range {
   double lo = std::numeric_limits<double>::infinity();
   double hi = -std::numeric_limits<double>::infinity();
@@ -61,6 +38,29 @@ std::vector<double> linear_ticks(double lo, double hi, int target = 5) {
 }
 
 }  // namespace
+
+std::string svg_escape(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
 
 std::string svg_plot(const std::vector<PlotSeries>& series, const PlotOptions& options) {
   const double left = 70, right = 20, top = options.title.empty() ? 20 : 40, bottom = 50;
@@ -89,7 +89,7 @@ std::string svg_plot(const std::vector<PlotSeries>& series, const PlotOptions& o
       options.width, options.height);
   if (!options.title.empty()) {
     svg += fmt::format("<text x=\"{}\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">{}</text>\n", options.width / 2,
-                       escape(options.title));
+                       svg_escape(options.title));
   }
   // Axes, grid and tick labels.
   for (double t : linear_ticks(yr.lo, yr.hi)) {
@@ -115,10 +115,10 @@ std::string svg_plot(const std::vector<PlotSeries>& series, const PlotOptions& o
   svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"black\"/>\n", left, top,
                      w, h);
   svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", left + w / 2, top + h + 40,
-                     escape(options.xlabel));
+                     svg_escape(options.xlabel));
   svg +=
       fmt::format("<text x=\"16\" y=\"{:.1f}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {:.1f})\">{}</text>\n",
-                  top + h / 2, top + h / 2, escape(options.ylabel));
+                  top + h / 2, top + h / 2, svg_escape(options.ylabel));
 
   for (std::size_t k = 0; k < series.size(); ++k) {
     const auto& s = series[k];
@@ -141,7 +141,7 @@ std::string svg_plot(const std::vector<PlotSeries>& series, const PlotOptions& o
       svg += fmt::format(
           "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"12\" height=\"3\" fill=\"{}\"/>"
           "<text x=\"{:.1f}\" y=\"{:.1f}\">{}</text>\n",
-          left + w - 150, ly - 4, color, left + w - 132, ly, escape(s.label));
+          left + w - 150, ly - 4, color, left + w - 132, ly, svg_escape(s.label));
     }
   }
   svg += "</svg>\n";

@@ -2,6 +2,7 @@
 // Line plots written as standalone SVG images (loss curves, lr_find); no plotting library needed.
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fastlearn {
@@ -18,6 +19,9 @@ struct PlotOptions {
   int width = 720;
   int height = 450;
 };
+
+/// `text` with SVG's (XML's) special characters escaped, for text and attribute values.
+std::string svg_escape(std::string_view text);
 
 /// Renders the series as one SVG document.
 std::string svg_plot(const std::vector<PlotSeries>& series, const PlotOptions& options);

@@ -54,31 +54,32 @@ std::size_t CsvTable::column(const std::string& name, const std::string& origin)
   throw DataError(fmt::format("{}: no column '{}'; the columns are {}", origin, name, fmt::join(columns, ", ")));
 }
 
-CsvTable read_csv(const std::filesystem::path& file, const CsvOptions& options) {
-  const std::string origin = file.string();
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw DataError(fmt::format("{}: cannot open", origin));
+namespace {
+
+// Feeds the parser chunk by chunk; `next` fills the buffer and returns the bytes it put there (0 at the end).
+template <typename Next>
+CsvTable parse(const std::string& origin, const CsvOptions& options, Next next) {
   csv_parser parser;
   if (csv_init(&parser, CSV_STRICT | CSV_STRICT_FINI) != 0) {
     throw DataError(fmt::format("{}: cannot set up the CSV parser", origin));
   }
   std::unique_ptr<csv_parser, void (*)(csv_parser*)> guard(&parser, csv_free);
   csv_set_delim(&parser, static_cast<unsigned char>(options.delimiter));
+  // Fields keep their spaces, as pandas and Python's csv module keep them (libcsv trims by default).
+  csv_set_space_func(&parser, [](unsigned char) { return 0; });
   Reader reader;
   reader.origin = origin;
   reader.header = options.header;
-  std::vector<char> buffer(std::size_t{1} << 16);
-  while (in) {
-    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    const auto got = static_cast<std::size_t>(in.gcount());
-    if (got == 0) break;
-    if (csv_parse(&parser, buffer.data(), got, on_field, on_row, &reader) != got) {
+  bool first = true;
+  for (std::string_view chunk; !(chunk = next()).empty();) {
+    if (first && chunk.starts_with("\xEF\xBB\xBF")) chunk.remove_prefix(3);  // a UTF-8 byte order mark
+    first = false;
+    if (csv_parse(&parser, chunk.data(), chunk.size(), on_field, on_row, &reader) != chunk.size()) {
       throw DataError(fmt::format("{}: malformed CSV near row {}: {}", origin, reader.rows_seen + 1,
                                   csv_strerror(csv_error(&parser))));
     }
     if (!reader.error.empty()) throw DataError(reader.error);
   }
-  if (in.bad()) throw DataError(fmt::format("{}: read error", origin));
   if (csv_fini(&parser, on_field, on_row, &reader) != 0) {
     throw DataError(fmt::format("{}: malformed CSV at the end (row {}): {}", origin, reader.rows_seen + 1,
                                 csv_strerror(csv_error(&parser))));
@@ -86,6 +87,30 @@ CsvTable read_csv(const std::filesystem::path& file, const CsvOptions& options) 
   if (!reader.error.empty()) throw DataError(reader.error);
   if (reader.rows_seen == 0) throw DataError(fmt::format("{}: the file is empty", origin));
   return std::move(reader.table);
+}
+
+}  // namespace
+
+CsvTable parse_csv(std::string_view text, std::string_view origin, const CsvOptions& options) {
+  bool given = false;
+  return parse(std::string(origin), options, [&]() -> std::string_view {
+    if (given) return {};
+    given = true;
+    return text;
+  });
+}
+
+CsvTable read_csv(const std::filesystem::path& file, const CsvOptions& options) {
+  const std::string origin = file.string();
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw DataError(fmt::format("{}: cannot open", origin));
+  std::vector<char> buffer(std::size_t{1} << 16);
+  return parse(origin, options, [&]() -> std::string_view {
+    if (!in) return {};
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    if (in.bad()) throw DataError(fmt::format("{}: read error", origin));
+    return {buffer.data(), static_cast<std::size_t>(in.gcount())};
+  });
 }
 
 }  // namespace fastlearn

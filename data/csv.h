@@ -1,9 +1,11 @@
 #pragma once
 // CSV files through libcsv (RFC 4180: quoted fields, doubled quotes, line breaks inside quotes), read
 // strictly: every row must have as many fields as the first, and a malformed file is a DataError that
-// names the file and the row.
+// names the file and the row (the header is row 1). Fields keep their spaces, as pandas keeps them; a UTF-8
+// byte order mark before the header is dropped.
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fastlearn {
@@ -22,5 +24,7 @@ struct CsvTable {
 };
 
 CsvTable read_csv(const std::filesystem::path& file, const CsvOptions& options = {});
+/// The same for CSV text in memory; `origin` names it in errors.
+CsvTable parse_csv(std::string_view text, std::string_view origin, const CsvOptions& options = {});
 
 }  // namespace fastlearn

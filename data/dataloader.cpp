@@ -25,7 +25,7 @@ class DataLoader::EpochRun {
         epoch_(loader.epoch_),
         order_(std::move(order)),
         batches_(batch_count(static_cast<std::int64_t>(order_.size()), options_.bs, options_.drop_last)),
-        pin_(options_.device && options_.device->is_cuda()) {
+        on_cuda_(options_.device && options_.device->is_cuda()) {
     const int workers = batches_ > 1 ? options_.num_workers : 0;
     capacity_ = std::max(1, workers * std::max(1, options_.prefetch));
     for (int w = 0; w < workers; ++w) threads_.emplace_back([this] { work(); });
@@ -55,26 +55,37 @@ class DataLoader::EpochRun {
       position_ = batches_;
       return;
     }
-    Batch batch = threads_.empty() ? make(k) : take(k);
+    Made made = threads_.empty() ? make(k) : take(k);
     ++handed_out_;
-    current_ = options_.device ? batch.to(*options_.device, /*non_blocking=*/pin_) : std::move(batch);
+    if (options_.device) made.batch = made.batch.to(*options_.device, /*non_blocking=*/on_cuda_);
+    if (on_cuda_)
+      for (const auto& tfm : options_.batch_tfms) tfm(made.batch, made.rng);
+    current_ = std::move(made.batch);
     position_ = k;
   }
 
  private:
-  using Result = std::variant<Batch, std::exception_ptr>;
+  // A loaded batch and its generator, which the batch transforms go on drawing from.
+  struct Made {
+    Batch batch;
+    at::Generator rng;
+  };
+  using Result = std::variant<Made, std::exception_ptr>;
 
-  Batch make(std::int64_t k) const {
+  // On a CUDA device the batch transforms run there, after the copy: uint8 images cross the bus at a
+  // quarter of float32's bytes and the GPU does the arithmetic. Elsewhere they run here, in the workers.
+  Made make(std::int64_t k) const {
     const auto begin = k * options_.bs;
     const auto count = std::min<std::int64_t>(options_.bs, static_cast<std::int64_t>(order_.size()) - begin);
     // Seeded by (seed, epoch, batch): the same augmentation whichever worker makes the batch.
     auto rng = at::make_generator<at::CPUGeneratorImpl>(mix_seed(seed_, epoch_, k));
     Batch batch = dataset_->load_batch(std::span(order_).subspan(begin, count), rng);
+    if (on_cuda_) return {batch.pinned(), rng};
     for (const auto& tfm : options_.batch_tfms) tfm(batch, rng);
-    return pin_ ? batch.pinned() : batch;
+    return {std::move(batch), rng};
   }
 
-  Batch take(std::int64_t k) {
+  Made take(std::int64_t k) {
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [&] { return ready_.count(k) > 0; });
     Result result = std::move(ready_.at(k));
@@ -83,7 +94,7 @@ class DataLoader::EpochRun {
     lock.unlock();
     changed_.notify_all();
     if (auto* error = std::get_if<std::exception_ptr>(&result)) std::rethrow_exception(*error);
-    return std::move(std::get<Batch>(result));
+    return std::move(std::get<Made>(result));
   }
 
   void work() {
@@ -115,7 +126,7 @@ class DataLoader::EpochRun {
   const std::int64_t epoch_;
   const std::vector<std::int64_t> order_;
   const std::int64_t batches_;
-  const bool pin_;
+  const bool on_cuda_;  // pinned memory, non-blocking copies, batch transforms after the copy
   int capacity_ = 1;
 
   std::mutex mutex_;

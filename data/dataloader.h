@@ -1,8 +1,9 @@
 #pragma once
 // DataLoader: turns a Dataset into batches, epoch after epoch. Per epoch: the sampler gives the item
-// order; each batch of `bs` indices is fetched with Dataset::get_batch, passed through the batch
-// transforms (in background workers when num_workers > 0, up to `prefetch` batches ahead per worker),
-// and handed out in order, moved to the device if one is set.
+// order; each batch of `bs` indices is fetched with Dataset::load_batch (in background workers when
+// num_workers > 0, up to `prefetch` batches ahead per worker), passed through the batch transforms and
+// handed out in order, moved to the device if one is set. On a CUDA device the batch is copied from
+// pinned memory and the transforms run on the GPU after the copy; elsewhere they run in the workers.
 #include <fastlearn/data/batch.h>
 #include <fastlearn/data/dataset.h>
 #include <fastlearn/data/sampler.h>
@@ -25,7 +26,7 @@ struct DataLoaderOptions {
   int prefetch = 2;                   ///< batches each worker prepares ahead
   std::optional<std::uint64_t> seed;  ///< order and augmentation seed; default: drawn from torch's generator
   std::vector<BatchTransform> batch_tfms;
-  std::optional<c10::Device> device;  ///< where batches go; CUDA gets pinned memory and non-blocking copies
+  std::optional<c10::Device> device;  ///< where batches go; CUDA: pinned memory, non-blocking copies, tfms on the GPU
 };
 
 class DataLoader {

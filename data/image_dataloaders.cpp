@@ -4,6 +4,7 @@
 #include <fastlearn/data/csv.h>
 #include <fastlearn/data/idx.h>
 #include <fastlearn/data/image_dataset.h>
+#include <fastlearn/data/random_splitter.h>
 #include <fastlearn/data/transforms.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -202,18 +203,9 @@ DataLoaders build(Items train, Items valid, bool multi_label, const ImageFilesOp
                      multi_label);
 }
 
-// The seeded valid_pct split (fastai's RandomSplitter): a permutation of the items; its first
-// floor(valid_pct * n) go to validation. Both parts keep the items' order.
+// The seeded valid_pct split (fastai's RandomSplitter). Both parts keep the items' order.
 std::pair<Items, Items> random_split(Items all, double valid_pct, std::uint64_t seed, const char* origin) {
-  if (!(valid_pct > 0 && valid_pct < 1)) {
-    throw DataError(fmt::format("{}: valid_pct {} must lie in (0, 1)", origin, valid_pct));
-  }
-  const auto n = static_cast<std::int64_t>(all.files.size());
-  auto gen = at::detail::createCPUGenerator(seed);
-  auto order = at::randperm(n, gen, at::TensorOptions().dtype(at::kLong));
-  const auto n_valid = static_cast<std::int64_t>(std::floor(valid_pct * static_cast<double>(n)));
-  std::vector<bool> is_valid(static_cast<std::size_t>(n), false);
-  for (std::int64_t i = 0; i < n_valid; ++i) is_valid[static_cast<std::size_t>(order[i].item<std::int64_t>())] = true;
+  const auto is_valid = random_valid_mask(static_cast<std::int64_t>(all.files.size()), valid_pct, seed, origin);
   Items train, valid;
   for (std::size_t i = 0; i < all.files.size(); ++i) {
     auto& part = is_valid[i] ? valid : train;

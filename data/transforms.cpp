@@ -44,7 +44,8 @@ BatchTransform normalize(std::vector<double> mean, std::vector<double> std) {
           fmt::format("normalize: {} channel statistics for input shaped {}", channels, fmt::join(x.sizes(), "x")));
     std::vector<std::int64_t> shape(x.dim(), 1);
     if (x.dim() >= 2) shape[1] = channels;
-    x = (x - mean_t.to(x.dtype()).view(shape)).mul_(inv_std_t.to(x.dtype()).view(shape));
+    const auto on = x.options();
+    x = (x - mean_t.to(on).view(shape)).mul_(inv_std_t.to(on).view(shape));
   };
 }
 
@@ -75,6 +76,7 @@ BatchTransform random_flip(double p) {
     auto& x = first_input(batch, "random_flip");
     require_images(x, "random_flip");
     auto flip = at::rand({x.size(0)}, rng, torch::TensorOptions().dtype(torch::kFloat64)).lt(p).view({-1, 1, 1, 1});
+    flip = flip.to(x.device());
     x = torch::where(flip, x.flip({3}), x);
   };
 }

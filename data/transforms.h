@@ -1,7 +1,8 @@
 #pragma once
-// Batch transforms: functions applied to whole batches on the CPU after collation, in the loader's
-// workers. Random ones draw from the generator they are given, seeded per batch by the DataLoader, so
-// results depend on (seed, epoch, batch) only, never on the number of workers.
+// Batch transforms: functions applied to whole batches after collation, on the batch's device (the
+// loader's workers on the CPU, the GPU after the copy on CUDA). Random ones draw from the CPU generator
+// they are given, seeded per batch by the DataLoader, so results depend on (seed, epoch, batch) only,
+// never on the number of workers or the device.
 #include <fastlearn/data/batch.h>
 
 #include <ATen/core/Generator.h>

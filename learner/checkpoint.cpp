@@ -1,6 +1,7 @@
 #include <fastlearn/learner/checkpoint.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/data/tabular_dataloaders.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/models/weights.h>
 
@@ -87,6 +88,8 @@ CheckpointState capture_state(Learner& learn, SaveOptions options) {
   state.metadata["format_version"] = kFormatVersion;
   // The class names, so that predictions from the saved model map back to them.
   if (!learn.dls().vocab().empty()) state.metadata["vocab"] = nlohmann::json(learn.dls().vocab()).dump();
+  // A table's procs (vocabularies, fill values, statistics), which its rows must go through at predict time.
+  if (const auto* table = tabular_dataset(learn.dls())) state.metadata["tabular_procs"] = table->procs().to_json();
   if (!options.with_opt) return state;
   if (learn.has_opt()) {
     for (auto& [name, t] : learn.opt().state_tensors()) {
@@ -178,6 +181,17 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
     if (saved != learn.dls().vocab()) {
       throw CheckpointError(fmt::format("{}: the model was saved for the classes [{}], the data has [{}]", origin,
                                         fmt::join(saved, ", "), fmt::join(learn.dls().vocab(), ", ")));
+    }
+  }
+  if (auto it = state.metadata.find("tabular_procs"); it != state.metadata.end()) {
+    if (const auto* table = tabular_dataset(learn.dls())) {
+      const auto saved = TabularProcs::from_json(it->second, std::string(origin));
+      if (!(saved == table->procs())) {
+        throw CheckpointError(
+            fmt::format("{}: the model was saved with other tabular procs (columns, vocabularies "
+                        "or statistics) than the data's: it was trained on other data",
+                        origin));
+      }
     }
   }
   // 1. Check every model tensor before changing anything.

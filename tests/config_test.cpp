@@ -108,6 +108,39 @@ TEST(Config, KeysThatDoNotApplyAreErrors) {
                   "callbacks.early_stopping.monitor: \"acc\" is not recorded");
 }
 
+TEST(Config, CsvTablesNameTheirColumnsAndTakeTheTabularModel) {
+  const auto c = parse_config(
+      "[data]\ndataset = \"csv\"\npath = \"t.csv\"\ny_names = [\"salary\"]\ncat_names = [\"job\"]\n"
+      "cont_names = [\"age\"]\nvalid_col = \"is_valid\"\n[model]\nlayers = [64, 32]\n",
+      "run.toml");
+  EXPECT_EQ(c.model.arch, "tabular");
+  EXPECT_EQ(c.model.layers, (std::vector<std::int64_t>{64, 32}));
+  EXPECT_EQ(c.data.procs, (std::vector<std::string>{"categorify", "fill_missing", "normalize"}));
+  EXPECT_EQ(c.train.loss, "cross_entropy");
+  EXPECT_EQ(c.train.metrics, (std::vector<std::string>{"accuracy"}));
+  EXPECT_EQ(parse_config(to_toml(c), "resolved.toml"), c);
+  const auto reg = parse_config(
+      "[data]\ndataset = \"csv\"\npath = \"t.csv\"\ny_names = [\"a\", \"b\"]\n"
+      "cont_names = [\"x\"]\ny_block = \"regression\"\n",
+      "run.toml");
+  EXPECT_EQ(reg.train.loss, "mse");
+  EXPECT_EQ(reg.train.metrics, (std::vector<std::string>{"rmse"}));
+  const std::string csv = "[data]\ndataset = \"csv\"\npath = \"t.csv\"\n";
+  expect_contains(error_of(csv + "cont_names = [\"x\"]\n").what(),
+                  "data.y_names: dataset = \"csv\" needs data.y_names");
+  expect_contains(error_of(csv + "y_names = [\"y\"]\n").what(), "needs data.cat_names or data.cont_names");
+  expect_contains(error_of(csv + "y_names = [\"y\", \"z\"]\ncont_names = [\"x\"]\n").what(),
+                  "several targets need y_block = \"regression\"");
+  expect_contains(error_of(csv + "y_names = [\"y\"]\ncat_names = [\"c\"]\nprocs = [\"normalize\"]\n").what(),
+                  "need the \"categorify\" proc");
+  expect_contains(error_of(csv + "y_names = [\"y\"]\ncont_names = [\"x\"]\nprocs = [\"scale\"]\n").what(),
+                  "unknown proc \"scale\"");
+  expect_contains(error_of("[data]\ndataset = \"csv\"\ny_names = [\"y\"]\ncont_names = [\"x\"]\n").what(),
+                  "data.path: must name the CSV file");
+  expect_contains(error_of("[data]\ny_names = [\"y\"]\n").what(), "data.y_names: applies to dataset = \"csv\" only");
+  expect_contains(error_of("[model]\nlayers = [8]\n").what(), "model.layers: applies to arch = \"tabular\" only");
+}
+
 TEST(Config, ASyntaxErrorGivesLineAndColumn) {
   const auto e = error_of("[train]\nepochs = 3\nlr = = 0.1\n");
   EXPECT_EQ(e.line(), 3);

@@ -2,8 +2,10 @@
 // through the same parsers in the normal build: each gives a value or the parser's own error type.
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/safetensors.h>
+#include <fastlearn/data/csv.h>
 #include <fastlearn/data/idx.h>
 #include <fastlearn/data/image_decode.h>
+#include <fastlearn/data/tabular_procs.h>
 
 #include "cli/config.h"
 
@@ -13,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -89,6 +92,31 @@ TEST(FuzzCorpus, ImageInputsDecodeOrFailWithDataError) {
     }
   }
   EXPECT_GE(decoded, 9) << "the seeds (one file per JPEG / PNG kind) all decode";
+}
+
+TEST(FuzzCorpus, CsvInputsParseAndFitProcsOrFailWithDataError) {
+  const auto files = inputs("csv");
+  ASSERT_FALSE(files.empty());
+  int fitted = 0;
+  for (const auto& file : files) {
+    try {
+      const auto table = fl::parse_csv(bytes_of(file), file.string());
+      if (table.columns.size() < 2) continue;
+      std::vector<std::int64_t> rows(table.rows.size());
+      std::iota(rows.begin(), rows.end(), 0);
+      const auto procs = fl::TabularProcs::fit(
+          table, rows, {.cat_names = {table.columns[0]}, .cont_names = {table.columns[1]}}, file.string());
+      const auto x = procs.encode(table, rows, file.string());
+      EXPECT_EQ(x.cats.size(0), static_cast<std::int64_t>(rows.size())) << file;
+      EXPECT_EQ(fl::TabularProcs::from_json(procs.to_json(), "json"), procs) << file;
+      ++fitted;
+    } catch (const fl::DataError&) {
+    } catch (const fl::ConfigError&) {
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << file << ": " << e.what();
+    }
+  }
+  EXPECT_GE(fitted, 2) << "the well-formed seeds with a numeric second column fit";
 }
 
 TEST(FuzzCorpus, SafetensorsInputsParseOrFailWithCheckpointError) {

@@ -11,6 +11,7 @@
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/random.h>
 #include <fastlearn/core/safetensors.h>
+#include <fastlearn/data/aug_transforms.h>
 #include <fastlearn/data/image_dataloaders.h>
 #include <fastlearn/distributed/collectives.h>
 #include <fastlearn/distributed/distrib_ctx.h>
@@ -175,6 +176,33 @@ TEST(GpuData, BatchesComeThroughPinnedMemoryAndAGpuDatasetStaysOnTheGpu) {
     }
     EXPECT_EQ(seen, 64);
   }
+}
+
+TEST(GpuData, BatchTransformsRunOnTheGpuAfterTheCopyAndDrawAsOnTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  // uint8 images, as ImageDataset makes them: the copy carries bytes, the GPU makes them float.
+  auto gen = at::detail::createCPUGenerator(3);
+  auto x = at::randint(0, 256, {48, 3, 20, 24}, gen, at::TensorOptions().dtype(at::kByte));
+  auto y = torch::arange(48, torch::kLong);
+  auto ds = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
+  const std::vector<fl::BatchTransform> tfms{fl::to_float(), fl::random_flip(0.5), fl::aug_transforms(),
+                                             fl::normalize({0.485, 0.456, 0.406}, {0.229, 0.224, 0.225})};
+  fl::DataLoader on_cpu(ds, {.bs = 16, .shuffle = true, .num_workers = 2, .seed = 5, .batch_tfms = tfms});
+  fl::DataLoader on_gpu(ds,
+                        {.bs = 16, .shuffle = true, .num_workers = 2, .seed = 5, .batch_tfms = tfms, .device = kGpu});
+  auto gpu_it = on_gpu.begin();
+  std::int64_t batches = 0;
+  for (const auto& cpu_batch : on_cpu) {
+    const auto& gpu_batch = *gpu_it;
+    ASSERT_TRUE(gpu_batch.inputs[0].is_cuda());
+    EXPECT_EQ(gpu_batch.inputs[0].scalar_type(), at::kFloat);
+    EXPECT_TRUE(torch::equal(gpu_batch.targets[0].cpu(), cpu_batch.targets[0])) << "the same order";
+    // The same draws (from the CPU generator) on both: only the float arithmetic differs.
+    EXPECT_TRUE(torch::allclose(gpu_batch.inputs[0].cpu(), cpu_batch.inputs[0], 1e-4, 1e-4)) << "batch " << batches;
+    ++gpu_it;
+    ++batches;
+  }
+  EXPECT_EQ(batches, 3);
 }
 
 TEST(GpuData, CudaTensorsAreWrittenToSafetensorsAsCpuData) {

@@ -15,26 +15,16 @@
 #include <set>
 
 #include "support/message_of.h"
-#include "support/processes.h"
+#include "support/python_data.h"
 
 namespace fl = fastlearn;
 namespace fs = std::filesystem;
 
 namespace {
 
-class ImageFiles : public ::testing::Test {
+class ImageFiles : public fastlearn::testing::PythonData<ImageFiles> {
  protected:
-  static void SetUpTestSuite() {
-    root_ = fs::temp_directory_path() / fmt::format("fastlearn-images-{}", ::getpid());
-    const auto [code, output] = fastlearn::testing::run_shell(fmt::format(
-        "'{}' '{}/scripts/make-image-folders' '{}' 2>&1", FASTLEARN_PYTHON, FASTLEARN_SOURCE_DIR, root_.string()));
-    made_ = code == 0;
-    why_ = output;
-  }
-  static void TearDownTestSuite() { fs::remove_all(root_); }
-  void SetUp() override {
-    if (!made_) GTEST_SKIP() << "scripts/make-image-folders needs a Python with numpy and Pillow: " << why_;
-  }
+  static void SetUpTestSuite() { make("images", "'{python}' '{source}/scripts/make-image-folders' '{dir}'"); }
   static std::vector<std::string> labels_of(const fl::DataLoader& dl, const std::vector<std::string>& vocab) {
     const auto& ds = dynamic_cast<const fl::ImageDataset&>(dl.dataset());
     std::vector<std::string> out;
@@ -44,9 +34,6 @@ class ImageFiles : public ::testing::Test {
   static const fl::ImageDataset& dataset(const fl::DataLoader& dl) {
     return dynamic_cast<const fl::ImageDataset&>(dl.dataset());
   }
-  static inline fs::path root_;
-  static inline bool made_ = false;
-  static inline std::string why_;
 };
 
 const std::vector<std::string> kClasses{"Ankle_boot", "Bag",   "Coat",    "Dress",       "Pullover",
@@ -144,22 +131,22 @@ TEST(AugTransforms, TheDrawsFollowTheGeneratorAndZoomAndLightingHaveTheirEffect)
 }
 
 TEST_F(ImageFiles, GetImageFilesFindsEveryExtensionInAnyCaseSortedAndVerifyImagesNamesTheBadOnes) {
-  const auto files = fl::get_image_files(root_ / "odd");
+  const auto files = fl::get_image_files(dir_ / "odd");
   std::vector<std::string> names;
-  for (const auto& f : files) names.push_back(fs::relative(f, root_ / "odd").string());
+  for (const auto& f : files) names.push_back(fs::relative(f, dir_ / "odd").string());
   EXPECT_EQ(names,
             (std::vector<std::string>{"a/gray.jpg", "a/palette.png", "a/rgba.png", "b/CAPS.PNG", "b/nested/UPPER.JPG",
                                       "b/nested/sixteen.png", "c/notes.jpg", "c/truncated.jpg", "c/whole.jpg"}));
-  const auto bad = fl::verify_images(root_ / "odd", 2);
+  const auto bad = fl::verify_images(dir_ / "odd", 2);
   ASSERT_EQ(bad.size(), 2u);
-  EXPECT_EQ(bad[0].file, root_ / "odd" / "c" / "notes.jpg");
-  EXPECT_EQ(bad[1].file, root_ / "odd" / "c" / "truncated.jpg");
+  EXPECT_EQ(bad[0].file, dir_ / "odd" / "c" / "notes.jpg");
+  EXPECT_EQ(bad[1].file, dir_ / "odd" / "c" / "truncated.jpg");
   for (const auto& b : bad) EXPECT_NE(b.error.find(b.file.string()), std::string::npos) << b.error;
-  EXPECT_THROW(fl::get_image_files(root_ / "missing"), fl::DataError);
+  EXPECT_THROW(fl::get_image_files(dir_ / "missing"), fl::DataError);
 }
 
 TEST_F(ImageFiles, FromFolderWithTrainAndValidFoldersLabelsByParentFolderWithASortedVocab) {
-  auto dls = fl::ImageDataLoaders::from_folder(root_ / "png", {.bs = 16, .seed = 1, .size = 28});
+  auto dls = fl::ImageDataLoaders::from_folder(dir_ / "png", {.bs = 16, .seed = 1, .size = 28});
   EXPECT_EQ(dls.vocab(), kClasses);
   EXPECT_EQ(dls.c(), 10);
   EXPECT_FALSE(dls.multi_label());
@@ -191,20 +178,20 @@ TEST_F(ImageFiles, FromFolderWithTrainAndValidFoldersLabelsByParentFolderWithASo
 TEST_F(ImageFiles, ValidPctSplitIsReproducibleAndFollowsItsSeed) {
   auto valid_files = [&](std::uint64_t split_seed) {
     auto dls =
-        fl::ImageDataLoaders::from_folder(root_ / "jpg", {.size = 28, .valid_pct = 0.25, .split_seed = split_seed});
+        fl::ImageDataLoaders::from_folder(dir_ / "jpg", {.size = 28, .valid_pct = 0.25, .split_seed = split_seed});
     EXPECT_EQ(dls.valid().dataset().size(), 75);
     EXPECT_EQ(dls.train().dataset().size(), 225);
     return dataset(dls.valid()).files();
   };
   EXPECT_EQ(valid_files(3), valid_files(3));
   EXPECT_NE(valid_files(3), valid_files(4));
-  EXPECT_THROW(fl::ImageDataLoaders::from_folder(root_ / "jpg", {.valid_pct = 1.0}), fl::DataError);
+  EXPECT_THROW(fl::ImageDataLoaders::from_folder(dir_ / "jpg", {.valid_pct = 1.0}), fl::DataError);
 }
 
 TEST_F(ImageFiles, BatchesAreTheSameWithAnyNumberOfWorkers) {
   auto batches = [&](int workers) {
     auto dls = fl::ImageDataLoaders::from_folder(
-        root_ / "png", {.bs = 32, .num_workers = workers, .seed = 5, .size = 24, .min_scale = 0.5});
+        dir_ / "png", {.bs = 32, .num_workers = workers, .seed = 5, .size = 24, .min_scale = 0.5});
     std::vector<at::Tensor> out;
     for (const auto& b : dls.train()) out.push_back(b.inputs[0]);
     return out;
@@ -216,13 +203,13 @@ TEST_F(ImageFiles, BatchesAreTheSameWithAnyNumberOfWorkers) {
 }
 
 TEST_F(ImageFiles, FromCsvWithAValidColumnAndMultiLabel) {
-  auto dls = fl::ImageDataLoaders::from_csv(root_ / "labels.csv", {.valid_col = "is_valid"}, {.size = 28});
+  auto dls = fl::ImageDataLoaders::from_csv(dir_ / "labels.csv", {.valid_col = "is_valid"}, {.size = 28});
   EXPECT_EQ(dls.vocab(), kClasses);
   EXPECT_EQ(dls.train().dataset().size(), 200);
   EXPECT_EQ(dls.valid().dataset().size(), 100);
   for (const auto& f : dataset(dls.valid()).files()) EXPECT_EQ(f.parent_path().parent_path().filename(), "valid");
 
-  auto multi = fl::ImageDataLoaders::from_csv(root_ / "multi.csv", {.label_delim = " "}, {.size = 28});
+  auto multi = fl::ImageDataLoaders::from_csv(dir_ / "multi.csv", {.label_delim = " "}, {.size = 28});
   EXPECT_TRUE(multi.multi_label());
   const auto& targets = dataset(multi.train()).targets();
   EXPECT_EQ(targets.scalar_type(), torch::kFloat32);
@@ -230,23 +217,23 @@ TEST_F(ImageFiles, FromCsvWithAValidColumnAndMultiLabel) {
   EXPECT_TRUE(targets.sum(1).eq(2).all().item<bool>()) << "two labels per image";
 
   const auto error = fastlearn::testing::message_of(
-      [&] { fl::ImageDataLoaders::from_csv(root_ / "labels.csv", {.label_col = "class"}, {.size = 28}); });
+      [&] { fl::ImageDataLoaders::from_csv(dir_ / "labels.csv", {.label_col = "class"}, {.size = 28}); });
   EXPECT_NE(error.find("labels.csv: no column 'class'; the columns are name, label, is_valid"), std::string::npos)
       << error;
 }
 
 TEST_F(ImageFiles, FromNameReTakesTheLabelFromTheFirstGroupAndNamesAFileThatDoesNotMatch) {
-  auto files = fl::get_image_files(root_ / "jpg");
+  auto files = fl::get_image_files(dir_ / "jpg");
   auto dls = fl::ImageDataLoaders::from_name_re(files, R"((train|valid)_\d+\.jpg)", {.size = 28});
   EXPECT_EQ(dls.vocab(), (std::vector<std::string>{"train", "valid"}));
-  files.push_back(root_ / "odd" / "a" / "gray.jpg");
+  files.push_back(dir_ / "odd" / "a" / "gray.jpg");
   const auto error =
       fastlearn::testing::message_of([&] { fl::ImageDataLoaders::from_name_re(files, R"((train|valid)_\d+\.jpg)"); });
   EXPECT_NE(error.find("gray.jpg' does not match"), std::string::npos) << error;
 }
 
 TEST_F(ImageFiles, BadImagesStopTrainingNamingTheFileUnlessSkippedWithOneWarning) {
-  const auto odd = root_ / "odd";
+  const auto odd = dir_ / "odd";
   // valid_pct over 9 files: both splits get some; every file must decode to be loaded.
   auto strict = fl::ImageDataLoaders::from_folder(odd, {.bs = 2, .size = 16, .valid_pct = 0.3});
   const auto error = fastlearn::testing::message_of([&] {

@@ -2,6 +2,7 @@
 // broken file is an error that names it. The files are written here with the same libraries' encoders.
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/image_decode.h>
+#include <fastlearn/data/image_encode.h>
 
 #include <gtest/gtest.h>
 #include <spng.h>
@@ -154,4 +155,19 @@ TEST(ImageDecode, ReadImageReadsAFile) {
       .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   EXPECT_TRUE(torch::equal(fl::read_image(file), chw(picture(6, 4))));
   std::filesystem::remove(file);
+}
+
+TEST(ImageEncode, PngRoundTripsRgbAndGrayAndRefusesOtherImages) {
+  const auto rgb = picture(5, 7).permute({2, 0, 1}).contiguous();
+  const auto rgb_png = fl::encode_png(rgb);
+  EXPECT_EQ(rgb_png.substr(1, 3), "PNG");
+  const auto rgb_bytes = std::span(reinterpret_cast<const std::uint8_t*>(rgb_png.data()), rgb_png.size());
+  EXPECT_TRUE(torch::equal(fl::decode_image(rgb_bytes, "rgb.png"), rgb));
+  const auto gray = rgb.narrow(0, 1, 1);  // not contiguous in memory: the encoder copies what it needs
+  const auto gray_png = fl::encode_png(gray);
+  const auto gray_bytes = std::span(reinterpret_cast<const std::uint8_t*>(gray_png.data()), gray_png.size());
+  EXPECT_TRUE(torch::equal(fl::decode_image(gray_bytes, "gray.png", {.mode = fl::ImageMode::gray}), gray));
+  EXPECT_THROW(fl::encode_png(rgb.to(torch::kFloat)), fl::DataError);
+  EXPECT_THROW(fl::encode_png(torch::zeros({4, 5, 5}, torch::kUInt8)), fl::DataError);
+  EXPECT_THROW(fl::encode_png(torch::zeros({5, 5}, torch::kUInt8)), fl::DataError);
 }

@@ -1,14 +1,24 @@
 // Metrics: hand-computed small cases, batch-size weighting, whole-set vs per-batch values, F1 with absent
 // classes, clone independence, NaN when empty, detached inputs.
 #include <fastlearn/core/error.h>
+#include <fastlearn/data/dataset.h>
+#include <fastlearn/data/image_decode.h>
 #include <fastlearn/learner/interpretation.h>
 #include <fastlearn/learner/metrics.h>
 #include <fastlearn/learner/multi_label_metrics.h>
+#include <fastlearn/learner/top_losses_grid.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
 
 namespace fl = fastlearn;
 
@@ -209,4 +219,58 @@ TEST(ClassificationInterpretation, ConfusionMatrixMostConfusedAndTopLosses) {
   EXPECT_EQ(top[1].index, 3);  // -log 0.4
   EXPECT_EQ(interp.top_losses(10).size(), 4u);
   EXPECT_THROW(fl::ClassificationInterpretation(probs, targets, {"a", "b"}), fl::ConfigError);
+}
+
+namespace {
+
+std::vector<std::uint8_t> from_base64(const std::string& text) {
+  const std::string digits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::vector<std::uint8_t> out;
+  std::uint32_t bits = 0;
+  int held = 0;
+  for (char c : text) {
+    if (c == '=') break;
+    bits = bits << 6 | static_cast<std::uint32_t>(digits.find(c));
+    held += 6;
+    if (held >= 8) {
+      held -= 8;
+      out.push_back(static_cast<std::uint8_t>(bits >> held & 0xFF));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// The same four items as above, as 3-channel images: the grid shows the worst ones first, each image as the
+// dataset gives it, with its predicted and actual class.
+TEST(ClassificationInterpretation, TopLossesGridEmbedsTheWorstItemsImagesWithTheirClasses) {
+  const auto probs = torch::tensor({{0.8, 0.1, 0.1}, {0.6, 0.3, 0.1}, {0.2, 0.7, 0.1}, {0.5, 0.1, 0.4}});
+  const auto targets = torch::tensor({0, 1, 1, 2});
+  const fl::ClassificationInterpretation interp(probs, targets, {"a<1>", "b", "c"});
+  const auto images = torch::randint(0, 256, {4, 3, 6, 9}, torch::kUInt8);
+  const fl::TensorDataset items({images}, {targets});
+  const auto file =
+      std::filesystem::temp_directory_path() / ("fastlearn-grid-" + std::to_string(::getpid())) / "top.svg";
+  fl::save_top_losses_grid(interp, items, 2, file, {.columns = 2});
+  std::ifstream in(file);
+  const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> embedded;
+  for (auto at = svg.find("base64,"); at != std::string::npos; at = svg.find("base64,", at + 1)) {
+    embedded.push_back(svg.substr(at + 7, svg.find('"', at) - at - 7));
+  }
+  ASSERT_EQ(embedded.size(), 2u) << svg.substr(0, 600);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto png = from_base64(embedded[i]);
+    const std::int64_t item = i == 0 ? 1 : 3;  // the two highest losses, highest first
+    EXPECT_TRUE(torch::equal(fl::decode_image(png, "embedded"), images[item])) << "image " << i;
+  }
+  EXPECT_LT(svg.find("a&lt;1&gt; / b"), svg.find("a&lt;1&gt; / c")) << "class names are escaped, worst first";
+  EXPECT_NE(svg.find(">1.20, 0.60 (item 1)<"), std::string::npos) << svg.substr(0, 900);
+
+  const fl::TensorDataset floats({images.to(torch::kFloat)}, {targets});
+  EXPECT_THROW(fl::save_top_losses_grid(interp, floats, 2, file), fl::DataError);
+  const fl::TensorDataset fewer({images.narrow(0, 0, 2)}, {targets.narrow(0, 0, 2)});
+  EXPECT_THROW(fl::save_top_losses_grid(interp, fewer, 2, file), fl::DataError);
+  std::filesystem::remove_all(file.parent_path());
 }

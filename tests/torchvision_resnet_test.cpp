@@ -15,27 +15,17 @@
 #include <filesystem>
 
 #include "support/message_of.h"
-#include "support/processes.h"
+#include "support/python_data.h"
 
 namespace fl = fastlearn;
 namespace fs = std::filesystem;
 
 namespace {
 
-class TorchvisionOracle : public ::testing::Test {
+class TorchvisionOracle : public fastlearn::testing::PythonData<TorchvisionOracle> {
  protected:
   static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / fmt::format("fastlearn-torchvision-{}", ::getpid());
-    fs::create_directories(dir_);
-    const auto [code, output] =
-        fastlearn::testing::run_shell(fmt::format("'{}' '{}/tests/python/torchvision_resnet_oracle.py' '{}' 2>&1",
-                                                  FASTLEARN_PYTHON, FASTLEARN_SOURCE_DIR, dir_.string()));
-    made_ = code == 0;
-    why_ = output;
-  }
-  static void TearDownTestSuite() { fs::remove_all(dir_); }
-  void SetUp() override {
-    if (!made_) GTEST_SKIP() << "the oracle needs a Python with torch, torchvision, Pillow and safetensors: " << why_;
+    make("torchvision", "'{python}' '{source}/tests/python/torchvision_resnet_oracle.py' '{dir}'");
   }
   // The two PNG files as the model's input: [0, 1], ImageNet's mean and std.
   static at::Tensor images() {
@@ -45,9 +35,6 @@ class TorchvisionOracle : public ::testing::Test {
     return (x - torch::tensor({0.485, 0.456, 0.406}).view({1, 3, 1, 1})) /
            torch::tensor({0.229, 0.224, 0.225}).view({1, 3, 1, 1});
   }
-  static inline fs::path dir_;
-  static inline bool made_ = false;
-  static inline std::string why_;
 };
 
 class Arch : public TorchvisionOracle, public ::testing::WithParamInterface<std::string> {};

@@ -160,6 +160,86 @@ metrics = ["accuracy"]
   EXPECT_TRUE(predicted == "Dress" || predicted == "Pullover" || predicted == "T-shirt_top" || predicted == "Trouser")
       << p.output;
   EXPECT_NE(p.output.find("broken.png"), std::string::npos) << p.output;
+
+  // interpret: the confusion matrix over the 16 validation images, and the grid of the 5 worst.
+  const auto i = run(fmt::format("interpret {} --checkpoint {} --top 5 --out {}", config_.string(),
+                                 (out_ / "checkpoints" / "model.safetensors").string(), (dir_ / "interp").string()));
+  ASSERT_EQ(i.exit_code, 0) << i.output;
+  EXPECT_NE(i.output.find("most confused"), std::string::npos) << i.output;
+  const auto cm = read(dir_ / "interp" / "confusion_matrix.csv");
+  EXPECT_EQ(cm.rfind("actual,Dress,Pullover,T-shirt_top,Trouser\nDress,", 0), 0u) << cm;
+  std::int64_t total = 0;
+  std::istringstream rows(cm.substr(cm.find('\n') + 1));
+  for (std::string row; std::getline(rows, row);) {
+    std::istringstream cells(row.substr(row.find(',') + 1));
+    for (std::string cell; std::getline(cells, cell, ',');) total += std::stoll(cell);
+  }
+  EXPECT_EQ(total, 16) << cm;
+  const auto grid = read(dir_ / "interp" / "top_losses.svg");
+  std::size_t images = 0;
+  for (auto at = grid.find("<image"); at != std::string::npos; at = grid.find("<image", at + 1)) ++images;
+  EXPECT_EQ(images, 5u);
+  const auto bad = run(fmt::format("interpret {} --checkpoint {} --top 0", config_.string(),
+                                   (out_ / "checkpoints" / "model.safetensors").string()));
+  EXPECT_NE(bad.exit_code, 0);
+}
+
+// A CSV table through `fastlearn train`: one process, then 2 ranks with the same global batch, reach the same
+// accuracy (within 1 point); predict reads CSV rows through the procs saved with the model.
+TEST_F(TrainCommand, TrainsATableOnOneAndTwoRanksAndPredictsCsvRows) {
+  const auto census = dir_ / "census.csv";
+  const auto [made, why] =
+      fastlearn::testing::run_shell(fmt::format("'{}' '{}/scripts/make-census-csv' '{}' --rows 8000 2>&1",
+                                                FASTLEARN_PYTHON, FASTLEARN_SOURCE_DIR, census.string()));
+  if (made != 0) GTEST_SKIP() << "scripts/make-census-csv needs a Python with numpy: " << why;
+  std::ofstream(config_) << fmt::format(R"([data]
+dataset = "csv"
+path = "{}"
+y_names = ["salary"]
+cat_names = ["workclass", "education", "occupation", "native_country", "sex"]
+cont_names = ["age", "hours_per_week", "capital_gain", "education_num"]
+bs = 128
+workers = 0
+[model]
+arch = "tabular"
+[train]
+epochs = 4
+lr = 1e-2
+seed = 3
+)",
+                                        census.string());
+  const auto one = run(train(""));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const double alone = nlohmann::json::parse(read(out_ / "metrics.json")).back()["accuracy"];
+  EXPECT_GT(alone, 0.8) << "the constant guess gets about 0.77";
+  const auto model = out_ / "two" / "checkpoints" / "model.safetensors";
+  const auto two =
+      run("train " + config_.string() + " --out " + (out_ / "two").string() + " --nproc-per-node 2 --set data.bs=64");
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  const double ranks = nlohmann::json::parse(read(out_ / "two" / "metrics.json")).back()["accuracy"];
+  EXPECT_GE(ranks, alone - 0.01) << "2 ranks of 64 reach 1 process of 128 (within 1 point): " << ranks << " vs "
+                                 << alone;
+  EXPECT_NE(read(model).find("tabular_procs"), std::string::npos) << "the procs are saved with the model";
+
+  std::ofstream(dir_ / "rows.csv") << "age,workclass,education,occupation,native_country,sex,hours_per_week,"
+                                      "capital_gain,education_num\n"
+                                      "52,Private,Doctorate,Exec-managerial,United-States,Male,60,15000,16\n"
+                                      ",,,,Atlantis,,,,\n"
+                                      "old,Private,HS-grad,Sales,Mexico,Female,40,0,9\n";
+  const auto p =
+      run(fmt::format("predict {} --checkpoint {} {}", config_.string(), model.string(), (dir_ / "rows.csv").string()));
+  EXPECT_EQ(p.exit_code, 1) << "the third row's age is not a number:\n" << p.output;
+  EXPECT_NE(p.output.find("rows.csv:2\t>=50k 0."), std::string::npos) << p.output;
+  EXPECT_NE(p.output.find("rows.csv:3\t"), std::string::npos) << "missing and unknown cells still predict\n"
+                                                              << p.output;
+  EXPECT_NE(p.output.find("rows.csv:4: "), std::string::npos) << p.output;
+  EXPECT_NE(p.output.find("column 'age': 'old' is not a number"), std::string::npos) << p.output;
+
+  const auto i = run(fmt::format("interpret {} --checkpoint {} --out {}", config_.string(), model.string(),
+                                 (dir_ / "interp").string()));
+  ASSERT_EQ(i.exit_code, 0) << i.output;
+  EXPECT_NE(i.output.find("top losses"), std::string::npos) << i.output;
+  EXPECT_EQ(read(dir_ / "interp" / "confusion_matrix.csv").rfind("actual,<50k,>=50k\n", 0), 0u);
 }
 
 TEST_F(TrainCommand, AnInvalidConfigWritesNothing) {

@@ -95,7 +95,7 @@ constexpr auto save_best = [](auto& c) -> auto& { return *c.callbacks.save_best;
 constexpr auto output = [](auto& c) -> auto& { return c.output; };
 }  // namespace in
 
-constexpr Condition images_only{[](const TrainConfig& c) { return is_classification(c.data); },
+constexpr Condition images_only{[](const TrainConfig& c) { return is_images(c.data); },
                                 "applies to dataset = \"fashion_mnist\", \"image_folder\" or \"image_csv\" only"};
 constexpr Condition idx_only{[](const TrainConfig& c) { return c.data.dataset == "fashion_mnist"; },
                              "applies to dataset = \"fashion_mnist\" only"};
@@ -103,10 +103,21 @@ constexpr Condition files_only{[](const TrainConfig& c) { return is_image_files(
                                "applies to dataset = \"image_folder\" or \"image_csv\" only"};
 constexpr Condition csv_only{[](const TrainConfig& c) { return c.data.dataset == "image_csv"; },
                              "applies to dataset = \"image_csv\" only"};
+constexpr Condition tabular_only{[](const TrainConfig& c) { return is_tabular(c.data); },
+                                 "applies to dataset = \"csv\" only"};
+constexpr Condition has_files{[](const TrainConfig& c) { return c.data.dataset != "synthetic_regression"; },
+                              "does not apply to dataset = \"synthetic_regression\""};
+constexpr Condition split_by_pct{[](const TrainConfig& c) { return is_image_files(c.data) || is_tabular(c.data); },
+                                 "applies to dataset = \"image_folder\", \"image_csv\" or \"csv\" only"};
+constexpr Condition valid_col_applies{
+    [](const TrainConfig& c) { return c.data.dataset == "image_csv" || is_tabular(c.data); },
+    "applies to dataset = \"image_csv\" or \"csv\" only"};
+constexpr Condition tabular_model_only{[](const TrainConfig& c) { return c.model.arch == "tabular"; },
+                                       "applies to arch = \"tabular\" only"};
 constexpr Condition torchvision_only{
     [](const TrainConfig& c) { return c.model.arch.starts_with("resnet") && c.model.arch != "resnet"; },
     "applies to arch = \"resnet18\", \"resnet34\" or \"resnet50\" only"};
-constexpr Condition synthetic_only{[](const TrainConfig& c) { return !is_classification(c.data); },
+constexpr Condition synthetic_only{[](const TrainConfig& c) { return c.data.dataset == "synthetic_regression"; },
                                    "applies to dataset = \"synthetic_regression\" only"};
 constexpr Condition mlp_only{[](const TrainConfig& c) { return c.model.arch == "mlp"; },
                              "applies to arch = \"mlp\" only"};
@@ -147,6 +158,7 @@ std::string known_metrics(const TrainConfig& c) {
 
 std::vector<std::string> archs_for(const TrainConfig& c) {
   if (is_image_files(c.data)) return {"resnet18", "resnet34", "resnet50"};
+  if (is_tabular(c.data)) return {"tabular"};
   if (is_classification(c.data)) return {"simple_cnn", "mlp", "conv_net", "resnet"};
   return {"mlp"};
 }
@@ -157,7 +169,30 @@ std::string fine_tune_fits_model(const TrainConfig& c) {
 }
 
 std::string path_given(const TrainConfig& c) {
+  if (is_tabular(c.data) && c.data.path.empty()) return "must name the CSV file";
   return is_image_files(c.data) && c.data.path.empty() ? "must name the folder of the images (or of the CSV file)" : "";
+}
+
+std::string columns_given(const TrainConfig& c) {
+  const auto& d = c.data;
+  if (!is_tabular(d)) return {};
+  if (d.y_names.empty()) return "dataset = \"csv\" needs data.y_names (the target column or columns)";
+  if (d.cat_names.empty() && d.cont_names.empty()) return "dataset = \"csv\" needs data.cat_names or data.cont_names";
+  if (d.y_block == "category" && d.y_names.size() > 1)
+    return "y_block = \"category\" takes one target column; several targets need y_block = \"regression\"";
+  return {};
+}
+
+std::string known_procs(const TrainConfig& c) {
+  static const std::vector<std::string> known{"categorify", "fill_missing", "normalize"};
+  for (const auto& p : c.data.procs) {
+    if (std::find(known.begin(), known.end(), p) == known.end())
+      return fmt::format("unknown proc \"{}\"; expected some of \"{}\"", p, fmt::join(known, "\", \""));
+  }
+  if (!c.data.cat_names.empty() &&
+      std::find(c.data.procs.begin(), c.data.procs.end(), "categorify") == c.data.procs.end())
+    return "categorical columns (data.cat_names) need the \"categorify\" proc";
+  return {};
 }
 
 std::string path_or_url(const TrainConfig& c) {
@@ -187,22 +222,28 @@ std::string dir_not_empty(const TrainConfig& c) { return c.output.dir.empty() ? 
 const std::vector<Key>& schema() {
   static const std::vector<Key> keys{
       Key("data.dataset", in::data, &DataConfig::dataset,
-          {.choices = {"fashion_mnist", "image_folder", "image_csv", "synthetic_regression"}}),
+          {.choices = {"fashion_mnist", "image_folder", "image_csv", "csv", "synthetic_regression"}}),
       Key("data.path", in::data, &DataConfig::path, {},
-          {.applies = images_only, .check = path_given, .omit_empty = true}),
+          {.applies = has_files, .check = path_given, .omit_empty = true}),
       Key("data.url", in::data, &DataConfig::url, {}, {.applies = idx_only, .check = path_or_url, .omit_empty = true}),
       Key("data.bs", in::data, &DataConfig::bs, {.min = 1}),
       Key("data.valid_bs", in::data, &DataConfig::valid_bs),
       Key("data.workers", in::data, &DataConfig::workers, {.max = 64}),
       Key("data.size", in::data, &DataConfig::size, {.min = 8, .max = 4096}, {.applies = files_only}),
       Key("data.valid_pct", in::data, &DataConfig::valid_pct, {.min_inclusive = false, .max = 0.9},
-          {.applies = files_only}),
+          {.applies = split_by_pct}),
       Key("data.skip_bad_images", in::data, &DataConfig::skip_bad_images, {}, {.applies = files_only}),
       Key("data.csv", in::data, &DataConfig::csv, {}, {.applies = csv_only}),
       Key("data.fn_col", in::data, &DataConfig::fn_col, {}, {.applies = csv_only, .omit_empty = true}),
       Key("data.label_col", in::data, &DataConfig::label_col, {}, {.applies = csv_only, .omit_empty = true}),
-      Key("data.valid_col", in::data, &DataConfig::valid_col, {}, {.applies = csv_only, .omit_empty = true}),
+      Key("data.valid_col", in::data, &DataConfig::valid_col, {}, {.applies = valid_col_applies, .omit_empty = true}),
       Key("data.label_delim", in::data, &DataConfig::label_delim, {}, {.applies = csv_only, .omit_empty = true}),
+      Key("data.y_names", in::data, &DataConfig::y_names, {}, {.applies = tabular_only, .check = columns_given}),
+      Key("data.cat_names", in::data, &DataConfig::cat_names, {}, {.applies = tabular_only}),
+      Key("data.cont_names", in::data, &DataConfig::cont_names, {}, {.applies = tabular_only}),
+      Key("data.procs", in::data, &DataConfig::procs, {}, {.applies = tabular_only, .check = known_procs}),
+      Key("data.y_block", in::data, &DataConfig::y_block, {.choices = {"category", "regression"}},
+          {.applies = tabular_only}),
       Key::table("data.transforms", images_only),
       Key("data.transforms.normalize", in::transforms, &TransformsConfig::normalize),
       Key("data.transforms.random_crop_padding", in::transforms, &TransformsConfig::random_crop_padding, {.max = 64},
@@ -227,6 +268,9 @@ const std::vector<Key>& schema() {
       Key("model.blocks_per_stage", in::model, &ModelConfig::blocks_per_stage, {.min = 1, .max = 64},
           {.applies = resnet_only}),
       Key("model.stem_width", in::model, &ModelConfig::stem_width, {.min = 1}, {.applies = resnet_only}),
+      Key("model.layers", in::model, &ModelConfig::layers, {.min = 1, .allow_empty = false},
+          {.applies = tabular_model_only}),
+      Key("model.embed_p", in::model, &ModelConfig::embed_p, {.max = 0.99}, {.applies = tabular_model_only}),
 
       Key("train.epochs", in::train, &TrainSectionConfig::epochs, {.min = 1, .max = 1'000'000}),
       Key("train.lr", in::train, &TrainSectionConfig::lr, positive),
@@ -337,7 +381,13 @@ TrainConfig read_config(const strict::Document& doc) {
 
 }  // namespace
 
-bool is_classification(const DataConfig& data) { return data.dataset == "fashion_mnist" || is_image_files(data); }
+bool is_classification(const DataConfig& data) {
+  return is_images(data) || (is_tabular(data) && data.y_block == "category");
+}
+
+bool is_images(const DataConfig& data) { return data.dataset == "fashion_mnist" || is_image_files(data); }
+
+bool is_tabular(const DataConfig& data) { return data.dataset == "csv"; }
 
 bool is_image_files(const DataConfig& data) { return data.dataset == "image_folder" || data.dataset == "image_csv"; }
 

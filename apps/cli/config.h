@@ -36,32 +36,40 @@ struct SyntheticRegressionConfig {
 };
 
 struct DataConfig {
-  std::string dataset = "fashion_mnist";  ///< fashion_mnist | image_folder | image_csv | synthetic_regression
-  std::string path;  ///< fashion_mnist: a local MNIST-format folder (default: url); image_folder / image_csv: the data
+  std::string dataset = "fashion_mnist";  ///< fashion_mnist | image_folder | image_csv | csv | synthetic_regression
+  std::string path;  ///< fashion_mnist: a local MNIST-format folder (default: url); image_*: the data; csv: the file
   std::string url;   ///< fashion_mnist: an archive for untar_data (default: Debian's copy)
   std::int64_t bs = 128;
   std::int64_t valid_bs = 0;  ///< 0: twice bs
   std::int64_t workers = 1;
-  std::int64_t size = 224;         ///< image files: items come out size x size
-  double valid_pct = 0.2;          ///< image files without a train/valid split: share held out (seeded by train.seed)
-  bool skip_bad_images = false;    ///< image files: leave out the files that do not decode, with one warning
-  std::string csv = "labels.csv";  ///< image_csv: the table, under data.path
-  std::string fn_col;              ///< image_csv: file name column (empty: the first)
-  std::string label_col;           ///< image_csv: label column (empty: the second)
-  std::string valid_col;           ///< image_csv: column marking validation rows (empty: data.valid_pct)
-  std::string label_delim;         ///< image_csv: non-empty makes a multi-label task, labels separated by it
+  std::int64_t size = 224;           ///< image files: items come out size x size
+  double valid_pct = 0.2;            ///< image files without a train/valid split: share held out (seeded by train.seed)
+  bool skip_bad_images = false;      ///< image files: leave out the files that do not decode, with one warning
+  std::string csv = "labels.csv";    ///< image_csv: the table, under data.path
+  std::string fn_col;                ///< image_csv: file name column (empty: the first)
+  std::string label_col;             ///< image_csv: label column (empty: the second)
+  std::string valid_col;             ///< image_csv, csv: column marking validation rows (empty: data.valid_pct)
+  std::string label_delim;           ///< image_csv: non-empty makes a multi-label task, labels separated by it
+  std::vector<std::string> y_names;  ///< csv: the target column(s)
+  std::vector<std::string> cat_names;                                         ///< csv: categorical columns
+  std::vector<std::string> cont_names;                                        ///< csv: continuous columns
+  std::vector<std::string> procs{"categorify", "fill_missing", "normalize"};  ///< csv: fastai's tabular procs
+  std::string y_block = "category";  ///< csv: category (one categorical target) | regression
   TransformsConfig transforms;
   SyntheticRegressionConfig synthetic;  ///< synthetic_regression only
   bool operator==(const DataConfig&) const = default;
 };
 
 struct ModelConfig {
-  std::string arch = "simple_cnn";  ///< mlp | simple_cnn | conv_net | resnet (fashion_mnist); resnet18 | 34 | 50
-  std::string weights;              ///< resnet18/34/50: a torchvision state dict (safetensors) for the body
+  std::string arch =
+      "simple_cnn";     ///< mlp | simple_cnn | conv_net | resnet (fashion_mnist); resnet18 | 34 | 50; tabular
+  std::string weights;  ///< resnet18/34/50: a torchvision state dict (safetensors) for the body
   std::vector<std::int64_t> hidden{256, 128};     ///< mlp: hidden layer sizes
   std::vector<std::int64_t> widths{32, 64, 128};  ///< resnet: channels of each stage; conv_net: of each stride-2 layer
   std::int64_t blocks_per_stage = 1;              ///< resnet
   std::int64_t stem_width = 32;                   ///< resnet
+  std::vector<std::int64_t> layers{200, 100};     ///< tabular: hidden layer sizes
+  double embed_p = 0.0;                           ///< tabular: dropout over the embeddings
   bool operator==(const ModelConfig&) const = default;
 };
 
@@ -152,6 +160,10 @@ std::string describe_keys();
 
 /// Whether the data is a classification task (the loss and metrics that fit it differ).
 bool is_classification(const DataConfig& data);
+/// fashion_mnist, image_folder or image_csv: images.
+bool is_images(const DataConfig& data);
+/// csv: a table (tabular data).
+bool is_tabular(const DataConfig& data);
 /// image_folder or image_csv: the user's image files.
 bool is_image_files(const DataConfig& data);
 /// image_csv with a label_delim: each image has any number of labels.

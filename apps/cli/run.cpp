@@ -7,6 +7,7 @@
 #include <torch/cuda.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <csignal>
 #include <cstdlib>
@@ -73,9 +74,26 @@ DataLoaders image_files(const TrainConfig& c) {
   return ImageDataLoaders::from_folder(d.path, options);
 }
 
+DataLoaders tabular_data(const TrainConfig& c) {
+  const auto& d = c.data;
+  return TabularDataLoaders::from_csv(d.path, {.y_names = d.y_names,
+                                               .cat_names = d.cat_names,
+                                               .cont_names = d.cont_names,
+                                               .procs = d.procs,
+                                               .regression = d.y_block == "regression",
+                                               .valid_col = d.valid_col,
+                                               .valid_pct = d.valid_pct,
+                                               .split_seed = static_cast<std::uint64_t>(c.train.seed),
+                                               .bs = d.bs,
+                                               .valid_bs = d.valid_bs,
+                                               .num_workers = static_cast<int>(d.workers),
+                                               .seed = static_cast<std::uint64_t>(c.train.seed)});
+}
+
 DataLoaders make_data(const TrainConfig& c) {
   const auto& d = c.data;
-  if (!is_classification(d)) return synthetic_regression(d);
+  if (d.dataset == "synthetic_regression") return synthetic_regression(d);
+  if (is_tabular(d)) return tabular_data(c);
   if (is_image_files(d)) return image_files(c);
   fs::path dir = d.path;
   if (dir.empty()) {
@@ -94,7 +112,7 @@ DataLoaders make_data(const TrainConfig& c) {
 
 torch::nn::Sequential make_model(const TrainConfig& c, DataLoaders& dls) {
   const auto& m = c.model;
-  const bool images = is_classification(c.data);
+  const bool images = is_images(c.data);
   const std::int64_t outputs = dls.c();
   if (is_image_files(c.data)) {
     return models::vision_model({.arch = m.arch, .classes = outputs, .weights = m.weights});
@@ -200,6 +218,11 @@ std::unique_ptr<Learner> make_learner(const TrainConfig& c, const fs::path& out,
                                       bool resume = false) {
   set_seed(static_cast<std::uint64_t>(c.train.seed));
   auto dls = make_data(c);
+  if (is_tabular(c.data)) {
+    auto model = tabular_model(dls, {.layers = c.model.layers, .embed_p = c.model.embed_p});
+    return std::make_unique<Learner>(std::move(dls), model, make_loss(c.train),
+                                     learner_options(c, out, with_run_callbacks, resume));
+  }
   auto model = make_model(c, dls);
   return std::make_unique<Learner>(std::move(dls), model, make_loss(c.train),
                                    learner_options(c, out, with_run_callbacks, resume));
@@ -273,7 +296,10 @@ int run_train(const TrainArgs& args) {
   const fs::path out = args.out.empty() ? fs::path(config.output.dir) : fs::path(args.out);
   config.output.dir = out.string();
   check_backend(config.distributed, args.config_path);
-  if (!config.data.path.empty() && !fs::is_directory(config.data.path))
+  if (is_tabular(config.data) && !fs::is_regular_file(config.data.path))
+    throw ConfigError(
+        fmt::format("{}: data.path '{}' is not a file; point it at the CSV file", args.config_path, config.data.path));
+  if (!is_tabular(config.data) && !config.data.path.empty() && !fs::is_directory(config.data.path))
     throw ConfigError(
         fmt::format("{}: data.path '{}' is not a folder; point it at an MNIST-format folder, or leave it "
                     "out to use the default Fashion-MNIST",
@@ -308,7 +334,7 @@ int run_train(const TrainArgs& args) {
   }
   if (!is_main()) return 0;
   if (config.output.plots) learn->recorder().plot_loss(out / "loss.svg");
-  fmt::print("final {} set: {}; outputs in {}\n", is_classification(config.data) ? "test" : "validation",
+  fmt::print("final {} set: {}; outputs in {}\n", config.data.dataset == "fashion_mnist" ? "test" : "validation",
              describe(result), out.string());
   return 0;
 }
@@ -334,26 +360,94 @@ int run_validate(const TrainArgs& args, const std::string& checkpoint) {
   auto learn = make_learner(config, config.output.dir, /*with_run_callbacks=*/false);
   load_checkpoint(*learn, checkpoint, {.with_opt = false});
   const auto result = learn->validate();
-  fmt::print("{} set: {}\n", is_classification(config.data) ? "test" : "validation", describe(result));
+  fmt::print("{} set: {}\n", config.data.dataset == "fashion_mnist" ? "test" : "validation", describe(result));
+  return 0;
+}
+
+int run_interpret(const TrainArgs& args, const std::string& checkpoint, int top) {
+  auto config = load_config(args.config_path, args.sets);
+  if (!is_classification(config.data) || is_multi_label(config.data)) {
+    throw ConfigError(
+        fmt::format("interpret: {} is not single-label classification (data.dataset = \"{}\"); "
+                    "interpret reads a classifier's confusions",
+                    args.config_path, config.data.dataset));
+  }
+  if (!fs::exists(checkpoint))
+    throw CheckpointError(fmt::format("interpret: checkpoint '{}' does not exist", checkpoint));
+  const fs::path out = args.out.empty() ? fs::path(config.output.dir) : fs::path(args.out);
+  auto learn = make_learner(config, out, /*with_run_callbacks=*/false);
+  load_checkpoint(*learn, checkpoint, {.with_opt = false});
+  const auto interp = ClassificationInterpretation::from_learner(*learn);
+  const auto& vocab = interp.vocab();
+  const auto cm = interp.confusion_matrix();
+  const auto* counts = cm.data_ptr<std::int64_t>();
+  const auto c = static_cast<std::int64_t>(vocab.size());
+  std::string table = "actual," + fmt::format("{}", fmt::join(vocab, ",")) + "\n";
+  std::size_t width = 6;
+  for (const auto& name : vocab) width = std::max(width, name.size());
+  fmt::print("confusion matrix (rows: actual, columns: predicted)\n{:>{}}", "", width);
+  for (std::int64_t p = 0; p < c; ++p) fmt::print(" {:>6}", p);
+  fmt::print("\n");
+  for (std::int64_t a = 0; a < c; ++a) {
+    const auto& name = vocab[static_cast<std::size_t>(a)];
+    std::vector<std::int64_t> row(counts + a * c, counts + (a + 1) * c);
+    fmt::print("{:>{}}", name, width);
+    for (auto n : row) fmt::print(" {:>6}", n);
+    fmt::print("  ({})\n", a);
+    table += fmt::format("{},{}\n", name, fmt::join(row, ","));
+  }
+  fmt::print("most confused (actual -> predicted: items):\n");
+  const auto confused = interp.most_confused();
+  for (std::size_t i = 0; i < std::min<std::size_t>(confused.size(), 10); ++i) {
+    fmt::print("  {} -> {}: {}\n", confused[i].actual, confused[i].predicted, confused[i].count);
+  }
+  fs::create_directories(out);
+  write_file_atomically(out / "confusion_matrix.csv", table);
+  if (!is_images(config.data)) {
+    fmt::print("top losses (item: actual, predicted, loss):\n");
+    for (const auto& item : interp.top_losses(top)) {
+      fmt::print("  {}: {}, {} {:.3f}, {:.3f}\n", item.index, item.actual, item.predicted, item.probability, item.loss);
+    }
+    fmt::print("wrote {}\n", (out / "confusion_matrix.csv").string());
+    return 0;
+  }
+  save_top_losses_grid(interp, learn->dls().valid().dataset(), top, out / "top_losses.svg");
+  fmt::print("wrote {} and {}\n", (out / "confusion_matrix.csv").string(), (out / "top_losses.svg").string());
   return 0;
 }
 
 int run_predict(const TrainArgs& args, const std::string& checkpoint, const std::vector<std::string>& inputs) {
   auto config = load_config(args.config_path, args.sets);
-  if (!is_image_files(config.data)) {
+  if (!is_image_files(config.data) && !is_tabular(config.data)) {
     throw ConfigError(
         fmt::format("predict: {} has data.dataset = \"{}\"; predict takes image files (data.dataset = "
-                    "\"image_folder\" or \"image_csv\")",
+                    "\"image_folder\" or \"image_csv\") or CSV rows (data.dataset = \"csv\")",
                     args.config_path, config.data.dataset));
   }
   if (!fs::exists(checkpoint))
     throw CheckpointError(fmt::format("predict: checkpoint '{}' does not exist", checkpoint));
   auto learn = make_learner(config, config.output.dir, /*with_run_callbacks=*/false);
-  load_checkpoint(*learn, checkpoint, {.with_opt = false});  // also checks the saved class names
+  load_checkpoint(*learn, checkpoint, {.with_opt = false});  // also checks the saved class names and procs
   int failed = 0;
   for (const auto& input : inputs) {
     try {
-      fmt::print("{}\t{}\n", input, describe(predict_image(*learn, input)));
+      if (is_tabular(config.data)) {
+        // Every row of the CSV file, one line each: FILE:ROW (the header is row 1).
+        const auto table = read_csv(input);
+        for (std::size_t r = 0; r < table.rows.size(); ++r) {
+          std::map<std::string, std::string> row;
+          for (std::size_t j = 0; j < table.columns.size(); ++j) row[table.columns[j]] = table.rows[r][j];
+          try {
+            fmt::print("{}:{}\t{}\n", input, r + 2, describe(predict_row(*learn, row)));
+          } catch (const DataError& e) {
+            std::fflush(stdout);
+            fmt::print(stderr, "fastlearn: error: {}:{}: {}\n", input, r + 2, e.what());
+            ++failed;
+          }
+        }
+      } else {
+        fmt::print("{}\t{}\n", input, describe(predict_image(*learn, input)));
+      }
     } catch (const DataError& e) {
       std::fflush(stdout);
       fmt::print(stderr, "fastlearn: error: {}\n", e.what());

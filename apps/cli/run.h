@@ -1,6 +1,6 @@
 #pragma once
 // The training commands of the `fastlearn` CLI on a parsed TrainConfig: train (on this process, or on
-// N local ranks through the launcher), lr-find and validate. Each returns the process exit code.
+// N local ranks through the launcher), lr-find, validate, interpret and predict. Each returns the process exit code.
 #include "cli/config.h"
 
 #include <string>
@@ -27,6 +27,11 @@ int run_lr_find(const TrainArgs& args);
 /// `fastlearn validate`: loads the checkpoint's weights into the config's model and prints the loss and
 /// metrics on the validation (for Fashion-MNIST: test) set.
 int run_validate(const TrainArgs& args, const std::string& checkpoint);
+
+/// `fastlearn interpret`: loads the checkpoint's weights into the config's model (single-label
+/// classification) and, on the validation set, prints the confusion matrix and the most confused pairs of
+/// classes, and writes <out>/confusion_matrix.csv and <out>/top_losses.svg (the `top` worst items).
+int run_interpret(const TrainArgs& args, const std::string& checkpoint, int top);
 
 /// `fastlearn predict`: loads the checkpoint's weights into the config's model (image data) and prints one
 /// line per image file: the file, a tab, then the class and its probability (multi-label: every class at or

@@ -7,6 +7,7 @@ quick_start.cpp  the first ```cpp block (a whole program)
 distributed.cpp  the same program with its fit line replaced by the second block (the DistribCtx scope)
 data.cpp         the third block (includes, then statements), its statements wrapped in main()
 images.cpp       the fourth block, the same way
+tables.cpp       the fifth block, the same way
 """
 import pathlib
 import re
@@ -20,10 +21,10 @@ def blocks(text):
 def main():
     readme, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
     found = blocks(readme.read_text(encoding="utf-8"))
-    if len(found) < 4:
-        sys.exit(f"{readme}: expected at least 4 ```cpp blocks (quick start, distributed, data, images), "
+    if len(found) < 5:
+        sys.exit(f"{readme}: expected at least 5 ```cpp blocks (quick start, distributed, data, images, tables), "
                  f"found {len(found)}")
-    quick, distributed, data, images = found[:4]
+    quick, distributed, data, images, tables = found[:5]
     fit_lines = [line for line in quick.splitlines() if "learn.fit_one_cycle(" in line]
     if len(fit_lines) != 1:
         sys.exit(f"{readme}: the first ```cpp block must have exactly one learn.fit_one_cycle( line")
@@ -33,7 +34,7 @@ def main():
         "quick_start.cpp": quick,
         "distributed.cpp": quick.replace(fit_lines[0] + "\n", distributed),
     }
-    for name, block in (("data.cpp", data), ("images.cpp", images)):
+    for name, block in (("data.cpp", data), ("images.cpp", images), ("tables.cpp", tables)):
         top = [l for l in block.splitlines() if l.startswith("#include") or l.startswith("namespace ")]
         body = [l for l in block.splitlines() if l not in top]
         files[name] = "\n".join(top) + "\n\nint main() {\n" + "\n".join("  " + l for l in body) + "\n}\n"

@@ -1,0 +1,91 @@
+// vision_fine_tune: training images/s of fine_tune(1) of a resnet18 at 128 px (one frozen epoch, then one
+// unfrozen epoch, validation after each), fastlearn's vision_model + Learner against fastai's vision_learner,
+// on the same JPEG files (bench/python/image_pipeline.py's photos, 8 classes), both starting from the same
+// torchvision resnet18 state dict exported to safetensors (seeded random weights: no download on either
+// side). The same items (Resize(128): random crop in training, centre crop in validation), batch
+// transforms (flip and aug_transforms() with fastai's defaults, ImageNet normalization), batch size, Adam,
+// 2 loader workers and 2 torch threads on both sides. Runs alternate between the sides, each from a new
+// learner; the figure is the median, with the range. Prints one JSON object. Goal: ratio >= 1.5.
+// usage: bench_vision_fine_tune [--images N] [--bs B]
+#include <fastlearn/data/image_dataloaders.h>
+#include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/loss.h>
+#include <fastlearn/learner/metrics.h>
+#include <fastlearn/learner/recorder.h>
+#include <fastlearn/models/models.h>
+#include <fastlearn/models/vision_model.h>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include "support/bench_support.h"
+
+namespace fl = fastlearn;
+namespace fs = std::filesystem;
+
+int main(int argc, char** argv) {
+  int images = 256, bs = 32;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string_view flag = argv[i];
+    if (flag == "--images") images = std::atoi(argv[i + 1]);
+    if (flag == "--bs") bs = std::atoi(argv[i + 1]);
+  }
+  const int repeats = bench::repeats(5);
+  const auto dir = fs::temp_directory_path() / fmt::format("fastlearn-vision-fine-tune-{}", ::getpid());
+  const std::string python = FASTLEARN_PYTHON,
+                    script = std::string(FASTLEARN_SOURCE_DIR) + "/bench/python/vision_fine_tune.py";
+  if (std::system(fmt::format("'{}' '{}' make '{}' {} >&2", python, script, dir.string(), images).c_str()) != 0) {
+    fmt::print(stderr, "bench_vision_fine_tune: making the files failed (scikit-image and fastai installed?)\n");
+    return 1;
+  }
+  torch::set_num_threads(2);
+  auto dls = fl::ImageDataLoaders::from_folder(
+      dir, {.bs = bs, .num_workers = 2, .seed = 0, .size = 128, .flip_p = 0.5, .augment = fl::AugOptions{}});
+  double accuracy = 0;
+  auto ours_run = [&] {
+    auto model =
+        fl::models::vision_model({.arch = "resnet18", .classes = dls.c(), .weights = dir / "resnet18.safetensors"});
+    fl::Learner learn(dls, model, fl::cross_entropy(),
+                      {.metrics = {fl::accuracy()}, .splitter = fl::models::body_head_split, .progress = false});
+    const auto start = bench::Clock::now();
+    learn.fine_tune(1);
+    const double seconds = bench::seconds_since(start);
+    accuracy = learn.recorder().last_valid_metrics().at(0);
+    return static_cast<double>(2 * dls.train().size() * bs) / seconds;  // two epochs of full batches
+  };
+  bench::Coprocess theirs({python, script, "serve", dir.string(), std::to_string(bs)});
+  if (theirs.read_line() != "ready") return 1;
+  double their_accuracy = 0;
+  auto their_run = [&] {
+    double seconds = 0, acc = 0;
+    long n = 0;
+    if (std::sscanf(theirs.request("run").c_str(), "%lf %ld %lf", &seconds, &n, &acc) != 3)
+      throw std::runtime_error("bad reply");
+    their_accuracy = acc;
+    return static_cast<double>(n) / seconds;
+  };
+  ours_run(), their_run();  // warm-up: page cache, worker start-up, allocator
+  std::vector<double> ours, anchor;
+  for (int r = 0; r < repeats; ++r) {
+    ours.push_back(ours_run());
+    anchor.push_back(their_run());
+  }
+  fs::remove_all(dir);
+  const auto o = bench::summarize(ours), a = bench::summarize(anchor);
+  fmt::print(
+      R"({{"vision_fine_tune": {{"ours": {:.2f}, "anchor": {:.2f}, "ratio": {:.3f}, "unit": "images/s", )"
+      R"("higher_is_better": true, "ours_range": [{:.2f}, {:.2f}], "anchor_range": [{:.2f}, {:.2f}], "repeats": {}, )"
+      R"("images": {}, "bs": {}, "ours_last_accuracy": {:.3f}, "anchor_last_accuracy": {:.3f}, )"
+      R"x("what": "fine_tune(1) of resnet18 at 128 px (frozen epoch + unfrozen epoch, validation included): )x"
+      R"x(vision_model + Learner vs fastai vision_learner, same exported weights, aug_transforms, 2 threads"}}}})x"
+      "\n",
+      o.median, a.median, o.median / a.median, o.min, o.max, a.min, a.max, repeats, images, bs, accuracy,
+      their_accuracy);
+  return 0;
+}

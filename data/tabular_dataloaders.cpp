@@ -1,0 +1,210 @@
+#include <fastlearn/data/tabular_dataloaders.h>
+
+#include <fastlearn/core/error.h>
+#include <fastlearn/data/random_splitter.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <set>
+
+namespace fastlearn {
+namespace {
+
+std::optional<double> parse_number(std::string_view cell) {
+  while (!cell.empty() && cell.front() == ' ') cell.remove_prefix(1);
+  while (!cell.empty() && cell.back() == ' ') cell.remove_suffix(1);
+  if (!cell.empty() && cell.front() == '+') cell.remove_prefix(1);
+  double value = 0;
+  const auto [end, error] = std::from_chars(cell.data(), cell.data() + cell.size(), value);
+  if (cell.empty() || error != std::errc() || end != cell.data() + cell.size() || std::isnan(value))
+    return std::nullopt;
+  return value;
+}
+
+// Which rows are for validation: the valid column, else the given indices, else the seeded valid_pct split.
+std::vector<bool> valid_rows(const CsvTable& table, const TabularOptions& o, const std::string& origin) {
+  const auto n = static_cast<std::int64_t>(table.rows.size());
+  if (!o.valid_col.empty()) {
+    const auto col = table.column(o.valid_col, origin);
+    std::vector<bool> valid;
+    for (std::size_t r = 0; r < table.rows.size(); ++r) {
+      std::string cell = table.rows[r][col];
+      std::transform(cell.begin(), cell.end(), cell.begin(), [](unsigned char c) { return std::tolower(c); });
+      if (cell == "true" || cell == "1") {
+        valid.push_back(true);
+      } else if (cell == "false" || cell == "0") {
+        valid.push_back(false);
+      } else {
+        throw DataError(fmt::format("{}: row {}, column '{}': '{}' is not true/false or 1/0", origin, r + 2,
+                                    o.valid_col, table.rows[r][col]));
+      }
+    }
+    return valid;
+  }
+  if (!o.valid_idx.empty()) {
+    std::vector<bool> valid(static_cast<std::size_t>(n), false);
+    for (auto i : o.valid_idx) {
+      if (i < 0 || i >= n) throw DataError(fmt::format("{}: valid_idx {} is outside the {} data rows", origin, i, n));
+      valid[static_cast<std::size_t>(i)] = true;
+    }
+    return valid;
+  }
+  return random_valid_mask(n, o.valid_pct, o.split_seed, origin);
+}
+
+struct Targets {
+  at::Tensor train, valid;
+  std::vector<std::string> vocab;  // classification
+};
+
+Targets encode_targets(const CsvTable& table, const TabularOptions& o, bool regression,
+                       const std::vector<std::int64_t>& train, const std::vector<std::int64_t>& valid,
+                       const std::string& origin) {
+  std::vector<std::size_t> cols;
+  for (const auto& name : o.y_names) cols.push_back(table.column(name, origin));
+  Targets t;
+  if (regression) {
+    auto values = [&](const std::vector<std::int64_t>& rows) {
+      auto y =
+          torch::empty({static_cast<std::int64_t>(rows.size()), static_cast<std::int64_t>(cols.size())}, torch::kFloat);
+      auto* out = y.data_ptr<float>();
+      for (std::size_t i = 0; i < rows.size(); ++i) {
+        for (std::size_t j = 0; j < cols.size(); ++j) {
+          const auto& cell = table.rows[static_cast<std::size_t>(rows[i])][cols[j]];
+          const auto x = parse_number(cell);
+          if (!x) {
+            throw DataError(fmt::format("{}: row {}, target '{}': '{}' is not a number (a regression target)", origin,
+                                        rows[i] + 2, o.y_names[j], cell));
+          }
+          out[i * cols.size() + j] = static_cast<float>(*x);
+        }
+      }
+      return y;
+    };
+    t.train = values(train);
+    t.valid = values(valid);
+    return t;
+  }
+  const auto col = cols.front();
+  std::set<std::string> classes;
+  for (auto r : train) {
+    const auto& cell = table.rows[static_cast<std::size_t>(r)][col];
+    if (is_missing_cell(cell)) {
+      throw DataError(fmt::format("{}: row {}, target '{}': the cell is missing", origin, r + 2, o.y_names.front()));
+    }
+    classes.insert(cell);
+  }
+  t.vocab.assign(classes.begin(), classes.end());
+  std::map<std::string_view, std::int64_t> index;
+  for (std::size_t k = 0; k < t.vocab.size(); ++k) index.emplace(t.vocab[k], static_cast<std::int64_t>(k));
+  auto codes = [&](const std::vector<std::int64_t>& rows) {
+    auto y = torch::empty({static_cast<std::int64_t>(rows.size())}, torch::kLong);
+    auto* out = y.data_ptr<std::int64_t>();
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const auto& cell = table.rows[static_cast<std::size_t>(rows[i])][col];
+      const auto it = index.find(cell);
+      if (it == index.end()) {
+        throw DataError(fmt::format("{}: row {}, target '{}': class '{}' is not among the training rows' classes ({})",
+                                    origin, rows[i] + 2, o.y_names.front(), cell, fmt::join(t.vocab, ", ")));
+      }
+      out[i] = it->second;
+    }
+    return y;
+  };
+  t.train = codes(train);
+  t.valid = codes(valid);
+  return t;
+}
+
+}  // namespace
+
+TabularDataset::TabularDataset(TabularProcs::Encoded x, at::Tensor y, std::shared_ptr<const TabularProcs> procs,
+                               std::vector<std::string> y_names, bool regression)
+    : TensorDataset({std::move(x.cats), std::move(x.conts)}, {std::move(y)}),
+      procs_(std::move(procs)),
+      y_names_(std::move(y_names)),
+      regression_(regression) {}
+
+DataLoaders TabularDataLoaders::from_csv(const std::filesystem::path& path, const TabularOptions& options) {
+  return from_table(read_csv(path, {.delimiter = options.delimiter}), options, path.string());
+}
+
+DataLoaders TabularDataLoaders::from_table(const CsvTable& table, const TabularOptions& o, const std::string& origin) {
+  if (o.y_names.empty()) throw ConfigError(fmt::format("{}: no target column given (y_names)", origin));
+  if (o.cat_names.empty() && o.cont_names.empty()) {
+    throw ConfigError(fmt::format("{}: no input column given (cat_names, cont_names)", origin));
+  }
+  for (const auto& y : o.y_names) {
+    for (const auto& names : {o.cat_names, o.cont_names}) {
+      if (std::find(names.begin(), names.end(), y) != names.end()) {
+        throw ConfigError(fmt::format("{}: column '{}' is both a target and an input", origin, y));
+      }
+    }
+  }
+  const auto is_valid = valid_rows(table, o, origin);
+  std::vector<std::int64_t> train, valid;
+  for (std::size_t r = 0; r < is_valid.size(); ++r)
+    (is_valid[r] ? valid : train).push_back(static_cast<std::int64_t>(r));
+  if (train.empty() || valid.empty()) {
+    throw DataError(fmt::format("{}: the split leaves {} training and {} validation rows; both need some", origin,
+                                train.size(), valid.size()));
+  }
+  bool regression = o.regression.value_or(o.y_names.size() > 1);
+  if (!o.regression && o.y_names.size() == 1) {
+    const auto col = table.column(o.y_names.front(), origin);
+    regression = std::all_of(train.begin(), train.end(), [&](std::int64_t r) {
+      return parse_number(table.rows[static_cast<std::size_t>(r)][col]).has_value();
+    });
+  }
+  if (!regression && o.y_names.size() > 1) {
+    throw ConfigError(fmt::format("{}: {} targets ({}) make a regression; one categorical target at most", origin,
+                                  o.y_names.size(), fmt::join(o.y_names, ", ")));
+  }
+  auto procs = std::make_shared<const TabularProcs>(TabularProcs::fit(
+      table, train, {.cat_names = o.cat_names, .cont_names = o.cont_names, .procs = o.procs}, origin));
+  auto y = encode_targets(table, o, regression, train, valid, origin);
+  auto train_ds =
+      std::make_shared<TabularDataset>(procs->encode(table, train, origin), y.train, procs, o.y_names, regression);
+  auto valid_ds =
+      std::make_shared<TabularDataset>(procs->encode(table, valid, origin), y.valid, procs, o.y_names, regression);
+  DataLoader train_dl(train_ds, {.bs = o.bs,
+                                 .shuffle = true,
+                                 .drop_last = true,
+                                 .num_workers = o.num_workers,
+                                 .seed = o.seed,
+                                 .device = o.device});
+  DataLoader valid_dl(valid_ds,
+                      {.bs = o.valid_bs > 0 ? o.valid_bs : 2 * o.bs, .num_workers = o.num_workers, .device = o.device});
+  if (regression)
+    return DataLoaders(std::move(train_dl), std::move(valid_dl), static_cast<std::int64_t>(o.y_names.size()));
+  return DataLoaders(std::move(train_dl), std::move(valid_dl), std::move(y.vocab));
+}
+
+DataLoaders TabularDataLoaders::from_columns(const std::map<std::string, std::vector<std::string>>& columns,
+                                             const TabularOptions& options) {
+  CsvTable table;
+  std::size_t n = 0;
+  for (const auto& [name, cells] : columns) {
+    if (!table.columns.empty() && cells.size() != n) {
+      throw DataError(fmt::format("TabularDataLoaders::from_columns: column '{}' has {} cells, '{}' has {}", name,
+                                  cells.size(), table.columns.front(), n));
+    }
+    n = cells.size();
+    table.columns.push_back(name);
+  }
+  table.rows.assign(n, {});
+  for (const auto& [name, cells] : columns) {
+    for (std::size_t r = 0; r < n; ++r) table.rows[r].push_back(cells[r]);
+  }
+  return from_table(table, options, "TabularDataLoaders::from_columns");
+}
+
+const TabularDataset* tabular_dataset(const DataLoaders& dls) {
+  return dynamic_cast<const TabularDataset*>(&dls.train().dataset());
+}
+
+}  // namespace fastlearn

@@ -1,0 +1,67 @@
+#pragma once
+// TabularDataLoaders (fastai's): the train and valid loaders of a table, from a CSV file or from columns held
+// in memory. The split comes from a valid column, explicit row indices, or a seeded valid_pct split (fastai's
+// RandomSplitter); the procs (tabular_procs.h) are fitted on the training rows only. Batches hold two inputs,
+// the categorical codes (N, cats) int64 and the continuous values (N, conts) float32, and one target: class
+// indices (N) int64 for a single categorical target, or (N, targets) float32 for regression.
+#include <fastlearn/data/dataloaders.h>
+#include <fastlearn/data/tabular_procs.h>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fastlearn {
+
+struct TabularOptions {
+  std::vector<std::string> y_names;  ///< target column(s)
+  std::vector<std::string> cat_names, cont_names;
+  std::vector<std::string> procs = {"categorify", "fill_missing", "normalize"};
+  /// Default: classification when there is one target and some training value of it is not a number,
+  /// regression otherwise (as fastai picks its y_block from the column's type).
+  std::optional<bool> regression;
+  std::string valid_col;                ///< a column of true/false (or 1/0) marking validation rows
+  std::vector<std::int64_t> valid_idx;  ///< else: data rows (0-based, the header not counted) for validation
+  double valid_pct = 0.2;               ///< else: this share of rows, drawn by split_seed
+  std::uint64_t split_seed = 42;
+  std::int64_t bs = 64;
+  std::int64_t valid_bs = 0;  ///< 0: twice bs
+  int num_workers = 0;
+  std::optional<std::uint64_t> seed;  ///< order seed of the training loader
+  std::optional<c10::Device> device;
+  char delimiter = ',';
+};
+
+/// The rows of a table after the procs; what the loaders of TabularDataLoaders hold.
+class TabularDataset : public TensorDataset {
+ public:
+  TabularDataset(TabularProcs::Encoded x, at::Tensor y, std::shared_ptr<const TabularProcs> procs,
+                 std::vector<std::string> y_names, bool regression);
+  const TabularProcs& procs() const { return *procs_; }
+  std::shared_ptr<const TabularProcs> procs_ptr() const { return procs_; }
+  const std::vector<std::string>& y_names() const { return y_names_; }
+  bool regression() const { return regression_; }
+
+ private:
+  std::shared_ptr<const TabularProcs> procs_;
+  std::vector<std::string> y_names_;
+  bool regression_;
+};
+
+struct TabularDataLoaders {
+  /// The CSV file at `path` (libcsv: quoted fields, embedded delimiters and line breaks, a header row).
+  static DataLoaders from_csv(const std::filesystem::path& path, const TabularOptions& options);
+  /// A table already read; `origin` names it in errors.
+  static DataLoaders from_table(const CsvTable& table, const TabularOptions& options, const std::string& origin);
+  /// Columns held in memory, name -> cells (all of the same length), as fastai's from_df.
+  static DataLoaders from_columns(const std::map<std::string, std::vector<std::string>>& columns,
+                                  const TabularOptions& options);
+};
+
+/// The TabularDataset behind `dls` (its training set); nullptr when the data is not tabular.
+const TabularDataset* tabular_dataset(const DataLoaders& dls);
+
+}  // namespace fastlearn

@@ -1,0 +1,272 @@
+#include <fastlearn/data/tabular_procs.h>
+
+#include <fastlearn/core/error.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <optional>
+#include <set>
+
+namespace fastlearn {
+namespace {
+
+constexpr const char* kNa = "#na#";
+constexpr double kStdEps = 1e-7;  // fastai's Normalize adds it to the std
+
+// The cell as a number (a leading '+' and surrounding spaces allowed, as pandas reads numbers); nullopt if it is not
+// one.
+std::optional<double> number(std::string_view cell) {
+  while (!cell.empty() && cell.front() == ' ') cell.remove_prefix(1);
+  while (!cell.empty() && cell.back() == ' ') cell.remove_suffix(1);
+  if (!cell.empty() && cell.front() == '+') cell.remove_prefix(1);
+  if (cell.empty()) return std::nullopt;
+  double value = 0;
+  const auto [end, error] = std::from_chars(cell.data(), cell.data() + cell.size(), value);
+  if (error != std::errc() || end != cell.data() + cell.size()) return std::nullopt;
+  return value;
+}
+
+// Sorted as pandas sorts a column: numerically when every value is a number, else as text (code points).
+void sort_values(std::vector<std::string>& values) {
+  std::vector<std::pair<double, std::string>> numbers;
+  for (const auto& v : values) {
+    const auto x = number(v);
+    if (!x || std::isnan(*x)) return std::sort(values.begin(), values.end());
+    numbers.emplace_back(*x, v);
+  }
+  std::sort(numbers.begin(), numbers.end());
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = numbers[i].second;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const auto n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+bool has(const std::vector<std::string>& procs, std::string_view name) {
+  return std::find(procs.begin(), procs.end(), name) != procs.end();
+}
+
+}  // namespace
+
+bool is_missing_cell(std::string_view cell) {
+  // pandas' read_csv default na_values.
+  static const std::set<std::string_view> kMarkers{"",     "#N/A",   "#N/A N/A", "#NA",  "-1.#IND", "-1.#QNAN", "-NaN",
+                                                   "-nan", "1.#IND", "1.#QNAN",  "<NA>", "N/A",     "NA",       "NULL",
+                                                   "NaN",  "None",   "n/a",      "nan",  "null"};
+  return kMarkers.count(cell) > 0;
+}
+
+TabularProcs TabularProcs::fit(const CsvTable& table, std::span<const std::int64_t> train,
+                               const TabularProcsOptions& options, const std::string& origin) {
+  static const std::array<std::string, 3> kOrder{"categorify", "fill_missing", "normalize"};
+  for (const auto& p : options.procs) {
+    if (std::find(kOrder.begin(), kOrder.end(), p) == kOrder.end()) {
+      throw ConfigError(
+          fmt::format("{}: unknown tabular proc '{}'; the procs are {}", origin, p, fmt::join(kOrder, ", ")));
+    }
+  }
+  TabularProcs t;
+  for (const auto& p : kOrder)
+    if (has(options.procs, p)) t.procs_.push_back(p);
+  if (!options.cat_names.empty() && !has(t.procs_, "categorify")) {
+    throw ConfigError(fmt::format("{}: categorical columns ({}) need the categorify proc", origin,
+                                  fmt::join(options.cat_names, ", ")));
+  }
+  if (train.empty()) throw DataError(fmt::format("{}: no training rows to fit the tabular procs on", origin));
+  std::set<std::string> seen;
+  for (const auto& name : options.cat_names)
+    if (!seen.insert(name).second) throw ConfigError(fmt::format("{}: column '{}' is named twice", origin, name));
+  for (const auto& name : options.cont_names)
+    if (!seen.insert(name).second) throw ConfigError(fmt::format("{}: column '{}' is named twice", origin, name));
+
+  t.cat_columns_ = options.cat_names;
+  t.cat_names_ = options.cat_names;
+  t.cont_names_ = options.cont_names;
+  for (const auto& name : options.cat_names) {
+    const auto col = table.column(name, origin);
+    std::set<std::string> values;
+    for (auto r : train) {
+      const auto& cell = table.rows[static_cast<std::size_t>(r)][col];
+      if (!is_missing_cell(cell)) values.insert(cell);
+    }
+    std::vector<std::string> vocab(values.begin(), values.end());
+    sort_values(vocab);
+    vocab.insert(vocab.begin(), kNa);
+    t.vocabs_.push_back(std::move(vocab));
+  }
+  const bool fill = has(t.procs_, "fill_missing");
+  std::vector<std::vector<double>> train_values;
+  for (const auto& name : options.cont_names) {
+    const auto col = table.column(name, origin);
+    std::vector<double> present;
+    bool missing = false;
+    for (auto r : train) {
+      const auto& cell = table.rows[static_cast<std::size_t>(r)][col];
+      const auto x = number(cell);
+      if (x && std::isinf(*x)) {
+        throw DataError(fmt::format("{}: row {}, column '{}': '{}' is not a finite number", origin, r + 2, name, cell));
+      }
+      if (x && !std::isnan(*x)) {
+        present.push_back(*x);
+      } else if (is_missing_cell(cell) || (x && std::isnan(*x))) {
+        if (!fill) {
+          throw DataError(fmt::format("{}: row {}, column '{}': a missing value, and the procs have no fill_missing",
+                                      origin, r + 2, name));
+        }
+        missing = true;
+      } else {
+        throw DataError(fmt::format("{}: row {}, column '{}': '{}' is not a number (a continuous column)", origin,
+                                    r + 2, name, cell));
+      }
+    }
+    if (present.empty() && fill) {
+      throw DataError(fmt::format("{}: column '{}' has no value in the training rows to fill with", origin, name));
+    }
+    t.fill_.push_back(present.empty() ? 0.0 : median(present));
+    t.has_na_col_.push_back(missing);
+    if (missing) {
+      t.cat_names_.push_back(name + "_na");
+      t.vocabs_.push_back({kNa, "False", "True"});
+    }
+    // What Normalize sees: the filled training column.
+    if (missing) present.insert(present.end(), train.size() - present.size(), t.fill_.back());
+    train_values.push_back(std::move(present));
+  }
+  for (const auto& v : train_values) {
+    if (!has(t.procs_, "normalize")) {
+      t.means_.push_back(0.0);
+      t.stds_.push_back(1.0 - kStdEps);  // (x - 0) / (std + eps) is then x
+      continue;
+    }
+    double sum = 0;
+    for (double x : v) sum += x;
+    const double mean = sum / static_cast<double>(v.size());
+    double squares = 0;
+    for (double x : v) squares += (x - mean) * (x - mean);
+    t.means_.push_back(mean);
+    t.stds_.push_back(std::sqrt(squares / static_cast<double>(v.size())));
+  }
+  for (std::size_t j = 0; j < t.cont_names_.size(); ++j) {
+    if (!std::isfinite(t.means_[j]) || !std::isfinite(t.stds_[j]) || !std::isfinite(t.fill_[j])) {
+      throw DataError(fmt::format("{}: column '{}': its values are too large for double precision statistics", origin,
+                                  t.cont_names_[j]));
+    }
+  }
+  return t;
+}
+
+TabularProcs::Encoded TabularProcs::encode(const CsvTable& table, std::span<const std::int64_t> rows,
+                                           const std::string& origin) const {
+  const auto n = static_cast<std::int64_t>(rows.size());
+  const auto n_cat = static_cast<std::int64_t>(cat_names_.size()),
+             n_cont = static_cast<std::int64_t>(cont_names_.size());
+  auto cats = torch::zeros({n, n_cat}, torch::kLong);
+  auto conts = torch::zeros({n, n_cont}, torch::kFloat);
+  auto* c = cats.data_ptr<std::int64_t>();
+  auto* x = conts.data_ptr<float>();
+  // Category lookups by value, one map per column.
+  for (std::size_t j = 0; j < cat_columns_.size(); ++j) {
+    const auto col = table.column(cat_columns_[j], origin);
+    std::map<std::string_view, std::int64_t> code;
+    for (std::size_t k = 1; k < vocabs_[j].size(); ++k) code.emplace(vocabs_[j][k], static_cast<std::int64_t>(k));
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto& cell = table.rows[static_cast<std::size_t>(rows[static_cast<std::size_t>(i)])][col];
+      const auto it = code.find(cell);
+      c[i * n_cat + static_cast<std::int64_t>(j)] = it == code.end() ? 0 : it->second;  // unknown or missing: #na#
+    }
+  }
+  std::size_t na_col = cat_columns_.size();
+  for (std::size_t j = 0; j < cont_names_.size(); ++j) {
+    const auto col = table.column(cont_names_[j], origin);
+    const double scale = 1.0 / (stds_[j] + kStdEps);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto r = rows[static_cast<std::size_t>(i)];
+      const auto& cell = table.rows[static_cast<std::size_t>(r)][col];
+      auto value = number(cell);
+      if (value && std::isinf(*value)) {
+        throw DataError(
+            fmt::format("{}: row {}, column '{}': '{}' is not a finite number", origin, r + 2, cont_names_[j], cell));
+      }
+      const bool missing = !value || std::isnan(*value);
+      if (missing && !is_missing_cell(cell) && !value) {
+        throw DataError(fmt::format("{}: row {}, column '{}': '{}' is not a number (a continuous column)", origin,
+                                    r + 2, cont_names_[j], cell));
+      }
+      if (missing && !has(procs_, "fill_missing")) {
+        throw DataError(fmt::format("{}: row {}, column '{}': a missing value, and the procs have no fill_missing",
+                                    origin, r + 2, cont_names_[j]));
+      }
+      const double v = missing ? fill_[j] : *value;
+      x[i * n_cont + static_cast<std::int64_t>(j)] = static_cast<float>((v - means_[j]) * scale);
+      if (has_na_col_[j]) c[i * n_cat + static_cast<std::int64_t>(na_col)] = missing ? 2 : 1;
+    }
+    if (has_na_col_[j]) ++na_col;
+  }
+  return {cats, conts};
+}
+
+TabularProcs::Encoded TabularProcs::encode_row(const std::map<std::string, std::string>& row) const {
+  CsvTable table;
+  table.rows.emplace_back();
+  for (const auto& names : {cat_columns_, cont_names_}) {
+    for (const auto& name : names) {
+      table.columns.push_back(name);
+      const auto it = row.find(name);
+      table.rows.back().push_back(it == row.end() ? std::string() : it->second);
+    }
+  }
+  const std::int64_t first[] = {0};
+  return encode(table, first, "the row");
+}
+
+std::string TabularProcs::to_json() const {
+  nlohmann::json j;
+  j["procs"] = procs_;
+  j["cat_columns"] = cat_columns_;
+  j["cat_names"] = cat_names_;
+  j["cont_names"] = cont_names_;
+  j["vocabs"] = vocabs_;
+  j["fill_values"] = fill_;
+  j["means"] = means_;
+  j["stds"] = stds_;
+  j["na_columns"] = has_na_col_;
+  return j.dump();
+}
+
+TabularProcs TabularProcs::from_json(std::string_view json, const std::string& origin) {
+  try {
+    const auto j = nlohmann::json::parse(json);
+    TabularProcs t;
+    j.at("procs").get_to(t.procs_);
+    j.at("cat_columns").get_to(t.cat_columns_);
+    j.at("cat_names").get_to(t.cat_names_);
+    j.at("cont_names").get_to(t.cont_names_);
+    j.at("vocabs").get_to(t.vocabs_);
+    j.at("fill_values").get_to(t.fill_);
+    j.at("means").get_to(t.means_);
+    j.at("stds").get_to(t.stds_);
+    j.at("na_columns").get_to(t.has_na_col_);
+    const auto n_cont = t.cont_names_.size();
+    const auto n_na = static_cast<std::size_t>(std::count(t.has_na_col_.begin(), t.has_na_col_.end(), true));
+    if (t.fill_.size() != n_cont || t.means_.size() != n_cont || t.stds_.size() != n_cont ||
+        t.has_na_col_.size() != n_cont || t.cat_names_.size() != t.cat_columns_.size() + n_na ||
+        t.vocabs_.size() != t.cat_names_.size()) {
+      throw DataError("the sizes of its parts do not agree");
+    }
+    return t;
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(fmt::format("{}: the tabular procs are not valid JSON of TabularProcs: {}", origin, e.what()));
+  } catch (const DataError& e) {
+    throw DataError(fmt::format("{}: the tabular procs are inconsistent: {}", origin, e.what()));
+  }
+}
+
+}  // namespace fastlearn

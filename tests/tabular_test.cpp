@@ -1,0 +1,245 @@
+// Tables: the CSV reader, fastai's procs (worked out by hand here; tests/python/tabular_procs_oracle.py checks
+// them against fastai itself in tabular_oracle_test), TabularDataLoaders, TabularModel, tabular_learner,
+// predict_row and the procs saved in checkpoints.
+#include <fastlearn/core/error.h>
+#include <fastlearn/core/random.h>
+#include <fastlearn/data/csv.h>
+#include <fastlearn/data/random_splitter.h>
+#include <fastlearn/data/tabular_dataloaders.h>
+#include <fastlearn/learner/checkpoint.h>
+#include <fastlearn/learner/metrics.h>
+#include <fastlearn/learner/predict_tabular.h>
+#include <fastlearn/learner/tabular_learner.h>
+#include <fastlearn/models/weights.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "support/message_of.h"
+
+namespace fl = fastlearn;
+namespace flt = fastlearn::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::vector<std::int64_t> kAll{0, 1, 2, 3, 4, 5};
+
+// Six rows: a text category, a numeric category (sorted as numbers), a continuous column with a gap, a target.
+fl::CsvTable six_rows() {
+  return fl::parse_csv(
+      "city,rooms,area,price\n"
+      "Oslo,2,50,low\n"
+      "\"Bergen, West\",10,,high\n"
+      "Oslo,9,70,high\n"
+      ",2,30,low\n"
+      "Troms\xC3\xB8,10,NA,low\n"
+      "Oslo,9,90,high\n",
+      "six.csv");
+}
+
+}  // namespace
+
+TEST(Csv, QuotedFieldsEmbeddedLineBreaksSpacesAndOtherDelimiters) {
+  const auto t = fl::parse_csv(
+      "\xEF\xBB\xBF"
+      "a;b;c\r\n\"x;1\"; y ;\"line\nbreak\"\r\n\"say \"\"hi\"\"\";;3\r\n",
+      "t.csv", {.delimiter = ';'});
+  ASSERT_EQ(t.columns, (std::vector<std::string>{"a", "b", "c"})) << "the byte order mark is dropped";
+  ASSERT_EQ(t.rows.size(), 2u);
+  EXPECT_EQ(t.rows[0], (std::vector<std::string>{"x;1", " y ", "line\nbreak"})) << "spaces kept, as pandas keeps them";
+  EXPECT_EQ(t.rows[1], (std::vector<std::string>{"say \"hi\"", "", "3"}));
+  const auto ragged = flt::message_of([] { fl::parse_csv("a,b\n1,2\n3\n", "ragged.csv"); });
+  EXPECT_NE(ragged.find("ragged.csv: row 3 has 1 field(s), the first row has 2"), std::string::npos) << ragged;
+  const auto quote = flt::message_of([] { fl::parse_csv("a,b\n1,\"2\n", "open.csv"); });
+  EXPECT_NE(quote.find("open.csv: malformed CSV"), std::string::npos) << quote;
+  EXPECT_THROW(fl::parse_csv("", "empty.csv"), fl::DataError);
+}
+
+TEST(TabularProcs, CategorifyFillMissingAndNormalizeFitOnTheTrainingRowsOnly) {
+  const auto table = six_rows();
+  const std::vector<std::int64_t> train{0, 1, 2, 3};  // rows 4 and 5 are for validation
+  const auto procs =
+      fl::TabularProcs::fit(table, train, {.cat_names = {"city", "rooms"}, .cont_names = {"area"}}, "six.csv");
+  EXPECT_EQ(procs.cat_names(), (std::vector<std::string>{"city", "rooms", "area_na"}));
+  EXPECT_EQ(procs.vocabs()[0], (std::vector<std::string>{"#na#", "Bergen, West", "Oslo"}));
+  EXPECT_EQ(procs.vocabs()[1], (std::vector<std::string>{"#na#", "2", "9", "10"})) << "numbers sort as numbers";
+  EXPECT_EQ(procs.vocabs()[2], (std::vector<std::string>{"#na#", "False", "True"}));
+  // area over the training rows: 50, missing, 70, 30 -> median 50; filled: 50 50 70 30.
+  ASSERT_EQ(procs.fill_values().size(), 1u);
+  EXPECT_DOUBLE_EQ(procs.fill_values()[0], 50);
+  EXPECT_DOUBLE_EQ(procs.means()[0], 50);
+  const double std = std::sqrt((0.0 + 0.0 + 400.0 + 400.0) / 4);  // population std
+  EXPECT_DOUBLE_EQ(procs.stds()[0], std);
+
+  const auto all = procs.encode(table, kAll, "six.csv");
+  EXPECT_TRUE(torch::equal(all.cats, torch::tensor({{2, 1, 1}, {1, 3, 2}, {2, 2, 1}, {0, 1, 1}, {0, 3, 2}, {2, 2, 1}})))
+      << all.cats << "\nmissing and unseen (Tromsø) cities are #na#; NA is missing";
+  const auto expected = (torch::tensor({50.0, 50.0, 70.0, 30.0, 50.0, 90.0}) - 50) / (std + 1e-7);
+  EXPECT_TRUE(torch::allclose(all.conts.flatten(), expected.to(torch::kFloat)));
+
+  EXPECT_EQ(fl::TabularProcs::from_json(procs.to_json(), "json"), procs);
+  EXPECT_THROW(fl::TabularProcs::from_json("{\"procs\": 1}", "bad"), fl::DataError);
+  const auto row = procs.encode_row({{"city", "Oslo"}, {"rooms", "9"}});  // area absent: missing
+  EXPECT_TRUE(torch::equal(row.cats, torch::tensor({{2, 2, 2}})));
+}
+
+TEST(TabularProcs, ErrorsNameTheFileRowAndColumn) {
+  const auto table = fl::parse_csv("x,y\n1,a\nabc,b\n", "t.csv");
+  const std::vector<std::int64_t> rows{0, 1};
+  const auto text = flt::message_of([&] { fl::TabularProcs::fit(table, rows, {.cont_names = {"x"}}, "t.csv"); });
+  EXPECT_NE(text.find("t.csv: row 3, column 'x': 'abc' is not a number"), std::string::npos) << text;
+  const auto absent = flt::message_of([&] { fl::TabularProcs::fit(table, rows, {.cont_names = {"z"}}, "t.csv"); });
+  EXPECT_NE(absent.find("no column 'z'"), std::string::npos) << absent;
+  const auto gap = fl::parse_csv("x\n1\n\n", "gap.csv", {.header = true});
+  EXPECT_THROW(
+      fl::TabularProcs::fit(gap, std::vector<std::int64_t>{0}, {.cont_names = {"x"}, .procs = {"normalize"}}, "gap.csv")
+          .encode(fl::parse_csv("x\nNaN\n", "nan.csv"), std::vector<std::int64_t>{0}, "nan.csv"),
+      fl::DataError);
+  EXPECT_THROW(fl::TabularProcs::fit(table, rows, {.cat_names = {"y"}, .procs = {"normalize"}}, "t.csv"),
+               fl::ConfigError);
+  EXPECT_THROW(fl::TabularProcs::fit(table, rows, {.cat_names = {"y"}, .procs = {"standardize"}}, "t.csv"),
+               fl::ConfigError);
+}
+
+TEST(TabularDataLoaders, SplitsTargetsAndBatches) {
+  std::map<std::string, std::vector<std::string>> columns{
+      {"city", {"a", "b", "a", "c", "b", "a", "d", "a"}},
+      {"size", {"1", "2", "3", "4", "5", "6", "7", "8"}},
+      {"label", {"yes", "no", "yes", "no", "yes", "no", "yes", "no"}},
+      {"value", {"1.5", "2", "3", "4", "5", "6", "7", "8e0"}},
+      {"other", {"0", "0", "0", "0", "0", "0", "0", "0"}}};
+  auto dls = fl::TabularDataLoaders::from_columns(
+      columns, {.y_names = {"label"}, .cat_names = {"city"}, .cont_names = {"size"}, .valid_idx = {1, 6}, .bs = 3});
+  EXPECT_EQ(dls.vocab(), (std::vector<std::string>{"no", "yes"}));
+  EXPECT_EQ(dls.train().n(), 6);
+  EXPECT_EQ(dls.train().size(), 2) << "training batches are full (drop_last)";
+  const auto batch = dls.valid().one_batch();
+  ASSERT_EQ(batch.inputs.size(), 2u);
+  EXPECT_TRUE(torch::equal(batch.inputs[0], torch::tensor({{2}, {0}}))) << "b, then d (not in training): #na#";
+  EXPECT_EQ(batch.inputs[1].sizes(), (std::vector<std::int64_t>{2, 1}));
+  EXPECT_TRUE(torch::equal(batch.targets[0], torch::tensor({0, 1})));
+
+  // Two numeric targets: regression, float targets (N, 2).
+  auto reg = fl::TabularDataLoaders::from_columns(
+      columns, {.y_names = {"value", "size"}, .cat_names = {"city"}, .valid_idx = {0}, .bs = 2});
+  EXPECT_TRUE(reg.vocab().empty());
+  EXPECT_EQ(reg.c(), 2);
+  EXPECT_TRUE(torch::allclose(reg.valid().one_batch().targets[0], torch::tensor({{1.5f, 1.0f}})));
+
+  // The valid_pct split is fastai's RandomSplitter with the same seed.
+  auto split = fl::TabularDataLoaders::from_columns(
+      columns, {.y_names = {"label"}, .cont_names = {"size"}, .valid_pct = 0.25, .split_seed = 7});
+  const auto mask = fl::random_valid_mask(8, 0.25, 7, "test");
+  std::vector<float> expected;
+  for (std::size_t i = 0; i < mask.size(); ++i)
+    if (mask[i]) expected.push_back(static_cast<float>(i + 1));
+  EXPECT_EQ(split.valid().n(), 2);
+  const auto sizes = split.valid().one_batch().inputs[1];
+  const auto procs = fl::tabular_dataset(split)->procs();
+  const auto raw = sizes.flatten() * (procs.stds()[0] + 1e-7) + procs.means()[0];
+  EXPECT_TRUE(torch::allclose(raw, torch::tensor(expected), 1e-4, 1e-4)) << raw;
+
+  // A class only validation rows have is an error naming it; so is a target that is also an input.
+  columns["label"][1] = "maybe";
+  const auto unseen = flt::message_of([&] {
+    fl::TabularDataLoaders::from_columns(columns, {.y_names = {"label"}, .cont_names = {"size"}, .valid_idx = {1}});
+  });
+  EXPECT_NE(unseen.find("row 3, target 'label': class 'maybe' is not among the training rows' classes"),
+            std::string::npos)
+      << unseen;
+  EXPECT_THROW(fl::TabularDataLoaders::from_columns(columns, {.y_names = {"size"}, .cont_names = {"size"}}),
+               fl::ConfigError);
+}
+
+TEST(TabularModel, FastaiLayoutNamesAndEmbeddingSizes) {
+  EXPECT_EQ(fl::models::emb_sz_rule(3), 3);
+  EXPECT_EQ(fl::models::emb_sz_rule(61), 16);
+  EXPECT_EQ(fl::models::emb_sz_rule(100000), 600);
+  using EmbSizes = std::vector<std::pair<std::int64_t, std::int64_t>>;
+  fl::models::TabularModel model(EmbSizes{{3, 3}, {61, 16}}, std::int64_t{4}, std::int64_t{2},
+                                 fl::models::TabularModelOptions{.layers = {200, 100}, .ps = {0.1, 0.0}});
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  for (const auto& [name, t] : fl::model_tensors(*model)) shapes[name] = t.sizes().vec();
+  const std::map<std::string, std::vector<std::int64_t>> expected{{"embeds.0.weight", {3, 3}},
+                                                                  {"embeds.1.weight", {61, 16}},
+                                                                  {"bn_cont.weight", {4}},
+                                                                  {"bn_cont.bias", {4}},
+                                                                  {"bn_cont.running_mean", {4}},
+                                                                  {"bn_cont.running_var", {4}},
+                                                                  {"bn_cont.num_batches_tracked", {}},
+                                                                  {"layers.0.0.weight", {200, 23}},
+                                                                  {"layers.0.2.weight", {200}},
+                                                                  {"layers.0.2.bias", {200}},
+                                                                  {"layers.0.2.running_mean", {200}},
+                                                                  {"layers.0.2.running_var", {200}},
+                                                                  {"layers.0.2.num_batches_tracked", {}},
+                                                                  {"layers.1.0.weight", {100, 200}},
+                                                                  {"layers.1.2.weight", {100}},
+                                                                  {"layers.1.2.bias", {100}},
+                                                                  {"layers.1.2.running_mean", {100}},
+                                                                  {"layers.1.2.running_var", {100}},
+                                                                  {"layers.1.2.num_batches_tracked", {}},
+                                                                  {"layers.2.0.weight", {2, 100}},
+                                                                  {"layers.2.0.bias", {2}}};
+  EXPECT_EQ(shapes, expected);
+  model->eval();
+  const auto out = model->forward(torch::tensor({{0, 5}, {2, 60}}), torch::randn({2, 4}));
+  EXPECT_EQ(out.sizes(), (std::vector<std::int64_t>{2, 2}));
+  fl::models::TabularModel ranged(EmbSizes{{3, 2}}, std::int64_t{0}, std::int64_t{1},
+                                  fl::models::TabularModelOptions{.layers = {8}, .y_range = std::pair{1.0, 3.0}});
+  const auto y = ranged->forward(torch::tensor({{0}, {1}, {2}}), torch::zeros({3, 0}));
+  EXPECT_TRUE(y.gt(1).all().item<bool>() && y.lt(3).all().item<bool>());
+}
+
+// A table where the class depends on a category and a number; the model must find both.
+TEST(TabularLearner, LearnsATablePredictsRowsAndSavesItsProcs) {
+  fl::set_seed(0);
+  auto gen = at::detail::createCPUGenerator(1);
+  const std::int64_t n = 1200;
+  const auto kind = at::randint(0, 4, {n}, gen, torch::TensorOptions().dtype(torch::kLong));
+  const auto x = at::randn({n}, gen, torch::TensorOptions().dtype(torch::kDouble));
+  std::map<std::string, std::vector<std::string>> columns;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto k = kind[i].item<std::int64_t>();
+    const double v = x[i].item<double>();
+    columns["kind"].push_back(std::string(1, static_cast<char>('p' + k)));
+    columns["x"].push_back(i % 10 == 0 ? "" : std::to_string(v));
+    // positive when x is above a threshold that depends on the kind
+    columns["y"].push_back(v > (k < 2 ? -0.5 : 0.5) ? "pos" : "neg");
+  }
+  auto dls = fl::TabularDataLoaders::from_columns(
+      columns, {.y_names = {"y"}, .cat_names = {"kind"}, .cont_names = {"x"}, .bs = 64, .seed = 0});
+  auto learn = fl::tabular_learner(dls, {.layers = {32, 16}}, {.metrics = {fl::accuracy()}, .progress = false});
+  learn->fit_one_cycle(8, 1e-2);
+  const auto result = learn->validate();
+  EXPECT_GT(result.metric("accuracy"), 0.85) << "loss " << result.loss;
+
+  const auto p = fl::predict_row(*learn, {{"kind", "p"}, {"x", "2.5"}});
+  ASSERT_EQ(p.values.size(), 1u);
+  EXPECT_EQ(p.values[0].first, "pos");
+  EXPECT_GT(p.values[0].second, 0.5);
+  EXPECT_EQ(fl::predict_row(*learn, {{"kind", "s"}, {"x", "-2"}}).values[0].first, "neg");
+  EXPECT_NE(fl::describe(p).find("pos 0."), std::string::npos) << fl::describe(p);
+  EXPECT_THROW(fl::predict_row(*learn, {{"kind", "p"}, {"x", "two"}}), fl::DataError);
+
+  // The procs go into the checkpoint; a learner over other data refuses it.
+  const auto file = fs::temp_directory_path() / ("fastlearn-tabular-" + std::to_string(::getpid()) + ".safetensors");
+  fl::save_checkpoint(*learn, file);
+  auto same = fl::tabular_learner(dls, {.layers = {32, 16}}, {.progress = false});
+  EXPECT_NO_THROW(fl::load_checkpoint(*same, file));
+  columns["x"][3] = "100";  // other statistics
+  auto other_dls = fl::TabularDataLoaders::from_columns(
+      columns, {.y_names = {"y"}, .cat_names = {"kind"}, .cont_names = {"x"}, .bs = 64, .seed = 0});
+  auto other = fl::tabular_learner(other_dls, {.layers = {32, 16}}, {.progress = false});
+  EXPECT_THROW(fl::load_checkpoint(*other, file), fl::CheckpointError);
+  fs::remove(file);
+}
