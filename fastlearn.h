@@ -48,6 +48,7 @@
 #include <fastlearn/learner/tabular_learner.h>
 #include <fastlearn/learner/top_losses_grid.h>
 #include <fastlearn/models/models.h>
+#include <fastlearn/models/sequential_block.h>
 #include <fastlearn/models/tabular_model.h>
 #include <fastlearn/models/torchvision_resnet.h>
 #include <fastlearn/models/vision_model.h>

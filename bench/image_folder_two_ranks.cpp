@@ -12,17 +12,13 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <string_view>
 
 #include "support/bench_support.h"
 
 namespace fs = std::filesystem;
 
 int main(int argc, char** argv) {
-  int epochs = 3;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::string_view(argv[i]) == "--epochs") epochs = std::atoi(argv[i + 1]);
-  }
+  const int epochs = bench::int_flag(argc, argv, "--epochs", 3);
   const auto dir = fs::temp_directory_path() / fmt::format("fastlearn-image-folder-{}", ::getpid());
   const std::string python = FASTLEARN_PYTHON, source = FASTLEARN_SOURCE_DIR;
   if (std::system(fmt::format("'{}' '{}/scripts/make-image-folders' '{}' --train 6000 --valid 1000 >&2", python, source,

@@ -15,7 +15,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
-#include <string_view>
 
 #include "support/bench_support.h"
 
@@ -23,12 +22,8 @@ namespace fl = fastlearn;
 namespace fs = std::filesystem;
 
 int main(int argc, char** argv) {
-  int images = 512, workers = 2;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string_view flag = argv[i];
-    if (flag == "--images") images = std::atoi(argv[i + 1]);
-    if (flag == "--workers") workers = std::atoi(argv[i + 1]);
-  }
+  const int images = bench::int_flag(argc, argv, "--images", 512),
+            workers = bench::int_flag(argc, argv, "--workers", 2);
   const int repeats = bench::repeats(5);
   const auto dir = fs::temp_directory_path() / fmt::format("fastlearn-image-pipeline-{}", ::getpid());
   const std::string python = FASTLEARN_PYTHON,
@@ -49,11 +44,8 @@ int main(int argc, char** argv) {
   bench::Coprocess theirs({python, script, "serve", dir.string(), std::to_string(workers)});
   if (theirs.read_line() != "ready") return 1;
   auto their_epoch = [&] {
-    double seconds = 0;
-    long n = 0;
-    if (std::sscanf(theirs.request("epoch").c_str(), "%lf %ld", &seconds, &n) != 2)
-      throw std::runtime_error("bad reply");
-    return static_cast<double>(n) / seconds;
+    const auto reply = bench::numbers(theirs.request("epoch"), 2);  // seconds, images
+    return reply[1] / reply[0];
   };
   ours_epoch(), their_epoch();  // warm-up: page cache, worker start-up
   std::vector<double> ours, anchor;

@@ -19,7 +19,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
-#include <string_view>
 
 #include "support/bench_support.h"
 
@@ -27,13 +26,8 @@ namespace fl = fastlearn;
 namespace fs = std::filesystem;
 
 int main(int argc, char** argv) {
-  int rows = 30000, epochs = 3;
+  const int rows = bench::int_flag(argc, argv, "--rows", 30000), epochs = bench::int_flag(argc, argv, "--epochs", 3);
   const int bs = 64;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string_view flag = argv[i];
-    if (flag == "--rows") rows = std::atoi(argv[i + 1]);
-    if (flag == "--epochs") epochs = std::atoi(argv[i + 1]);
-  }
   const int repeats = bench::repeats(5);
   const auto csv = fs::temp_directory_path() / fmt::format("fastlearn-tabular-{}.csv", ::getpid());
   const std::string python = FASTLEARN_PYTHON, source = FASTLEARN_SOURCE_DIR;
@@ -65,12 +59,9 @@ int main(int argc, char** argv) {
   if (theirs.read_line() != "ready") return 1;
   double their_accuracy = 0;
   auto their_fit = [&] {
-    double seconds = 0, acc = 0;
-    long n = 0;
-    if (std::sscanf(theirs.request("fit").c_str(), "%lf %ld %lf", &seconds, &n, &acc) != 3)
-      throw std::runtime_error("bad reply");
-    their_accuracy = acc;
-    return static_cast<double>(n) / seconds;
+    const auto reply = bench::numbers(theirs.request("fit"), 3);  // seconds, rows, accuracy
+    their_accuracy = reply[2];
+    return reply[1] / reply[0];
   };
   ours_fit(), their_fit();  // warm-up: allocator, lazy initialization
   std::vector<double> ours, anchor, ours_acc, their_acc;

@@ -22,7 +22,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
-#include <string_view>
 
 #include "support/bench_support.h"
 
@@ -30,12 +29,7 @@ namespace fl = fastlearn;
 namespace fs = std::filesystem;
 
 int main(int argc, char** argv) {
-  int images = 256, bs = 32;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string_view flag = argv[i];
-    if (flag == "--images") images = std::atoi(argv[i + 1]);
-    if (flag == "--bs") bs = std::atoi(argv[i + 1]);
-  }
+  const int images = bench::int_flag(argc, argv, "--images", 256), bs = bench::int_flag(argc, argv, "--bs", 32);
   const int repeats = bench::repeats(5);
   const auto dir = fs::temp_directory_path() / fmt::format("fastlearn-vision-fine-tune-{}", ::getpid());
   const std::string python = FASTLEARN_PYTHON,
@@ -63,12 +57,9 @@ int main(int argc, char** argv) {
   if (theirs.read_line() != "ready") return 1;
   double their_accuracy = 0;
   auto their_run = [&] {
-    double seconds = 0, acc = 0;
-    long n = 0;
-    if (std::sscanf(theirs.request("run").c_str(), "%lf %ld %lf", &seconds, &n, &acc) != 3)
-      throw std::runtime_error("bad reply");
-    their_accuracy = acc;
-    return static_cast<double>(n) / seconds;
+    const auto reply = bench::numbers(theirs.request("run"), 3);  // seconds, images, accuracy
+    their_accuracy = reply[2];
+    return reply[1] / reply[0];
   };
   ours_run(), their_run();  // warm-up: page cache, worker start-up, allocator
   std::vector<double> ours, anchor;

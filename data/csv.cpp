@@ -11,6 +11,39 @@
 namespace fastlearn {
 namespace {
 
+// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points above U+10FFFF).
+bool is_utf8(std::string_view text) {
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const auto* end = p + text.size();
+  while (p < end) {
+    const unsigned char c = *p;
+    int more = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // the range of the first continuation byte
+    if (c < 0x80) {
+      ++p;
+      continue;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      more = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      more = 2;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      more = 3;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else {
+      return false;
+    }
+    if (end - p <= more || p[1] < lo || p[1] > hi) return false;
+    for (int k = 2; k <= more; ++k) {
+      if (p[k] < 0x80 || p[k] > 0xBF) return false;
+    }
+    p += more + 1;
+  }
+  return true;
+}
+
 struct Reader {
   CsvTable table;
   std::vector<std::string> row;
@@ -21,6 +54,14 @@ struct Reader {
 
   void end_row() {
     ++rows_seen;
+    for (std::size_t k = 0; k < row.size() && error.empty(); ++k) {
+      if (!is_utf8(row[k])) {
+        error = fmt::format(
+            "{}: row {}, field {} is not UTF-8 text (CSV files are read as UTF-8, as pandas reads "
+            "them; convert it first, e.g. iconv -f latin1 -t utf-8)",
+            origin, rows_seen, k + 1);
+      }
+    }
     if (rows_seen == 1) {
       if (header) {
         table.columns = std::move(row);

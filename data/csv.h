@@ -2,7 +2,7 @@
 // CSV files through libcsv (RFC 4180: quoted fields, doubled quotes, line breaks inside quotes), read
 // strictly: every row must have as many fields as the first, and a malformed file is a DataError that
 // names the file and the row (the header is row 1). Fields keep their spaces, as pandas keeps them; a UTF-8
-// byte order mark before the header is dropped.
+// byte order mark before the header is dropped. The text must be UTF-8 (a field that is not is an error).
 #include <filesystem>
 #include <string>
 #include <string_view>

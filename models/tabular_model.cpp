@@ -2,6 +2,7 @@
 
 #include <fastlearn/core/error.h>
 #include <fastlearn/models/norm_layer.h>
+#include <fastlearn/models/sequential_block.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -10,17 +11,6 @@
 namespace fastlearn::models {
 
 namespace nn = torch::nn;
-
-namespace {
-
-// fastai's LinBnDrop: a Sequential that can sit inside another (AnyModule needs a plain forward).
-class LinBnDropImpl : public nn::SequentialImpl {
- public:
-  at::Tensor forward(const at::Tensor& x) { return nn::SequentialImpl::forward(x); }
-};
-TORCH_MODULE(LinBnDrop);
-
-}  // namespace
 
 std::int64_t emb_sz_rule(std::int64_t n_cat) {
   return std::min<std::int64_t>(600, std::llround(1.6 * std::pow(static_cast<double>(n_cat), 0.56)));
@@ -61,7 +51,7 @@ TabularModelImpl::TabularModelImpl(std::vector<std::pair<std::int64_t, std::int6
     const double p = last || o.ps.empty() ? 0.0 : o.ps[i];
     if (sizes[i + 1] < 1) throw ConfigError(fmt::format("TabularModel: layer size {} must be positive", sizes[i + 1]));
     // fastai's LinBnDrop with lin_first: Linear (bias only without BatchNorm), activation, BatchNorm, Dropout.
-    LinBnDrop block;
+    SequentialBlock block;
     block->push_back(nn::Linear(nn::LinearOptions(sizes[i], sizes[i + 1]).bias(!bn)));
     if (!last) block->push_back(nn::ReLU(nn::ReLUOptions().inplace(true)));
     if (bn) block->push_back(nn::BatchNorm1d(sizes[i + 1]));

@@ -2,6 +2,7 @@
 
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/safetensors.h>
+#include <fastlearn/models/sequential_block.h>
 #include <fastlearn/models/torchvision_resnet.h>
 #include <fastlearn/models/weights.h>
 #include <fmt/format.h>
@@ -10,17 +11,6 @@
 namespace fastlearn::models {
 
 namespace nn = torch::nn;
-
-namespace {
-
-// A Sequential that can sit inside another: AnyModule needs a forward with plain argument and return types.
-class HeadImpl : public nn::SequentialImpl {
- public:
-  at::Tensor forward(const at::Tensor& x) { return nn::SequentialImpl::forward(x); }
-};
-TORCH_MODULE(Head);
-
-}  // namespace
 
 nn::Sequential vision_model(const VisionModelOptions& options) {
   if (options.classes < 1 || options.hidden < 1 || options.dropout < 0 || options.dropout >= 1) {
@@ -33,7 +23,7 @@ nn::Sequential vision_model(const VisionModelOptions& options) {
     copy_weights(match_weights(*body, content.tensors, options.weights.string(), {.ignore_prefixes = {"fc."}}));
   }
   const auto features = 2 * body->feature_channels();  // max and average pooling side by side
-  Head head;
+  SequentialBlock head;
   head->push_back(nn::Functional(std::function<at::Tensor(at::Tensor)>([](at::Tensor x) {
     return torch::cat(std::vector<at::Tensor>{std::get<0>(torch::adaptive_max_pool2d(x, {1, 1})),
                                               torch::adaptive_avg_pool2d(x, {1, 1})},

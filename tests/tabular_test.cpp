@@ -1,6 +1,6 @@
 // Tables: the CSV reader, fastai's procs (worked out by hand here; tests/python/tabular_procs_oracle.py checks
 // them against fastai itself in tabular_oracle_test), TabularDataLoaders, TabularModel, tabular_learner,
-// predict_row and the procs saved in checkpoints.
+// predict_row, the procs saved in checkpoints, and a CSV that scikit-learn ships.
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/random.h>
 #include <fastlearn/data/csv.h>
@@ -12,6 +12,7 @@
 #include <fastlearn/learner/tabular_learner.h>
 #include <fastlearn/models/weights.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "support/message_of.h"
+#include "support/processes.h"
 
 namespace fl = fastlearn;
 namespace flt = fastlearn::testing;
@@ -62,6 +64,9 @@ TEST(Csv, QuotedFieldsEmbeddedLineBreaksSpacesAndOtherDelimiters) {
   const auto quote = flt::message_of([] { fl::parse_csv("a,b\n1,\"2\n", "open.csv"); });
   EXPECT_NE(quote.find("open.csv: malformed CSV"), std::string::npos) << quote;
   EXPECT_THROW(fl::parse_csv("", "empty.csv"), fl::DataError);
+  const auto latin1 = flt::message_of([] { fl::parse_csv("city\nTroms\xF8\n", "latin1.csv"); });
+  EXPECT_NE(latin1.find("latin1.csv: row 2, field 1 is not UTF-8 text"), std::string::npos) << latin1;
+  EXPECT_EQ(fl::parse_csv("city\nTroms\xC3\xB8\n", "utf8.csv").rows[0][0], "Troms\xC3\xB8");
 }
 
 TEST(TabularProcs, CategorifyFillMissingAndNormalizeFitOnTheTrainingRowsOnly) {
@@ -242,4 +247,25 @@ TEST(TabularLearner, LearnsATablePredictsRowsAndSavesItsProcs) {
   auto other = fl::tabular_learner(other_dls, {.layers = {32, 16}}, {.progress = false});
   EXPECT_THROW(fl::load_checkpoint(*other, file), fl::CheckpointError);
   fs::remove(file);
+}
+
+// A CSV that a package ships: scikit-learn's iris.csv (its header row is "150,4,setosa,versicolor,virginica",
+// so the columns carry those names; the last one holds the class index).
+TEST(TabularLearner, LearnsScikitLearnsIrisCsv) {
+  const auto [found, where] = flt::run_shell(fmt::format(
+      "'{}' -c 'import os, sklearn.datasets as d; print(os.path.dirname(d.__file__) + \"/data/iris.csv\", end=\"\")'",
+      FASTLEARN_PYTHON));
+  if (found != 0 || !fs::is_regular_file(where)) GTEST_SKIP() << "scikit-learn's iris.csv is not installed: " << where;
+  fl::set_seed(0);
+  auto dls = fl::TabularDataLoaders::from_csv(where, {.y_names = {"virginica"},
+                                                      .cont_names = {"150", "4", "setosa", "versicolor"},
+                                                      .regression = false,
+                                                      .valid_pct = 0.2,
+                                                      .bs = 16,
+                                                      .seed = 0});
+  EXPECT_EQ(dls.vocab(), (std::vector<std::string>{"0", "1", "2"}));
+  EXPECT_EQ(dls.train().n() + dls.valid().n(), 150);
+  auto learn = fl::tabular_learner(dls, {.layers = {32}}, {.metrics = {fl::accuracy()}, .progress = false});
+  learn->fit_one_cycle(20, 2e-2);
+  EXPECT_GE(learn->validate().metric("accuracy"), 0.9);
 }

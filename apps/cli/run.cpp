@@ -228,6 +228,17 @@ std::unique_ptr<Learner> make_learner(const TrainConfig& c, const fs::path& out,
                                    learner_options(c, out, with_run_callbacks, resume));
 }
 
+// The config's learner with the checkpoint's weights (validate, interpret, predict); loading also checks the
+// saved class names and tabular procs against the data's.
+std::unique_ptr<Learner> learner_from_checkpoint(const TrainConfig& c, const fs::path& out,
+                                                 const std::string& checkpoint, const char* command) {
+  if (!fs::exists(checkpoint))
+    throw CheckpointError(fmt::format("{}: checkpoint '{}' does not exist", command, checkpoint));
+  auto learn = make_learner(c, out, /*with_run_callbacks=*/false);
+  load_checkpoint(*learn, checkpoint, {.with_opt = false});
+  return learn;
+}
+
 void fit(Learner& learn, const TrainSectionConfig& t, const std::optional<fs::path>& resume_from) {
   const int epochs = static_cast<int>(t.epochs);
   const FitOptions options{.resume_from = resume_from.value_or(fs::path())};
@@ -355,10 +366,7 @@ int run_lr_find(const TrainArgs& args) {
 
 int run_validate(const TrainArgs& args, const std::string& checkpoint) {
   auto config = load_config(args.config_path, args.sets);
-  if (!fs::exists(checkpoint))
-    throw CheckpointError(fmt::format("validate: checkpoint '{}' does not exist", checkpoint));
-  auto learn = make_learner(config, config.output.dir, /*with_run_callbacks=*/false);
-  load_checkpoint(*learn, checkpoint, {.with_opt = false});
+  auto learn = learner_from_checkpoint(config, config.output.dir, checkpoint, "validate");
   const auto result = learn->validate();
   fmt::print("{} set: {}\n", config.data.dataset == "fashion_mnist" ? "test" : "validation", describe(result));
   return 0;
@@ -372,11 +380,8 @@ int run_interpret(const TrainArgs& args, const std::string& checkpoint, int top)
                     "interpret reads a classifier's confusions",
                     args.config_path, config.data.dataset));
   }
-  if (!fs::exists(checkpoint))
-    throw CheckpointError(fmt::format("interpret: checkpoint '{}' does not exist", checkpoint));
   const fs::path out = args.out.empty() ? fs::path(config.output.dir) : fs::path(args.out);
-  auto learn = make_learner(config, out, /*with_run_callbacks=*/false);
-  load_checkpoint(*learn, checkpoint, {.with_opt = false});
+  auto learn = learner_from_checkpoint(config, out, checkpoint, "interpret");
   const auto interp = ClassificationInterpretation::from_learner(*learn);
   const auto& vocab = interp.vocab();
   const auto cm = interp.confusion_matrix();
@@ -424,10 +429,7 @@ int run_predict(const TrainArgs& args, const std::string& checkpoint, const std:
                     "\"image_folder\" or \"image_csv\") or CSV rows (data.dataset = \"csv\")",
                     args.config_path, config.data.dataset));
   }
-  if (!fs::exists(checkpoint))
-    throw CheckpointError(fmt::format("predict: checkpoint '{}' does not exist", checkpoint));
-  auto learn = make_learner(config, config.output.dir, /*with_run_callbacks=*/false);
-  load_checkpoint(*learn, checkpoint, {.with_opt = false});  // also checks the saved class names and procs
+  auto learn = learner_from_checkpoint(config, config.output.dir, checkpoint, "predict");
   int failed = 0;
   for (const auto& input : inputs) {
     try {

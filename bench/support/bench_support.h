@@ -12,8 +12,10 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace bench {
@@ -36,6 +38,26 @@ inline Stats summarize(std::vector<double> v) {
 inline int repeats(int fallback) {
   const char* env = std::getenv("FASTLEARN_BENCH_REPEATS");
   return env && std::atoi(env) > 0 ? std::atoi(env) : fallback;
+}
+
+/// The integer after `--name` among the arguments, else `fallback`.
+inline int int_flag(int argc, char** argv, std::string_view name, int fallback) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (argv[i] == name) return std::atoi(argv[i + 1]);
+  }
+  return fallback;
+}
+
+/// The first `n` numbers of a reply line ("<seconds> <count> ..."); throws naming the line otherwise.
+inline std::vector<double> numbers(const std::string& line, std::size_t n) {
+  std::vector<double> out;
+  const char* p = line.c_str();
+  for (char* end = nullptr; out.size() < n; p = end) {
+    const double x = std::strtod(p, &end);
+    if (end == p) throw std::runtime_error(fmt::format("bench: expected {} numbers, got the reply '{}'", n, line));
+    out.push_back(x);
+  }
+  return out;
 }
 
 /// A child process we talk to by lines: request() writes one line to its stdin and returns the next line
