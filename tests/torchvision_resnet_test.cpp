@@ -5,6 +5,7 @@
 #include <fastlearn/core/safetensors.h>
 #include <fastlearn/data/image_decode.h>
 #include <fastlearn/distributed/sync_batch_norm.h>
+#include <fastlearn/learner/vision_learner.h>
 #include <fastlearn/models/torchvision_resnet.h>
 #include <fastlearn/models/weights.h>
 #include <fmt/format.h>
@@ -106,4 +107,30 @@ TEST_F(TorchvisionOracle, WeightsThatDoNotFitNameTheTensorAndChangeNothing) {
   fl::copy_weights(fl::match_weights(*ten_classes, content.tensors, "body.safetensors", {.strict = false}));
   EXPECT_FALSE(torch::equal(ten_classes->named_parameters()["conv1.weight"], before));
   EXPECT_TRUE(torch::equal(ten_classes->named_parameters()["fc.weight"], head));
+}
+
+// vision_learner: the body from the exported torchvision weights, frozen but for its BatchNorms, a new head for
+// the data's 3 classes trained; fine_tune then trains everything.
+TEST_F(TorchvisionOracle, VisionLearnerLoadsTheBodyFreezesItAndFineTunes) {
+  const auto x = torch::rand({24, 3, 32, 32});
+  const auto y = torch::arange(24, torch::kLong) % 3;
+  auto ds = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
+  fl::DataLoaders dls(fl::DataLoader(ds, {.bs = 8, .shuffle = true, .seed = 0}), fl::DataLoader(ds, {.bs = 8}),
+                      std::vector<std::string>{"a", "b", "c"});
+  auto learn = fl::vision_learner(dls, {.weights = dir_ / "resnet18.safetensors"}, {.progress = false});
+  const auto file = fl::load_safetensors(dir_ / "resnet18.safetensors");
+  const auto tensors = fl::model_tensors(learn->model());
+  const auto find = [&](const std::string& name) {
+    for (const auto& [n, t] : tensors)
+      if (n == name) return t;
+    throw std::runtime_error("no tensor " + name);
+  };
+  EXPECT_TRUE(torch::equal(find("0.conv1.weight"), *file.find("conv1.weight")));
+  EXPECT_FALSE(find("0.conv1.weight").requires_grad()) << "the pretrained body starts frozen";
+  EXPECT_TRUE(find("0.bn1.weight").requires_grad()) << "but its BatchNorms train (train_bn)";
+  EXPECT_TRUE(find("1.3.weight").requires_grad()) << "and the new head trains";
+  EXPECT_EQ(find("1.7.weight").size(0), 3) << "the head ends in the data's classes";
+  learn->fine_tune(1);
+  EXPECT_TRUE(find("0.conv1.weight").requires_grad()) << "fine_tune unfreezes";
+  EXPECT_FALSE(torch::equal(find("0.conv1.weight"), *file.find("conv1.weight"))) << "and trains the body";
 }

@@ -1,0 +1,26 @@
+#include <fastlearn/learner/vision_learner.h>
+
+#include <fastlearn/core/error.h>
+#include <fastlearn/learner/loss.h>
+#include <fastlearn/models/models.h>
+#include <fastlearn/models/vision_model.h>
+
+namespace fastlearn {
+
+std::unique_ptr<Learner> vision_learner(DataLoaders dls, const VisionLearnerOptions& options,
+                                        LearnerOptions learner_options) {
+  if (dls.c() < 1) throw ConfigError("vision_learner: the data has no classes");
+  auto model = models::vision_model({.arch = options.arch,
+                                     .classes = dls.c(),
+                                     .weights = options.weights,
+                                     .hidden = options.hidden,
+                                     .dropout = options.dropout});
+  if (!learner_options.splitter) learner_options.splitter = models::body_head_split;
+  const bool multi_label = dls.multi_label();
+  auto learn = std::make_unique<Learner>(std::move(dls), model, multi_label ? bce_with_logits() : cross_entropy(),
+                                         std::move(learner_options));
+  if (!options.weights.empty()) learn->freeze();  // a pretrained body trains only after fine_tune / unfreeze
+  return learn;
+}
+
+}  // namespace fastlearn

@@ -1,0 +1,26 @@
+#pragma once
+// fastai's vision_learner: models::vision_model (a torchvision ResNet body, optionally with exported
+// torchvision weights, and fastai's head) sized for the data's classes, with cross entropy (BCE on logits
+// for multi-label data), the body / head split that fine_tune uses, and, as fastai does for pretrained
+// weights, the body frozen until fine_tune or unfreeze.
+#include <fastlearn/learner/learner.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+namespace fastlearn {
+
+struct VisionLearnerOptions {
+  std::string arch = "resnet18";  ///< resnet18 | resnet34 | resnet50
+  std::filesystem::path weights;  ///< a torchvision state dict (safetensors) for the body; empty: random
+  std::int64_t hidden = 512;      ///< the head's hidden width
+  double dropout = 0.5;           ///< the head's last dropout (the first gets half)
+};
+
+/// A Learner over vision_model for `dls` (which must name its classes). `learner_options.splitter`, when
+/// empty, becomes body_head_split.
+std::unique_ptr<Learner> vision_learner(DataLoaders dls, const VisionLearnerOptions& options = {},
+                                        LearnerOptions learner_options = {});
+
+}  // namespace fastlearn
