@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <fstream>
 #include <memory>
 
@@ -48,18 +49,26 @@ struct Reader {
   CsvTable table;
   std::vector<std::string> row;
   std::size_t rows_seen = 0;
-  std::string error;  // the first row whose width differs (callbacks cannot throw through C)
+  std::size_t line = 1;  // where the current row starts (quoted fields may hold line breaks)
+  std::string error;     // the first row whose width differs (callbacks cannot throw through C)
   std::string origin;
   bool header = true;
 
+  // "row 3" or, when quoted line breaks put it elsewhere, "row 3 (line 5)".
+  std::string where() const {
+    return line == rows_seen ? fmt::format("row {}", rows_seen) : fmt::format("row {} (line {})", rows_seen, line);
+  }
+
   void end_row() {
     ++rows_seen;
+    std::size_t breaks = 0;  // counted before the row is moved into the table
+    for (const auto& field : row) breaks += static_cast<std::size_t>(std::count(field.begin(), field.end(), '\n'));
     for (std::size_t k = 0; k < row.size() && error.empty(); ++k) {
       if (!is_utf8(row[k])) {
         error = fmt::format(
-            "{}: row {}, field {} is not UTF-8 text (CSV files are read as UTF-8, as pandas reads "
+            "{}: {}, field {} is not UTF-8 text (CSV files are read as UTF-8, as pandas reads "
             "them; convert it first, e.g. iconv -f latin1 -t utf-8)",
-            origin, rows_seen, k + 1);
+            origin, where(), k + 1);
       }
     }
     if (rows_seen == 1) {
@@ -71,12 +80,13 @@ struct Reader {
       }
     } else if (row.size() != table.columns.size()) {
       if (error.empty()) {
-        error = fmt::format("{}: row {} has {} field(s), the first row has {}", origin, rows_seen, row.size(),
+        error = fmt::format("{}: {} has {} field(s), the first row has {}", origin, where(), row.size(),
                             table.columns.size());
       }
     } else {
       table.rows.push_back(std::move(row));
     }
+    line += 1 + breaks;
     row.clear();
   }
 };

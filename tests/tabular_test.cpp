@@ -61,6 +61,8 @@ TEST(Csv, QuotedFieldsEmbeddedLineBreaksSpacesAndOtherDelimiters) {
   EXPECT_EQ(t.rows[1], (std::vector<std::string>{"say \"hi\"", "", "3"}));
   const auto ragged = flt::message_of([] { fl::parse_csv("a,b\n1,2\n3\n", "ragged.csv"); });
   EXPECT_NE(ragged.find("ragged.csv: row 3 has 1 field(s), the first row has 2"), std::string::npos) << ragged;
+  const auto later = flt::message_of([] { fl::parse_csv("a,b\n\"x\ny\",2\n3\n", "lines.csv"); });
+  EXPECT_NE(later.find("lines.csv: row 3 (line 4) has 1 field(s)"), std::string::npos) << later;
   const auto quote = flt::message_of([] { fl::parse_csv("a,b\n1,\"2\n", "open.csv"); });
   EXPECT_NE(quote.find("open.csv: malformed CSV"), std::string::npos) << quote;
   EXPECT_THROW(fl::parse_csv("", "empty.csv"), fl::DataError);
