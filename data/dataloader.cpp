@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/data/buffer_pool.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -21,6 +22,7 @@ class DataLoader::EpochRun {
   EpochRun(const DataLoader& loader, std::vector<std::int64_t> order)
       : dataset_(loader.dataset_),
         options_(loader.options_),
+        buffers_(loader.buffers_),
         seed_(loader.seed_),
         epoch_(loader.epoch_),
         order_(std::move(order)),
@@ -79,6 +81,7 @@ class DataLoader::EpochRun {
     const auto count = std::min<std::int64_t>(options_.bs, static_cast<std::int64_t>(order_.size()) - begin);
     // Seeded by (seed, epoch, batch): the same augmentation whichever worker makes the batch.
     auto rng = at::make_generator<at::CPUGeneratorImpl>(mix_seed(seed_, epoch_, k));
+    UseBufferPool use(*buffers_);
     Batch batch = dataset_->load_batch(std::span(order_).subspan(begin, count), rng);
     if (on_cuda_) return {batch.pinned(), rng};
     for (const auto& tfm : options_.batch_tfms) tfm(batch, rng);
@@ -122,6 +125,7 @@ class DataLoader::EpochRun {
 
   std::shared_ptr<const Dataset> dataset_;
   const DataLoaderOptions options_;
+  const std::shared_ptr<BufferPool> buffers_;
   const std::uint64_t seed_;
   const std::int64_t epoch_;
   const std::vector<std::int64_t> order_;
@@ -155,6 +159,8 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
   const auto n = dataset_->size();
   sampler_ = options_.shuffle ? std::shared_ptr<const Sampler>(std::make_shared<RandomSampler>(n, seed_))
                               : std::make_shared<SequentialSampler>(n);
+  // Enough for every batch in flight (prefetched, in the user's hands) and the transforms' steps between.
+  buffers_ = std::make_shared<BufferPool>(4 * (std::max(1, options_.num_workers) * std::max(1, options_.prefetch) + 3));
 }
 
 std::int64_t DataLoader::n() const { return sampler_->size(); }

@@ -18,6 +18,8 @@
 
 namespace fastlearn {
 
+class BufferPool;
+
 struct DataLoaderOptions {
   std::int64_t bs = 64;
   bool shuffle = false;
@@ -87,6 +89,7 @@ class DataLoader {
   std::uint64_t seed_ = 0;
   std::shared_ptr<const Sampler> sampler_;
   std::int64_t epoch_ = 0;
+  std::shared_ptr<BufferPool> buffers_;  // batch memory reused across batches and epochs (see buffer_pool.h)
 };
 
 }  // namespace fastlearn

@@ -1,6 +1,7 @@
 #include <fastlearn/data/image_dataset.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/data/buffer_pool.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -27,30 +28,40 @@ at::Tensor ImageDataset::load_image(std::int64_t index, at::Generator* rng) cons
     throw DataError(fmt::format("ImageDataset: index {} is outside [0, {})", index, size()));
   }
   const auto& file = files_[static_cast<std::size_t>(index)];
-  auto image = read_image(file, {.mode = options_.mode, .min_side = options_.decode_min_side});
-  if (!options_.item_tfm) return image;
+  const DecodeOptions decode{.mode = options_.mode, .min_side = options_.decode_min_side};
+  if (!options_.item_tfm) return read_image(file, decode);
+  // The item transform makes new memory, so the decoded pixels can live in this thread's scratch.
+  thread_local DecodeScratch scratch;
+  auto image = read_image_into(scratch, file, decode);
   try {
-    return options_.item_tfm(image, options_.random ? rng : nullptr);
+    auto item = options_.item_tfm(image, options_.random ? rng : nullptr);
+    // A transform that hands back (a view of) its input would hand back memory the next image overwrites.
+    return item.is_alias_of(image) ? item.clone() : item;
   } catch (const DataError& e) {
     throw DataError(fmt::format("{}: {}", file.string(), e.what()));
   }
 }
 
 Batch ImageDataset::load(std::span<const std::int64_t> indices, at::Generator* rng) const {
-  std::vector<at::Tensor> images;
-  images.reserve(indices.size());
-  for (auto i : indices) {
-    images.push_back(load_image(i, rng));
-    if (images.back().sizes() != images.front().sizes()) {
+  at::Tensor images;  // (N, C, H, W), in the loader's batch memory; each image is copied in as it is made
+  for (std::size_t k = 0; k < indices.size(); ++k) {
+    auto image = load_image(indices[k], rng);
+    if (k == 0) {
+      std::vector<std::int64_t> shape{static_cast<std::int64_t>(indices.size())};
+      shape.insert(shape.end(), image.sizes().begin(), image.sizes().end());
+      images = pooled_empty(shape, image.options());
+    } else if (image.sizes() != images.sizes().slice(1)) {
       throw DataError(fmt::format(
           "ImageDataset: '{}' comes out [{}] but '{}' [{}]; give an item transform "
           "(resize) that makes every image the same size",
-          files_[static_cast<std::size_t>(i)].string(), fmt::join(images.back().sizes(), ", "),
-          files_[static_cast<std::size_t>(indices.front())].string(), fmt::join(images.front().sizes(), ", ")));
+          files_[static_cast<std::size_t>(indices[k])].string(), fmt::join(image.sizes(), ", "),
+          files_[static_cast<std::size_t>(indices.front())].string(), fmt::join(images.sizes().slice(1), ", ")));
     }
+    images[static_cast<std::int64_t>(k)].copy_(image);
   }
+  if (!images.defined()) images = torch::empty({0}, torch::kUInt8);
   auto index = torch::tensor(std::vector<std::int64_t>(indices.begin(), indices.end()), torch::kLong);
-  return {{torch::stack(images)}, {targets_.index_select(0, index)}};
+  return {{images}, {targets_.index_select(0, index)}};
 }
 
 Item ImageDataset::get(std::int64_t index) const { return {{load_image(index, nullptr)}, {targets_[index]}}; }

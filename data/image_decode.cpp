@@ -7,6 +7,7 @@
 #include <turbojpeg.h>
 
 #include <array>
+#include <functional>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -28,18 +29,34 @@ void check_pixels(std::int64_t width, std::int64_t height, const DecodeOptions& 
   }
 }
 
-// (H, W, channels) interleaved uint8 -> (C, H, W) in `mode`; gray from RGB is ITU-R 601 luma, rounded.
-at::Tensor to_chw(at::Tensor hwc, ImageMode mode) {
+// Gives the (height, width, channels) uint8 tensor a decoder writes into.
+using PixelMemory = std::function<at::Tensor(std::int64_t height, std::int64_t width, std::int64_t channels)>;
+
+PixelMemory fresh_pixels() {
+  return [](std::int64_t h, std::int64_t w, std::int64_t c) { return torch::empty({h, w, c}, torch::kUInt8); };
+}
+
+PixelMemory reused_pixels(std::vector<std::uint8_t>& memory) {
+  return [&memory](std::int64_t h, std::int64_t w, std::int64_t c) {
+    memory.resize(static_cast<std::size_t>(h * w * c));
+    return torch::from_blob(memory.data(), {h, w, c}, torch::kUInt8);
+  };
+}
+
+// (H, W, channels) interleaved uint8 -> (C, H, W) in `mode`, a view where no conversion is needed; gray from
+// RGB is ITU-R 601 luma, rounded.
+at::Tensor to_chw_view(at::Tensor hwc, ImageMode mode) {
   if (mode == ImageMode::gray && hwc.size(2) >= 3) {
     auto rgb = hwc.slice(2, 0, 3).to(at::kInt);
     auto luma = (rgb.select(2, 0) * 299 + rgb.select(2, 1) * 587 + rgb.select(2, 2) * 114 + 500) / 1000;
     return luma.to(at::kByte).unsqueeze(0).contiguous();
   }
   if (mode == ImageMode::rgb && hwc.size(2) >= 3) hwc = hwc.slice(2, 0, 3);
-  return hwc.permute({2, 0, 1}).contiguous();
+  return hwc.permute({2, 0, 1});
 }
 
-at::Tensor decode_jpeg(std::span<const std::uint8_t> bytes, std::string_view origin, const DecodeOptions& options) {
+at::Tensor decode_jpeg(std::span<const std::uint8_t> bytes, std::string_view origin, const DecodeOptions& options,
+                       const PixelMemory& memory) {
   std::unique_ptr<void, int (*)(tjhandle)> handle(tjInitDecompress(), tjDestroy);
   if (!handle) fail(origin, "libjpeg-turbo could not start a decoder");
   auto error = [&] { return std::string(tjGetErrorStr2(handle.get())); };
@@ -63,16 +80,17 @@ at::Tensor decode_jpeg(std::span<const std::uint8_t> bytes, std::string_view ori
     }
   }
   const bool gray = options.mode == ImageMode::gray;
-  auto hwc = torch::empty({scaled_h, scaled_w, gray ? 1 : 3}, torch::kUInt8);
+  auto hwc = memory(scaled_h, scaled_w, gray ? 1 : 3);
   // Warnings (a truncated file, corrupt data) are errors: a partly grey image must not train silently.
   if (tjDecompress2(handle.get(), bytes.data(), static_cast<unsigned long>(bytes.size()), hwc.data_ptr<std::uint8_t>(),
                     scaled_w, 0, scaled_h, gray ? TJPF_GRAY : TJPF_RGB, TJFLAG_STOPONWARNING) != 0) {
     fail(origin, "corrupt JPEG: " + error());
   }
-  return to_chw(hwc, options.mode);
+  return to_chw_view(hwc, options.mode);
 }
 
-at::Tensor decode_png(std::span<const std::uint8_t> bytes, std::string_view origin, const DecodeOptions& options) {
+at::Tensor decode_png(std::span<const std::uint8_t> bytes, std::string_view origin, const DecodeOptions& options,
+                      const PixelMemory& memory) {
   std::unique_ptr<spng_ctx, void (*)(spng_ctx*)> ctx(spng_ctx_new(0), spng_ctx_free);
   if (!ctx) fail(origin, "libspng could not start a decoder");
   auto check = [&](int status, const char* what) {
@@ -87,32 +105,50 @@ at::Tensor decode_png(std::span<const std::uint8_t> bytes, std::string_view orig
   std::size_t size = 0;
   // RGBA8 is the one output every PNG colour type and depth converts to (16-bit samples are scaled).
   check(spng_decoded_image_size(ctx.get(), SPNG_FMT_RGBA8, &size), "size");
-  auto hwc =
-      torch::empty({static_cast<std::int64_t>(ihdr.height), static_cast<std::int64_t>(ihdr.width), 4}, torch::kUInt8);
+  auto hwc = memory(ihdr.height, ihdr.width, 4);
   if (size != static_cast<std::size_t>(hwc.numel())) fail(origin, "the decoded size does not match the header");
   check(spng_decode_image(ctx.get(), hwc.data_ptr<std::uint8_t>(), size, SPNG_FMT_RGBA8, SPNG_DECODE_TRNS), "data");
-  return to_chw(hwc, options.mode);
+  return to_chw_view(hwc, options.mode);
 }
 
-}  // namespace
-
-at::Tensor decode_image(std::span<const std::uint8_t> bytes, std::string_view origin, const DecodeOptions& options) {
+at::Tensor decode_any(std::span<const std::uint8_t> bytes, std::string_view origin, const DecodeOptions& options,
+                      const PixelMemory& memory) {
   constexpr std::array<std::uint8_t, 3> jpeg{0xFF, 0xD8, 0xFF};
   constexpr std::array<std::uint8_t, 8> png{0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
   auto starts_with = [&](const auto& magic) {
     return bytes.size() >= magic.size() && std::equal(magic.begin(), magic.end(), bytes.begin());
   };
-  if (starts_with(jpeg)) return decode_jpeg(bytes, origin, options);
-  if (starts_with(png)) return decode_png(bytes, origin, options);
+  if (starts_with(jpeg)) return decode_jpeg(bytes, origin, options, memory);
+  if (starts_with(png)) return decode_png(bytes, origin, options, memory);
   fail(origin, bytes.empty() ? "the file is empty" : "neither a JPEG nor a PNG file (by its first bytes)");
 }
 
-at::Tensor read_image(const std::filesystem::path& file, const DecodeOptions& options) {
-  std::ifstream in(file, std::ios::binary);
+// Reads all of `file` into `bytes` (resized to fit).
+void read_file(const std::filesystem::path& file, std::vector<std::uint8_t>& bytes) {
+  std::ifstream in(file, std::ios::binary | std::ios::ate);
   if (!in) fail(file.string(), "cannot open");
-  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) fail(file.string(), "read error");
+  const auto size = static_cast<std::streamoff>(in.tellg());
+  if (size < 0) fail(file.string(), "cannot tell its size");
+  bytes.resize(static_cast<std::size_t>(size));
+  in.seekg(0);
+  if (!in.read(reinterpret_cast<char*>(bytes.data()), size)) fail(file.string(), "read error");
+}
+
+}  // namespace
+
+at::Tensor decode_image(std::span<const std::uint8_t> bytes, std::string_view origin, const DecodeOptions& options) {
+  return decode_any(bytes, origin, options, fresh_pixels()).contiguous();
+}
+
+at::Tensor read_image(const std::filesystem::path& file, const DecodeOptions& options) {
+  std::vector<std::uint8_t> bytes;
+  read_file(file, bytes);
   return decode_image(bytes, file.string(), options);
+}
+
+at::Tensor read_image_into(DecodeScratch& scratch, const std::filesystem::path& file, const DecodeOptions& options) {
+  read_file(file, scratch.bytes);
+  return decode_any(scratch.bytes, file.string(), options, reused_pixels(scratch.pixels));
 }
 
 }  // namespace fastlearn

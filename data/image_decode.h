@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <span>
 #include <string_view>
+#include <vector>
 
 namespace fastlearn {
 
@@ -29,5 +30,15 @@ at::Tensor decode_image(std::span<const std::uint8_t> bytes, std::string_view or
                         const DecodeOptions& options = {});
 /// Reads and decodes `file`.
 at::Tensor read_image(const std::filesystem::path& file, const DecodeOptions& options = {});
+
+/// Memory one thread reuses from image to image: the file's bytes and the decoded pixels.
+struct DecodeScratch {
+  std::vector<std::uint8_t> bytes, pixels;
+};
+
+/// As read_image, without allocating: the result is a (C, H, W) view of `scratch.pixels`, held
+/// channels-last (as the decoders write it), and valid only until the next call with the same scratch.
+/// For loaders that transform each image into new memory at once.
+at::Tensor read_image_into(DecodeScratch& scratch, const std::filesystem::path& file, const DecodeOptions& options = {});
 
 }  // namespace fastlearn

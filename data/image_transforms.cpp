@@ -26,7 +26,7 @@ at::Tensor resample(const at::Tensor& image, std::int64_t height, std::int64_t w
   if (image.size(1) == height && image.size(2) == width) return image.contiguous();
   auto x = image.unsqueeze(0).contiguous(at::MemoryFormat::ChannelsLast);
   auto y = at::_upsample_bilinear2d_aa(x, {height, width}, /*align_corners=*/false);
-  return y.squeeze(0).contiguous();
+  return y.squeeze(0);  // channels-last in memory; collating copies it into the batch
 }
 
 // Uniform draws in [0, 1) from `rng`.

@@ -1,6 +1,7 @@
 #include <fastlearn/data/transforms.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/data/buffer_pool.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -13,6 +14,15 @@ at::Tensor& first_input(Batch& batch, const char* transform) {
   return batch.inputs.front();
 }
 
+// Uninitialized memory shaped and laid out as `x`: batch memory (see buffer_pool.h) when x is contiguous.
+at::Tensor fresh_like(const at::Tensor& x, at::ScalarType dtype) {
+  if (!x.is_contiguous()) return at::empty_like(x, x.options().dtype(dtype));
+  return pooled_empty(x.sizes(), x.options().dtype(dtype));
+}
+
+// A float32 copy of `x`: one pass, and no fresh pages for the kernel to zero.
+at::Tensor float_copy(const at::Tensor& x) { return fresh_like(x, torch::kFloat32).copy_(x); }
+
 void require_images(const at::Tensor& x, const char* transform) {
   if (x.dim() != 4)
     throw DataError(fmt::format("{}: expects images shaped (N, C, H, W), got {} dimension(s)", transform, x.dim()));
@@ -23,7 +33,7 @@ void require_images(const at::Tensor& x, const char* transform) {
 BatchTransform to_float(double scale) {
   return [scale](Batch& batch, at::Generator&) {
     auto& x = first_input(batch, "to_float");
-    x = x.to(torch::kFloat32).mul_(scale);
+    x = float_copy(x).mul_(scale);
   };
 }
 
@@ -37,15 +47,23 @@ BatchTransform normalize(std::vector<double> mean, std::vector<double> std) {
   auto inv_std_t = 1.0 / torch::tensor(std, torch::kFloat32);
   return [mean_t, inv_std_t](Batch& batch, at::Generator&) {
     auto& x = first_input(batch, "normalize");
-    if (!x.is_floating_point()) x = x.to(torch::kFloat32);
     const auto channels = mean_t.numel();
     if (channels > 1 && (x.dim() < 2 || x.size(1) != channels))
       throw DataError(
           fmt::format("normalize: {} channel statistics for input shaped {}", channels, fmt::join(x.sizes(), "x")));
     std::vector<std::int64_t> shape(x.dim(), 1);
     if (x.dim() >= 2) shape[1] = channels;
-    const auto on = x.options();
-    x = (x - mean_t.to(on).view(shape)).mul_(inv_std_t.to(on).view(shape));
+    const auto on = x.options().dtype(x.is_floating_point() ? x.scalar_type() : torch::kFloat32);
+    // Into fresh batch memory: x may be a view of the dataset's own tensor.
+    const auto channel_mean = mean_t.to(on).view(shape);
+    at::Tensor out;
+    if (x.is_floating_point()) {
+      out = fresh_like(x, x.scalar_type());
+      at::sub_out(out, x, channel_mean);
+    } else {
+      out = float_copy(x).sub_(channel_mean);
+    }
+    x = out.mul_(inv_std_t.to(on).view(shape));
   };
 }
 
@@ -62,7 +80,7 @@ BatchTransform random_crop(std::int64_t size, std::int64_t padding) {
           fmt::format("random_crop: crop {} exceeds the padded image {}x{}", size, padded.size(2), padded.size(3)));
     auto ys = at::randint(max_y + 1, {x.size(0)}, rng, torch::kLong);
     auto xs = at::randint(max_x + 1, {x.size(0)}, rng, torch::kLong);
-    auto out = torch::empty({x.size(0), x.size(1), size, size}, x.options());
+    auto out = pooled_empty({x.size(0), x.size(1), size, size}, x.options());
     const auto* y0 = ys.data_ptr<std::int64_t>();
     const auto* x0 = xs.data_ptr<std::int64_t>();
     for (std::int64_t i = 0; i < x.size(0); ++i) out[i].copy_(padded[i].narrow(1, y0[i], size).narrow(2, x0[i], size));
@@ -75,9 +93,16 @@ BatchTransform random_flip(double p) {
   return [p](Batch& batch, at::Generator& rng) {
     auto& x = first_input(batch, "random_flip");
     require_images(x, "random_flip");
-    auto flip = at::rand({x.size(0)}, rng, torch::TensorOptions().dtype(torch::kFloat64)).lt(p).view({-1, 1, 1, 1});
-    flip = flip.to(x.device());
-    x = torch::where(flip, x.flip({3}), x);
+    auto flip = at::rand({x.size(0)}, rng, torch::TensorOptions().dtype(torch::kFloat64)).lt(p);
+    if (!x.is_cpu()) {
+      x = torch::where(flip.view({-1, 1, 1, 1}).to(x.device()), x.flip({3}), x);
+      return;
+    }
+    // Image by image into batch memory: a third of the passes and none of the allocations of where().
+    auto out = fresh_like(x, x.scalar_type());
+    const auto* flipped = flip.data_ptr<bool>();
+    for (std::int64_t i = 0; i < x.size(0); ++i) out[i].copy_(flipped[i] ? x[i].flip({2}) : x[i]);
+    x = out;
   };
 }
 
