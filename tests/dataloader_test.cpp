@@ -1,5 +1,6 @@
 // Dataset, DataLoader, transforms and DataLoaders: order, counts, workers, augmentation, Fashion-MNIST.
 #include <fastlearn/core/error.h>
+#include <fastlearn/data/buffer_pool.h>
 #include <fastlearn/data/image_dataloaders.h>
 
 #include <gtest/gtest.h>
@@ -166,6 +167,56 @@ TEST(DataLoader, BadOptionsAreErrors) {
   EXPECT_THROW(fl::DataLoader(numbered(4), {.bs = 0}), fl::DataError);
   EXPECT_THROW(fl::DataLoader(numbered(4), {.num_workers = -1}), fl::DataError);
   EXPECT_THROW(fl::TensorDataset({torch::zeros({3})}, {torch::zeros({4})}), fl::DataError);
+}
+
+TEST(BufferPool, ReusesMemoryNobodyHoldsAndNeverMemorySomeoneDoes) {
+  fl::BufferPool pool(2);
+  const auto mb = std::int64_t{1} << 20;
+  auto a = pool.empty({mb}, torch::kFloat32);
+  const auto* a_memory = a.data_ptr();
+  a.fill_(1);
+  auto b = pool.empty({mb}, torch::kFloat32);
+  EXPECT_NE(b.data_ptr(), a_memory) << "memory still held was handed out again";
+  b.fill_(2);
+  EXPECT_EQ(a.sum().item<double>(), mb) << "writing the second tensor changed the first";
+  a = at::Tensor();
+  auto c = pool.empty({mb / 2}, torch::kByte);  // a smaller request fits into a free buffer
+  EXPECT_EQ(c.data_ptr(), a_memory);
+  EXPECT_EQ(c.sizes(), c10::IntArrayRef({mb / 2}));
+  auto d = pool.empty({mb}, torch::kFloat32);  // both buffers held and the pool is full: a plain allocation
+  EXPECT_NE(d.data_ptr(), a_memory);
+  EXPECT_NE(d.data_ptr(), b.data_ptr());
+  // pooled_empty uses the pool only on threads that installed it, and only for large tensors.
+  EXPECT_EQ(fl::pooled_empty({mb}, torch::kFloat32).storage().use_count(), 1);
+  {
+    fl::UseBufferPool use(pool);
+    c = at::Tensor();
+    EXPECT_EQ(fl::pooled_empty({mb / 4}, torch::kFloat32).data_ptr(), a_memory);
+    EXPECT_EQ(fl::pooled_empty({16}, torch::kFloat32).storage().use_count(), 1) << "a small tensor was pooled";
+  }
+  EXPECT_NE(fl::pooled_empty({mb / 4}, torch::kFloat32).data_ptr(), a_memory);
+}
+
+TEST(DataLoader, BatchesTheCallerKeepsStayIntactWhileLaterOnesAreMade) {
+  // Batches large enough for the loader's buffer pool, kept across two epochs with workers running.
+  const std::int64_t n = 96, bs = 32;
+  auto x = torch::randint(0, 256, {n, 3, 48, 48}, torch::kUInt8);
+  const auto original = x.clone();
+  auto ds = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{torch::arange(n)});
+  fl::DataLoader dl(ds, {.bs = bs,
+                         .num_workers = 2,
+                         .batch_tfms = {fl::to_float(1.0 / 255), fl::normalize({0.5, 0.4, 0.3}, {0.2, 0.25, 0.3})}});
+  std::vector<fl::Batch> kept;
+  for (int epoch = 0; epoch < 2; ++epoch)
+    for (const auto& batch : dl) kept.push_back(batch);
+  ASSERT_EQ(kept.size(), 6u);
+  auto mean = torch::tensor({0.5, 0.4, 0.3}).view({1, 3, 1, 1}), std = torch::tensor({0.2, 0.25, 0.3}).view({1, 3, 1, 1});
+  for (std::size_t k = 0; k < kept.size(); ++k) {
+    const auto begin = static_cast<std::int64_t>(k % 3) * bs;
+    auto expected = (original.narrow(0, begin, bs).to(torch::kFloat32) / 255 - mean) / std;
+    EXPECT_TRUE(torch::allclose(kept[k].inputs[0], expected, 1e-5, 1e-5)) << "batch " << k << " was overwritten";
+  }
+  EXPECT_TRUE(torch::equal(ds->inputs()[0], original)) << "a transform wrote into the dataset";
 }
 
 TEST(Transforms, NormalizeCentersEachChannel) {

@@ -157,6 +157,28 @@ TEST(ImageDecode, ReadImageReadsAFile) {
   std::filesystem::remove(file);
 }
 
+TEST(ImageDecode, ReadImageIntoGivesTheSamePixelsInItsScratch) {
+  const auto dir = std::filesystem::temp_directory_path() / ("fastlearn-scratch-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const Bytes& bytes) {
+    std::ofstream(dir / name, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    return dir / name;
+  };
+  const auto big = write("big.jpg", jpeg(picture(40, 30), false)), small = write("small.png", png(picture(6, 4), 2));
+  fl::DecodeScratch scratch;
+  for (const auto& file : {big, small, big}) {
+    const auto view = fl::read_image_into(scratch, file);
+    EXPECT_TRUE(torch::equal(view, fl::read_image(file))) << file;
+    EXPECT_EQ(view.data_ptr(), static_cast<void*>(scratch.pixels.data())) << "not decoded into the scratch";
+  }
+  // Gray, and the scaled JPEG decoding, go through the scratch too.
+  const fl::DecodeOptions gray_small{.mode = fl::ImageMode::gray, .min_side = 10};
+  EXPECT_TRUE(torch::equal(fl::read_image_into(scratch, big, gray_small), fl::read_image(big, gray_small)));
+  EXPECT_THROW(fl::read_image_into(scratch, dir / "missing.jpg"), fl::DataError);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ImageEncode, PngRoundTripsRgbAndGrayAndRefusesOtherImages) {
   const auto rgb = picture(5, 7).permute({2, 0, 1}).contiguous();
   const auto rgb_png = fl::encode_png(rgb);
