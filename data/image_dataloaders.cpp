@@ -106,9 +106,12 @@ struct Items {
 constexpr double kImagenetMean[] = {0.485, 0.456, 0.406};
 constexpr double kImagenetStd[] = {0.229, 0.224, 0.225};
 
-std::vector<BatchTransform> to_model_input(const ImageFilesOptions& options) {
+// to_float, then normalize by ImageNet's statistics or by `computed` ones.
+std::vector<BatchTransform> to_model_input(const ImageFilesOptions& options, const ChannelStatistics& computed) {
   std::vector<BatchTransform> tfms{to_float(1.0 / 255.0)};
-  if (options.normalize == ImageNormalization::imagenet) {
+  if (options.normalize == ImageNormalization::computed) {
+    tfms.push_back(normalize(computed.mean, computed.std));
+  } else if (options.normalize == ImageNormalization::imagenet) {
     if (options.mode == ImageMode::gray) {
       tfms.push_back(normalize({(kImagenetMean[0] + kImagenetMean[1] + kImagenetMean[2]) / 3},
                                {(kImagenetStd[0] + kImagenetStd[1] + kImagenetStd[2]) / 3}));
@@ -184,7 +187,12 @@ DataLoaders build(Items train, Items valid, bool multi_label, const ImageFilesOp
       std::move(valid.files), targets_of(valid, index, multi_label),
       ImageDatasetOptions{.mode = options.mode, .item_tfm = valid_tfm, .decode_min_side = options.size});
 
-  auto train_tfms = to_model_input(options);  // to_float, normalize
+  ChannelStatistics stats;
+  if (options.normalize == ImageNormalization::computed) {
+    stats = channel_statistics(*train_ds, options.stats_items, options.split_seed);
+    for (auto& s : stats.std) s = std::max(s, 1e-7);  // a channel of one colour: leave it centred, not infinite
+  }
+  auto train_tfms = to_model_input(options, stats);  // to_float, normalize
   if (options.augment) train_tfms.insert(train_tfms.begin() + 1, aug_transforms(*options.augment));
   if (options.flip_p > 0) train_tfms.insert(train_tfms.begin(), random_flip(options.flip_p));
   DataLoaderOptions train_options{.bs = options.bs,
@@ -197,7 +205,7 @@ DataLoaders build(Items train, Items valid, bool multi_label, const ImageFilesOp
   DataLoaderOptions valid_options{.bs = options.valid_bs > 0 ? options.valid_bs : 2 * options.bs,
                                   .num_workers = options.num_workers,
                                   .seed = options.seed,
-                                  .batch_tfms = to_model_input(options),
+                                  .batch_tfms = to_model_input(options, stats),
                                   .device = options.device};
   return DataLoaders(DataLoader(train_ds, train_options), DataLoader(valid_ds, valid_options), std::move(vocab),
                      multi_label);

@@ -37,6 +37,7 @@ struct ImageDataLoadersOptions {
 enum class ImageNormalization {
   imagenet,  ///< torchvision's ImageNet mean and std (what pretrained weights expect)
   none,      ///< only scaled to [0, 1]
+  computed,  ///< the training images' own per-channel mean and std (channel_statistics of up to stats_items)
 };
 
 /// Options of the loaders of image files.
@@ -53,6 +54,9 @@ struct ImageFilesOptions {
   double min_scale = 1.0;
   double flip_p = 0.5;  ///< training batches: left-right flip probability (0: none)
   ImageNormalization normalize = ImageNormalization::imagenet;
+  /// With normalize = computed: how many training images (drawn by split_seed, so every rank draws the same)
+  /// the statistics come from; 0: all of them.
+  std::int64_t stats_items = 1024;
   /// Decode every file first; files that do not decode are left out with one warning that counts and names
   /// them (otherwise the first bad file stops training with an error naming it).
   bool skip_bad_images = false;

@@ -6,9 +6,13 @@
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -93,25 +97,73 @@ std::vector<std::filesystem::path> get_image_files(const std::filesystem::path& 
   return files;
 }
 
-std::vector<BadImage> verify_images(const std::vector<std::filesystem::path>& files, int threads) {
+namespace {
+
+// Calls body(i) for i in [0, n) on `threads` threads (0: all cores), each index once.
+void parallel_for(std::size_t n, int threads, const std::function<void(std::size_t)>& body) {
   const int n_threads = std::max(1, threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
-  std::vector<std::string> errors(files.size());
   std::atomic<std::size_t> next{0};
   auto work = [&] {
-    for (std::size_t i; (i = next.fetch_add(1)) < files.size();) {
-      try {
-        // Decoding at 1/8 scale checks the whole JPEG stream at a fraction of the cost.
-        read_image(files[i], {.min_side = 1});
-      } catch (const std::exception& e) {
-        errors[i] = e.what();
-        if (errors[i].empty()) errors[i] = "unknown error";
-      }
-    }
+    for (std::size_t i; (i = next.fetch_add(1)) < n;) body(i);
   };
   std::vector<std::thread> pool;
   for (int t = 1; t < n_threads; ++t) pool.emplace_back(work);
   work();
   for (auto& t : pool) t.join();
+}
+
+}  // namespace
+
+ChannelStatistics channel_statistics(const ImageDataset& dataset, std::int64_t max_items, std::uint64_t seed,
+                                     int threads) {
+  const auto n = dataset.size();
+  if (n == 0) throw DataError("channel_statistics: the dataset has no images");
+  auto order = torch::arange(n, torch::kLong);
+  if (max_items > 0 && max_items < n) {
+    auto rng = at::make_generator<at::CPUGeneratorImpl>(seed);
+    order = torch::randperm(n, rng, torch::kLong).narrow(0, 0, max_items);
+  }
+  const auto* items = order.data_ptr<std::int64_t>();
+  // Sums in float64 per item, added up in item order: the result does not depend on the thread count.
+  std::vector<at::Tensor> sums(static_cast<std::size_t>(order.numel())), squares(sums.size());
+  std::vector<std::int64_t> counts(sums.size());
+  std::vector<std::exception_ptr> errors(sums.size());
+  parallel_for(sums.size(), threads, [&](std::size_t k) {
+    try {
+      auto pixels = dataset.load_image(items[k], nullptr).to(torch::kFloat64).div_(255).flatten(1);
+      sums[k] = pixels.sum(1);
+      squares[k] = pixels.square().sum(1);
+      counts[k] = pixels.size(1);
+    } catch (...) {
+      errors[k] = std::current_exception();
+    }
+  });
+  for (const auto& error : errors)
+    if (error) std::rethrow_exception(error);
+  std::int64_t pixels_per_channel = 0;
+  at::Tensor sum = torch::zeros_like(sums.front()), square = torch::zeros_like(squares.front());
+  for (std::size_t k = 0; k < sums.size(); ++k) {
+    sum += sums[k];
+    square += squares[k];
+    pixels_per_channel += counts[k];
+  }
+  auto mean = sum / static_cast<double>(pixels_per_channel);
+  auto std = (square / static_cast<double>(pixels_per_channel) - mean.square()).clamp_min(0).sqrt();
+  auto values = [](const at::Tensor& t) { return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel()); };
+  return {values(mean), values(std)};
+}
+
+std::vector<BadImage> verify_images(const std::vector<std::filesystem::path>& files, int threads) {
+  std::vector<std::string> errors(files.size());
+  parallel_for(files.size(), threads, [&](std::size_t i) {
+    try {
+      // Decoding at 1/8 scale checks the whole JPEG stream at a fraction of the cost.
+      read_image(files[i], {.min_side = 1});
+    } catch (const std::exception& e) {
+      errors[i] = e.what();
+      if (errors[i].empty()) errors[i] = "unknown error";
+    }
+  });
   std::vector<BadImage> bad;
   for (std::size_t i = 0; i < files.size(); ++i) {
     if (!errors[i].empty()) bad.push_back({files[i], errors[i]});

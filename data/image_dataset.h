@@ -58,6 +58,16 @@ struct BadImage {
   std::string error;  ///< why it does not decode
 };
 
+/// Per-channel mean and standard deviation (population) of the pixels of `dataset`'s items in [0, 1], as
+/// validation sees them (no random transform). Over all items, or over `max_items` of them drawn without
+/// replacement by `seed`; decoded with `threads` threads (0: all cores). fastai's Normalize without stats
+/// estimates them from one batch; this uses as many images as asked.
+struct ChannelStatistics {
+  std::vector<double> mean, std;
+};
+ChannelStatistics channel_statistics(const ImageDataset& dataset, std::int64_t max_items = 0, std::uint64_t seed = 0,
+                                     int threads = 0);
+
 /// Decodes every file (with `threads` threads; 0: all cores) and returns those that fail, in file order.
 std::vector<BadImage> verify_images(const std::vector<std::filesystem::path>& files, int threads = 0);
 /// verify_images of get_image_files(dir).

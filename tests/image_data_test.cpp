@@ -175,6 +175,28 @@ TEST_F(ImageFiles, FromFolderWithTrainAndValidFoldersLabelsByParentFolderWithASo
   EXPECT_TRUE(first.inputs[0][0].allclose(expected.to(torch::kFloat32), 1e-5, 1e-5));
 }
 
+TEST_F(ImageFiles, ComputedStatisticsAreTheTrainingImagesOwn) {
+  auto dls = fl::ImageDataLoaders::from_folder(
+      dir_ / "png", {.bs = 16, .size = 28, .normalize = fl::ImageNormalization::computed, .stats_items = 0});
+  // Every training file, as it is (28 px: the resize keeps it), pixel by pixel.
+  std::vector<at::Tensor> pixels;
+  for (const auto& file : dataset(dls.train()).files())
+    pixels.push_back(fl::read_image(file).to(torch::kFloat64).div(255).flatten(1));
+  const auto all = torch::cat(pixels, 1);
+  const auto mean = all.mean(1), std = all.std(1, /*unbiased=*/false);
+  const auto first = *dls.valid().begin();
+  const auto file = fl::read_image(dataset(dls.valid()).files()[0]).to(torch::kFloat64).div(255);
+  EXPECT_TRUE(first.inputs[0][0].to(torch::kFloat64).allclose((file - mean.view({3, 1, 1})) / std.view({3, 1, 1}), 1e-4,
+                                                               1e-4));
+  // A sample: drawn by the seed, the same each time, close to the whole set's.
+  const auto& train = dataset(dls.train());
+  const auto a = fl::channel_statistics(train, 50, 7, 1), b = fl::channel_statistics(train, 50, 7, 3);
+  EXPECT_EQ(a.mean, b.mean) << "the thread count changed the result";
+  EXPECT_EQ(a.std, b.std);
+  EXPECT_NE(a.mean, fl::channel_statistics(train, 50, 8).mean);
+  for (int c = 0; c < 3; ++c) EXPECT_NEAR(a.mean[c], mean[c].item<double>(), 0.05);
+}
+
 TEST_F(ImageFiles, ValidPctSplitIsReproducibleAndFollowsItsSeed) {
   auto valid_files = [&](std::uint64_t split_seed) {
     auto dls =

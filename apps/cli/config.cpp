@@ -254,6 +254,8 @@ const std::vector<Key>& schema() {
       Key("data.transforms.min_scale", in::transforms, &TransformsConfig::min_scale, {.min = 0.01, .max = 1},
           {.applies = files_only}),
       Key("data.transforms.augment", in::transforms, &TransformsConfig::augment, {}, {.applies = files_only}),
+      Key("data.transforms.stats", in::transforms, &TransformsConfig::stats, {.choices = {"imagenet", "computed"}},
+          {.applies = files_only}),
       Key::table("data.synthetic", synthetic_only),
       Key("data.synthetic.n_train", in::synthetic, &SyntheticRegressionConfig::n_train, {.min = 1, .max = 100'000'000}),
       Key("data.synthetic.n_valid", in::synthetic, &SyntheticRegressionConfig::n_valid, {.min = 1, .max = 100'000'000}),

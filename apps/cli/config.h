@@ -22,6 +22,7 @@ struct TransformsConfig {
   std::string resize = "crop";           ///< image files: crop | pad | squish, to data.size
   double min_scale = 1.0;                ///< image files: < 1 uses RandomResizedCrop(size, min_scale) for training
   bool augment = false;                  ///< image files: fastai's aug_transforms() on training batches
+  std::string stats = "imagenet";        ///< image files, with normalize: imagenet | computed (up to 1024 images)
   bool operator==(const TransformsConfig&) const = default;
 };
 
