@@ -1,19 +1,18 @@
 // vision_fine_tune: training images/s of fine_tune(1) of a resnet18 at 128 px (one frozen epoch, then one
-// unfrozen epoch, validation after each), fastlearn's vision_model + Learner against fastai's vision_learner,
+// unfrozen epoch, validation after each), fastlearn's vision_learner (channels-last by default; --contiguous
+// for the default layout) against fastai's vision_learner (in its default layout),
 // on the same JPEG files (bench/python/image_pipeline.py's photos, 8 classes), both starting from the same
 // torchvision resnet18 state dict exported to safetensors (seeded random weights: no download on either
 // side). The same items (Resize(128): random crop in training, centre crop in validation), batch
 // transforms (flip and aug_transforms() with fastai's defaults, ImageNet normalization), batch size, Adam,
 // 2 loader workers and 2 torch threads on both sides. Runs alternate between the sides, each from a new
 // learner; the figure is the median, with the range. Prints one JSON object. Goal: ratio >= 1.5.
-// usage: bench_vision_fine_tune [--images N] [--bs B]
+// usage: bench_vision_fine_tune [--images N] [--bs B] [--contiguous]
 #include <fastlearn/data/image_dataloaders.h>
 #include <fastlearn/learner/learner.h>
-#include <fastlearn/learner/loss.h>
 #include <fastlearn/learner/metrics.h>
 #include <fastlearn/learner/recorder.h>
-#include <fastlearn/models/models.h>
-#include <fastlearn/models/vision_model.h>
+#include <fastlearn/learner/vision_learner.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -42,15 +41,15 @@ int main(int argc, char** argv) {
   auto dls = fl::ImageDataLoaders::from_folder(
       dir, {.bs = bs, .num_workers = 2, .seed = 0, .size = 128, .flip_p = 0.5, .augment = fl::AugOptions{}});
   double accuracy = 0;
+  const bool contiguous = bench::has_flag(argc, argv, "--contiguous");
   auto ours_run = [&] {
-    auto model =
-        fl::models::vision_model({.arch = "resnet18", .classes = dls.c(), .weights = dir / "resnet18.safetensors"});
-    fl::Learner learn(dls, model, fl::cross_entropy(),
-                      {.metrics = {fl::accuracy()}, .splitter = fl::models::body_head_split, .progress = false});
+    auto learn = fl::vision_learner(
+        dls, {.arch = "resnet18", .weights = dir / "resnet18.safetensors", .channels_last = !contiguous},
+        {.metrics = {fl::accuracy()}, .progress = false});
     const auto start = bench::Clock::now();
-    learn.fine_tune(1);
+    learn->fine_tune(1);
     const double seconds = bench::seconds_since(start);
-    accuracy = learn.recorder().last_valid_metrics().at(0);
+    accuracy = learn->recorder().last_valid_metrics().at(0);
     return static_cast<double>(2 * dls.train().size() * bs) / seconds;  // two epochs of full batches
   };
   bench::Coprocess theirs({python, script, "serve", dir.string(), std::to_string(bs)});
@@ -74,9 +73,9 @@ int main(int argc, char** argv) {
       R"("higher_is_better": true, "ours_range": [{:.2f}, {:.2f}], "anchor_range": [{:.2f}, {:.2f}], "repeats": {}, )"
       R"("images": {}, "bs": {}, "ours_last_accuracy": {:.3f}, "anchor_last_accuracy": {:.3f}, )"
       R"x("what": "fine_tune(1) of resnet18 at 128 px (frozen epoch + unfrozen epoch, validation included): )x"
-      R"x(vision_model + Learner vs fastai vision_learner, same exported weights, aug_transforms, 2 threads"}}}})x"
+      R"x(vision_learner ({}) vs fastai vision_learner, same exported weights, aug_transforms, 2 threads"}}}})x"
       "\n",
       o.median, a.median, o.median / a.median, o.min, o.max, a.min, a.max, repeats, images, bs, accuracy,
-      their_accuracy);
+      their_accuracy, contiguous ? "contiguous" : "channels-last");
   return 0;
 }

@@ -1,20 +1,13 @@
 #pragma once
-// ChannelsLast: trains in the channels-last (NHWC) memory format. The values are the same; only their
-// order in memory changes, and oneDNN's CPU convolutions run it faster (bench/README.md: 5-25% per step
-// on this project's conv nets). Parameters keep their identity, so an optimizer built before still
-// updates them, and the reducer and optimizer follow the layout without copies.
+// ChannelsLast: trains in the channels-last (NHWC) memory format (models/memory_format.h): the model
+// before fitting, the 4-D inputs of every batch. oneDNN's CPU convolutions run it faster
+// (bench/README.md: 5-25% per step on this project's conv nets). Parameters keep their identity, so an
+// optimizer built before still updates them, and the reducer and optimizer follow the layout without copies.
 #include <fastlearn/learner/callback.h>
 #include <fastlearn/learner/callback_order.h>
-
-namespace torch::nn {
-class Module;
-}
+#include <fastlearn/models/memory_format.h>
 
 namespace fastlearn {
-
-/// Puts every 4-D parameter (and its gradient) and buffer of `model` in channels-last memory format, in
-/// place: the tensors stay the same objects, so optimizers and hooks that hold them see the change.
-void to_channels_last(torch::nn::Module& model);
 
 class ChannelsLast : public Callback {
  public:

@@ -2,6 +2,7 @@
 
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/loss.h>
+#include <fastlearn/models/memory_format.h>
 #include <fastlearn/models/models.h>
 #include <fastlearn/models/vision_model.h>
 
@@ -15,6 +16,7 @@ std::unique_ptr<Learner> vision_learner(DataLoaders dls, const VisionLearnerOpti
                                      .weights = options.weights,
                                      .hidden = options.hidden,
                                      .dropout = options.dropout});
+  if (options.channels_last) to_channels_last(*model);
   if (!learner_options.splitter) learner_options.splitter = models::body_head_split;
   const bool multi_label = dls.multi_label();
   auto learn = std::make_unique<Learner>(std::move(dls), model, multi_label ? bce_with_logits() : cross_entropy(),

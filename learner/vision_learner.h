@@ -2,7 +2,7 @@
 // fastai's vision_learner: models::vision_model (a torchvision ResNet body, optionally with exported
 // torchvision weights, and fastai's head) sized for the data's classes, with cross entropy (BCE on logits
 // for multi-label data), the body / head split that fine_tune uses, and, as fastai does for pretrained
-// weights, the body frozen until fine_tune or unfreeze.
+// weights, the body frozen until fine_tune or unfreeze. Unlike fastai, the model is channels-last by default.
 #include <fastlearn/learner/learner.h>
 
 #include <filesystem>
@@ -16,6 +16,9 @@ struct VisionLearnerOptions {
   std::filesystem::path weights;  ///< a torchvision state dict (safetensors) for the body; empty: random
   std::int64_t hidden = 512;      ///< the head's hidden width
   double dropout = 0.5;           ///< the head's last dropout (the first gets half)
+  /// The model in channels-last memory format (models/memory_format.h): the same values, faster
+  /// convolutions (bench vision_fine_tune). The batches need no conversion: the first convolution does it.
+  bool channels_last = true;
 };
 
 /// A Learner over vision_model for `dls` (which must name its classes). `learner_options.splitter`, when

@@ -130,6 +130,21 @@ TEST_F(TorchvisionOracle, VisionLearnerLoadsTheBodyFreezesItAndFineTunes) {
   EXPECT_TRUE(find("0.bn1.weight").requires_grad()) << "but its BatchNorms train (train_bn)";
   EXPECT_TRUE(find("1.3.weight").requires_grad()) << "and the new head trains";
   EXPECT_EQ(find("1.7.weight").size(0), 3) << "the head ends in the data's classes";
+  // Channels-last by default: the same logits as the default layout (the same weights and head draw).
+  EXPECT_TRUE(find("0.conv1.weight").is_contiguous(at::MemoryFormat::ChannelsLast));
+  {
+    torch::manual_seed(3);
+    auto fast = fl::vision_learner(dls, {.weights = dir_ / "resnet18.safetensors"}, {.progress = false});
+    torch::manual_seed(3);
+    auto plain = fl::vision_learner(dls, {.weights = dir_ / "resnet18.safetensors", .channels_last = false},
+                                    {.progress = false});
+    EXPECT_TRUE(fl::model_tensors(plain->model()).front().second.is_contiguous());
+    fast->model().eval();
+    plain->model().eval();
+    torch::NoGradGuard no_grad;
+    const auto a = fast->forward({x.narrow(0, 0, 8)}), b = plain->forward({x.narrow(0, 0, 8)});
+    EXPECT_TRUE(a.allclose(b, 1e-4, 1e-4)) << (a - b).abs().max();
+  }
   learn->fine_tune(1);
   EXPECT_TRUE(find("0.conv1.weight").requires_grad()) << "fine_tune unfreezes";
   EXPECT_FALSE(torch::equal(find("0.conv1.weight"), *file.find("conv1.weight"))) << "and trains the body";

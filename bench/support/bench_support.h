@@ -48,6 +48,14 @@ inline int int_flag(int argc, char** argv, std::string_view name, int fallback) 
   return fallback;
 }
 
+/// Whether `--name` is among the arguments.
+inline bool has_flag(int argc, char** argv, std::string_view name) {
+  for (int i = 1; i < argc; ++i) {
+    if (argv[i] == name) return true;
+  }
+  return false;
+}
+
 /// The first `n` numbers of a reply line ("<seconds> <count> ..."); throws naming the line otherwise.
 inline std::vector<double> numbers(const std::string& line, std::size_t n) {
   std::vector<double> out;
