@@ -1,5 +1,6 @@
 #include <fastlearn/learner/learner.h>
 
+#include <fastlearn/core/cpu_memory_cache.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/progress.h>
 #include <fastlearn/learner/recorder.h>
@@ -112,6 +113,7 @@ Learner::Learner(DataLoaders dls, std::shared_ptr<torch::nn::Module> model, Forw
       options_(std::move(options)) {
   if (!model_) throw Error("Learner: the model is null");
   if (!loss_func_.fn) throw Error("Learner: the loss function is empty");
+  enable_cpu_memory_cache();  // a step's activations would otherwise cost fresh pages every time
   if (auto device = dls_.device()) model_->to(*device);
   add_cb(std::make_shared<TrainEval>());
   add_cb(std::make_shared<Recorder>(options_.metrics, RecorderOptions{.train_metrics = options_.train_metrics}));
