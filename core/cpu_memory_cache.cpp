@@ -111,7 +111,7 @@ class CpuMemoryCache final : public c10::Allocator {
 
   std::mutex mutex_;
   std::map<std::size_t, std::vector<void*>> free_;  // by size
-  std::unordered_map<void*, std::size_t> sizes_;   // every large block, cached or in use
+  std::unordered_map<void*, std::size_t> sizes_;    // every large block, cached or in use
   CpuMemoryCacheStats stats_;
 };
 

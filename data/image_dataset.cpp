@@ -149,7 +149,9 @@ ChannelStatistics channel_statistics(const ImageDataset& dataset, std::int64_t m
   }
   auto mean = sum / static_cast<double>(pixels_per_channel);
   auto std = (square / static_cast<double>(pixels_per_channel) - mean.square()).clamp_min(0).sqrt();
-  auto values = [](const at::Tensor& t) { return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel()); };
+  auto values = [](const at::Tensor& t) {
+    return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  };
   return {values(mean), values(std)};
 }
 

@@ -7,8 +7,8 @@
 #include <turbojpeg.h>
 
 #include <array>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <vector>

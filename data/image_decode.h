@@ -39,6 +39,7 @@ struct DecodeScratch {
 /// As read_image, without allocating: the result is a (C, H, W) view of `scratch.pixels`, held
 /// channels-last (as the decoders write it), and valid only until the next call with the same scratch.
 /// For loaders that transform each image into new memory at once.
-at::Tensor read_image_into(DecodeScratch& scratch, const std::filesystem::path& file, const DecodeOptions& options = {});
+at::Tensor read_image_into(DecodeScratch& scratch, const std::filesystem::path& file,
+                           const DecodeOptions& options = {});
 
 }  // namespace fastlearn

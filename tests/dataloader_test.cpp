@@ -210,7 +210,8 @@ TEST(DataLoader, BatchesTheCallerKeepsStayIntactWhileLaterOnesAreMade) {
   for (int epoch = 0; epoch < 2; ++epoch)
     for (const auto& batch : dl) kept.push_back(batch);
   ASSERT_EQ(kept.size(), 6u);
-  auto mean = torch::tensor({0.5, 0.4, 0.3}).view({1, 3, 1, 1}), std = torch::tensor({0.2, 0.25, 0.3}).view({1, 3, 1, 1});
+  auto mean = torch::tensor({0.5, 0.4, 0.3}).view({1, 3, 1, 1}),
+       std = torch::tensor({0.2, 0.25, 0.3}).view({1, 3, 1, 1});
   for (std::size_t k = 0; k < kept.size(); ++k) {
     const auto begin = static_cast<std::int64_t>(k % 3) * bs;
     auto expected = (original.narrow(0, begin, bs).to(torch::kFloat32) / 255 - mean) / std;

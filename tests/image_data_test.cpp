@@ -186,8 +186,8 @@ TEST_F(ImageFiles, ComputedStatisticsAreTheTrainingImagesOwn) {
   const auto mean = all.mean(1), std = all.std(1, /*unbiased=*/false);
   const auto first = *dls.valid().begin();
   const auto file = fl::read_image(dataset(dls.valid()).files()[0]).to(torch::kFloat64).div(255);
-  EXPECT_TRUE(first.inputs[0][0].to(torch::kFloat64).allclose((file - mean.view({3, 1, 1})) / std.view({3, 1, 1}), 1e-4,
-                                                               1e-4));
+  EXPECT_TRUE(
+      first.inputs[0][0].to(torch::kFloat64).allclose((file - mean.view({3, 1, 1})) / std.view({3, 1, 1}), 1e-4, 1e-4));
   // A sample: drawn by the seed, the same each time, close to the whole set's.
   const auto& train = dataset(dls.train());
   const auto a = fl::channel_statistics(train, 50, 7, 1), b = fl::channel_statistics(train, 50, 7, 3);

@@ -60,7 +60,7 @@ DataLoaders image_files(const TrainConfig& c) {
                                   .method = resize_method(t.resize),
                                   .min_scale = t.min_scale,
                                   .flip_p = t.random_flip,
-                                  .normalize = !t.normalize             ? ImageNormalization::none
+                                  .normalize = !t.normalize            ? ImageNormalization::none
                                                : t.stats == "computed" ? ImageNormalization::computed
                                                                        : ImageNormalization::imagenet,
                                   .skip_bad_images = d.skip_bad_images,
