@@ -2,8 +2,8 @@
 // A cache of large CPU memory blocks for tensors, as PyTorch's CUDA allocator caches GPU memory. glibc
 // hands blocks of a few megabytes and more back to the kernel when they are freed, and the kernel maps and
 // zeroes every page again at the next allocation: a training step that makes and frees hundreds of
-// megabytes of activations spends a tenth of its time in page faults on a CPU (bench vision_fine_tune:
-// 1.07-1.16x faster with the cache). Installed as c10's CPU allocator, the cache keeps freed blocks of
+// megabytes of activations spends part of its time in page faults on a CPU (bench cpu_memory_cache
+// measures the difference). Installed as c10's CPU allocator, the cache keeps freed blocks of
 // 1 MiB and more (sizes rounded up to 64 KiB) for the next request of the same size, up to a limit
 // of cached bytes; smaller requests go straight to c10's aligned allocation. The Learner turns it on;
 // FASTLEARN_CPU_MEMORY_CACHE_MB sets the limit (default 2048; 0 turns the cache off).
