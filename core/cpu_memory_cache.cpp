@@ -63,7 +63,14 @@ class CpuMemoryCache final : public c10::Allocator {
     trim_locked();
   }
 
-  void empty() { set_limit_for_empty(); }
+  // Frees every cached block; the limit stays.
+  void empty() {
+    std::lock_guard lock(mutex_);
+    const auto limit = stats_.limit_bytes;
+    stats_.limit_bytes = 0;
+    trim_locked();
+    stats_.limit_bytes = limit;
+  }
 
  private:
   static c10::DataPtr wrap(void* block) { return {block, block, &release, c10::Device(c10::DeviceType::CPU)}; }
@@ -99,14 +106,6 @@ class CpuMemoryCache final : public c10::Allocator {
         stats_.cached_bytes -= it->first;
       }
     }
-  }
-
-  void set_limit_for_empty() {
-    std::lock_guard lock(mutex_);
-    const auto limit = stats_.limit_bytes;
-    stats_.limit_bytes = 0;
-    trim_locked();
-    stats_.limit_bytes = limit;
   }
 
   std::mutex mutex_;
