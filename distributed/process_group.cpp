@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/distributed/shared_memory_backend.h>
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -53,7 +54,10 @@ c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
   gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
   gloo_options->threads = options.gloo_threads;
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, gloo_options);
+  c10::intrusive_ptr<c10d::Backend> gloo =
+      c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, gloo_options);
+  if (!options.shared_memory || world_size == 1) return gloo;
+  return with_shared_memory(std::move(gloo), *store, rank, world_size, options.timeout);
 }
 
 c10::intrusive_ptr<c10d::Backend> make_nccl([[maybe_unused]] const c10::intrusive_ptr<c10d::Store>& store,
@@ -101,7 +105,12 @@ std::string error_text(const std::exception& e) {
 }
 
 void close_backend(c10d::Backend& backend, bool abort) {
-  if (backend.getBackendName() != "nccl") return;
+  const auto name = backend.getBackendName();
+  if (name == shared_memory_backend_name) {
+    if (abort) backend.abort();  // the peers stop waiting on this rank
+    return;
+  }
+  if (name != "nccl") return;
   try {
     if (abort) {
       backend.abort();

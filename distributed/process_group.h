@@ -28,6 +28,9 @@ struct BackendOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  ///< per collective
   std::string hostname = "127.0.0.1";                            ///< Gloo: address this rank's transport binds to
   int gloo_threads = 2;                                          ///< Gloo: worker threads of the backend
+  /// Gloo, every rank of the group on this host: all_reduce, broadcast and barrier of CPU tensors go through
+  /// shared memory (distributed/shared_memory_backend.h).
+  bool shared_memory = false;
   /// NCCL: the GPU this rank uses (torch's device_id): the communicator is bound to it and created at
   /// once, so a bad setup fails here and not in the first collective. Default: the current CUDA device.
   int cuda_device = -1;

@@ -52,6 +52,11 @@ State& current() {
   return *state;
 }
 
+bool env_shared_memory() {
+  const char* value = std::getenv("FASTLEARN_SHARED_MEMORY");
+  return !value || std::string_view(value) != "0";
+}
+
 bool env_debug() {
   const char* ours = std::getenv("FASTLEARN_DISTRIBUTED_DEBUG");
   const char* torch_var = std::getenv("TORCH_DISTRIBUTED_DEBUG");
@@ -140,6 +145,8 @@ BackendOptions backend_options(const State& s) {
   options.timeout = s.options.timeout;
   options.hostname = transport_address(s.env.master_addr);
   options.gloo_threads = s.options.gloo_threads;
+  options.shared_memory = s.kind == BackendKind::gloo && s.env.local_world_size == s.env.world_size &&
+                          s.options.shared_memory.value_or(env_shared_memory());
   if (s.kind == BackendKind::nccl) options.cuda_device = s.env.local_rank;
   return options;
 }

@@ -32,6 +32,9 @@ struct SetupOptions {
   std::optional<bool> debug;  ///< check every collective's op, shape and dtype across ranks; default:
                               ///< FASTLEARN_DISTRIBUTED_DEBUG=1 or TORCH_DISTRIBUTED_DEBUG=DETAIL
   int gloo_threads = 2;
+  /// Gloo with every rank on this host (LOCAL_WORLD_SIZE == WORLD_SIZE): CPU all_reduce, broadcast and
+  /// barrier go through shared memory instead of loopback TCP. Default: on, unless FASTLEARN_SHARED_MEMORY=0.
+  std::optional<bool> shared_memory;
 };
 
 /// Sets up the world process group; DistributedError when it is already set up, the environment is
