@@ -173,7 +173,21 @@ int main(int argc, char** argv) {
         {"what",
          "wall seconds to the first epoch with test accuracy >= target, 2 ranks, start-up included: "
          "fastlearn launch (2 ranks) vs fastai (see anchor_setup), same model, schedule, global batch, data"}};
-    std::cout << nlohmann::json{{"time_to_accuracy", result}}.dump() << "\n";
+    // The same runs, read as the question a data parallel user asks first: do 2 ranks of 1 thread train as fast as
+    // one process of 2 threads on the same cores (same global batch, schedule and target)?
+    nlohmann::json two_ranks = {
+        {"ours", o.median},
+        {"anchor", single.median},
+        {"ratio", single.median > 0 ? single.median / o.median : 0.0},
+        {"unit", "s"},
+        {"higher_is_better", false},
+        {"ours_range", {o.min, o.max}},
+        {"anchor_range", {single.min, single.max}},
+        {"repeats", n},
+        {"what",
+         "wall seconds to the target accuracy: fastlearn on 2 ranks of 1 thread (batch 128 each) vs fastlearn in one "
+         "process of 2 threads (batch 256), same model, schedule and data; ratio = one process / 2 ranks"}};
+    std::cout << nlohmann::json{{"time_to_accuracy", result}, {"two_ranks_vs_one_process", two_ranks}}.dump() << "\n";
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "time_to_accuracy: " << e.what() << "\n";
