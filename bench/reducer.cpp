@@ -144,9 +144,9 @@ void run_rank(int) {
         bytes / reducer_cost / 1e6, bytes / raw / 1e6, raw / reducer_cost, bytes / 1e6, plain, with_reducer,
         with_copies, raw, bucketed_cost, naive_cost, naive_cost / bucketed_cost, deep_tensors, deep_plain, bucketed,
         naive, shared.bucketed_cost(), shared.naive_cost(), shared.naive_cost() / shared.bucketed_cost());
-std::fflush(stdout);
-}
-fl::teardown_distrib();
+    std::fflush(stdout);
+  }
+  fl::teardown_distrib();
 }
 
 }  // namespace
