@@ -288,12 +288,14 @@ class SharedMemoryBackend final : public c10d::Backend {
   void arrive_and_wait(const char* what) {
     control(rank_).arrived.store(phase_);
     if (header().sleepers.load() != 0) futex_wake(control(rank_).arrived);
+    // One timeout for the whole phase, however many peers it waits for.
+    const auto deadline = Clock::now() + timeout_;
     for (int r = 0; r < size_; ++r) {
-      if (r != rank_) wait_for(r, what);
+      if (r != rank_) wait_for(r, what, deadline);
     }
   }
 
-  void wait_for(int peer, const char* what) {
+  void wait_for(int peer, const char* what, Clock::time_point deadline) {
     auto& word = control(peer).arrived;
     const auto spin_end = Clock::now() + spin_time;
     for (int i = 1;; ++i) {
@@ -301,7 +303,6 @@ class SharedMemoryBackend final : public c10d::Backend {
       if (i % 64 == 0 && Clock::now() > spin_end) break;
       cpu_relax();
     }
-    const auto deadline = Clock::now() + timeout_;
     for (;;) {
       header().sleepers.fetch_add(1);
       const auto seen = word.load();
@@ -365,10 +366,9 @@ c10::intrusive_ptr<c10d::Backend> with_shared_memory(c10::intrusive_ptr<c10d::Ba
     if (rank == 0) {
       name = segment_name();
       mapping = map_segment(name, world_size, /*create=*/true);
-      auto* header = new (mapping->base()) Header{segment_magic, world_size, {-1}, {0}};
+      new (mapping->base()) Header{segment_magic, world_size, {-1}, {0}};
       for (int r = 0; r < world_size; ++r)
         new (mapping->base() + sizeof(Header) + r * sizeof(Control)) Control{{0}, {0}};
-      (void)header;
       store.set("shared_memory/name", name);
     } else {
       const auto published = store.get("shared_memory/name");
