@@ -12,8 +12,21 @@ foreach(folder core data optim models learner callbacks distributed)
           FILES_MATCHING PATTERN "*.h")
 endforeach()
 
+# Installed, the library and the CLI carry no debug info: about 30 MB against 1.3 GB as built (most of it
+# DWARF for LibTorch's templates). FASTLEARN_INSTALL_DEBUG_INFO=ON installs them as built.
+option(FASTLEARN_INSTALL_DEBUG_INFO "Install the library and the CLI with their debug info" OFF)
+function(fastlearn_strip_installed target destination)
+  if(FASTLEARN_INSTALL_DEBUG_INFO OR NOT CMAKE_STRIP)
+    return()
+  endif()
+  install(CODE "execute_process(COMMAND \"${CMAKE_STRIP}\" --strip-debug
+                  \"\$ENV{DESTDIR}\${CMAKE_INSTALL_PREFIX}/${destination}/$<TARGET_FILE_NAME:${target}>\"
+                  COMMAND_ERROR_IS_FATAL ANY)")
+endfunction()
+
 install(TARGETS fastlearn EXPORT fastlearnTargets
         ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}" LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}")
+fastlearn_strip_installed(fastlearn "${CMAKE_INSTALL_LIBDIR}")
 install(EXPORT fastlearnTargets NAMESPACE fastlearn:: DESTINATION "${FASTLEARN_CMAKE_DIR}")
 
 # The LibTorch the library was built with: the package config looks there first, and insists on its version.
