@@ -141,6 +141,28 @@ TEST(Config, CsvTablesNameTheirColumnsAndTakeTheTabularModel) {
   expect_contains(error_of("[model]\nlayers = [8]\n").what(), "model.layers: applies to arch = \"tabular\" only");
 }
 
+TEST(Config, ChannelsLastIsTrueFalseOrAutoWhichPicksTheConvModels) {
+  using fastlearn::cli::channels_last_on;
+  const auto on_for = [](const std::string& text, std::vector<std::string> sets = {}) {
+    return channels_last_on(parse_config(text, "run.toml", sets));
+  };
+  EXPECT_TRUE(on_for(""));  // simple_cnn, channels_last = "auto" by default
+  EXPECT_TRUE(on_for("[model]\narch = \"conv_net\"\n[train]\nchannels_last = \"auto\"\n"));
+  EXPECT_TRUE(on_for("[model]\narch = \"resnet\"\n"));
+  EXPECT_FALSE(on_for("[model]\narch = \"mlp\"\n"));
+  EXPECT_FALSE(on_for("[data]\ndataset = \"synthetic_regression\"\n[model]\narch = \"mlp\"\n"));
+  EXPECT_FALSE(on_for("", {"train.channels_last=false"}));
+  EXPECT_TRUE(on_for("[model]\narch = \"mlp\"\n[train]\nchannels_last = true\n"));
+  EXPECT_TRUE(on_for("[train]\nchannels_last = false\n", {"train.channels_last=auto"}));
+
+  auto e = error_of("[train]\nchannels_last = \"yes\"\n");
+  EXPECT_EQ(e.key(), "train.channels_last");
+  EXPECT_EQ(e.line(), 2);
+  expect_contains(e.what(), "train.channels_last must be true, false or \"auto\", not the string");
+  expect_contains(error_of("[train]\nchannels_last = 1\n").what(), "must be true, false or \"auto\"");
+  expect_contains(to_toml(parse_config("", "run.toml")), "\nchannels_last = \"auto\"\n");
+}
+
 TEST(Config, ASyntaxErrorGivesLineAndColumn) {
   const auto e = error_of("[train]\nepochs = 3\nlr = = 0.1\n");
   EXPECT_EQ(e.line(), 3);
@@ -195,6 +217,7 @@ TEST(Config, TheResolvedConfigReadsBackEqual) {
        "metrics = [\"mae\", \"rmse\"]\n",
        {"distributed.timeout_seconds=12.5", "output.checkpoints=false"}},
       {"[model]\narch = \"conv_net\"\nwidths = [32, 64, 128, 256]\n[train]\nchannels_last = true\n", {}},
+      {"[model]\narch = \"mlp\"\n[train]\nchannels_last = false\n", {}},
   };
   for (const auto& [text, sets] : cases) {
     const TrainConfig c = parse_config(text, "run.toml", sets);

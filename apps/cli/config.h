@@ -84,7 +84,9 @@ struct TrainSectionConfig {
   double momentum = 0.9;               ///< sgd only
   std::int64_t seed = 0;
   bool mixed_precision = false;        ///< bf16 autocast on CPU, fp16 with loss scaling on CUDA
-  bool channels_last = false;          ///< ChannelsLast: conv nets in NHWC memory format (faster oneDNN kernels)
+  /// ChannelsLast (conv nets in NHWC memory format: faster oneDNN kernels); auto: on for the conv models
+  /// (simple_cnn, conv_net, resnet, resnet18/34/50), off for mlp and tabular.
+  strict::Switch channels_last = strict::Switch::automatic;
   std::int64_t grad_accumulation = 0;  ///< > 0: step once this many items were seen
   double grad_clip = 0.0;              ///< > 0: clip the gradients' global norm to this
   std::string loss;                    ///< default: cross_entropy (classification), mse (regression)
@@ -165,6 +167,9 @@ bool is_classification(const DataConfig& data);
 bool is_images(const DataConfig& data);
 /// csv: a table (tabular data).
 bool is_tabular(const DataConfig& data);
+/// Whether training uses ChannelsLast: train.channels_last, where "auto" is on for the conv models and off for
+/// mlp and tabular.
+bool channels_last_on(const TrainConfig& config);
 /// image_folder or image_csv: the user's image files.
 bool is_image_files(const DataConfig& data);
 /// image_csv with a label_delim: each image has any number of labels.

@@ -194,7 +194,7 @@ LearnerOptions learner_options(const TrainConfig& c, const fs::path& out, bool w
   if (t.grad_accumulation > 0) o.cbs.push_back(std::make_shared<GradientAccumulation>(t.grad_accumulation));
   if (t.grad_clip > 0) o.cbs.push_back(std::make_shared<GradientClip>(GradientClipOptions{.max_norm = t.grad_clip}));
   if (t.mixed_precision) o.cbs.push_back(std::make_shared<MixedPrecision>());
-  if (t.channels_last) o.cbs.push_back(std::make_shared<ChannelsLast>());
+  if (channels_last_on(c)) o.cbs.push_back(std::make_shared<ChannelsLast>());
   if (!with_run_callbacks) return o;
   o.cbs.push_back(std::make_shared<MetricsJson>());
   const auto& cb = c.callbacks;

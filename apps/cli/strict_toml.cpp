@@ -43,6 +43,7 @@ std::string type_name(const toml::node& node) {
 std::string describe(const Spec& spec) {
   struct {
     std::string operator()(const Boolean&) const { return "a boolean (true or false)"; }
+    std::string operator()(const BooleanOrAuto&) const { return "true, false or \"auto\""; }
     std::string operator()(const Integer& s) const {
       if (s.max == std::numeric_limits<std::int64_t>::max()) return fmt::format("an integer >= {}", s.min);
       return fmt::format("an integer in [{}, {}]", s.min, s.max);
@@ -229,6 +230,11 @@ std::optional<Value> Document::read(std::string_view key, const Spec& spec) cons
     if (!node->is_boolean()) fail(*node);
     return *node->value<bool>();
   }
+  if (std::holds_alternative<BooleanOrAuto>(spec)) {
+    if (node->is_boolean()) return *node->value<bool>();
+    if (!node->is_string() || *node->value<std::string>() != "auto") fail(*node);
+    return std::string("auto");
+  }
   if (const auto* s = std::get_if<Integer>(&spec)) {
     if (!node->is_integer()) fail(*node);
     const auto value = *node->value<std::int64_t>();
@@ -300,6 +306,16 @@ void Document::reject_unknown() const {
   impl_->fail(first.key, first.where,
               fmt::format("unknown key {}; did you mean {}? (valid keys {}: {})", first.key, best, where,
                           fmt::join(siblings, ", ")));
+}
+
+Value switch_value(Switch value) {
+  if (value == Switch::automatic) return std::string("auto");
+  return value == Switch::on;
+}
+
+Switch switch_from(const Value& value) {
+  if (const bool* b = std::get_if<bool>(&value)) return *b ? Switch::on : Switch::off;
+  return Switch::automatic;
 }
 
 std::string describe_tables(std::span<const std::string> keys) {

@@ -43,8 +43,13 @@ namespace strict {
 using Value =
     std::variant<bool, std::int64_t, double, std::string, std::vector<std::int64_t>, std::vector<std::string>>;
 
+/// A key that is true, false or "auto" (the program decides from the rest of the config); read as the Value
+/// true, false or "auto".
+enum class Switch { off, on, automatic };
+
 // What a key accepts (numbers: >= 0 unless set otherwise); errors say it in words ("an integer in [1, 64]").
 struct Boolean {};
+struct BooleanOrAuto {};
 struct Integer {
   std::int64_t min = 0;
   std::int64_t max = std::numeric_limits<std::int64_t>::max();
@@ -64,11 +69,12 @@ struct Integers {
   bool allow_empty = true;
 };
 struct Strings {};
-using Spec = std::variant<Boolean, Integer, Number, String, Integers, Strings>;
+using Spec = std::variant<Boolean, BooleanOrAuto, Integer, Number, String, Integers, Strings>;
 
 /// The Spec for a field of type T; std::optional<T>: T's (for a key whose absence means "not set"). The
 /// overloads are declared only, SpecFor<T> picks one.
 Boolean spec_for(const bool*);
+BooleanOrAuto spec_for(const Switch*);
 Integer spec_for(const std::int64_t*);
 Number spec_for(const double*);
 String spec_for(const std::string*);
@@ -108,6 +114,10 @@ class Document {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+/// A Switch as its Value (true, false or "auto"), and back from a Value that BooleanOrAuto accepted.
+Value switch_value(Switch value);
+Switch switch_from(const Value& value);
 
 /// The schema's keys by table, one line each ("[train] epochs, lr, ..."), tables in order of first appearance.
 std::string describe_tables(std::span<const std::string> keys);
