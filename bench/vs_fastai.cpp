@@ -2,7 +2,9 @@
 // (bench/python/epoch_server.py --side fastai: fastai DataLoaders over the same Fashion-MNIST tensors, the
 // same simple_cnn as an nn.Module, fastai's Adam, accuracy, no progress bar), on CPU with the same items,
 // batch size and threads. ratio = ours / anchor. vs_fastai_channels_last: the same with each library's
-// ChannelsLast callback on both sides. Prints one JSON object.
+// ChannelsLast callback on both sides. vs_fastai_defaults: each library as it trains simple_cnn by default
+// (fastlearn train's channels_last = "auto" turns ChannelsLast on for conv models; fastai stays contiguous), from
+// the two runs above. Prints one JSON object.
 #include "support/epoch_vs_python.h"
 
 #include <iostream>
@@ -13,11 +15,20 @@ int main(int argc, char** argv) {
     const int n = bench::repeats(5);
     const auto cnn = bench::compare_epochs("fastai", "simple_cnn", data, n);
     const auto cnn_cl = bench::compare_epochs("fastai", "simple_cnn", data, n, /*channels_last=*/true);
-    fmt::print("{{{}, {}}}\n",
+    const bench::EpochComparison defaults{.ours = cnn_cl.ours,
+                                          .anchor = cnn.anchor,
+                                          .ours_accuracy = cnn_cl.ours_accuracy,
+                                          .anchor_accuracy = cnn.anchor_accuracy,
+                                          .threads = cnn.threads,
+                                          .repeats = cnn.repeats};
+    fmt::print("{{{}, {}, {}}}\n",
                bench::epoch_json("vs_fastai", cnn, "Learner.fit(1) vs fastai Learner.fit(1), simple_cnn, CPU"),
                bench::epoch_json(
                    "vs_fastai_channels_last", cnn_cl,
-                   "the same with both sides in channels-last memory format (each library's ChannelsLast callback)"));
+                   "the same with both sides in channels-last memory format (each library's ChannelsLast callback)"),
+               bench::epoch_json("vs_fastai_defaults", defaults,
+                                 "each side's default layout for simple_cnn: ours channels-last (fastlearn train's "
+                                 "channels_last = auto), fastai contiguous; from the two runs above"));
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "vs_fastai: " << e.what() << "\n";
