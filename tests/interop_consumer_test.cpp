@@ -58,6 +58,7 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
   for (const auto& entry : fs::recursive_directory_iterator(prefix)) {
     if (entry.is_regular_file()) package_bytes += entry.file_size();
   }
+  fmt::print("installed package: {:.1f} MiB\n", static_cast<double>(package_bytes) / (1 << 20));
   EXPECT_LE(package_bytes, 60u << 20) << "the installed package holds " << package_bytes / (1 << 20) << " MiB";
 
   std::tie(status, out) =
