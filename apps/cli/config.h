@@ -83,7 +83,7 @@ struct TrainSectionConfig {
   std::optional<double> wd;            ///< default: the optimizer's
   double momentum = 0.9;               ///< sgd only
   std::int64_t seed = 0;
-  bool mixed_precision = false;        ///< bf16 autocast on CPU, fp16 with loss scaling on CUDA
+  bool mixed_precision = false;  ///< bf16 autocast on CPU, fp16 with loss scaling on CUDA
   /// ChannelsLast (conv nets in NHWC memory format: faster oneDNN kernels); auto: on for the conv models
   /// (simple_cnn, conv_net, resnet, resnet18/34/50), off for mlp and tabular.
   strict::Switch channels_last = strict::Switch::automatic;
