@@ -53,7 +53,7 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
     EXPECT_TRUE(fs::exists(prefix / file)) << file;
   }
   EXPECT_FALSE(fs::exists(prefix / "include/fastlearn/learner/learner.cpp")) << "sources are not headers";
-  // What a user downloads or installs: the library and the CLI without their debug info (1.3 GB as built).
+  // What a user downloads or installs: the library and the CLI without their debug info (420 MB as built).
   std::uintmax_t package_bytes = 0;
   for (const auto& entry : fs::recursive_directory_iterator(prefix)) {
     if (entry.is_regular_file()) package_bytes += entry.file_size();
