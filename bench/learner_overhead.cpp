@@ -70,7 +70,7 @@ double hand_loop(torch::nn::Sequential& model, fl::Optimizer& opt, fl::DataLoade
     n += b.size();
   }
   valid_acc = static_cast<double>(correct) / static_cast<double>(n);
-  if (seen == 0 || loss_sum < 0) std::abort();
+  if (seen == 0 || loss_sum < 0 || valid_loss < 0) std::abort();  // the losses are computed as the Learner does
   return seconds_since(start);
 }
 

@@ -143,7 +143,6 @@ class Recorder : public Callback {
   double train_loss_ = std::numeric_limits<double>::quiet_NaN();
   double valid_loss_ = std::numeric_limits<double>::quiet_NaN();
   std::vector<double> train_values_, valid_values_;
-  bool validated_ = false;
   bool keep_valid_preds_ = false;
   std::vector<at::Tensor> valid_preds_, valid_targets_;  // this pass's batches, when kept or gathered
   at::Tensor last_valid_preds_, last_valid_targets_;

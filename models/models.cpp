@@ -28,8 +28,18 @@ nn::Sequential simple_cnn(std::int64_t classes, std::int64_t in_channels) {
   auto conv = [](std::int64_t in, std::int64_t out) {
     return nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(2).padding(1));
   };
-  return nn::Sequential(conv(in_channels, 32), nn::ReLU(), conv(32, 64), nn::ReLU(), conv(64, 64), nn::ReLU(),
-                        nn::Flatten(), nn::Linear(64 * 4 * 4, classes));
+  // One statement per layer: the layers draw their initial weights in order whatever the compiler (the
+  // arguments of one call are evaluated in an unspecified order: GCC right to left, clang left to right).
+  nn::Sequential model;
+  model->push_back(conv(in_channels, 32));
+  model->push_back(nn::ReLU());
+  model->push_back(conv(32, 64));
+  model->push_back(nn::ReLU());
+  model->push_back(conv(64, 64));
+  model->push_back(nn::ReLU());
+  model->push_back(nn::Flatten());
+  model->push_back(nn::Linear(64 * 4 * 4, classes));
+  return model;
 }
 
 nn::Sequential conv_net(const ConvNetOptions& options) {
@@ -77,9 +87,9 @@ TORCH_MODULE(ConvBn);
 
 struct ResBlockImpl : nn::Module {
   ResBlockImpl(std::int64_t in, std::int64_t out, std::int64_t stride)
-      : branch(register_module("branch",
-                               nn::Sequential(ConvBn(in, out, 3, stride, true), ConvBn(out, out, 3, 1, false, true)))),
-        shortcut(register_module("shortcut", nn::Sequential())) {
+      : branch(register_module("branch", nn::Sequential())), shortcut(register_module("shortcut", nn::Sequential())) {
+    branch->push_back(ConvBn(in, out, 3, stride, true));  // in order, as in simple_cnn
+    branch->push_back(ConvBn(out, out, 3, 1, false, true));
     if (stride != 1) shortcut->push_back(nn::AvgPool2d(nn::AvgPool2dOptions(stride).ceil_mode(true)));
     if (in != out) shortcut->push_back(ConvBn(in, out, 1, 1, false));
   }
@@ -97,8 +107,9 @@ nn::Sequential resnet(const ResNetOptions& options) {
   if (options.widths.empty() || options.blocks_per_stage < 1 || options.classes < 1) {
     throw ConfigError("models::resnet: needs at least one stage width, blocks_per_stage >= 1 and classes >= 1");
   }
-  nn::Sequential model(ConvBn(options.in_channels, options.stem_width, 3, 1, true),
-                       ConvBn(options.stem_width, options.stem_width, 3, 1, true));
+  nn::Sequential model;
+  model->push_back(ConvBn(options.in_channels, options.stem_width, 3, 1, true));  // in order, as in simple_cnn
+  model->push_back(ConvBn(options.stem_width, options.stem_width, 3, 1, true));
   std::int64_t channels = options.stem_width;
   for (std::size_t stage = 0; stage < options.widths.size(); ++stage) {
     for (std::int64_t b = 0; b < options.blocks_per_stage; ++b) {

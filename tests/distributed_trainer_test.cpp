@@ -116,6 +116,12 @@ void expect_same_steps(const std::vector<std::vector<at::Tensor>>& a, const std:
   }
 }
 
+// Summing in another order (per rank, then across ranks) changes the last bits, and BatchNorm's division by
+// the std of a batch of 16 amplifies them; momentum carries them on. resnet_syncbn, measured (weights up to
+// 0.37): 1.3e-6 after step 1, 1.3e-5 after step 3, 7.8e-5 after step 8 (growing about linearly, not
+// exponentially), so 2e-4. The models without BatchNorm hold 1e-5.
+double step_tolerance(const std::string& kind) { return kind == "resnet_syncbn" ? 2e-4 : 1e-5; }
+
 class Equivalence : public ::testing::TestWithParam<std::string> {};
 
 }  // namespace
@@ -128,7 +134,7 @@ TEST_P(Equivalence, TwoRanksMatchOneProcessWithTwiceTheBatch) {
                       fl::setup_distrib({.timeout = std::chrono::seconds(30)});
                       const auto ours = train_steps(kind, 8, false, true);  // 2 ranks, batch 8 each
                       fl::teardown_distrib();
-                      expect_same_steps(reference, ours);
+                      expect_same_steps(reference, ours, step_tolerance(kind));
                     },
                     {.env = flt::torchrun_env(2)});
 }
@@ -187,7 +193,7 @@ TEST(DistributedTrainer, TwoTrainingsOnTwoSubgroupsAtOnceEachMatchItsOwnRun) {
                       first.reset();
                       second.reset();
                       fl::teardown_distrib();
-                      expect_same_steps(reference, ours);
+                      expect_same_steps(reference, ours, step_tolerance("resnet_syncbn"));
                     },
                     {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(4)});
 }

@@ -456,6 +456,29 @@ TEST(Models, ShapesNamesAndGroups) {
   EXPECT_THROW(fl::models::conv_net({.widths = {8, 0}}), fl::ConfigError);
 }
 
+// The same seed gives the same model whatever the compiler: the layers draw their weights first to last,
+// as Python's nn.Sequential(...) does (arguments of one call have no evaluation order in C++).
+TEST(Models, LayersDrawTheirInitialWeightsFirstToLast) {
+  const auto conv = [](std::int64_t in, std::int64_t out, std::int64_t stride, bool bias) {
+    return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(bias))->weight;
+  };
+  torch::manual_seed(3);
+  auto cnn = fl::models::simple_cnn(10);
+  torch::manual_seed(3);
+  EXPECT_TRUE(cnn->ptr(0)->as<torch::nn::Conv2d>()->weight.equal(conv(1, 32, 2, true)));
+
+  torch::manual_seed(3);
+  auto net = fl::models::resnet({.widths = {8}, .classes = 2, .in_channels = 1, .stem_width = 8});
+  torch::manual_seed(3);
+  const auto stem0 = conv(1, 8, 1, false);  // BatchNorm draws nothing: the convolutions draw in turn
+  const auto stem1 = conv(8, 8, 1, false);
+  const auto branch0 = conv(8, 8, 1, false);
+  const auto params = net->named_parameters();
+  EXPECT_TRUE(params["0.conv.weight"].equal(stem0));
+  EXPECT_TRUE(params["1.conv.weight"].equal(stem1));
+  EXPECT_TRUE(params["2.branch.0.conv.weight"].equal(branch0));
+}
+
 TEST(Learner, UnfreezingFromACallbackDuringAFitKeepsTraining) {
   auto dls = flt::classification_data({.n_train = 32, .n_valid = 8, .bs = 8});
   torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 3));
