@@ -62,9 +62,6 @@ endif()
 add_library(fastlearn_torch INTERFACE)
 target_link_libraries(fastlearn_torch INTERFACE ${_torch_libs})
 target_include_directories(fastlearn_torch SYSTEM INTERFACE "${FASTLEARN_GLOO_INCLUDE_DIR}")
-# LibTorch ships fmt 12 headers on its include path, ahead of the system's, and no fmt library: the library's
-# core/fmt_library.cpp compiles fmt's out-of-line functions from those headers once (not header-only, which
-# compiled them again in every file that formats), so no other fmt library's symbols can mismatch them.
 # Some LibTorch wheels (2.11.0 among them) export std::filesystem functions of their own from libtorch.so; a
 # program that binds to those crashes (std::filesystem::remove_all jumped to address 0). Naming the shared
 # libstdc++ first, by its path, keeps the standard library's own, also with a toolchain whose -lstdc++ finds
@@ -78,10 +75,16 @@ if(NOT IS_ABSOLUTE "${_libstdcxx}" OR NOT EXISTS "${_libstdcxx}")
 endif()
 target_link_options(fastlearn_torch INTERFACE "LINKER:--push-state,--no-as-needed" "${_libstdcxx}" "LINKER:--pop-state")
 target_compile_definitions(fastlearn_torch INTERFACE USE_C10D_GLOO FASTLEARN_WITH_GLOO=1)
-# core/fmt_library.cpp names the templates fmt 12's format.h declares extern; a LibTorch with another fmt
-# (an older wheel) gets fmt header-only instead, which needs no such list.
-file(STRINGS "${TORCH_INSTALL_PREFIX}/include/fmt/base.h" _fmt_version REGEX "^#define FMT_VERSION [0-9]+")
-string(REGEX MATCH "[0-9]+$" _fmt_version "${_fmt_version}")
+# LibTorch ships fmt headers on its include path, ahead of the system's, and no fmt library: the library's
+# core/fmt_library.cpp compiles fmt's out-of-line functions from those headers once (not header-only, which
+# compiled them again in every file that formats), so no other fmt library's symbols can mismatch them. It names
+# the templates fmt 12's format.h declares extern; a LibTorch with another fmt (an older wheel) gets fmt
+# header-only instead, which needs no such list.
+set(_fmt_version "")
+if(EXISTS "${TORCH_INSTALL_PREFIX}/include/fmt/base.h")  # fmt before 11 has no base.h: header-only
+  file(STRINGS "${TORCH_INSTALL_PREFIX}/include/fmt/base.h" _fmt_version REGEX "^#define FMT_VERSION [0-9]+")
+  string(REGEX MATCH "[0-9]+$" _fmt_version "${_fmt_version}")
+endif()
 if(NOT _fmt_version MATCHES "^12[0-9][0-9][0-9][0-9]$")
   message(STATUS "fastlearn: LibTorch's fmt is ${_fmt_version} (not 12.x): fmt header-only")
   target_compile_definitions(fastlearn_torch INTERFACE FMT_HEADER_ONLY)
