@@ -41,18 +41,26 @@ std::vector<std::pair<std::string, at::Tensor>> named(torch::nn::Module& m) {
   return out;
 }
 
-// Median seconds of a forward + backward, with `after` run after backward (inside the timing).
+// Seconds of one forward + backward of `model` (its gradients cleared first) with `after` run after backward
+// (inside the timing); the ranks start it together.
 template <typename After>
-double step_time(torch::nn::Sequential& model, const at::Tensor& x, const at::Tensor& y, After&& after,
-                 double loss_scale = 1.0) {
+double one_step(torch::nn::Sequential& model, const at::Tensor& x, const at::Tensor& y, After&& after,
+                double loss_scale = 1.0) {
+  for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+  fl::barrier();
+  const auto start = Clock::now();
+  (torch::nn::functional::cross_entropy(model->forward(x), y) * loss_scale).backward();
+  after();
+  return seconds_since(start);
+}
+
+// Median seconds of one_step, after two warm-up steps.
+template <typename After>
+double step_time(torch::nn::Sequential& model, const at::Tensor& x, const at::Tensor& y, After&& after) {
   std::vector<double> times;
   for (int r = 0; r < kRepeats + 2; ++r) {
-    for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
-    fl::barrier();
-    const auto start = Clock::now();
-    (torch::nn::functional::cross_entropy(model->forward(x), y) * loss_scale).backward();
-    after();
-    if (r >= 2) times.push_back(seconds_since(start));  // the first two warm up
+    const double t = one_step(model, x, y, after);
+    if (r >= 2) times.push_back(t);
   }
   return median(times);
 }
@@ -85,42 +93,73 @@ DeepSteps bucketed_and_naive(fl::Group& world) {
   return steps;
 }
 
-void run_rank(int) {
-  fl::setup_distrib({.timeout = std::chrono::seconds(60)});
-  torch::manual_seed(0);
-  auto& world = fl::world_group();
+// reducer_bandwidth's measurement: a wide MLP (6.5M parameters, 26 MB of float gradients), small batch so that
+// communication matters. One copy of the model per variant (the reducers keep their hooks installed), and the
+// variants take turns step by step, so that a change in the machine's speed hits them alike.
+struct WideSteps {
+  double bytes = 0, plain = 0, with_reducer = 0, with_copies = 0, reducer_cost = 0, raw_cost = 0;
+  std::int64_t steps = 0;
+  std::vector<double> block_ratios;  ///< raw_cost / reducer_cost per block of consecutive steps: the spread
+};
 
-  // reducer_bandwidth: a wide MLP (6.5M parameters, 26 MB of float gradients), small batch so that
-  // communication matters.
-  auto wide = fl::models::mlp(1024, {2048, 2048}, 10);
+WideSteps reducer_and_raw(fl::Group& world) {
+  auto make_wide = [] { return fl::models::mlp(1024, {2048, 2048}, 10); };
+  auto wide = make_wide(), with_views = make_wide(), with_copies = make_wide();
   auto x = torch::randn({16, 1024});
   auto y = torch::randint(0, 10, {16}, torch::kLong);
   std::int64_t numel = 0;
   for (auto& p : wide->parameters()) numel += p.numel();
   const double bytes = 4.0 * static_cast<double>(numel);
-  // Rounds interleave the variants so that a change in the machine's load hits them alike.
   auto flat = torch::randn({numel});
-  std::vector<double> plains, views, copies, raws;
-  for (int round = 0; round < 3; ++round) {
-    plains.push_back(step_time(wide, x, y, [] {}));
-    {  // as DistributedTrainer runs it: the loss divided by the world size, large gradients reduced in place
-      fl::GradReducer reducer(named(*wide), {}, world, {.divide_by_world_size = false});
-      views.push_back(step_time(
-          wide, x, y, [] {}, 1.0 / fl::world_size()));
-    }
-    {  // every gradient copied into a packed bucket and back (the classic design)
-      fl::GradReducer reducer(
-          named(*wide), {}, world,
-          {.gradient_as_bucket_view = false, .in_place_mb = std::numeric_limits<double>::infinity()});
-      copies.push_back(step_time(wide, x, y, [] {}));
-    }
+  // As DistributedTrainer runs it: the loss divided by the world size, large gradients reduced in place.
+  fl::GradReducer views(named(*with_views), {}, world, {.divide_by_world_size = false});
+  // Every gradient copied into a packed bucket and back (the classic design).
+  fl::GradReducer copies(named(*with_copies), {}, world,
+                         {.gradient_as_bucket_view = false, .in_place_mb = std::numeric_limits<double>::infinity()});
+  constexpr int kBlocks = 5, kStepsPerBlock = 15;
+  std::vector<double> plains, viewed, copied, raws;
+  for (int step = 0; step < 3 + kBlocks * kStepsPerBlock; ++step) {
+    const bool warm = step >= 3;
+    const double plain = one_step(wide, x, y, [] {});
+    const double view = one_step(
+        with_views, x, y, [] {}, 1.0 / fl::world_size());
+    const double copy = one_step(with_copies, x, y, [] {});
     // The anchor runs right after the same backward, so that both sides pay the wait for the slower rank.
-    raws.push_back(step_time(wide, x, y, [&] { fl::all_reduce(flat); }));
+    const double raw = one_step(wide, x, y, [&] { fl::all_reduce(flat); });
+    if (!warm) continue;
+    plains.push_back(plain);
+    viewed.push_back(view);
+    copied.push_back(copy);
+    raws.push_back(raw);
   }
-  const double plain = median(plains), with_reducer = median(views), with_copies = median(copies);
-  const double raw = std::max(median(raws) - plain, 1e-6);
-  const double reducer_cost = std::max(with_reducer - plain, 1e-6);
+  // The time a variant adds: its median step minus the plain median, over some of the steps.
+  auto added = [&](const std::vector<double>& variant, std::size_t first, std::size_t count) {
+    auto part = [&](const std::vector<double>& v) {
+      return median(std::vector<double>(v.begin() + first, v.begin() + first + count));
+    };
+    return std::max(part(variant) - part(plains), 1e-6);
+  };
+  WideSteps out;
+  out.bytes = bytes;
+  out.steps = static_cast<std::int64_t>(plains.size());
+  out.reducer_cost = added(viewed, 0, plains.size());
+  out.raw_cost = added(raws, 0, plains.size());
+  for (int k = 0; k < kBlocks; ++k) {
+    const auto first = static_cast<std::size_t>(k * kStepsPerBlock);
+    out.block_ratios.push_back(added(raws, first, kStepsPerBlock) / added(viewed, first, kStepsPerBlock));
+  }
+  out.plain = median(plains);
+  out.with_reducer = median(viewed);
+  out.with_copies = median(copied);
+  return out;
+}
 
+void run_rank(int) {
+  fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+  torch::manual_seed(0);
+  auto& world = fl::world_group();
+
+  const auto wide = reducer_and_raw(world);
   const auto shared = bucketed_and_naive(world);
   fl::teardown_distrib();
   // The bucketing matters most where each call is expensive: Gloo over TCP, as between hosts. The shared memory
@@ -134,15 +173,17 @@ void run_rank(int) {
   if (fl::rank() == 0) {
     fmt::print(
         R"({{"reducer_bandwidth": {{"ours": {:.1f}, "anchor": {:.1f}, "ratio": {:.3f}, "unit": "MB/s", "higher_is_better": true, )"
-        R"("gradient_mb": {:.1f}, "backward_s": {:.5f}, "backward_with_reducer_s": {:.5f}, "backward_with_packing_and_copies_s": {:.5f}, "raw_allreduce_added_s": {:.5f}, )"
+        R"("ratio_range": [{:.3f}, {:.3f}], "gradient_mb": {:.1f}, "steps": {}, "backward_s": {:.5f}, "backward_with_reducer_s": {:.5f}, "backward_with_packing_and_copies_s": {:.5f}, "raw_allreduce_added_s": {:.5f}, )"
         R"("what": "bytes / time the reducer adds to backward (overlap included; configured as DistributedTrainer runs it) vs one all_reduce of a flat buffer of all gradients; 2 local ranks, shared memory transport"}}, )"
         R"("bucketed_vs_naive": {{"ours": {:.6f}, "anchor": {:.6f}, "ratio": {:.2f}, "unit": "s/step added", "higher_is_better": false, )"
         R"("parameter_tensors": {}, "backward_s": {:.6f}, "step_with_reducer_s": {:.6f}, "step_with_per_parameter_allreduce_s": {:.6f}, )"
         R"("shared_memory_ours": {:.6f}, "shared_memory_anchor": {:.6f}, "shared_memory_ratio": {:.2f}, )"
         R"("what": "time gradient averaging adds to a step: bucketed reducer vs one all_reduce per parameter after backward; 2 ranks, Gloo over loopback TCP; shared_memory_*: the same over the shared memory transport of local ranks"}}}})"
         "\n",
-        bytes / reducer_cost / 1e6, bytes / raw / 1e6, raw / reducer_cost, bytes / 1e6, plain, with_reducer,
-        with_copies, raw, bucketed_cost, naive_cost, naive_cost / bucketed_cost, deep_tensors, deep_plain, bucketed,
+        wide.bytes / wide.reducer_cost / 1e6, wide.bytes / wide.raw_cost / 1e6, wide.raw_cost / wide.reducer_cost,
+        *std::min_element(wide.block_ratios.begin(), wide.block_ratios.end()),
+        *std::max_element(wide.block_ratios.begin(), wide.block_ratios.end()), wide.bytes / 1e6, wide.steps,
+        wide.plain, wide.with_reducer, wide.with_copies, wide.raw_cost, bucketed_cost, naive_cost, naive_cost / bucketed_cost, deep_tensors, deep_plain, bucketed,
         naive, shared.bucketed_cost(), shared.naive_cost(), shared.naive_cost() / shared.bucketed_cost());
     std::fflush(stdout);
   }
