@@ -182,9 +182,10 @@ void run_rank(int) {
         "\n",
         wide.bytes / wide.reducer_cost / 1e6, wide.bytes / wide.raw_cost / 1e6, wide.raw_cost / wide.reducer_cost,
         *std::min_element(wide.block_ratios.begin(), wide.block_ratios.end()),
-        *std::max_element(wide.block_ratios.begin(), wide.block_ratios.end()), wide.bytes / 1e6, wide.steps,
-        wide.plain, wide.with_reducer, wide.with_copies, wide.raw_cost, bucketed_cost, naive_cost, naive_cost / bucketed_cost, deep_tensors, deep_plain, bucketed,
-        naive, shared.bucketed_cost(), shared.naive_cost(), shared.naive_cost() / shared.bucketed_cost());
+        *std::max_element(wide.block_ratios.begin(), wide.block_ratios.end()), wide.bytes / 1e6, wide.steps, wide.plain,
+        wide.with_reducer, wide.with_copies, wide.raw_cost, bucketed_cost, naive_cost, naive_cost / bucketed_cost,
+        deep_tensors, deep_plain, bucketed, naive, shared.bucketed_cost(), shared.naive_cost(),
+        shared.naive_cost() / shared.bucketed_cost());
     std::fflush(stdout);
   }
   fl::teardown_distrib();
