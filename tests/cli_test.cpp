@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "support/build_paths.h"
 #include "support/processes.h"
 
 namespace {

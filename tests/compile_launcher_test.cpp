@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string>
 
+#include "support/build_paths.h"
 #include "support/processes.h"
 
 namespace fs = std::filesystem;

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "support/build_paths.h"
+
 namespace {
 
 using fastlearn::cli::ConfigFileError;

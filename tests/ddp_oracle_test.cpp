@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "support/build_paths.h"
 #include "support/multiprocess.h"
 
 namespace fl = fastlearn;

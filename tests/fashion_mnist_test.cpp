@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "support/build_paths.h"
+
 namespace fs = std::filesystem;
 
 TEST(FashionMnist, SimpleCnnReaches90PercentInThreeEpochs) {

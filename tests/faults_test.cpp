@@ -31,6 +31,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/build_paths.h"
+
 extern char** environ;
 
 namespace {

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "support/build_paths.h"
 #include "support/processes.h"
 
 namespace fs = std::filesystem;

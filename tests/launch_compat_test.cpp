@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "interop/job_result.h"
+#include "support/build_paths.h"
 #include "support/multiprocess.h"
 #include "support/processes.h"
 

@@ -26,6 +26,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/build_paths.h"
+
 extern char** environ;
 
 namespace {
@@ -434,7 +436,8 @@ TEST(Launcher, BadOptionsAreConfigErrorsThatSayWhatToDo) {
   expect_error([](auto& o) { o.command = {"/no/such/program"}; }, "program '/no/such/program' does not exist");
   expect_error([](auto& o) { o.command = {"no-such-program-fastlearn"}; },
                "program 'no-such-program-fastlearn' was not found in PATH");
-  expect_error([](auto& o) { o.command = {FASTLEARN_SOURCE_DIR "/CMakeLists.txt"}; }, "is not an executable file");
+  expect_error([](auto& o) { o.command = {std::string(FASTLEARN_SOURCE_DIR) + "/CMakeLists.txt"}; },
+               "is not an executable file");
   expect_error([](auto& o) { o.max_restarts = -1; }, "max_restarts is -1");
   expect_error([](auto& o) { o.master_port = 70000; }, "master_port 70000 is not a TCP port");
   expect_error([](auto& o) { o.extra_env = {{"RANK", "3"}}; }, "extra_env sets RANK");

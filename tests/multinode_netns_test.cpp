@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "interop/job_result.h"
+#include "support/build_paths.h"
 #include "support/processes.h"
 
 namespace fs = std::filesystem;

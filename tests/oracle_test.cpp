@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "support/build_paths.h"
+
 namespace fl = fastlearn;
 namespace fs = std::filesystem;
 

@@ -22,6 +22,7 @@
 #include <random>
 #include <stdexcept>
 
+#include "support/build_paths.h"
 #include "support/processes.h"
 
 namespace fl = fastlearn;

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <numbers>
 
+#include "support/build_paths.h"
 #include "support/tiny_tasks.h"
 
 namespace fl = fastlearn;

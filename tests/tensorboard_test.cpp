@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "support/build_paths.h"
 #include "support/multiprocess.h"
 #include "support/tiny_tasks.h"
 

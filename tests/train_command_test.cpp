@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "support/build_paths.h"
 #include "support/processes.h"
 
 namespace fs = std::filesystem;

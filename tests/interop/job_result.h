@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "support/build_paths.h"
 #include "support/processes.h"
 
 namespace fastlearn::testing {

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <string>
 
+#include "support/build_paths.h"
 #include "support/processes.h"
 
 namespace fastlearn::testing {
