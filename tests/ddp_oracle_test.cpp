@@ -6,6 +6,7 @@
 #include <fastlearn/distributed/runtime.h>
 #include <fastlearn/models/models.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

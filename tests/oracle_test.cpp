@@ -5,6 +5,7 @@
 #include <fastlearn/models/models.h>
 #include <fastlearn/optim/sgd.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>

@@ -7,6 +7,7 @@
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/models/models.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

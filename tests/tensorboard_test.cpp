@@ -9,6 +9,7 @@
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/models/models.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
