@@ -5,6 +5,7 @@
 // The two sides' runs alternate (FASTLEARN_BENCH_REPEATS, default 3); ranges are over the runs' medians.
 // Prints one JSON object.
 #include "support/bench_support.h"
+#include "support/source_dir.h"
 
 #include <fastlearn/callbacks/channels_last.h>
 #include <fastlearn/distributed/collectives.h>

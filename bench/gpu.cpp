@@ -30,6 +30,7 @@
 #include <sstream>
 
 #include "support/bench_support.h"
+#include "support/source_dir.h"
 
 namespace fl = fastlearn;
 

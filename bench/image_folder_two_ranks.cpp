@@ -14,6 +14,7 @@
 #include <string>
 
 #include "support/bench_support.h"
+#include "support/source_dir.h"
 
 namespace fs = std::filesystem;
 

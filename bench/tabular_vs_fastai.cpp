@@ -21,6 +21,7 @@
 #include <string>
 
 #include "support/bench_support.h"
+#include "support/source_dir.h"
 
 namespace fl = fastlearn;
 namespace fs = std::filesystem;

@@ -9,6 +9,7 @@
 // Repeats interleave; ratio = anchor / ours. FASTLEARN_TTA_TARGET overrides the 0.92 target (quick checks);
 // FASTLEARN_TTA_MODEL/EPOCHS/LR the setting, FASTLEARN_TTA_CHANNELS_LAST=0 the layout. Prints one JSON object.
 #include "support/bench_support.h"
+#include "support/source_dir.h"
 
 #include <fastlearn/distributed/launcher.h>
 

@@ -6,6 +6,7 @@
 // Each side warms up with one epoch; then the repeats interleave. Both sides validate after each epoch
 // (loss and accuracy), which is part of the time.
 #include "bench_support.h"
+#include "source_dir.h"
 
 #include <fastlearn/callbacks/channels_last.h>
 #include <fastlearn/data/image_dataloaders.h>
