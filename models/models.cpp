@@ -1,6 +1,7 @@
 #include <fastlearn/models/models.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/models/conv2d.h>
 #include <fastlearn/models/norm_layer.h>
 
 #include <torch/torch.h>
@@ -26,7 +27,7 @@ nn::Sequential mlp(std::int64_t in, const std::vector<std::int64_t>& hidden, std
 
 nn::Sequential simple_cnn(std::int64_t classes, std::int64_t in_channels) {
   auto conv = [](std::int64_t in, std::int64_t out) {
-    return nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(2).padding(1));
+    return Conv2d(nn::Conv2dOptions(in, out, 3).stride(2).padding(1));
   };
   // One statement per layer: the layers draw their initial weights in order whatever the compiler (the
   // arguments of one call are evaluated in an unspecified order: GCC right to left, clang left to right).
@@ -50,7 +51,7 @@ nn::Sequential conv_net(const ConvNetOptions& options) {
   std::int64_t channels = options.in_channels, size = options.input_size;
   for (const auto width : options.widths) {
     if (width < 1) throw ConfigError("models::conv_net: width " + std::to_string(width) + " is not positive");
-    model->push_back(nn::Conv2d(nn::Conv2dOptions(channels, width, 3).stride(2).padding(1).bias(false)));
+    model->push_back(Conv2d(nn::Conv2dOptions(channels, width, 3).stride(2).padding(1).bias(false)));
     model->push_back(nn::BatchNorm2d(width));
     model->push_back(nn::ReLU());
     channels = width;
@@ -68,7 +69,7 @@ struct ConvBnImpl : nn::Module {
   ConvBnImpl(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride, bool relu_,
              bool zero_bn = false)
       : conv(register_module(
-            "conv", nn::Conv2d(nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false)))),
+            "conv", Conv2d(nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false)))),
         relu(relu_) {
     nn::BatchNorm2d bn(out);
     // The last BN of a residual branch starts at zero, so each block starts as the identity (as xresnet).
@@ -80,7 +81,7 @@ struct ConvBnImpl : nn::Module {
     auto y = batch_norm_forward(*children()[1], conv->forward(x));
     return relu ? torch::relu(y) : y;
   }
-  nn::Conv2d conv;
+  Conv2d conv;
   bool relu;
 };
 TORCH_MODULE(ConvBn);

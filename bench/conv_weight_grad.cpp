@@ -1,0 +1,103 @@
+// conv_weight_grad: milliseconds of one convolution weight gradient computed as models::Conv2d computes it
+// where its rule says so (conv2d_weight_grad_by_patches: one matrix product over the input's patches) against
+// torch's own (at::convolution_backward with only the weight gradient asked for: oneDNN), channels-last, on
+// the shapes that set the rule (models/conv2d.h), with 1 and 2 threads, interleaved. Entries:
+// conv_weight_grad (conv_net's last layer, 128 -> 256 channels at 4x4 -> 2x2, 1 thread: what a rank of
+// time_to_accuracy runs) and conv_weight_grad_2_threads (the same layer on 2 threads); every shape is listed
+// under "shapes" of the first, with whether the rule takes the patch product there. ratio = torch / ours.
+#include "support/bench_support.h"
+
+#include <fastlearn/models/conv2d.h>
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Shape {
+  std::int64_t batch, in_channels, out_channels, size, kernel, stride;
+};
+
+struct Timing {
+  bench::Stats torch, patches;
+  bool rule = false;
+};
+
+// Both weight gradients of one shape, `repeats` interleaved rounds of `calls` calls each, ms per call.
+Timing time_shape(const Shape& s, int threads, int repeats) {
+  at::set_num_threads(threads);
+  const auto padding = s.kernel / 2;
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  auto input = torch::randn({s.batch, s.in_channels, s.size, s.size}).contiguous(cl);
+  auto weight = (torch::randn({s.out_channels, s.in_channels, s.kernel, s.kernel}) * 0.1).contiguous(cl);
+  const auto out_size = (s.size + 2 * padding - s.kernel) / s.stride + 1;
+  auto grad = torch::randn({s.batch, s.out_channels, out_size, out_size}).contiguous(cl);
+  auto by_torch = [&] {
+    return std::get<1>(at::convolution_backward(grad, input, weight, std::nullopt, {s.stride, s.stride},
+                                                {padding, padding}, {1, 1}, false, {0, 0}, 1, {false, true, false}));
+  };
+  auto by_patches = [&] {
+    return fastlearn::models::conv2d_weight_grad_by_patches(grad, input, {s.kernel, s.kernel}, {s.stride, s.stride},
+                                                            {padding, padding});
+  };
+  const auto error = (by_patches() - by_torch()).abs().max().item<double>() / by_torch().abs().max().item<double>();
+  if (error > 1e-4) throw std::runtime_error(fmt::format("conv_weight_grad: the two gradients differ by {}", error));
+  auto ms_per_call = [](const auto& f, int calls) {
+    const auto start = bench::Clock::now();
+    for (int i = 0; i < calls; ++i) f();
+    return 1e3 * bench::seconds_since(start) / calls;
+  };
+  const int calls = std::clamp(static_cast<int>(100 / std::max(0.01, ms_per_call(by_torch, 2))), 2, 200);  // ~0.1 s
+  std::vector<double> torch_ms, patch_ms;
+  for (int r = 0; r < repeats; ++r) {
+    torch_ms.push_back(ms_per_call(by_torch, calls));
+    patch_ms.push_back(ms_per_call(by_patches, calls));
+  }
+  return {bench::summarize(torch_ms), bench::summarize(patch_ms),
+          fastlearn::models::uses_patch_weight_grad(s.in_channels, s.kernel, s.kernel, out_size, out_size, threads)};
+}
+
+std::string entry(const std::string& name, const Timing& t, int threads, int repeats, const std::string& extra) {
+  return fmt::format(
+      R"("{}": {{"ours": {:.3f}, "anchor": {:.3f}, "ratio": {:.3f}, "unit": "ms", "higher_is_better": false, )"
+      R"("ours_range": [{:.3f}, {:.3f}], "anchor_range": [{:.3f}, {:.3f}], "threads": {}, "repeats": {}, )"
+      R"("what": "weight gradient of conv_net's last convolution (128 -> 256 channels, 3x3 stride 2, 4x4 -> 2x2, )"
+      R"j(batch 128, channels-last): models::Conv2d's patch product vs at::convolution_backward (oneDNN)"{}}})j",
+      name, t.patches.median, t.torch.median, t.torch.median / t.patches.median, t.patches.min, t.patches.max,
+      t.torch.min, t.torch.max, threads, repeats, extra);
+}
+
+}  // namespace
+
+int main() {
+  try {
+    const int repeats = bench::repeats(7);
+    torch::manual_seed(0);
+    const Shape headline{128, 128, 256, 4, 3, 2};
+    // conv_net's and simple_cnn's layers on Fashion-MNIST, then larger feature maps and ImageNet-size stages.
+    const std::vector<Shape> shapes{{128, 1, 32, 28, 3, 2},   {128, 32, 64, 14, 3, 2},  {128, 64, 64, 7, 3, 2},
+                                    {128, 64, 128, 7, 3, 2},  {128, 128, 256, 4, 3, 2}, {128, 64, 64, 8, 3, 1},
+                                    {128, 256, 256, 2, 3, 1}, {128, 64, 128, 8, 1, 2},  {16, 64, 64, 56, 3, 1},
+                                    {16, 256, 256, 14, 3, 1}, {32, 512, 512, 7, 3, 1}};
+    std::string listed;
+    for (const int threads : {1, 2}) {
+      for (const auto& s : shapes) {
+        const auto t = time_shape(s, threads, repeats);
+        listed += fmt::format(
+            R"({}{{"batch": {}, "in": {}, "out": {}, "size": {}, "kernel": {}, "stride": {}, "threads": {}, )"
+            R"("torch_ms": {:.3f}, "patches_ms": {:.3f}, "ratio": {:.2f}, "rule_takes_patches": {}}})",
+            listed.empty() ? "" : ", ", s.batch, s.in_channels, s.out_channels, s.size, s.kernel, s.stride, threads,
+            t.torch.median, t.patches.median, t.torch.median / t.patches.median, t.rule);
+      }
+    }
+    const auto one = time_shape(headline, 1, repeats), two = time_shape(headline, 2, repeats);
+    fmt::print("{{{}, {}}}\n", entry("conv_weight_grad", one, 1, repeats, fmt::format(R"(, "shapes": [{}])", listed)),
+               entry("conv_weight_grad_2_threads", two, 2, repeats, ""));
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "conv_weight_grad: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,130 @@
+#include <fastlearn/models/conv2d.h>
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <variant>
+
+namespace fastlearn::models {
+
+bool uses_patch_weight_grad(std::int64_t in_channels, std::int64_t kernel_h, std::int64_t kernel_w,
+                            std::int64_t out_h, std::int64_t out_w, int threads, const PatchGradRule& rule) {
+  const auto min_patch = threads == 1 ? rule.min_patch_size_one_thread : rule.min_patch_size;
+  return out_h * out_w <= rule.max_output_pixels && in_channels * kernel_h * kernel_w >= min_patch;
+}
+
+at::Tensor conv2d_weight_grad_by_patches(const at::Tensor& grad_output, const at::Tensor& input,
+                                         at::IntArrayRef kernel, at::IntArrayRef stride, at::IntArrayRef padding,
+                                         std::int64_t max_patch_elements) {
+  TORCH_CHECK(input.dim() == 4 && grad_output.dim() == 4 && kernel.size() == 2 && stride.size() == 2 &&
+                  padding.size() == 2,
+              "conv2d_weight_grad_by_patches: needs 4-d input and grad_output and 2 kernel, stride, padding sizes");
+  const auto n = input.size(0), channels = input.size(1), height = input.size(2), width = input.size(3);
+  const auto out_channels = grad_output.size(1), out_h = grad_output.size(2), out_w = grad_output.size(3);
+  const auto kh = kernel[0], kw = kernel[1], patch = kh * kw * channels;
+  const auto rows_per_image = out_h * out_w;
+  const auto chunk = std::clamp<std::int64_t>(max_patch_elements / std::max<std::int64_t>(1, rows_per_image * patch),
+                                              1, std::max<std::int64_t>(1, n));
+
+  // One zero-bordered (images, H, W, C) buffer: each chunk copies its images into the interior, so the
+  // border stays zero; a patch row (kh, kw, C) is then one strided view of it.
+  auto padded = at::zeros({std::min(chunk, n), height + 2 * padding[0], width + 2 * padding[1], channels},
+                          input.options().memory_format(at::MemoryFormat::Contiguous));
+  const auto input_hwc = input.permute({0, 2, 3, 1});
+  const auto grad_hwc = grad_output.permute({0, 2, 3, 1});
+  at::Tensor grad_weight;  // (O, kh * kw * C)
+  for (std::int64_t start = 0; start < n; start += chunk) {
+    const auto images = std::min(chunk, n - start);
+    auto buffer = padded.narrow(0, 0, images);
+    buffer.narrow(1, padding[0], height).narrow(2, padding[1], width).copy_(input_hwc.narrow(0, start, images));
+    const auto s = buffer.strides();
+    const auto patches = buffer
+                             .as_strided({images, out_h, out_w, kh, kw, channels},
+                                         {s[0], s[1] * stride[0], s[2] * stride[1], s[1], s[2], s[3]})
+                             .reshape({images * rows_per_image, patch});
+    const auto grad_rows = grad_hwc.narrow(0, start, images).reshape({images * rows_per_image, out_channels});
+    if (grad_weight.defined()) {
+      grad_weight.addmm_(grad_rows.t(), patches);
+    } else {
+      grad_weight = at::mm(grad_rows.t(), patches);
+    }
+  }
+  // (O, kh, kw, C) is the channels-last layout of (O, C, kh, kw).
+  return grad_weight.view({out_channels, kh, kw, channels}).permute({0, 3, 1, 2});
+}
+
+namespace {
+
+// Forward as torch's convolution; backward: input and bias gradients as torch computes them, the weight
+// gradient by patches.
+struct ConvWithPatchWeightGrad : torch::autograd::Function<ConvWithPatchWeightGrad> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+                            const at::Tensor& bias, std::vector<std::int64_t> stride,
+                            std::vector<std::int64_t> padding) {
+    ctx->save_for_backward({input, weight});
+    ctx->saved_data["stride"] = stride;
+    ctx->saved_data["padding"] = padding;
+    ctx->saved_data["has_bias"] = bias.numel() > 0;
+    return at::conv2d(input, weight, bias.numel() > 0 ? bias : at::Tensor(), stride, padding);
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& input = saved[0];
+    const auto& weight = saved[1];
+    const auto stride = ctx->saved_data["stride"].toIntVector();
+    const auto padding = ctx->saved_data["padding"].toIntVector();
+    const auto& grad = grads[0];
+    at::Tensor grad_input, grad_weight, grad_bias;
+    if (ctx->needs_input_grad(0)) {
+      grad_input = std::get<0>(at::convolution_backward(grad, input, weight, std::nullopt, stride, padding, {1, 1},
+                                                        false, {0, 0}, 1, {true, false, false}));
+    }
+    if (ctx->needs_input_grad(1)) {
+      grad_weight = conv2d_weight_grad_by_patches(grad, input, {weight.size(2), weight.size(3)}, stride, padding)
+                        .contiguous(weight.suggest_memory_format());
+    }
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) grad_bias = grad.sum({0, 2, 3});
+    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor()};
+  }
+};
+
+std::int64_t output_size(std::int64_t in, std::int64_t kernel, std::int64_t stride, std::int64_t padding) {
+  return (in + 2 * padding - kernel) / stride + 1;
+}
+
+}  // namespace
+
+Conv2dImpl::Conv2dImpl(const torch::nn::Conv2dOptions& options) : torch::nn::Conv2dImpl(options) {}
+
+torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
+  const auto* explicit_padding = std::get_if<torch::ExpandingArray<2>>(&options.padding());
+  const bool plain = explicit_padding != nullptr && options.groups() == 1 &&
+                     std::holds_alternative<torch::enumtype::kZeros>(options.padding_mode()) &&
+                     (*options.dilation())[0] == 1 && (*options.dilation())[1] == 1;
+  const bool eligible = plain && input.dim() == 4 && torch::GradMode::is_enabled() && weight.requires_grad() &&
+                        input.device().is_cpu() && input.scalar_type() == at::kFloat &&
+                        weight.scalar_type() == at::kFloat && !at::autocast::is_autocast_enabled(at::kCPU);
+  if (!eligible) return torch::nn::Conv2dImpl::forward(input);
+  const auto& kernel = *options.kernel_size();
+  const auto& stride = *options.stride();
+  const auto& padding = **explicit_padding;
+  if (!uses_patch_weight_grad(input.size(1), kernel[0], kernel[1],
+                              output_size(input.size(2), kernel[0], stride[0], padding[0]),
+                              output_size(input.size(3), kernel[1], stride[1], padding[1]), at::get_num_threads())) {
+    return torch::nn::Conv2dImpl::forward(input);
+  }
+  // A custom function takes defined tensors only: no bias travels as an empty one.
+  return ConvWithPatchWeightGrad::apply(input, weight, bias.defined() ? bias : at::empty({0}, weight.options()),
+                                        std::vector<std::int64_t>(stride.begin(), stride.end()),
+                                        std::vector<std::int64_t>(padding.begin(), padding.end()));
+}
+
+std::shared_ptr<torch::nn::Module> Conv2dImpl::clone(const std::optional<torch::Device>& device) const {
+  const auto copy = std::dynamic_pointer_cast<torch::nn::Conv2dImpl>(torch::nn::Conv2dImpl::clone(device));
+  return std::shared_ptr<Conv2dImpl>(new Conv2dImpl(*copy));
+}
+
+}  // namespace fastlearn::models

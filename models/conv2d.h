@@ -1,0 +1,47 @@
+#pragma once
+// models::Conv2d: torch::nn::Conv2d (same options, parameters, names and forward) whose weight gradient is one
+// matrix product over the input's patches where oneDNN's weight-gradient kernel is slow: small feature maps
+// with many input channels, the deep end of a CNN on small images (bench/README.md "Convolution weight
+// gradients" has the measurements that set the rule).
+#include <torch/nn/modules/conv.h>
+
+#include <cstdint>
+
+namespace fastlearn::models {
+
+/// When Conv2dImpl::forward takes the patch-product path (otherwise it is torch::nn::Conv2dImpl::forward).
+/// With one thread oneDNN's kernel falls behind at shorter patches than with more.
+struct PatchGradRule {
+  std::int64_t max_output_pixels = 16;           ///< output height x width of one image
+  std::int64_t min_patch_size = 1024;            ///< in_channels x kernel height x kernel width
+  std::int64_t min_patch_size_one_thread = 512;  ///< the same when torch runs one intra-op thread
+};
+
+/// True when a convolution of these shapes (input N,C,H,W; weight O,C,kh,kw; output height and width) on
+/// `threads` intra-op threads computes its weight gradient as a patch product under `rule`.
+bool uses_patch_weight_grad(std::int64_t in_channels, std::int64_t kernel_h, std::int64_t kernel_w,
+                            std::int64_t out_h, std::int64_t out_w, int threads, const PatchGradRule& rule = {});
+
+/// The weight gradient of a 2-d convolution (groups 1, dilation 1, zero padding) computed as
+/// grad_output^T x patches, the patches of the (padded) input laid out one output pixel per row (im2col). It
+/// works through the batch in chunks so that the patch matrix stays under `max_patch_elements`.
+at::Tensor conv2d_weight_grad_by_patches(const at::Tensor& grad_output, const at::Tensor& input,
+                                         at::IntArrayRef kernel, at::IntArrayRef stride, at::IntArrayRef padding,
+                                         std::int64_t max_patch_elements = std::int64_t{1} << 22);
+
+class Conv2dImpl : public torch::nn::Conv2dImpl {
+ public:
+  explicit Conv2dImpl(const torch::nn::Conv2dOptions& options);
+  /// The same convolution as torch::nn::Conv2dImpl::forward. With float32 CPU tensors outside autocast, groups
+  /// 1, dilation 1, zero padding and a shape uses_patch_weight_grad accepts, backward computes the weight
+  /// gradient with conv2d_weight_grad_by_patches (the input and bias gradients as torch does).
+  torch::Tensor forward(const torch::Tensor& input);
+  /// A deep copy that stays a models::Conv2d (torch's clone would return its base class).
+  std::shared_ptr<torch::nn::Module> clone(const std::optional<torch::Device>& device = std::nullopt) const override;
+
+ private:
+  explicit Conv2dImpl(const torch::nn::Conv2dImpl& copy) : torch::nn::Conv2dImpl(copy) {}
+};
+TORCH_MODULE(Conv2d);
+
+}  // namespace fastlearn::models
