@@ -56,7 +56,7 @@ Timing time_shape(const Shape& s, int threads, int repeats) {
     patch_ms.push_back(ms_per_call(by_patches, calls));
   }
   return {bench::summarize(torch_ms), bench::summarize(patch_ms),
-          fastlearn::models::uses_patch_weight_grad(s.in_channels, s.kernel, s.kernel, out_size, out_size, threads)};
+          fastlearn::models::uses_patch_weight_grad(s.in_channels, s.kernel, s.kernel, out_size, out_size)};
 }
 
 std::string entry(const std::string& name, const Timing& t, int threads, int repeats, const std::string& extra) {

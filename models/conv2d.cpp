@@ -9,9 +9,8 @@
 namespace fastlearn::models {
 
 bool uses_patch_weight_grad(std::int64_t in_channels, std::int64_t kernel_h, std::int64_t kernel_w,
-                            std::int64_t out_h, std::int64_t out_w, int threads, const PatchGradRule& rule) {
-  const auto min_patch = threads == 1 ? rule.min_patch_size_one_thread : rule.min_patch_size;
-  return out_h * out_w <= rule.max_output_pixels && in_channels * kernel_h * kernel_w >= min_patch;
+                            std::int64_t out_h, std::int64_t out_w, const PatchGradRule& rule) {
+  return out_h * out_w <= rule.max_output_pixels && in_channels * kernel_h * kernel_w >= rule.min_patch_size;
 }
 
 at::Tensor conv2d_weight_grad_by_patches(const at::Tensor& grad_output, const at::Tensor& input,
@@ -113,7 +112,7 @@ torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
   const auto& padding = **explicit_padding;
   if (!uses_patch_weight_grad(input.size(1), kernel[0], kernel[1],
                               output_size(input.size(2), kernel[0], stride[0], padding[0]),
-                              output_size(input.size(3), kernel[1], stride[1], padding[1]), at::get_num_threads())) {
+                              output_size(input.size(3), kernel[1], stride[1], padding[1]))) {
     return torch::nn::Conv2dImpl::forward(input);
   }
   // A custom function takes defined tensors only: no bias travels as an empty one.

@@ -81,15 +81,6 @@ TEST(Conv2d, StridesPaddingsAndKernelsOfEitherShapeMatchTorch) {
   expect_same_as_torch(nn::Conv2dOptions(192, 8, {2, 3}).stride({1, 2}).padding({0, 2}), {2, 192, 3, 4}, false, true);
 }
 
-TEST(Conv2d, OneThreadTakesShorterPatches) {
-  const int threads = at::get_num_threads();
-  at::set_num_threads(1);
-  expect_same_as_torch(nn::Conv2dOptions(64, 16, 3).stride(2).padding(1), {4, 64, 7, 7}, true, true);
-  at::set_num_threads(2);
-  expect_same_as_torch(nn::Conv2dOptions(64, 16, 3).stride(2).padding(1), {4, 64, 7, 7}, true, false);
-  at::set_num_threads(threads);
-}
-
 TEST(Conv2d, OtherShapesAndTensorsTakeTorchsPath) {
   // Too few input channels for the rule; too large an output; groups; dilation; float64.
   expect_same_as_torch(nn::Conv2dOptions(32, 16, 3).stride(2).padding(1), {4, 32, 8, 8}, false, false);
@@ -137,14 +128,11 @@ TEST(Conv2d, WeightGradientIsTheSameInAnyNumberOfChunks) {
 }
 
 TEST(Conv2d, RuleTakesSmallOutputsWithLongPatches) {
-  for (const int threads : {1, 2}) {
-    EXPECT_TRUE(fl::models::uses_patch_weight_grad(128, 3, 3, 2, 2, threads));
-    EXPECT_FALSE(fl::models::uses_patch_weight_grad(32, 3, 3, 4, 4, threads));   // patch 288
-    EXPECT_FALSE(fl::models::uses_patch_weight_grad(128, 3, 3, 7, 7, threads));  // 49 output pixels
-  }
-  EXPECT_TRUE(fl::models::uses_patch_weight_grad(64, 3, 3, 4, 4, 1));  // patch 576: one thread only
-  EXPECT_FALSE(fl::models::uses_patch_weight_grad(64, 3, 3, 4, 4, 2));
-  EXPECT_TRUE(fl::models::uses_patch_weight_grad(128, 3, 3, 7, 7, 2, {.max_output_pixels = 49}));
+  EXPECT_TRUE(fl::models::uses_patch_weight_grad(128, 3, 3, 2, 2));
+  EXPECT_TRUE(fl::models::uses_patch_weight_grad(1024, 1, 1, 4, 4));
+  EXPECT_FALSE(fl::models::uses_patch_weight_grad(64, 3, 3, 4, 4));   // patch 576
+  EXPECT_FALSE(fl::models::uses_patch_weight_grad(128, 3, 3, 7, 7));  // 49 output pixels
+  EXPECT_TRUE(fl::models::uses_patch_weight_grad(128, 3, 3, 7, 7, {.max_output_pixels = 49}));
 }
 
 TEST(Conv2d, CloneStaysAModelsConv2dWithItsOwnCopyOfTheWeights) {
