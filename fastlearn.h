@@ -49,6 +49,7 @@
 #include <fastlearn/learner/tabular_learner.h>
 #include <fastlearn/learner/top_losses_grid.h>
 #include <fastlearn/learner/vision_learner.h>
+#include <fastlearn/models/conv2d.h>
 #include <fastlearn/models/memory_format.h>
 #include <fastlearn/models/models.h>
 #include <fastlearn/models/sequential_block.h>

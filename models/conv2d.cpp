@@ -8,23 +8,23 @@
 
 namespace fastlearn::models {
 
-bool uses_patch_weight_grad(std::int64_t in_channels, std::int64_t kernel_h, std::int64_t kernel_w,
-                            std::int64_t out_h, std::int64_t out_w, const PatchGradRule& rule) {
+bool uses_patch_weight_grad(std::int64_t in_channels, std::int64_t kernel_h, std::int64_t kernel_w, std::int64_t out_h,
+                            std::int64_t out_w, const PatchGradRule& rule) {
   return out_h * out_w <= rule.max_output_pixels && in_channels * kernel_h * kernel_w >= rule.min_patch_size;
 }
 
-at::Tensor conv2d_weight_grad_by_patches(const at::Tensor& grad_output, const at::Tensor& input,
-                                         at::IntArrayRef kernel, at::IntArrayRef stride, at::IntArrayRef padding,
+at::Tensor conv2d_weight_grad_by_patches(const at::Tensor& grad_output, const at::Tensor& input, at::IntArrayRef kernel,
+                                         at::IntArrayRef stride, at::IntArrayRef padding,
                                          std::int64_t max_patch_elements) {
-  TORCH_CHECK(input.dim() == 4 && grad_output.dim() == 4 && kernel.size() == 2 && stride.size() == 2 &&
-                  padding.size() == 2,
-              "conv2d_weight_grad_by_patches: needs 4-d input and grad_output and 2 kernel, stride, padding sizes");
+  TORCH_CHECK(
+      input.dim() == 4 && grad_output.dim() == 4 && kernel.size() == 2 && stride.size() == 2 && padding.size() == 2,
+      "conv2d_weight_grad_by_patches: needs 4-d input and grad_output and 2 kernel, stride, padding sizes");
   const auto n = input.size(0), channels = input.size(1), height = input.size(2), width = input.size(3);
   const auto out_channels = grad_output.size(1), out_h = grad_output.size(2), out_w = grad_output.size(3);
   const auto kh = kernel[0], kw = kernel[1], patch = kh * kw * channels;
   const auto rows_per_image = out_h * out_w;
-  const auto chunk = std::clamp<std::int64_t>(max_patch_elements / std::max<std::int64_t>(1, rows_per_image * patch),
-                                              1, std::max<std::int64_t>(1, n));
+  const auto chunk = std::clamp<std::int64_t>(max_patch_elements / std::max<std::int64_t>(1, rows_per_image * patch), 1,
+                                              std::max<std::int64_t>(1, n));
 
   // One zero-bordered (images, H, W, C) buffer: each chunk copies its images into the interior, so the
   // border stays zero; a patch row (kh, kw, C) is then one strided view of it.

@@ -18,14 +18,14 @@ struct PatchGradRule {
 
 /// True when a convolution of these shapes (input N,C,H,W; weight O,C,kh,kw; output height and width)
 /// computes its weight gradient as a patch product under `rule`.
-bool uses_patch_weight_grad(std::int64_t in_channels, std::int64_t kernel_h, std::int64_t kernel_w,
-                            std::int64_t out_h, std::int64_t out_w, const PatchGradRule& rule = {});
+bool uses_patch_weight_grad(std::int64_t in_channels, std::int64_t kernel_h, std::int64_t kernel_w, std::int64_t out_h,
+                            std::int64_t out_w, const PatchGradRule& rule = {});
 
 /// The weight gradient of a 2-d convolution (groups 1, dilation 1, zero padding) computed as
 /// grad_output^T x patches, the patches of the (padded) input laid out one output pixel per row (im2col). It
 /// works through the batch in chunks so that the patch matrix stays under `max_patch_elements`.
-at::Tensor conv2d_weight_grad_by_patches(const at::Tensor& grad_output, const at::Tensor& input,
-                                         at::IntArrayRef kernel, at::IntArrayRef stride, at::IntArrayRef padding,
+at::Tensor conv2d_weight_grad_by_patches(const at::Tensor& grad_output, const at::Tensor& input, at::IntArrayRef kernel,
+                                         at::IntArrayRef stride, at::IntArrayRef padding,
                                          std::int64_t max_patch_elements = std::int64_t{1} << 22);
 
 class Conv2dImpl : public torch::nn::Conv2dImpl {

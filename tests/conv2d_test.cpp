@@ -68,8 +68,8 @@ TEST(Conv2d, SmallFeatureMapsWithManyChannelsGetTheSameGradientsAsTorch) {
   for (const bool channels_last : {false, true}) {
     for (const bool bias : {false, true}) {
       SCOPED_TRACE(std::to_string(channels_last) + std::to_string(bias));
-      expect_same_as_torch(nn::Conv2dOptions(128, 32, 3).stride(2).padding(1).bias(bias), {6, 128, 4, 4},
-                           channels_last, true);
+      expect_same_as_torch(nn::Conv2dOptions(128, 32, 3).stride(2).padding(1).bias(bias), {6, 128, 4, 4}, channels_last,
+                           true);
     }
   }
 }
@@ -116,9 +116,9 @@ TEST(Conv2d, WeightGradientIsTheSameInAnyNumberOfChunks) {
   auto x = torch::randn({7, 64, 5, 5}).contiguous(at::MemoryFormat::ChannelsLast);
   auto grad = torch::randn({7, 32, 3, 3});
   const auto whole = fl::models::conv2d_weight_grad_by_patches(grad, x, {3, 3}, {2, 2}, {1, 1});
-  const auto expected = std::get<1>(at::convolution_backward(grad, x, torch::zeros({32, 64, 3, 3}), std::nullopt,
-                                                             {2, 2}, {1, 1}, {1, 1}, false, {0, 0}, 1,
-                                                             {false, true, false}));
+  const auto expected =
+      std::get<1>(at::convolution_backward(grad, x, torch::zeros({32, 64, 3, 3}), std::nullopt, {2, 2}, {1, 1}, {1, 1},
+                                           false, {0, 0}, 1, {false, true, false}));
   EXPECT_LT(relative_error(whole, expected), 1e-5);
   for (const std::int64_t budget : {1, 9 * 576, 3 * 9 * 576}) {  // 1 image per chunk, exactly 1, 3 (7 = 3+3+1)
     EXPECT_LT(relative_error(fl::models::conv2d_weight_grad_by_patches(grad, x, {3, 3}, {2, 2}, {1, 1}, budget), whole),
