@@ -57,7 +57,7 @@ Timing time_shape(const Shape& s, int threads, int repeats) {
     patch_ms.push_back(ms_per_call(by_patches, calls));
   }
   return {bench::summarize(torch_ms), bench::summarize(patch_ms),
-          fastlearn::models::uses_patch_weight_grad(s.in_channels, s.kernel, s.kernel, out_size, out_size)};
+          fastlearn::models::uses_patch_weight_grad(s.in_channels, s.out_channels, s.kernel, s.kernel)};
 }
 
 std::string entry(const std::string& name, const Timing& t, int threads, int repeats, const std::string& extra) {
@@ -82,7 +82,8 @@ int main() {
     const std::vector<Shape> shapes{{128, 1, 32, 28, 3, 2},   {128, 32, 64, 14, 3, 2},  {128, 64, 64, 7, 3, 2},
                                     {128, 64, 128, 7, 3, 2},  {128, 128, 256, 4, 3, 2}, {128, 64, 64, 8, 3, 1},
                                     {128, 256, 256, 2, 3, 1}, {128, 64, 128, 8, 1, 2},  {16, 64, 64, 56, 3, 1},
-                                    {16, 256, 256, 14, 3, 1}, {32, 512, 512, 7, 3, 1}};
+                                    {16, 256, 256, 14, 3, 1}, {32, 512, 512, 7, 3, 1},  {128, 3, 32, 32, 3, 1},
+                                    {16, 3, 64, 224, 7, 2},   {16, 64, 128, 56, 3, 2},  {16, 128, 128, 28, 3, 1}};
     std::string listed;
     Timing at_threads[2];  // the headline shape on 1 and 2 threads
     for (const int threads : {1, 2}) {

@@ -4,14 +4,50 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
+#include <utility>
 #include <variant>
 
 namespace fastlearn::models {
 
-bool uses_patch_weight_grad(std::int64_t in_channels, std::int64_t kernel_h, std::int64_t kernel_w, std::int64_t out_h,
-                            std::int64_t out_w, const PatchGradRule& rule) {
-  return out_h * out_w <= rule.max_output_pixels && in_channels * kernel_h * kernel_w >= rule.min_patch_size;
+bool uses_patch_weight_grad(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel_h,
+                            std::int64_t kernel_w, const PatchGradRule& rule) {
+  return in_channels >= rule.min_in_channels && out_channels >= rule.min_out_channels &&
+         kernel_h * kernel_w >= rule.min_kernel_area;
 }
+
+namespace {
+
+// The output pixels (along one dimension) whose input index o * stride - padding + offset falls inside [0, size).
+std::pair<std::int64_t, std::int64_t> inside_range(std::int64_t size, std::int64_t out, std::int64_t stride,
+                                                   std::int64_t padding, std::int64_t offset) {
+  const auto floor_div = [stride](std::int64_t a) { return a >= 0 ? a / stride : -((-a + stride - 1) / stride); };
+  const auto first = std::max<std::int64_t>(0, -floor_div(offset - padding));  // ceil((padding - offset) / stride)
+  const auto last = std::min<std::int64_t>(out, floor_div(size - 1 + padding - offset) + 1);  // exclusive
+  return {first, std::max(first, last)};
+}
+
+// dst (images, out_h, out_w, C) = the input pixels under kernel offset (i, j) of every output pixel, zero where
+// that pixel falls in the padding.
+void copy_kernel_offset(const at::Tensor& source_hwc, const at::Tensor& dst, std::array<std::int64_t, 2> offset,
+                        at::IntArrayRef stride, at::IntArrayRef padding) {
+  const auto [h0, h1] = inside_range(source_hwc.size(1), dst.size(1), stride[0], padding[0], offset[0]);
+  const auto [w0, w1] = inside_range(source_hwc.size(2), dst.size(2), stride[1], padding[1], offset[1]);
+  if (h1 - h0 < dst.size(1) || w1 - w0 < dst.size(2)) {
+    dst.narrow(1, 0, h0).zero_();
+    dst.narrow(1, h1, dst.size(1) - h1).zero_();
+    dst.narrow(2, 0, w0).zero_();
+    dst.narrow(2, w1, dst.size(2) - w1).zero_();
+  }
+  if (h1 == h0 || w1 == w0) return;
+  const auto rows = source_hwc.narrow(1, h0 * stride[0] - padding[0] + offset[0], (h1 - h0 - 1) * stride[0] + 1)
+                        .slice(1, 0, std::nullopt, stride[0]);
+  const auto pixels = rows.narrow(2, w0 * stride[1] - padding[1] + offset[1], (w1 - w0 - 1) * stride[1] + 1)
+                          .slice(2, 0, std::nullopt, stride[1]);
+  dst.narrow(1, h0, h1 - h0).narrow(2, w0, w1 - w0).copy_(pixels);
+}
+
+}  // namespace
 
 at::Tensor conv2d_weight_grad_by_patches(const at::Tensor& grad_output, const at::Tensor& input, at::IntArrayRef kernel,
                                          at::IntArrayRef stride, at::IntArrayRef padding,
@@ -19,38 +55,38 @@ at::Tensor conv2d_weight_grad_by_patches(const at::Tensor& grad_output, const at
   TORCH_CHECK(
       input.dim() == 4 && grad_output.dim() == 4 && kernel.size() == 2 && stride.size() == 2 && padding.size() == 2,
       "conv2d_weight_grad_by_patches: needs 4-d input and grad_output and 2 kernel, stride, padding sizes");
-  const auto n = input.size(0), channels = input.size(1), height = input.size(2), width = input.size(3);
+  const auto n = input.size(0), channels = input.size(1);
   const auto out_channels = grad_output.size(1), out_h = grad_output.size(2), out_w = grad_output.size(3);
   const auto kh = kernel[0], kw = kernel[1], patch = kh * kw * channels;
   const auto rows_per_image = out_h * out_w;
   const auto chunk = std::clamp<std::int64_t>(max_patch_elements / std::max<std::int64_t>(1, rows_per_image * patch), 1,
                                               std::max<std::int64_t>(1, n));
 
-  // One zero-bordered (images, H, W, C) buffer: each chunk copies its images into the interior, so the
-  // border stays zero; a patch row (kh, kw, C) is then one strided view of it.
-  auto padded = at::zeros({std::min(chunk, n), height + 2 * padding[0], width + 2 * padding[1], channels},
-                          input.options().memory_format(at::MemoryFormat::Contiguous));
+  // One patch row per output pixel, laid out (images, out_h, out_w, kh, kw, C): each kernel offset is one
+  // strided copy of the input (the padding is the zeroed border of that copy).
+  auto patches = at::empty({std::min(chunk, n), out_h, out_w, kh, kw, channels},
+                           input.options().memory_format(at::MemoryFormat::Contiguous));
   const auto input_hwc = input.permute({0, 2, 3, 1});
   const auto grad_hwc = grad_output.permute({0, 2, 3, 1});
-  at::Tensor grad_weight;  // (O, kh * kw * C)
+  at::Tensor grad_weight_t;  // (kh * kw * C, O): patches^T x grad is the faster orientation for MKL here
   for (std::int64_t start = 0; start < n; start += chunk) {
     const auto images = std::min(chunk, n - start);
-    auto buffer = padded.narrow(0, 0, images);
-    buffer.narrow(1, padding[0], height).narrow(2, padding[1], width).copy_(input_hwc.narrow(0, start, images));
-    const auto s = buffer.strides();
-    const auto patches = buffer
-                             .as_strided({images, out_h, out_w, kh, kw, channels},
-                                         {s[0], s[1] * stride[0], s[2] * stride[1], s[1], s[2], s[3]})
-                             .reshape({images * rows_per_image, patch});
+    const auto rows = patches.narrow(0, 0, images);
+    const auto source = input_hwc.narrow(0, start, images);
+    for (std::int64_t i = 0; i < kh; ++i) {
+      for (std::int64_t j = 0; j < kw; ++j) {
+        copy_kernel_offset(source, rows.select(4, j).select(3, i), {i, j}, stride, padding);
+      }
+    }
+    const auto patch_rows = rows.view({images * rows_per_image, patch});
     const auto grad_rows = grad_hwc.narrow(0, start, images).reshape({images * rows_per_image, out_channels});
-    if (grad_weight.defined()) {
-      grad_weight.addmm_(grad_rows.t(), patches);
+    if (grad_weight_t.defined()) {
+      grad_weight_t.addmm_(patch_rows.t(), grad_rows);
     } else {
-      grad_weight = at::mm(grad_rows.t(), patches);
+      grad_weight_t = at::mm(patch_rows.t(), grad_rows);
     }
   }
-  // (O, kh, kw, C) is the channels-last layout of (O, C, kh, kw).
-  return grad_weight.view({out_channels, kh, kw, channels}).permute({0, 3, 1, 2});
+  return grad_weight_t.view({kh, kw, channels, out_channels}).permute({3, 2, 0, 1});
 }
 
 namespace {
@@ -90,10 +126,6 @@ struct ConvWithPatchWeightGrad : torch::autograd::Function<ConvWithPatchWeightGr
   }
 };
 
-std::int64_t output_size(std::int64_t in, std::int64_t kernel, std::int64_t stride, std::int64_t padding) {
-  return (in + 2 * padding - kernel) / stride + 1;
-}
-
 }  // namespace
 
 Conv2dImpl::Conv2dImpl(const torch::nn::Conv2dOptions& options) : torch::nn::Conv2dImpl(options) {}
@@ -110,9 +142,7 @@ torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
   const auto& kernel = *options.kernel_size();
   const auto& stride = *options.stride();
   const auto& padding = **explicit_padding;
-  if (!uses_patch_weight_grad(input.size(1), kernel[0], kernel[1],
-                              output_size(input.size(2), kernel[0], stride[0], padding[0]),
-                              output_size(input.size(3), kernel[1], stride[1], padding[1]))) {
+  if (!uses_patch_weight_grad(input.size(1), weight.size(0), kernel[0], kernel[1])) {
     return torch::nn::Conv2dImpl::forward(input);
   }
   // A custom function takes defined tensors only: no bias travels as an empty one.

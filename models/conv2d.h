@@ -1,8 +1,8 @@
 #pragma once
 // models::Conv2d: torch::nn::Conv2d (same options, parameters, names and forward) whose weight gradient is one
-// matrix product over the input's patches where oneDNN's weight-gradient kernel is slow: small feature maps
-// with many input channels, the deep end of a CNN on small images (bench/README.md "Convolution weight
-// gradients" has the measurements that set the rule).
+// matrix product over the input's patches where oneDNN's weight-gradient kernel is slower: 3x3 (and larger)
+// convolutions with many channels, from the deep end of a CNN on small images to ImageNet-size stages
+// (bench/README.md "Convolution weight gradients" has the measurements that set the rule).
 #include <torch/nn/modules/conv.h>
 
 #include <cstdint>
@@ -10,20 +10,24 @@
 namespace fastlearn::models {
 
 /// When Conv2dImpl::forward takes the patch-product path (otherwise it is torch::nn::Conv2dImpl::forward): the
-/// shapes where the product was faster in every measurement, on 1 and on 2 threads.
+/// shapes where the product was faster in every measurement (bench conv_weight_grad), on 1 and on 2 threads.
+/// Below these channel counts MKL's product runs short rows and oneDNN's own kernel wins; a pointwise (1x1)
+/// convolution's gradient is already a plain product for oneDNN.
 struct PatchGradRule {
-  std::int64_t max_output_pixels = 16;  ///< output height x width of one image
-  std::int64_t min_patch_size = 1024;   ///< in_channels x kernel height x kernel width
+  std::int64_t min_in_channels = 64;
+  std::int64_t min_out_channels = 128;
+  std::int64_t min_kernel_area = 2;  ///< kernel height x width
 };
 
-/// True when a convolution of these shapes (input N,C,H,W; weight O,C,kh,kw; output height and width)
-/// computes its weight gradient as a patch product under `rule`.
-bool uses_patch_weight_grad(std::int64_t in_channels, std::int64_t kernel_h, std::int64_t kernel_w, std::int64_t out_h,
-                            std::int64_t out_w, const PatchGradRule& rule = {});
+/// True when a convolution with these channel counts and kernel computes its weight gradient as a patch
+/// product under `rule`.
+bool uses_patch_weight_grad(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel_h,
+                            std::int64_t kernel_w, const PatchGradRule& rule = {});
 
 /// The weight gradient of a 2-d convolution (groups 1, dilation 1, zero padding) computed as
-/// grad_output^T x patches, the patches of the (padded) input laid out one output pixel per row (im2col). It
-/// works through the batch in chunks so that the patch matrix stays under `max_patch_elements`.
+/// patches^T x grad_output, the patches of the (zero-padded) input laid out one output pixel per row (im2col).
+/// It works through the batch in chunks so that the patch matrix stays under `max_patch_elements`. The result
+/// has the weight's shape (O, C, kh, kw), with O as its fastest dimension.
 at::Tensor conv2d_weight_grad_by_patches(const at::Tensor& grad_output, const at::Tensor& input, at::IntArrayRef kernel,
                                          at::IntArrayRef stride, at::IntArrayRef padding,
                                          std::int64_t max_patch_elements = std::int64_t{1} << 22);
@@ -32,7 +36,7 @@ class Conv2dImpl : public torch::nn::Conv2dImpl {
  public:
   explicit Conv2dImpl(const torch::nn::Conv2dOptions& options);
   /// The same convolution as torch::nn::Conv2dImpl::forward. With float32 CPU tensors outside autocast, groups
-  /// 1, dilation 1, zero padding and a shape uses_patch_weight_grad accepts, backward computes the weight
+  /// 1, dilation 1, zero padding and channels and kernel uses_patch_weight_grad accepts, backward computes the weight
   /// gradient with conv2d_weight_grad_by_patches (the input and bias gradients as torch does).
   torch::Tensor forward(const torch::Tensor& input);
   /// A deep copy that stays a models::Conv2d (torch's clone would return its base class).

@@ -13,8 +13,9 @@ namespace nn = torch::nn;
 
 namespace {
 
-nn::Conv2d conv(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride) {
-  return nn::Conv2d(nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false));
+// models::Conv2d: torch's convolution, with the weight gradient by patches where its rule says so.
+Conv2d conv(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride) {
+  return Conv2d(nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false));
 }
 
 // A residual block: BasicBlock (two 3x3) or Bottleneck (1x1, 3x3 with the stride, 1x1 to 4x width). The
@@ -45,7 +46,7 @@ class BlockImpl : public nn::Module {
 
   at::Tensor forward(const at::Tensor& x) {
     const auto c = children();
-    auto conv_at = [&](std::size_t i, const at::Tensor& t) { return c[i]->as<nn::Conv2dImpl>()->forward(t); };
+    auto conv_at = [&](std::size_t i, const at::Tensor& t) { return c[i]->as<Conv2dImpl>()->forward(t); };
     const std::size_t convs = bottleneck_ ? 3 : 2;
     auto y = x;
     for (std::size_t k = 0; k < convs; ++k) {
@@ -82,7 +83,7 @@ TorchvisionResNetImpl::TorchvisionResNetImpl(const TorchvisionResNetOptions& opt
       throw ConfigError(fmt::format("models: torchvision ResNet depth {} is not one of 18, 34, 50", options.depth));
   }
   if (options.classes < 1) throw ConfigError(fmt::format("models: {} classes; need at least 1", options.classes));
-  conv1_ = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(3, 64, 7).stride(2).padding(3).bias(false)));
+  conv1_ = register_module("conv1", Conv2d(nn::Conv2dOptions(3, 64, 7).stride(2).padding(3).bias(false)));
   register_module("bn1", nn::BatchNorm2d(64));
   std::int64_t in = 64;
   for (int stage = 0; stage < 4; ++stage) {

@@ -4,9 +4,9 @@
 // ... (conv1, bn1, conv2, bn2[, conv3, bn3], downsample.0 / .1) and fc. Their state dicts therefore equal
 // torchvision's key for key and shape for shape, so weights exported from torchvision (safetensors) load
 // strictly. BatchNorms are called through the module tree, so convert_sync_batchnorm can swap them.
+#include <fastlearn/models/conv2d.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/sequential.h>
-#include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
@@ -35,7 +35,7 @@ class TorchvisionResNetImpl : public torch::nn::Module {
   int depth() const { return depth_; }
 
  private:
-  torch::nn::Conv2d conv1_{nullptr};
+  Conv2d conv1_{nullptr};
   torch::nn::Sequential layers_[4];
   torch::nn::Linear fc_{nullptr};
   std::int64_t feature_channels_ = 0;

@@ -64,31 +64,37 @@ void expect_same_as_torch(const nn::Conv2dOptions& options, std::vector<std::int
 }
 
 TEST(Conv2d, SmallFeatureMapsWithManyChannelsGetTheSameGradientsAsTorch) {
-  // conv_net's last layer (128 -> 256, 4x4 -> 2x2) in both formats, with and without bias.
+  // conv_net's last layer (128 -> 256, 4x4 -> 2x2; fewer output channels here) in both formats, with and
+  // without bias.
   for (const bool channels_last : {false, true}) {
     for (const bool bias : {false, true}) {
       SCOPED_TRACE(std::to_string(channels_last) + std::to_string(bias));
-      expect_same_as_torch(nn::Conv2dOptions(128, 32, 3).stride(2).padding(1).bias(bias), {6, 128, 4, 4}, channels_last,
-                           true);
+      expect_same_as_torch(nn::Conv2dOptions(128, 128, 3).stride(2).padding(1).bias(bias), {6, 128, 4, 4},
+                           channels_last, true);
     }
   }
 }
 
 TEST(Conv2d, StridesPaddingsAndKernelsOfEitherShapeMatchTorch) {
-  expect_same_as_torch(nn::Conv2dOptions(128, 16, 3).stride(1).padding(0), {5, 128, 5, 6}, true, true);
-  expect_same_as_torch(nn::Conv2dOptions(512, 16, {3, 1}).stride({2, 1}).padding({1, 0}), {3, 512, 6, 3}, false, true);
-  expect_same_as_torch(nn::Conv2dOptions(1024, 8, 1).stride(2), {4, 1024, 7, 7}, true, true);
-  expect_same_as_torch(nn::Conv2dOptions(192, 8, {2, 3}).stride({1, 2}).padding({0, 2}), {2, 192, 3, 4}, false, true);
+  expect_same_as_torch(nn::Conv2dOptions(64, 128, 3).stride(1).padding(0), {5, 64, 5, 6}, true, true);
+  expect_same_as_torch(nn::Conv2dOptions(64, 128, {3, 1}).stride({2, 1}).padding({1, 0}), {3, 64, 6, 3}, false, true);
+  expect_same_as_torch(nn::Conv2dOptions(64, 128, {1, 2}).stride(2), {4, 64, 7, 7}, true, true);
+  expect_same_as_torch(nn::Conv2dOptions(96, 128, {2, 3}).stride({1, 2}).padding({0, 2}), {2, 96, 3, 4}, false, true);
+  // Kernel offsets that fall entirely in the padding for some or all output pixels.
+  expect_same_as_torch(nn::Conv2dOptions(64, 128, 3).stride(2).padding(1), {2, 64, 1, 1}, true, true);
+  expect_same_as_torch(nn::Conv2dOptions(64, 128, 3).padding(3), {2, 64, 2, 3}, true, true);
+  expect_same_as_torch(nn::Conv2dOptions(64, 128, 5).stride(3).padding(2), {2, 64, 7, 4}, false, true);
 }
 
 TEST(Conv2d, OtherShapesAndTensorsTakeTorchsPath) {
-  // Too few input channels for the rule; too large an output; groups; dilation; float64.
-  expect_same_as_torch(nn::Conv2dOptions(32, 16, 3).stride(2).padding(1), {4, 32, 8, 8}, false, false);
-  expect_same_as_torch(nn::Conv2dOptions(64, 16, 3).padding(1), {2, 64, 5, 5}, true, false);
-  expect_same_as_torch(nn::Conv2dOptions(128, 16, 3).groups(2).padding(1), {2, 128, 4, 4}, false, false);
-  expect_same_as_torch(nn::Conv2dOptions(128, 16, 3).dilation(2).padding(2), {2, 128, 4, 4}, false, false);
+  // Too few input channels for the rule; too few output channels; a pointwise kernel; groups; dilation; float64.
+  expect_same_as_torch(nn::Conv2dOptions(32, 128, 3).stride(2).padding(1), {4, 32, 8, 8}, false, false);
+  expect_same_as_torch(nn::Conv2dOptions(64, 64, 3).padding(1), {2, 64, 5, 5}, true, false);
+  expect_same_as_torch(nn::Conv2dOptions(128, 128, 1), {2, 128, 4, 4}, true, false);
+  expect_same_as_torch(nn::Conv2dOptions(128, 128, 3).groups(2).padding(1), {2, 128, 4, 4}, false, false);
+  expect_same_as_torch(nn::Conv2dOptions(128, 128, 3).dilation(2).padding(2), {2, 128, 4, 4}, false, false);
   torch::manual_seed(0);
-  fl::models::Conv2d conv(nn::Conv2dOptions(128, 16, 3).padding(1));
+  fl::models::Conv2d conv(nn::Conv2dOptions(128, 128, 3).padding(1));
   conv->to(torch::kFloat64);
   auto y = conv->forward(torch::randn({2, 128, 4, 4}, torch::kFloat64));
   EXPECT_EQ(y.grad_fn()->name(), "ConvolutionBackward0");
@@ -100,7 +106,7 @@ TEST(Conv2d, OtherShapesAndTensorsTakeTorchsPath) {
 
 TEST(Conv2d, UnderBfloat16AutocastItIsTorchsConvolution) {
   torch::manual_seed(0);
-  fl::models::Conv2d conv(nn::Conv2dOptions(128, 16, 3).padding(1));
+  fl::models::Conv2d conv(nn::Conv2dOptions(128, 128, 3).padding(1));
   at::autocast::set_autocast_enabled(at::kCPU, true);
   at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
   auto y = conv->forward(torch::randn({2, 128, 4, 4}));
@@ -127,12 +133,14 @@ TEST(Conv2d, WeightGradientIsTheSameInAnyNumberOfChunks) {
   }
 }
 
-TEST(Conv2d, RuleTakesSmallOutputsWithLongPatches) {
-  EXPECT_TRUE(fl::models::uses_patch_weight_grad(128, 3, 3, 2, 2));
-  EXPECT_TRUE(fl::models::uses_patch_weight_grad(1024, 1, 1, 4, 4));
-  EXPECT_FALSE(fl::models::uses_patch_weight_grad(64, 3, 3, 4, 4));   // patch 576
-  EXPECT_FALSE(fl::models::uses_patch_weight_grad(128, 3, 3, 7, 7));  // 49 output pixels
-  EXPECT_TRUE(fl::models::uses_patch_weight_grad(128, 3, 3, 7, 7, {.max_output_pixels = 49}));
+TEST(Conv2d, RuleTakesManyChannelsAndKernelsLargerThanOnePixel) {
+  EXPECT_TRUE(fl::models::uses_patch_weight_grad(128, 256, 3, 3));  // conv_net's last layer
+  EXPECT_TRUE(fl::models::uses_patch_weight_grad(64, 128, 3, 3));
+  EXPECT_TRUE(fl::models::uses_patch_weight_grad(512, 512, 1, 2));
+  EXPECT_FALSE(fl::models::uses_patch_weight_grad(32, 128, 3, 3));   // too few input channels
+  EXPECT_FALSE(fl::models::uses_patch_weight_grad(64, 64, 3, 3));    // too few output channels
+  EXPECT_FALSE(fl::models::uses_patch_weight_grad(256, 256, 1, 1));  // pointwise
+  EXPECT_TRUE(fl::models::uses_patch_weight_grad(64, 64, 3, 3, {.min_out_channels = 64}));
 }
 
 TEST(Conv2d, CloneStaysAModelsConv2dWithItsOwnCopyOfTheWeights) {
