@@ -1,14 +1,27 @@
 #include <fastlearn/models/conv2d.h>
 
+#include <fastlearn/core/error.h>
+#include <fmt/format.h>
+
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
+#include <string_view>
 #include <utility>
 #include <variant>
 
 namespace fastlearn::models {
+
+bool patch_weight_grad_enabled() {
+  const char* value = std::getenv("FASTLEARN_CONV_PATCH_GRAD");
+  if (value == nullptr || std::string_view(value) == "1" || std::string_view(value).empty()) return true;
+  if (std::string_view(value) == "0") return false;
+  throw ConfigError(
+      fmt::format("FASTLEARN_CONV_PATCH_GRAD is '{}': it must be 0 (torch's convolution everywhere) or 1", value));
+}
 
 bool uses_patch_weight_grad(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel_h,
                             std::int64_t kernel_w, const PatchGradRule& rule) {
@@ -138,7 +151,7 @@ torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
   const bool eligible = plain && input.dim() == 4 && torch::GradMode::is_enabled() && weight.requires_grad() &&
                         input.device().is_cpu() && input.scalar_type() == at::kFloat &&
                         weight.scalar_type() == at::kFloat && !at::autocast::is_autocast_enabled(at::kCPU);
-  if (!eligible) return torch::nn::Conv2dImpl::forward(input);
+  if (!eligible || !patch_weight_grad_enabled()) return torch::nn::Conv2dImpl::forward(input);
   const auto& kernel = *options.kernel_size();
   const auto& stride = *options.stride();
   const auto& padding = **explicit_padding;

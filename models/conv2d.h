@@ -19,6 +19,11 @@ struct PatchGradRule {
   std::int64_t min_kernel_area = 2;  ///< kernel height x width
 };
 
+/// False when the environment sets FASTLEARN_CONV_PATCH_GRAD=0: every models::Conv2d then runs torch's
+/// convolution (to compare, or to rule the patch product out). Read at each forward; any value but 0 or 1
+/// throws ConfigError.
+bool patch_weight_grad_enabled();
+
 /// True when a convolution with these channel counts and kernel computes its weight gradient as a patch
 /// product under `rule`.
 bool uses_patch_weight_grad(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel_h,

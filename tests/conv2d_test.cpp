@@ -3,12 +3,14 @@
 // memory formats, with and without bias, for strides, paddings and kernels of both shapes, in chunks of the
 // batch; torch's own path where the rule or the tensors do not fit; clones that stay models::Conv2d.
 #include <ATen/autocast_mode.h>
+#include <fastlearn/core/error.h>
 #include <fastlearn/models/conv2d.h>
 #include <fastlearn/models/memory_format.h>
 #include <fastlearn/models/models.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <string>
 
 namespace fl = fastlearn;
@@ -102,6 +104,19 @@ TEST(Conv2d, OtherShapesAndTensorsTakeTorchsPath) {
     torch::NoGradGuard no_grad;
     EXPECT_EQ(conv->forward(torch::randn({2, 128, 4, 4}, torch::kFloat64)).grad_fn(), nullptr);
   }
+}
+
+TEST(Conv2d, TheEnvironmentSwitchesThePatchProductOffAndRefusesOtherValues) {
+  const auto options = nn::Conv2dOptions(128, 128, 3).padding(1);
+  expect_same_as_torch(options, {2, 128, 4, 4}, true, true);
+  setenv("FASTLEARN_CONV_PATCH_GRAD", "0", 1);
+  expect_same_as_torch(options, {2, 128, 4, 4}, true, false);
+  setenv("FASTLEARN_CONV_PATCH_GRAD", "off", 1);
+  fl::models::Conv2d conv(options);
+  EXPECT_THROW(conv->forward(torch::randn({1, 128, 3, 3})), fl::ConfigError);
+  setenv("FASTLEARN_CONV_PATCH_GRAD", "1", 1);
+  expect_same_as_torch(options, {2, 128, 4, 4}, true, true);
+  unsetenv("FASTLEARN_CONV_PATCH_GRAD");
 }
 
 TEST(Conv2d, UnderBfloat16AutocastItIsTorchsConvolution) {
