@@ -3,17 +3,16 @@
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/launch_options.h>
 #include <fastlearn/distributed/launch_signals.h>
+#include <fastlearn/distributed/launch_store.h>
+#include <fastlearn/distributed/tcp_listen.h>
 #include <fastlearn/distributed/worker_group.h>
 #include <fmt/format.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string_view>
 
@@ -44,36 +43,12 @@ std::string RankExit::describe() const {
 }
 
 int pick_free_port(const std::string& addr) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* found = nullptr;
-  if (const int rc = getaddrinfo(addr.c_str(), "0", &hints, &found); rc != 0)
-    throw ConfigError(fmt::format("launch: cannot resolve master_addr '{}': {}; pass an address of this machine", addr,
-                                  gai_strerror(rc)));
-  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(found, &freeaddrinfo);
-  std::string last_error = "no address";
-  for (const addrinfo* a = found; a; a = a->ai_next) {
-    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) {
-      last_error = std::strerror(errno);
-      continue;
-    }
-    sockaddr_storage bound{};
-    socklen_t length = sizeof bound;
-    const bool ok =
-        bind(fd, a->ai_addr, a->ai_addrlen) == 0 && getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) == 0;
-    if (!ok) last_error = std::strerror(errno);
-    close(fd);
-    if (!ok) continue;
-    if (bound.ss_family == AF_INET) return ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-    if (bound.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+  try {
+    return detail::free_port_for_later(addr);
+  } catch (const std::exception& e) {
+    throw ConfigError(
+        fmt::format("cannot pick a free port on '{}' ({}); use an address of this machine", addr, e.what()));
   }
-  throw ConfigError(
-      fmt::format("launch: cannot bind a free port on master_addr '{}' ({}); use an address of this "
-                  "machine or pass master_port",
-                  addr, last_error));
 }
 
 LaunchResult launch(const LaunchOptions& given) {
@@ -91,7 +66,10 @@ LaunchResult launch(const LaunchOptions& given) {
       throw ConfigError(fmt::format("launch: cannot create log_dir '{}': {}; pass a writable folder",
                                     options.log_dir->string(), ec.message()));
   }
-  if (options.master_port == 0) pick_free_port(options.master_addr);  // a bad address is an option error, up front
+  // No port given: the launcher serves the store itself, on a port it holds from now on (a bad address is an option
+  // error, up front).
+  std::optional<detail::LaunchStore> store;
+  if (options.master_port == 0) store.emplace(options.master_addr);
 
   if (g_launch_running.exchange(true))
     throw DistributedError("launch: another launch() is running in this process; run them one after the other");
@@ -102,10 +80,10 @@ LaunchResult launch(const LaunchOptions& given) {
 
   const int nranks = options.nproc_per_node;
   for (int restart = 0;; ++restart) {
-    const int port = options.master_port != 0 ? options.master_port : pick_free_port(options.master_addr);
+    const int port = store ? store->port() : options.master_port;
     detail::Attempt a;
     {
-      detail::WorkerGroup group(options, signals, program, restart, port);
+      detail::WorkerGroup group(options, signals, program, restart, port, store.has_value());
       a = group.wait();
     }
     LaunchResult result;

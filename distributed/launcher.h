@@ -6,7 +6,10 @@
 // rank), GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT (0 on the first attempt),
 // TORCHELASTIC_MAX_RESTARTS, OMP_NUM_THREADS (only when the launcher's environment and extra_env leave it
 // unset: max(1, usable cores / nproc_per_node)), and FASTLEARN_PROGRESS_LIVE=1 for rank 0 when
-// `out` is a terminal. A rank's stdin is /dev/null; its stdout and stderr come back through pipes and are
+// `out` is a terminal. Without a master_port the launcher serves the rendezvous store itself, as torchrun's
+// agent does (TORCHELASTIC_USE_AGENT_STORE=True, the ranks its clients), on a port it holds for the whole launch:
+// no other process can take that port before the ranks meet there, and restarts meet on the same store.
+// A rank's stdin is /dev/null; its stdout and stderr come back through pipes and are
 // written to `out` and `err` line by line, each line prefixed with "[rank R] ".
 //
 // All or nothing: when one rank exits non-zero or is killed by a signal, every other rank (its whole
@@ -35,7 +38,7 @@ struct LaunchOptions {
   int nnodes = 1;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;  ///< 0: a free port picked on master_addr (single node only; multi-node needs an explicit port)
+  int master_port = 0;  ///< 0: the launcher serves the store on a free port of master_addr (single node only)
   int max_restarts = 0;
   std::optional<std::filesystem::path>
       log_dir;  ///< also write each rank's output to <log_dir>/rank<R>.log (and restart_<k>/ subfolders after restarts)
@@ -79,7 +82,9 @@ struct LaunchResult {
 /// Only one call at a time may run per process.
 LaunchResult launch(const LaunchOptions& options);
 
-/// A free TCP port on `addr` (bound and released at once, so another process may take it in between).
+/// A TCP port of `addr` free now, for a program that binds it later (torchrun, a Python rank 0): taken from
+/// below the kernel's ephemeral range, so only another explicit choice can take it in between. ConfigError when
+/// `addr` is not an address of this machine.
 int pick_free_port(const std::string& addr);
 
 /// "SIGKILL" for 9, "signal 64" for a number with no name.

@@ -2,20 +2,17 @@
 
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/process_group.h>
+#include <fastlearn/distributed/tcp_listen.h>
 
 #include <fmt/format.h>
-#include <netdb.h>
-#include <sys/socket.h>
 #include <unistd.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <atomic>
-#include <cerrno>
 #include <charconv>
 #include <cstdlib>
-#include <cstring>
 #include <thread>
 
 namespace fastlearn {
@@ -53,44 +50,25 @@ namespace {
 
 // A listening socket bound to host:port only, handed to the TCP store server.
 int listen_on(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const auto service = std::to_string(port);
-  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0) {
-    throw DistributedError(fmt::format("cannot resolve the master address '{}': {}", host, gai_strerror(rc)));
+  try {
+    return detail::listen_tcp(host, port).fd;
+  } catch (const std::exception& e) {
+    throw DistributedError(
+        fmt::format("rank 0 cannot listen on {}:{} for the rendezvous: {}; pick a free MASTER_PORT "
+                    "(or --master-port) and a MASTER_ADDR of this host",
+                    host, port, e.what()));
   }
-  std::string last_error = "no address";
-  for (auto* ai = found; ai; ai = ai->ai_next) {
-    const int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) continue;
-    const int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0) {
-      freeaddrinfo(found);
-      return fd;
-    }
-    last_error = std::strerror(errno);
-    close(fd);
-  }
-  freeaddrinfo(found);
-  throw DistributedError(
-      fmt::format("rank 0 cannot listen on {}:{} for the rendezvous: {}; pick a free MASTER_PORT "
-                  "(or --master-port) and a MASTER_ADDR of this host",
-                  host, port, last_error));
 }
 
-}  // namespace
-
-namespace {
+// How many setups this process made before this one (every rank makes the same number).
+int next_setup() {
+  static std::atomic<int> setups{0};
+  return setups++;
+}
 
 // Which run this setup belongs to: the launcher's FASTLEARN_RUN_ID (<launch id>.<restart>) or a scheduler's
-// job id, plus how many setups this process made before (every rank makes the same number), so that two
-// setups back to back on one port never share a store.
-std::string run_key() {
-  static std::atomic<int> setups{0};
-  const int generation = setups++;
+// job id, plus the setup's number, so that two setups back to back on one port never share a store.
+std::string run_key(int generation) {
   std::string run;
   if (const char* ours = std::getenv("FASTLEARN_RUN_ID"); ours && *ours) {
     run = ours;
@@ -133,7 +111,8 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const DistEnv& env, const InitMethod&
   options.waitWorkers = false;  // the backend's own rendezvous waits for every rank
   options.timeout = timeout;
   if (options.isServer) options.masterListenFd = listen_on(host, port);
-  const auto key = run_key();
+  const int generation = next_setup();
+  const auto key = run_key(generation);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto remaining = [&] {
     return std::max(std::chrono::milliseconds(1),
@@ -153,10 +132,12 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const DistEnv& env, const InitMethod&
     try {
       store = c10::make_intrusive<c10d::TCPStore>(host, options);
       if (use_agent_store) {
-        // torchrun's agent serves a store per restart attempt already: the attempt's prefix separates runs.
+        // The agent's store (torchrun's, or our launcher's) lives across restarts: the attempt's prefix separates
+        // them, and the setup's number the setups of one attempt.
         const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
-        return c10::make_intrusive<c10d::PrefixStore>(fmt::format("/worker/attempt_{}", attempt ? attempt : "0"),
-                                                      store);
+        const auto prefix = fmt::format("/worker/attempt_{}", attempt ? attempt : "0");
+        return c10::make_intrusive<c10d::PrefixStore>(
+            generation == 0 ? prefix : fmt::format("{}/setup_{}", prefix, generation), store);
       }
       store->set(kRunKeyName, std::vector<std::uint8_t>(key.begin(), key.end()));
     } catch (const std::exception& e) {

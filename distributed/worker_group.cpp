@@ -30,7 +30,8 @@ bool failed(const RankExit& e) { return e.signal != 0 || e.exit_code != 0; }
 
 }  // namespace
 
-WorkerGroup::WorkerGroup(const LaunchOptions& o, SignalCatcher& signals, const fs::path& program, int restart, int port)
+WorkerGroup::WorkerGroup(const LaunchOptions& o, SignalCatcher& signals, const fs::path& program, int restart, int port,
+                         bool launcher_store)
     : o_(o), signals_(signals) {
   const bool live = isatty(fileno(o.out)) == 1;
   std::optional<fs::path> log_dir;
@@ -62,7 +63,7 @@ WorkerGroup::WorkerGroup(const LaunchOptions& o, SignalCatcher& signals, const f
       ExecPlan plan;
       plan.path = program.string();
       plan.args = o.command;
-      plan.env = rank_environment(o, local, restart, port, live);
+      plan.env = rank_environment(o, local, restart, port, launcher_store, live);
       plan.seal();
       start_rank(r, plan, pgid_, devnull_);
       if (pgid_ == 0) pgid_ = r.exit.pid;

@@ -24,9 +24,10 @@ struct Attempt {
 // and `err`. Leaving by an exception kills and reaps them all.
 class WorkerGroup {
  public:
-  /// Starts nproc_per_node ranks of `program` (attempt number `restart`, the master on `port`).
+  /// Starts nproc_per_node ranks of `program` (attempt number `restart`, the master on `port`; `launcher_store`:
+  /// the launcher serves the store there and every rank is its client).
   WorkerGroup(const LaunchOptions& o, SignalCatcher& signals, const std::filesystem::path& program, int restart,
-              int port);
+              int port, bool launcher_store);
   ~WorkerGroup();
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;

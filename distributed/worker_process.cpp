@@ -33,7 +33,8 @@ int usable_cores() {
 
 }  // namespace
 
-std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank, int restart, int port, bool live) {
+std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank, int restart, int port,
+                                          bool launcher_store, bool live) {
   const int rank = o.node_rank * o.nproc_per_node + local_rank;
   std::map<std::string, std::string> vars = o.extra_env;
   vars["RANK"] = std::to_string(rank);
@@ -46,6 +47,7 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
   vars["MASTER_PORT"] = std::to_string(port);
   vars["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart);
   vars["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o.max_restarts);
+  if (launcher_store) vars["TORCHELASTIC_USE_AGENT_STORE"] = std::string("True");
   if (!o.run_id.empty()) vars["FASTLEARN_RUN_ID"] = fmt::format("{}.{}", o.run_id, restart);
   // std::string("1"), not "1": assigning the literal here trips a false -Wstringop-overflow in GCC 12.
   if (live && rank == 0) vars["FASTLEARN_PROGRESS_LIVE"] = std::string("1");
@@ -56,8 +58,9 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
   for (char** e = environ; *e; ++e) {
     const std::string_view entry(*e);
     const auto key = entry.substr(0, entry.find('='));
-    // Ours replace inherited ones; a stale FASTLEARN_PROGRESS_LIVE must not leak to other ranks.
-    if (!vars.count(std::string(key)) && key != "FASTLEARN_PROGRESS_LIVE" && key != "FASTLEARN_RUN_ID")
+    // Ours replace inherited ones; stale ones of an outer launch must not leak to the ranks.
+    if (!vars.count(std::string(key)) && key != "FASTLEARN_PROGRESS_LIVE" && key != "FASTLEARN_RUN_ID" &&
+        key != "TORCHELASTIC_USE_AGENT_STORE")
       env.emplace_back(entry);
   }
   for (const auto& [key, value] : vars) env.push_back(key + "=" + value);

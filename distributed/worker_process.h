@@ -39,8 +39,10 @@ struct ExecPlan {
 };
 
 /// The environment of local rank `local_rank`: the launcher's own, with torchrun's variables (and extra_env) set.
-/// `live`: `out` is a terminal, so rank 0 gets FASTLEARN_PROGRESS_LIVE=1.
-std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank, int restart, int port, bool live);
+/// `launcher_store`: the launcher serves the store on `port` (TORCHELASTIC_USE_AGENT_STORE=True). `live`: `out` is
+/// a terminal, so rank 0 gets FASTLEARN_PROGRESS_LIVE=1.
+std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank, int restart, int port,
+                                          bool launcher_store, bool live);
 
 /// Forks and execs `plan` for `r` in process group `group` (0: a new group led by the new process), with
 /// `stdin_fd` as its stdin and pipes as its stdout and stderr. Sets r.exit.pid, r.pidfd and the streams' fds;

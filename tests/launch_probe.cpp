@@ -13,6 +13,10 @@
 //   exit=N                exit with code N
 //   first-attempt-exit=N  exit with code N when TORCHELASTIC_RESTART_COUNT is 0
 //   sleep                 sleep forever
+//   bind-master=FILE      try to bind MASTER_ADDR:MASTER_PORT (as a store server would, SO_REUSEADDR) and write
+//                         "free" or "in use" to FILE
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -51,6 +55,24 @@ int count_records(const fs::path& dir, int restart) {
     if (name.starts_with("rank") && name.ends_with(suffix)) ++n;
   }
   return n;
+}
+
+// Whether a listening socket could take MASTER_ADDR:MASTER_PORT now.
+bool master_port_free() {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const char* addr = std::getenv("MASTER_ADDR");
+  const char* port = std::getenv("MASTER_PORT");
+  if (!addr || !port || getaddrinfo(addr, port, &hints, &found) != 0) return false;
+  const int fd = socket(found->ai_family, found->ai_socktype, found->ai_protocol);
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  const bool bound = fd >= 0 && bind(fd, found->ai_addr, found->ai_addrlen) == 0;
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  return bound;
 }
 
 [[noreturn]] void sleep_forever() {
@@ -114,6 +136,8 @@ int main(int argc, char** argv) {
       }
     } else if (name == "sleep") {
       sleep_forever();
+    } else if (name == "bind-master") {
+      write_atomically(value, master_port_free() ? "free" : "in use");
     } else {
       std::cerr << "launch_probe: unknown action '" << argv[i] << "'\n";
       return 64;

@@ -188,6 +188,7 @@ TEST(Launcher, EveryRankGetsTheTorchrunEnvironment) {
     EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "0");
     EXPECT_EQ(env["TORCHELASTIC_MAX_RESTARTS"], "0");
     EXPECT_EQ(env["OMP_NUM_THREADS"], std::to_string(std::max(1, usable_cores() / 3)));
+    EXPECT_EQ(env["TORCHELASTIC_USE_AGENT_STORE"], "True") << "no port given: the launcher serves the store";
     EXPECT_EQ(env["FASTLEARN_TEST_EXTRA"], "yes");
     EXPECT_EQ(env.count("FASTLEARN_PROGRESS_LIVE"), 0u) << "out is not a terminal";
     EXPECT_GT(std::stoi(env["MASTER_PORT"]), 0);
@@ -217,6 +218,7 @@ TEST(Launcher, OmpNumThreadsAlreadySetIsKept) {
 TEST(Launcher, OnASecondNodeRanksAreOffsetByTheNodeRank) {
   TempDir dir;
   Capture out, err;
+  ScopedEnv stale("TORCHELASTIC_USE_AGENT_STORE", "True");  // of an outer launch: must not reach the ranks
   auto o = probe(2, {"record=" + dir.path.string()}, out, err);
   o.nnodes = 2;
   o.node_rank = 1;
@@ -231,7 +233,39 @@ TEST(Launcher, OnASecondNodeRanksAreOffsetByTheNodeRank) {
     EXPECT_EQ(env["GROUP_RANK"], "1");
     EXPECT_EQ(env["GROUP_WORLD_SIZE"], "2");
     EXPECT_EQ(env["MASTER_PORT"], std::to_string(o.master_port));
+    EXPECT_EQ(env.count("TORCHELASTIC_USE_AGENT_STORE"), 0u) << "a given port: rank 0 serves the store";
   }
+}
+
+// The port the launcher picks stays taken from the moment it is picked until the launch ends: no other process can
+// bind it before the ranks meet there (picking a free port and releasing it left that window open).
+TEST(Launcher, ThePortItPicksIsHeldForTheWholeLaunchAcrossRestarts) {
+  TempDir dir;
+  Capture out, err;
+  const auto d = dir.path.string();
+  auto o = probe(2,
+                 {"record=" + d, "r1:bind-master=" + d + "/bind.restart0", "r1:first-attempt-exit=2",
+                  "r1:bind-master=" + d + "/bind.restart1"},
+                 out, err);
+  o.max_restarts = 1;
+  const auto result = fl::launch(o);
+  ASSERT_EQ(result.exit_code, 0) << result.summary << "\n" << err.text();
+  EXPECT_EQ(read_text(dir.path / "bind.restart0"), "in use");
+  EXPECT_EQ(read_text(dir.path / "bind.restart1"), "in use");
+  EXPECT_EQ(read_record(dir.path, 0, 0)["MASTER_PORT"], read_record(dir.path, 0, 1)["MASTER_PORT"])
+      << "one store for the whole launch";
+}
+
+TEST(Launcher, PickFreePortTakesAPortBelowTheEphemeralRange) {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0;
+  ASSERT_TRUE(range >> low);
+  for (int i = 0; i < 20; ++i) {
+    const int port = fl::pick_free_port("127.0.0.1");
+    EXPECT_LT(port, low) << "outside the range that bind() to port 0 and outgoing connections take ports from";
+    EXPECT_GE(port, 1024);
+  }
+  EXPECT_THROW(fl::pick_free_port("no-such-host.invalid"), fl::ConfigError);
 }
 
 TEST(Launcher, ProgressIsLiveOnlyForRankZeroWhenOutIsATerminal) {
@@ -441,7 +475,8 @@ TEST(Launcher, BadOptionsAreConfigErrorsThatSayWhatToDo) {
   expect_error([](auto& o) { o.max_restarts = -1; }, "max_restarts is -1");
   expect_error([](auto& o) { o.master_port = 70000; }, "master_port 70000 is not a TCP port");
   expect_error([](auto& o) { o.extra_env = {{"RANK", "3"}}; }, "extra_env sets RANK");
-  expect_error([](auto& o) { o.master_addr = "no-such-host.invalid"; }, "cannot resolve master_addr");
+  expect_error([](auto& o) { o.master_addr = "no-such-host.invalid"; },
+               "cannot serve the rendezvous store on master_addr 'no-such-host.invalid' (cannot resolve");
   EXPECT_EQ(out.text(), "") << "nothing was started";
 }
 

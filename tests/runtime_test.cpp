@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <chrono>
 #include <cstdlib>
@@ -280,6 +281,40 @@ TEST(RuntimeInit, FiftyBackToBackSetupsOnOnePortNeverCrossRuns) {
                       }
                     },
                     {.timeout = std::chrono::seconds(120), .env = flt::torchrun_env(2)});
+}
+
+// Under an agent's store (torchrun's, or fastlearn launch's when it picks the port) every rank is a client and the
+// store lives on between setups: each setup of a process gets keys of its own, or the second group would read the
+// first one's addresses.
+TEST(RuntimeInit, BackToBackSetupsUnderAnAgentStoreNeverCrossSetups) {
+  c10::intrusive_ptr<c10d::TCPStore> agent;  // served by the test's parent process, as an agent does
+  if (!flt::in_rank_process()) {
+    c10d::TCPStoreOptions options;
+    options.port = 0;
+    options.isServer = true;
+    options.waitWorkers = false;
+    agent = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
+  }
+  const int port = agent ? agent->getPort() : 0;
+  flt::run_on_ranks(2,
+                    [](const RankContext&) {
+                      for (int it = 0; it < 5; ++it) {
+                        fl::setup_distrib({.timeout = std::chrono::seconds(20)});
+                        auto t = torch::full({1}, static_cast<float>(10 * it + fl::rank()));
+                        fl::all_reduce(t);
+                        ASSERT_EQ(t.item<float>(), static_cast<float>(20 * it + 1))
+                            << "setup " << it << " met a rank of another setup";
+                        fl::teardown_distrib();
+                      }
+                    },
+                    {.timeout = std::chrono::seconds(60), .env = [port](int rank) {
+                       return std::map<std::string, std::string>{{"RANK", std::to_string(rank)},
+                                                                 {"WORLD_SIZE", "2"},
+                                                                 {"MASTER_ADDR", "127.0.0.1"},
+                                                                 {"MASTER_PORT", std::to_string(port)},
+                                                                 {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                                                 {"TORCHELASTIC_RESTART_COUNT", "0"}};
+                     }});
 }
 
 // A rank launched for another run that reaches this run's store is refused with a message, never joined.

@@ -1,5 +1,7 @@
 #include "support/multiprocess.h"
 
+#include <fastlearn/distributed/launcher.h>
+
 #include <arpa/inet.h>
 #include <fmt/format.h>
 #include <gtest/gtest-spi.h>
@@ -192,19 +194,7 @@ std::string read_file(const std::filesystem::path& path) {
 
 }  // namespace
 
-int free_tcp_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    throw std::runtime_error(std::string("free_tcp_port: ") + std::strerror(errno));
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+int free_tcp_port() { return fastlearn::pick_free_port("127.0.0.1"); }
 
 std::function<std::map<std::string, std::string>(int rank)> torchrun_env(int world_size) {
   // The port is picked when the parent starts the ranks (the lambda runs only there), not when the test

@@ -61,7 +61,7 @@ void run_on_ranks(int world_size, const std::function<void(const RankContext&)>&
 /// LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and a MASTER_PORT that is free when the ranks start.
 std::function<std::map<std::string, std::string>(int rank)> torchrun_env(int world_size);
 
-/// A TCP port nobody listens on right now (on 127.0.0.1).
+/// A TCP port nobody listens on right now (on 127.0.0.1), picked by fastlearn::pick_free_port.
 int free_tcp_port();
 
 /// True in a rank's child process.
