@@ -3,10 +3,10 @@
 // synthetic regression runs keep this fast.
 #include "cli/config.h"
 
+#include <fastlearn/distributed/launcher.h>
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
@@ -320,18 +320,7 @@ std::vector<fastlearn::testing::CommandResult> start_ranks(const fs::path& confi
   return fastlearn::testing::run_commands(commands, std::chrono::seconds(60));
 }
 
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-                     getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  close(fd);
-  if (!bound) throw std::runtime_error("free_port: cannot bind a loopback socket");
-  return ntohs(addr.sin_port);
-}
+int free_port() { return fastlearn::pick_free_port("127.0.0.1"); }
 
 TEST_F(TrainCommand, AWorldSizeAboveTheRanksStartedIsNamedWithinTheTimeout) {
   const auto start = std::chrono::steady_clock::now();
