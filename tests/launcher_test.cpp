@@ -244,8 +244,8 @@ TEST(Launcher, ThePortItPicksIsHeldForTheWholeLaunchAcrossRestarts) {
   Capture out, err;
   const auto d = dir.path.string();
   auto o = probe(2,
-                 {"record=" + d, "r1:bind-master=" + d + "/bind.restart0", "r1:first-attempt-exit=2",
-                  "r1:bind-master=" + d + "/bind.restart1"},
+                 {"record=" + d, "wait=" + d + ":2", "r1:bind-master=" + d + "/bind.restart0",
+                  "r1:first-attempt-exit=2", "r1:bind-master=" + d + "/bind.restart1"},
                  out, err);
   o.max_restarts = 1;
   const auto result = fl::launch(o);
