@@ -264,22 +264,24 @@ TEST(RuntimeInit, MasterPortInUseIsAClearError) {
   EXPECT_FALSE(fl::is_initialized());
 }
 
+// `setups` setups of 2 ranks in a row, each checked by an all-reduce that only its own ranks can complete;
+// `rank0_lingers`: rank 0 waits before every second teardown, so the other rank sets up again first.
+void setups_back_to_back(int setups, bool rank0_lingers) {
+  for (int it = 0; it < setups; ++it) {
+    fl::setup_distrib({.timeout = std::chrono::seconds(20)});
+    auto t = torch::full({1}, static_cast<float>(10 * it + fl::rank()));
+    fl::all_reduce(t);
+    ASSERT_EQ(t.item<float>(), static_cast<float>(20 * it + 1)) << "setup " << it << " met a rank of another setup";
+    if (rank0_lingers && fl::rank() == 0 && it % 2 == 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    fl::teardown_distrib();
+  }
+}
+
 // Setups back to back on one MASTER_PORT: a rank that is quicker to set up again can reach the previous
 // setup's store while rank 0 still serves it. The run key makes it wait for its own run's store instead of
 // joining the old one. Rank 0 lingers before some teardowns to provoke exactly that.
 TEST(RuntimeInit, FiftyBackToBackSetupsOnOnePortNeverCrossRuns) {
-  flt::run_on_ranks(2,
-                    [](const RankContext&) {
-                      for (int it = 0; it < 50; ++it) {
-                        fl::setup_distrib({.timeout = std::chrono::seconds(20)});
-                        auto t = torch::full({1}, static_cast<float>(10 * it + fl::rank()));
-                        fl::all_reduce(t);
-                        ASSERT_EQ(t.item<float>(), static_cast<float>(20 * it + 1))
-                            << "setup " << it << " met a rank of another setup";
-                        if (fl::rank() == 0 && it % 2 == 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
-                        fl::teardown_distrib();
-                      }
-                    },
+  flt::run_on_ranks(2, [](const RankContext&) { setups_back_to_back(50, /*rank0_lingers=*/true); },
                     {.timeout = std::chrono::seconds(120), .env = flt::torchrun_env(2)});
 }
 
@@ -296,17 +298,7 @@ TEST(RuntimeInit, BackToBackSetupsUnderAnAgentStoreNeverCrossSetups) {
     agent = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
   }
   const int port = agent ? agent->getPort() : 0;
-  flt::run_on_ranks(2,
-                    [](const RankContext&) {
-                      for (int it = 0; it < 5; ++it) {
-                        fl::setup_distrib({.timeout = std::chrono::seconds(20)});
-                        auto t = torch::full({1}, static_cast<float>(10 * it + fl::rank()));
-                        fl::all_reduce(t);
-                        ASSERT_EQ(t.item<float>(), static_cast<float>(20 * it + 1))
-                            << "setup " << it << " met a rank of another setup";
-                        fl::teardown_distrib();
-                      }
-                    },
+  flt::run_on_ranks(2, [](const RankContext&) { setups_back_to_back(5, /*rank0_lingers=*/false); },
                     {.timeout = std::chrono::seconds(60), .env = [port](int rank) {
                        return std::map<std::string, std::string>{{"RANK", std::to_string(rank)},
                                                                  {"WORLD_SIZE", "2"},
