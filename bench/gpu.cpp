@@ -10,7 +10,10 @@
 //     on 2048 synthetic 3x224x224 images, batch 64. Goal: >= 1.0x.
 //   gpu_time_to_92: seconds of fit_one_cycle(6, 1e-2) of conv_net until the test accuracy reaches 92%,
 //     against fastai's fit_one_cycle of the same model (lower is better; ratio = fastai / ours).
-// usage: bench_gpu [--out FILE] [--data DIR] [--only NAME]
+// With --trace DIR, each comparison then traces one more epoch of each side with the profiler (Kineto on ours,
+// torch.profiler on theirs) into DIR/<name>_ours.json and _anchor.json; bench/python/trace_summary.py sets
+// them side by side (GPU busy and idle time, host waits, the kernels that differ).
+// usage: bench_gpu [--out FILE] [--data DIR] [--only NAME] [--trace DIR]
 #include <fastlearn/callbacks/channels_last.h>
 #include <fastlearn/callbacks/mixed_precision.h>
 #include <fastlearn/data/idx.h>
@@ -19,6 +22,7 @@
 #include <fastlearn/models/models.h>
 
 #include <fmt/format.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/cuda.h>
 #ifdef FASTLEARN_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -103,8 +107,22 @@ std::vector<std::string> server(const std::string& side, const std::string& mode
           "--lr",           fmt::format("{}", lr)};
 }
 
+// Runs `work` under the Kineto profiler (host ops and GPU kernels) and saves a Chrome trace to `path`.
+template <class Work>
+void trace_to(const std::string& path, Work&& work) {
+  namespace prof = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  const std::set<ActivityType> activities{ActivityType::CPU, ActivityType::CUDA};
+  prof::prepareProfiler(config, activities);
+  prof::enableProfiler(config, activities);
+  work();
+  torch::cuda::synchronize();
+  prof::disableProfiler()->save(path);
+}
+
 Comparison compare_epochs(const std::string& side, const Data& d, const std::string& model,
-                          const std::string& data_spec, std::int64_t bs, int repeats) {
+                          const std::string& data_spec, std::int64_t bs, int repeats, const std::string& trace) {
   bench::Coprocess python(server(side, model, data_spec, bs, 1e-3));
   if (python.read_line() != "ready") throw std::runtime_error("bench_gpu: gpu_server.py did not start");
   auto learn = learner(d, model, bs);
@@ -135,6 +153,11 @@ Comparison compare_epochs(const std::string& side, const Data& d, const std::str
   c.ours = bench::summarize(ours);
   c.anchor = bench::summarize(anchor);
   c.ours_accuracy = learn->recorder().history().back().metrics.at(0);
+  if (!trace.empty()) {
+    trace_to(trace + "_ours.json", [&] { learn->fit(1, 1e-3); });
+    if (const auto reply = python.request("trace " + trace + "_anchor.json"); reply != "traced")
+      throw std::runtime_error("bench_gpu: gpu_server.py could not trace: " + reply);
+  }
   return c;
 }
 
@@ -184,7 +207,7 @@ std::string device_name() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out_file, data_dir = "/usr/share/datasets/fashion-mnist", only;
+  std::string out_file, data_dir = "/usr/share/datasets/fashion-mnist", only, trace_dir;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--out")
@@ -193,8 +216,10 @@ int main(int argc, char** argv) {
       data_dir = argv[i + 1];
     else if (flag == "--only")
       only = argv[i + 1];
+    else if (flag == "--trace")
+      trace_dir = argv[i + 1];
     else {
-      std::cerr << "bench_gpu: unknown option " << flag << " (--out FILE, --data DIR, --only NAME)\n";
+      std::cerr << "bench_gpu: unknown option " << flag << " (--out FILE, --data DIR, --only NAME, --trace DIR)\n";
       return 2;
     }
   }
@@ -207,6 +232,7 @@ int main(int argc, char** argv) {
     const int n = bench::repeats(5);
     std::vector<std::string> members;
     auto want = [&](const std::string& name) { return only.empty() || name.rfind(only, 0) == 0; };
+    auto trace_of = [&](const std::string& name) { return trace_dir.empty() ? trace_dir : trace_dir + "/" + name; };
     auto report = [&](const std::string& member) {
       members.push_back(member);
       std::cout << "bench_gpu: {" << member << "}\n" << std::flush;
@@ -215,7 +241,7 @@ int main(int argc, char** argv) {
       const auto d = fashion(data_dir);
       const std::string spec = "fashion:" + data_dir, model = "conv_net_32_64_128_256";
       for (const std::string side : {"torch", "fastai"}) {
-        const auto c = compare_epochs(side, d, model, spec, 256, n);
+        const auto c = compare_epochs(side, d, model, spec, 256, n, trace_of("gpu_conv_net_vs_" + side));
         report(json_member("gpu_conv_net_vs_" + side, c, "train samples/s", true,
                            "Learner.fit(1) vs " + side +
                                ", conv_net on Fashion-MNIST, batch 256, bf16 + channels-last, data on the GPU",
@@ -226,7 +252,7 @@ int main(int argc, char** argv) {
       const auto d = synthetic(2048);
       const std::string model = "resnet_64_128_256_512_s32";
       for (const std::string side : {"torch", "fastai"}) {
-        const auto c = compare_epochs(side, d, model, "synthetic:2048", 64, n);
+        const auto c = compare_epochs(side, d, model, "synthetic:2048", 64, n, trace_of("gpu_resnet224_vs_" + side));
         report(json_member(
             "gpu_resnet224_vs_" + side, c, "train samples/s", true,
             "Learner.fit(1) vs " + side +

@@ -83,8 +83,17 @@ Batch TensorDataset::get_batch(std::span<const std::int64_t> indices) const {
       throw DataError(fmt::format("TensorDataset: index {} is out of range for {} items", *lo < 0 ? *lo : *hi, size_));
   }
   Batch batch;
-  // A dataset held on a GPU is indexed there (the index is tiny; the items never cross to the host).
-  auto select = [&](const at::Tensor& t) { return t.index_select(0, t.is_cpu() ? index : index.to(t.device())); };
+  // A dataset held on a GPU is indexed there (the index is tiny; the items never cross to the host). The index
+  // crosses through pinned memory without blocking: a blocking copy would wait for the GPU to finish the step
+  // before, and leave it idle while the next one is launched.
+  at::Tensor device_index;
+  auto select = [&](const at::Tensor& t) {
+    if (t.is_cpu()) return t.index_select(0, index);
+    if (!device_index.defined() || device_index.device() != t.device()) {
+      device_index = t.is_cuda() ? index.pin_memory().to(t.device(), /*non_blocking=*/true) : index.to(t.device());
+    }
+    return t.index_select(0, device_index);
+  };
   for (const auto& t : inputs_) batch.inputs.push_back(select(t));
   for (const auto& t : targets_) batch.targets.push_back(select(t));
   return batch;

@@ -47,8 +47,19 @@ void AdamOptimizer::step_group(ParamGroup& group, GroupState& state, const std::
   exp_avg.resize(group.params.size());
   exp_avg_sq.resize(group.params.size());
 
-  std::vector<at::Tensor> fp, fg, fm, fv, fs;  // fused lists
-  std::vector<at::Tensor> gp, gg, gm, gv;      // general lists
+  // Fused lists: one for the CPU (its kernel takes any mix of dtypes), one per device and dtype on a GPU.
+  struct Fused {
+    c10::Device device;
+    at::ScalarType dtype;
+    std::vector<at::Tensor> p, g, m, v, steps;
+  };
+  std::vector<Fused> fused;
+  auto fused_for = [&](const at::Tensor& p) -> Fused& {
+    for (auto& f : fused)
+      if (f.device == p.device() && (p.is_cpu() || f.dtype == p.scalar_type())) return f;
+    return fused.emplace_back(Fused{.device = p.device(), .dtype = p.scalar_type()});
+  };
+  std::vector<at::Tensor> gp, gg, gm, gv;  // general lists
   std::vector<at::Scalar> neg_step_size, bc2_sqrt;
   for (const auto i : active) {
     const auto& p = group.params[i];
@@ -57,12 +68,14 @@ void AdamOptimizer::step_group(ParamGroup& group, GroupState& state, const std::
       exp_avg[i] = at::zeros_like(p, at::MemoryFormat::Preserve);
       exp_avg_sq[i] = at::zeros_like(p, at::MemoryFormat::Preserve);
     }
-    if (options_.fused && fusable(p, g) && same_layout(exp_avg[i], p) && same_layout(exp_avg_sq[i], p)) {
-      fp.push_back(p);
-      fg.push_back(g);
-      fm.push_back(exp_avg[i]);
-      fv.push_back(exp_avg_sq[i]);
-      fs.push_back(state.step_views[i]);
+    if (options_.fused && fusable(p, g, /*cuda_too=*/true) && same_layout(exp_avg[i], p) &&
+        same_layout(exp_avg_sq[i], p)) {
+      auto& f = fused_for(p);
+      f.p.push_back(p);
+      f.g.push_back(g);
+      f.m.push_back(exp_avg[i]);
+      f.v.push_back(exp_avg_sq[i]);
+      f.steps.push_back(step_views_on(state, p.device())[i]);
     } else {
       gp.push_back(p);
       gg.push_back(g);
@@ -74,11 +87,13 @@ void AdamOptimizer::step_group(ParamGroup& group, GroupState& state, const std::
       bc2_sqrt.emplace_back(std::sqrt(1 - std::pow(beta2, t)));
     }
   }
-  if (!fp.empty()) {
+  for (auto& f : fused) {
     if (options_.decouple_wd)
-      at::_fused_adamw_(fp, fg, fm, fv, {}, fs, lr, beta1, beta2, wd, eps, /*amsgrad=*/false, /*maximize=*/false);
+      at::_fused_adamw_(f.p, f.g, f.m, f.v, {}, f.steps, lr, beta1, beta2, wd, eps, /*amsgrad=*/false,
+                        /*maximize=*/false);
     else
-      at::_fused_adam_(fp, fg, fm, fv, {}, fs, lr, beta1, beta2, wd, eps, /*amsgrad=*/false, /*maximize=*/false);
+      at::_fused_adam_(f.p, f.g, f.m, f.v, {}, f.steps, lr, beta1, beta2, wd, eps, /*amsgrad=*/false,
+                       /*maximize=*/false);
   }
   if (gp.empty()) return;
   if (wd != 0) {

@@ -1,6 +1,7 @@
 #pragma once
-// Adam and AdamW, as torch.optim.Adam(W), with fastai's defaults. On CPU the update of a dense parameter is one
-// fused, vectorized pass (ATen's _fused_adam_ / _fused_adamw_); anything else uses at::_foreach_* ops.
+// Adam and AdamW, as torch.optim.Adam(W), with fastai's defaults. The update of a dense parameter is one fused
+// pass (ATen's _fused_adam_ / _fused_adamw_: vectorized on the CPU, one kernel per device and dtype on a GPU);
+// anything else uses at::_foreach_* ops.
 #include <fastlearn/optim/optimizer.h>
 
 namespace fastlearn {
@@ -11,7 +12,7 @@ struct AdamOptions {
   double eps = 1e-5;
   double wd = 0.01;
   bool decouple_wd = true;  ///< true: p *= 1 - lr*wd before the update (AdamW); false: L2, grad += wd*p
-  bool fused = true;        ///< fused CPU kernels where the tensors allow; false: at::_foreach_* ops only
+  bool fused = true;        ///< fused kernels (CPU and CUDA) where the tensors allow; false: at::_foreach_* ops only
 };
 
 /// Adam with bias correction as torch.optim.Adam (denominator sqrt(v)/sqrt(1 - sqr_mom^t) + eps).

@@ -69,15 +69,26 @@ bool Optimizer::same_layout(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes() == b.sizes() && a.strides() == b.strides();
 }
 
-// Whether ATen's fused CPU kernels can update `p` from `g`: they walk raw memory element by element, so
-// any dense layout (contiguous, channels-last) works as long as the parameter, its gradient and its state
-// share it.
-bool Optimizer::fusable(const at::Tensor& p, const at::Tensor& g) {
+// Whether ATen's fused kernels can update `p` from `g`: they walk raw memory element by element, so any
+// dense layout (contiguous, channels-last) works as long as the parameter, its gradient and its state share
+// it. The CUDA kernels also refuse an empty tensor and want one device and dtype per call.
+bool Optimizer::fusable(const at::Tensor& p, const at::Tensor& g, bool cuda_too) {
   const auto dtype = p.scalar_type();
   const bool floating = dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16;
-  return floating && p.device().is_cpu() && g.device().is_cpu() && p.layout() == at::kStrided &&
-         g.layout() == at::kStrided && g.scalar_type() == dtype && p.is_non_overlapping_and_dense() &&
-         same_layout(p, g);
+  const bool device_ok = p.device() == g.device() && (p.is_cpu() || (cuda_too && p.is_cuda() && p.numel() > 0));
+  return floating && device_ok && p.layout() == at::kStrided && g.layout() == at::kStrided &&
+         g.scalar_type() == dtype && p.is_non_overlapping_and_dense() && same_layout(p, g);
+}
+
+const std::vector<at::Tensor>& Optimizer::step_views_on(GroupState& state, const c10::Device& device) {
+  if (device.is_cpu()) return state.step_views;
+  for (const auto& [on, views] : state.device_step_views)
+    if (on == device) return views;
+  const auto copy = state.step_tensor.pin_memory().to(device, /*non_blocking=*/true);
+  std::vector<at::Tensor> views;
+  views.reserve(state.step_views.size());
+  for (std::int64_t i = 0; i < copy.size(0); ++i) views.push_back(copy.select(0, i));
+  return state.device_step_views.emplace_back(device, std::move(views)).second;
 }
 
 // Gradients the update can use: dense and shaped like their parameter. Checked before anything changes.
@@ -170,6 +181,7 @@ void Optimizer::step() {
     auto& st = states_[g];
     float* steps_f = st.step_tensor.data_ptr<float>();
     for (const auto i : active) steps_f[i] = static_cast<float>(++st.steps[i]);
+    st.device_step_views.clear();  // last step's counts
     try {
       step_group(groups_[g], st, active);
     } catch (...) {

@@ -86,8 +86,9 @@ class Optimizer {
   static void check_grads(const ParamGroup& group, const std::vector<std::size_t>& active, const char* algorithm);
   /// Whether two tensors lay out the same elements at the same offsets.
   static bool same_layout(const at::Tensor& a, const at::Tensor& b);
-  /// Whether ATen's fused CPU kernels can update `p` from its gradient `g` (same dense layout, CPU, floating).
-  static bool fusable(const at::Tensor& p, const at::Tensor& g);
+  /// Whether ATen's fused kernels can update `p` from its gradient `g` (same dense layout, floating): on the CPU,
+  /// and with `cuda_too` on a CUDA device as well (a non-empty tensor, listed with others of its device and dtype).
+  static bool fusable(const at::Tensor& p, const at::Tensor& g, bool cuda_too = false);
 
  protected:
   /// The per-parameter state of one group.
@@ -100,7 +101,13 @@ class Optimizer {
     at::Tensor step_tensor;
     /// 0-dim views of step_tensor, one per parameter.
     std::vector<at::Tensor> step_views;
+    /// This step's copies of step_tensor on the GPUs that asked for them (step_views_on), as 0-dim views.
+    std::vector<std::pair<c10::Device, std::vector<at::Tensor>>> device_step_views;
   };
+
+  /// `state`'s step counts where a fused kernel on `device` reads them: step_views on the CPU; on a GPU, views of
+  /// a copy made once per step through pinned memory, so that the host never waits for the GPU.
+  static const std::vector<at::Tensor>& step_views_on(GroupState& state, const c10::Device& device);
 
   /// Subclasses update the params of `group` listed in `active` (those with a gradient), whose step
   /// counts in `state.steps` already include this update. Runs under a NoGradGuard.

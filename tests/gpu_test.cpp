@@ -6,6 +6,7 @@
 //   - NCCL at world size 1 through DistribCtx: the reducer, the stop votes, the validation gathers;
 //   - 2 ranks sharing one GPU over Gloo with CUDA tensors: the steps of 1 process with twice the batch;
 //   - NCCL shutdown / abort leave no stuck kernel or thread; a dead peer makes the survivor fail in time.
+#include <fastlearn/callbacks/channels_last.h>
 #include <fastlearn/callbacks/graceful_stop.h>
 #include <fastlearn/callbacks/mixed_precision.h>
 #include <fastlearn/core/error.h>
@@ -20,15 +21,22 @@
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/models/models.h>
+#include <fastlearn/optim/adam.h>
 #include <fastlearn/optim/sgd.h>
 
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
+#ifdef FASTLEARN_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 #include <torch/torch.h>
 
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <map>
 #include <thread>
 
 #include "support/message_of.h"
@@ -92,7 +100,137 @@ struct SignalAtBatch : fl::Callback {
   std::int64_t last_iter = 0;
 };
 
+#ifdef FASTLEARN_WITH_CUDA
+// Counts the host's waits for the GPU during training batches (c10's sync debug mode, set to warn) and notes
+// the Learner event each came after, so that a failure says where the loop waited. The fetch of the next
+// batch comes "after after_batch".
+class SyncWatch : public fl::Callback, public c10::WarningHandler {
+ public:
+  SyncWatch() { order = -100; }  // before the others: an event's waits are those of the callbacks after it
+  ~SyncWatch() override { c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED); }
+  void process(const c10::Warning& warning) override {
+    if (watching_ && warning.msg().find("synchronizing CUDA") != std::string::npos) ++waits_[phase_];
+  }
+  void before_batch() override { watch(learn().training, "before_batch"); }
+  void after_pred() override { phase_ = "after_pred"; }
+  void after_loss() override { phase_ = "after_loss"; }
+  void before_backward() override { phase_ = "before_backward"; }
+  void after_backward() override { phase_ = "after_backward"; }
+  void before_step() override { phase_ = "before_step"; }
+  void after_step() override { phase_ = "after_step"; }
+  void after_batch() override { phase_ = "after_batch"; }
+  void after_train() override { watch(false, "after_train"); }
+  std::string report() const {
+    std::string out;
+    for (const auto& [phase, n] : waits_) out += fmt::format("{} after {}; ", n, phase);
+    return out.empty() ? "none" : out;
+  }
+  int total() const {
+    int n = 0;
+    for (const auto& entry : waits_) n += entry.second;
+    return n;
+  }
+
+ private:
+  void watch(bool on, const char* phase) {
+    watching_ = on;
+    phase_ = phase;
+    c10::cuda::warning_state().set_sync_debug_mode(on ? c10::cuda::SyncDebugMode::L_WARN
+                                                      : c10::cuda::SyncDebugMode::L_DISABLED);
+  }
+  bool watching_ = false;
+  std::string phase_;
+  std::map<std::string, int> waits_;
+};
+#endif
+
 }  // namespace
+
+TEST(GpuLearner, TrainingBatchesNeverMakeTheHostWaitForTheGpu) {
+  SKIP_WITHOUT_CUDA();
+#ifndef FASTLEARN_WITH_CUDA
+  GTEST_SKIP() << "this build has no CUDA";
+#else
+  // The benchmark's setting (data held on the GPU, bf16, channels-last, fused Adam, GracefulStop) and the usual
+  // one (data on the host, copied through pinned memory by the loader, with and without workers).
+  struct Case {
+    const char* name;
+    bool data_on_gpu;
+    int workers;
+    bool bf16;
+  };
+  for (const auto& c : {Case{"data on the GPU, bf16 + channels-last", true, 0, true},
+                        Case{"data on the host, no workers", false, 0, false},
+                        Case{"data on the host, 2 workers", false, 2, false}}) {
+    auto [x, y] = images(1024, 11);
+    if (c.data_on_gpu) x = x.to(kGpu), y = y.to(kGpu);
+    auto ds = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
+    const auto device = c.data_on_gpu ? std::nullopt : std::optional<c10::Device>(kGpu);
+    fl::DataLoaders dls(
+        fl::DataLoader(ds, {.bs = 64, .shuffle = true, .num_workers = c.workers, .seed = 1, .device = device}),
+        fl::DataLoader(ds, {.bs = 256, .device = device}), 3);
+    auto model = small_conv_net();
+    model->to(kGpu);
+    fl::Learner learn(dls, model, fl::cross_entropy(),
+                      {.opt_func = fl::Adam(), .metrics = {fl::accuracy()}, .progress = false});
+    auto watch = std::make_shared<SyncWatch>();
+    std::vector<std::shared_ptr<fl::Callback>> cbs{watch, std::make_shared<fl::GracefulStop>()};
+    if (c.bf16) {
+      cbs.push_back(std::make_shared<fl::MixedPrecision>(fl::MixedPrecisionOptions{.dtype = at::kBFloat16}));
+      cbs.push_back(std::make_shared<fl::ChannelsLast>());
+    }
+    {
+      c10::WarningUtils::WarningHandlerGuard handler(watch.get());
+      learn.fit(2, 1e-3, {.cbs = cbs});
+    }
+    EXPECT_EQ(watch->total(), 0) << c.name << ": the host waited for the GPU in training batches: " << watch->report();
+    std::cout << "[ gpu      ] " << c.name << ": host waits in 32 training batches: " << watch->report() << "\n";
+    EXPECT_GT(learn.recorder().history().back().metrics.at(0), 0.5) << c.name << ": 3 separable blobs";
+  }
+#endif
+}
+
+TEST(GpuOptim, FusedAdamOnTheGpuTakesTheStepsOfTheForeachPath) {
+  SKIP_WITHOUT_CUDA();
+  // Mixed dtypes and layouts, an empty parameter and one without a gradient: the fused kernels get one list per
+  // dtype, the rest goes the general way.
+  auto make = [] {
+    auto gen = at::detail::createCPUGenerator(21);
+    return std::vector<at::Tensor>{
+        at::randn({8, 4, 3, 3}, gen).to(kGpu).contiguous(at::MemoryFormat::ChannelsLast),
+        at::randn({33}, gen).to(kGpu), at::randn({16, 5}, gen).to(kGpu, at::kBFloat16), at::empty({0}).to(kGpu),
+        at::randn({7}, gen).to(kGpu)};
+  };
+  for (const bool decoupled : {true, false}) {
+    auto fused = make(), general = make();
+    for (auto& t : fused) t.requires_grad_(true);
+    for (auto& t : general) t.requires_grad_(true);
+    const fl::AdamOptions base{.wd = 0.05, .decouple_wd = decoupled};
+    // A large rate, so that a wrong update shows even at bf16's tolerance.
+    auto opt_fused = fl::Adam(base)({fused}, 5e-2);
+    auto opt_general = fl::Adam({.wd = 0.05, .decouple_wd = decoupled, .fused = false})({general}, 5e-2);
+    for (int step = 0; step < 5; ++step) {
+      auto gen = at::detail::createCPUGenerator(100 + step);
+      for (std::size_t i = 0; i + 1 < fused.size(); ++i) {  // the last parameter never gets a gradient
+        const auto g = at::randn(fused[i].sizes(), gen).to(kGpu, fused[i].scalar_type());
+        fused[i].mutable_grad() = g.clone(fused[i].suggest_memory_format());
+        general[i].mutable_grad() = g.clone(general[i].suggest_memory_format());
+      }
+      ASSERT_TRUE(fl::Optimizer::fusable(fused[0], fused[0].grad(), /*cuda_too=*/true)) << "channels-last fp32";
+      ASSERT_TRUE(fl::Optimizer::fusable(fused[2], fused[2].grad(), /*cuda_too=*/true)) << "bf16";
+      ASSERT_FALSE(fl::Optimizer::fusable(fused[3], fused[3].grad(), /*cuda_too=*/true)) << "empty";
+      opt_fused->step();
+      opt_general->step();
+    }
+    for (std::size_t i = 0; i < fused.size(); ++i) {
+      const double tol = fused[i].scalar_type() == at::kBFloat16 ? 2e-2 : 1e-5;
+      EXPECT_TRUE(torch::allclose(fused[i].cpu().to(at::kDouble), general[i].cpu().to(at::kDouble), tol, tol))
+          << "parameter " << i << (decoupled ? " (AdamW)" : " (Adam, L2)");
+    }
+    EXPECT_TRUE(fused[0].is_contiguous(at::MemoryFormat::ChannelsLast)) << "the update keeps the layout";
+    EXPECT_TRUE(torch::equal(fused[4].cpu(), make()[4].cpu())) << "no gradient, no update";
+  }
+}
 
 TEST(GpuLearner, ConvNetTrainsToAtLeast91PercentOnFashionMnist) {
   SKIP_WITHOUT_CUDA();

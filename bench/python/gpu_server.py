@@ -2,7 +2,8 @@
 
 Started once per comparison by the C++ benchmark; prints "ready" after setup, then for every line "epoch"
 read on stdin trains one epoch and prints "<seconds> <items> <valid accuracy>"; for "tta" it trains
-fit_one_cycle(epochs, lr) from fresh weights and prints "<seconds to the target accuracy or -1> <best accuracy>".
+fit_one_cycle(epochs, lr) from fresh weights and prints "<seconds to the target accuracy or -1> <best accuracy>";
+for "trace PATH" it trains one epoch under torch.profiler, saves a Chrome trace to PATH and prints "traced".
 Exits on EOF. Both sides train in bf16 autocast and channels-last memory format.
   --side torch : a plain PyTorch loop (what a user writes by hand: data on the GPU, torch.autocast(bf16),
                  model and inputs in channels_last, torch.optim.AdamW with fastai's Adam settings).
@@ -179,8 +180,16 @@ def main():
         elif request == "tta":
             reached, best = run_tta()
             print(f"{reached:.4f} {best:.4f}", flush=True)
+        elif request.startswith("trace "):
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                run_epoch()
+                torch.cuda.synchronize()
+            prof.export_chrome_trace(request[len("trace "):])
+            print("traced", flush=True)
         else:
-            print(f"error: unknown request '{request}' (expected 'epoch' or 'tta')", flush=True)
+            print(f"error: unknown request '{request}' (expected 'epoch', 'tta' or 'trace PATH')", flush=True)
 
 
 if __name__ == "__main__":
