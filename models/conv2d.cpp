@@ -141,7 +141,7 @@ struct ConvWithPatchWeightGrad : torch::autograd::Function<ConvWithPatchWeightGr
 
 }  // namespace
 
-Conv2dImpl::Conv2dImpl(const torch::nn::Conv2dOptions& options) : torch::nn::Conv2dImpl(options) {}
+Conv2dImpl::Conv2dImpl(const torch::nn::Conv2dOptions& opts) : torch::nn::Conv2dImpl(opts) {}
 
 torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
   const auto* explicit_padding = std::get_if<torch::ExpandingArray<2>>(&options.padding());

@@ -62,7 +62,9 @@ void expect_same_as_torch(const nn::Conv2dOptions& options, std::vector<std::int
   EXPECT_LT(relative_error(a.input, b.input), 1e-6);
   EXPECT_LT(relative_error(a.weight, b.weight), 1e-5);
   EXPECT_EQ(a.weight.sizes(), b.weight.sizes());
-  if (b.bias.defined()) EXPECT_LT(relative_error(a.bias, b.bias), 1e-5);
+  if (b.bias.defined()) {
+    EXPECT_LT(relative_error(a.bias, b.bias), 1e-5);
+  }
 }
 
 TEST(Conv2d, SmallFeatureMapsWithManyChannelsGetTheSameGradientsAsTorch) {

@@ -159,9 +159,9 @@ TEST(GpuLearner, TrainingBatchesNeverMakeTheHostWaitForTheGpu) {
     int workers;
     bool bf16;
   };
-  for (const auto& c : {Case{"data on the GPU, bf16 + channels-last", true, 0, true},
-                        Case{"data on the host, no workers", false, 0, false},
-                        Case{"data on the host, 2 workers", false, 2, false}}) {
+  for (const auto& c :
+       {Case{"data on the GPU, bf16 + channels-last", true, 0, true},
+        Case{"data on the host, no workers", false, 0, false}, Case{"data on the host, 2 workers", false, 2, false}}) {
     auto [x, y] = images(1024, 11);
     if (c.data_on_gpu) x = x.to(kGpu), y = y.to(kGpu);
     auto ds = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
@@ -196,10 +196,9 @@ TEST(GpuOptim, FusedAdamOnTheGpuTakesTheStepsOfTheForeachPath) {
   // dtype, the rest goes the general way.
   auto make = [] {
     auto gen = at::detail::createCPUGenerator(21);
-    return std::vector<at::Tensor>{
-        at::randn({8, 4, 3, 3}, gen).to(kGpu).contiguous(at::MemoryFormat::ChannelsLast),
-        at::randn({33}, gen).to(kGpu), at::randn({16, 5}, gen).to(kGpu, at::kBFloat16), at::empty({0}).to(kGpu),
-        at::randn({7}, gen).to(kGpu)};
+    return std::vector<at::Tensor>{at::randn({8, 4, 3, 3}, gen).to(kGpu).contiguous(at::MemoryFormat::ChannelsLast),
+                                   at::randn({33}, gen).to(kGpu), at::randn({16, 5}, gen).to(kGpu, at::kBFloat16),
+                                   at::empty({0}).to(kGpu), at::randn({7}, gen).to(kGpu)};
   };
   for (const bool decoupled : {true, false}) {
     auto fused = make(), general = make();

@@ -29,6 +29,15 @@ std::string launcher() {
                                                : fmt::format("-DCMAKE_CXX_COMPILER_LAUNCHER='{}'", FASTLEARN_CCACHE);
 }
 
+// -DCMAKE_PREFIX_PATH with `first` (when given), then the build's own prefix path: a consumer is configured
+// where its parent found its dependencies (on the GPU machine, the unpacked kit's Gloo headers).
+std::string prefix_path_flag(const std::string& first = "") {
+  std::string list = first;
+  const std::string parent = FASTLEARN_PREFIX_PATH;
+  if (!parent.empty()) list += (list.empty() ? "" : ";") + parent;
+  return list.empty() ? std::string() : fmt::format("-DCMAKE_PREFIX_PATH='{}'", list);
+}
+
 std::string slurp(const fs::path& file) {
   std::ifstream in(file);
   std::stringstream s;
@@ -63,9 +72,8 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
   EXPECT_LE(package_bytes, 60u << 20) << "the installed package holds " << package_bytes / (1 << 20) << " MiB";
 
   std::tie(status, out) =
-      run_shell(fmt::format("'{}' -S '{}' -B '{}' -G Ninja -DCMAKE_BUILD_TYPE=Release "
-                            "-DCMAKE_PREFIX_PATH='{}' {}",
-                            FASTLEARN_CMAKE, kConsumer.string(), build.string(), prefix.string(), launcher()));
+      run_shell(fmt::format("'{}' -S '{}' -B '{}' -G Ninja -DCMAKE_BUILD_TYPE=Release {} {}", FASTLEARN_CMAKE,
+                            kConsumer.string(), build.string(), prefix_path_flag(prefix.string()), launcher()));
   ASSERT_EQ(status, 0) << out;
   // It was the installed package, not the build tree, that the consumer found.
   EXPECT_NE(slurp(build / "CMakeCache.txt").find("fastlearn_DIR:PATH=" + (prefix / "lib/cmake/fastlearn").string()),
@@ -99,10 +107,11 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
 TEST(SourceTree, AddSubdirectoryConfiguresOnlyTheLibraryForTheParent) {
   const auto build = kWork / "subdirectory-build";
   fs::remove_all(build);
-  auto [status, out] = run_shell(fmt::format(
-      "'{}' -S '{}' -B '{}' -G Ninja -DCMAKE_BUILD_TYPE=Release -DFASTLEARN_SOURCE='{}' "
-      "-DFASTLEARN_PYTHON='{}' {}",
-      FASTLEARN_CMAKE, kConsumer.string(), build.string(), FASTLEARN_SOURCE_DIR, FASTLEARN_PYTHON, launcher()));
+  auto [status, out] =
+      run_shell(fmt::format("'{}' -S '{}' -B '{}' -G Ninja -DCMAKE_BUILD_TYPE=Release -DFASTLEARN_SOURCE='{}' "
+                            "-DFASTLEARN_PYTHON='{}' {} {}",
+                            FASTLEARN_CMAKE, kConsumer.string(), build.string(), FASTLEARN_SOURCE_DIR, FASTLEARN_PYTHON,
+                            prefix_path_flag(), launcher()));
   ASSERT_EQ(status, 0) << out;
   const auto ninja = slurp(build / "build.ninja");
   EXPECT_NE(ninja.find("build consumer:"), std::string::npos) << "the parent's target links fastlearn::fastlearn";

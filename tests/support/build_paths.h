@@ -15,6 +15,7 @@ extern const char* const fashion_app;   ///< the fashion_mnist example app
 extern const char* const tiny_train;    ///< tests/interop_tiny_train
 extern const char* const launch_probe;  ///< tests/launch_probe
 extern const char* const bin_dir;       ///< where the build puts its programs
+extern const char* const prefix_path;   ///< the build's CMAKE_PREFIX_PATH (a CMake list; often empty)
 
 }  // namespace fastlearn::testing::build_paths
 
@@ -28,4 +29,5 @@ extern const char* const bin_dir;       ///< where the build puts its programs
 #define FASTLEARN_FASHION_APP (::fastlearn::testing::build_paths::fashion_app)
 #define FASTLEARN_TINY_TRAIN (::fastlearn::testing::build_paths::tiny_train)
 #define FASTLEARN_LAUNCH_PROBE (::fastlearn::testing::build_paths::launch_probe)
+#define FASTLEARN_PREFIX_PATH (::fastlearn::testing::build_paths::prefix_path)
 #define FASTLEARN_BIN_DIR (::fastlearn::testing::build_paths::bin_dir)
