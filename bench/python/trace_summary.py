@@ -19,6 +19,7 @@ KINDS = [  # first match wins
     ("convolution", r"conv|xmma|implicit_gemm|cudnn|winograd|dgrad|wgrad|fprop|nhwc.*kernel|cutlass"),
     ("batch norm", r"batch_norm|batchnorm|bn_|welford"),
     ("matmul", r"gemm|matmul|sm90_|ampere_|cublas"),
+    ("pooling", r"pool"),
     ("reduction", r"reduce|sum_|softmax|nll|cross_entropy|argmax|max_"),
     ("copy / layout", r"copy|memcpy|memset|transpose|nchw|permute|cat"),
     ("elementwise", r"elementwise|vectorized|unrolled|relu|add|mul|threshold|fill"),
