@@ -1,6 +1,7 @@
 #include <fastlearn/models/models.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/models/avg_pool2d.h>
 #include <fastlearn/models/conv2d.h>
 #include <fastlearn/models/norm_layer.h>
 
@@ -91,7 +92,7 @@ struct ResBlockImpl : nn::Module {
       : branch(register_module("branch", nn::Sequential())), shortcut(register_module("shortcut", nn::Sequential())) {
     branch->push_back(ConvBn(in, out, 3, stride, true));  // in order, as in simple_cnn
     branch->push_back(ConvBn(out, out, 3, 1, false, true));
-    if (stride != 1) shortcut->push_back(nn::AvgPool2d(nn::AvgPool2dOptions(stride).ceil_mode(true)));
+    if (stride != 1) shortcut->push_back(AvgPool2d(nn::AvgPool2dOptions(stride).ceil_mode(true)));
     if (in != out) shortcut->push_back(ConvBn(in, out, 1, 1, false));
   }
   torch::Tensor forward(const torch::Tensor& x) {

@@ -20,6 +20,7 @@
 #include <fastlearn/distributed/runtime.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
+#include <fastlearn/models/avg_pool2d.h>
 #include <fastlearn/models/models.h>
 #include <fastlearn/optim/adam.h>
 #include <fastlearn/optim/sgd.h>
@@ -229,6 +230,35 @@ TEST(GpuOptim, FusedAdamOnTheGpuTakesTheStepsOfTheForeachPath) {
     EXPECT_TRUE(fused[0].is_contiguous(at::MemoryFormat::ChannelsLast)) << "the update keeps the layout";
     EXPECT_TRUE(torch::equal(fused[4].cpu(), make()[4].cpu())) << "no gradient, no update";
   }
+}
+
+TEST(GpuModels, LargeChannelsLastPoolsGoByTheViewAndMatchAvgPool) {
+  SKIP_WITHOUT_CUDA();
+  namespace F = torch::nn::functional;
+  const auto two = torch::nn::AvgPool2dOptions(2).ceil_mode(true);
+  fl::models::AvgPool2d pool(two);
+  auto gen = at::detail::createCPUGenerator(5);
+  // (16, 64, 112, 112) bf16: the xresnet's second shortcut pool at 224 px, batch 16.
+  const auto x = at::randn({16, 64, 112, 112}, gen)
+                     .to(kGpu, at::kBFloat16)
+                     .contiguous(at::MemoryFormat::ChannelsLast)
+                     .requires_grad_(true);
+  ASSERT_TRUE(fl::models::pools_by_view(x, two));
+  EXPECT_FALSE(fl::models::pools_by_view(x.contiguous(), two)) << "not channels-last";
+  EXPECT_FALSE(fl::models::pools_by_view(x, torch::nn::AvgPool2dOptions(3))) << "3x3 windows";
+  EXPECT_FALSE(fl::models::pools_by_view(x, torch::nn::AvgPool2dOptions(2).padding(1))) << "padding";
+  EXPECT_FALSE(fl::models::pools_by_view(x, torch::nn::AvgPool2dOptions(2).divisor_override(3))) << "divisor";
+  EXPECT_FALSE(fl::models::pools_by_view(x.narrow(2, 0, 111).contiguous(at::MemoryFormat::ChannelsLast), two))
+      << "odd height";
+  EXPECT_FALSE(fl::models::pools_by_view(x.narrow(0, 0, 1), two)) << "below the size where the view won";
+  const auto y = x.detach().clone().requires_grad_(true);
+  const auto by_module = pool->forward(x), by_pool = F::avg_pool2d(y, F::AvgPool2dFuncOptions(2).ceil_mode(true));
+  EXPECT_TRUE(by_module.is_contiguous(at::MemoryFormat::ChannelsLast));
+  EXPECT_TRUE(torch::allclose(by_module.to(at::kFloat).cpu(), by_pool.to(at::kFloat).cpu(), 1e-2, 1e-2));
+  const auto grad = torch::randn_like(by_pool);
+  by_module.backward(grad);
+  by_pool.backward(grad);
+  EXPECT_TRUE(torch::allclose(x.grad().to(at::kFloat).cpu(), y.grad().to(at::kFloat).cpu(), 1e-2, 1e-2));
 }
 
 TEST(GpuLearner, ConvNetTrainsToAtLeast91PercentOnFashionMnist) {
