@@ -3,8 +3,6 @@
 // synthetic regression runs keep this fast.
 #include "cli/config.h"
 
-#include <fastlearn/distributed/launcher.h>
-
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -20,6 +18,7 @@
 #include <string>
 
 #include "support/build_paths.h"
+#include "support/multiprocess.h"
 #include "support/processes.h"
 
 namespace fs = std::filesystem;
@@ -320,11 +319,9 @@ std::vector<fastlearn::testing::CommandResult> start_ranks(const fs::path& confi
   return fastlearn::testing::run_commands(commands, std::chrono::seconds(60));
 }
 
-int free_port() { return fastlearn::pick_free_port("127.0.0.1"); }
-
 TEST_F(TrainCommand, AWorldSizeAboveTheRanksStartedIsNamedWithinTheTimeout) {
   const auto start = std::chrono::steady_clock::now();
-  const auto results = start_ranks(config_, out_, {0, 1}, 3, free_port());
+  const auto results = start_ranks(config_, out_, {0, 1}, 3, fastlearn::testing::free_tcp_port());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (const auto& r : results) {
     EXPECT_FALSE(r.timed_out);
@@ -339,7 +336,7 @@ TEST_F(TrainCommand, AWorldSizeAboveTheRanksStartedIsNamedWithinTheTimeout) {
 }
 
 TEST_F(TrainCommand, AnUnreachableMasterIsNamedWithinTheTimeout) {
-  const int port = free_port();  // nobody listens there: rank 0 never started
+  const int port = fastlearn::testing::free_tcp_port();  // nobody listens there: rank 0 never started
   const auto start = std::chrono::steady_clock::now();
   const auto results = start_ranks(config_, out_, {1}, 2, port);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
