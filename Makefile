@@ -21,9 +21,11 @@ configure: deps $(BUILD_DIR)/build.ninja
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# Each TEST is its own ctest entry; select an area with `make test CTEST_ARGS="-L distributed"`.
+# Each TEST is its own ctest entry; select an area with `make test CTEST_ARGS="-L distributed"`. Each test runs
+# pinned to a pair of CPUs, two tests per pair (scripts/ctest-resources), however many cores the machine has.
 test: build
-	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+	scripts/ctest-resources > $(BUILD_DIR)/ctest-resources.json
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --resource-spec-file ctest-resources.json $(CTEST_ARGS)
 
 # clang-format on every C++ file, clang-tidy on the sources the last commit changed (scripts/lint).
 lint: configure
