@@ -7,7 +7,9 @@
 //     Learner.fit(1) samples/s against a hand-written PyTorch loop / fastai's Learner.fit(1)
 //     (bench/python/gpu_server.py). Goals: >= 1.5x the loop, >= 2x fastai.
 //   gpu_resnet224_vs_torch / _vs_fastai: the xresnet of models::resnet (widths 64-128-256-512, stem 32)
-//     on 2048 synthetic 3x224x224 images, batch 64. Goal: >= 1.0x.
+//     on 2048 synthetic 3x224x224 images, batch 64. Goal: >= 1.0x. Against the loop, each repeat also times an
+//     epoch of ours with FASTLEARN_POOL_BY_VIEW=0 (the shortcut pools on ATen's kernel): ours_switched_off and
+//     switch_gain = ours / that, the end-to-end effect of models::AvgPool2d's view.
 //   gpu_time_to_92: seconds of fit_one_cycle(6, 1e-2) of conv_net until the test accuracy reaches 92%,
 //     against fastai's fit_one_cycle of the same model (lower is better; ratio = fastai / ours).
 // With --trace DIR, each comparison then traces one more epoch of each side with the profiler (Kineto on ours,
@@ -29,8 +31,10 @@
 #endif
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "support/bench_support.h"
@@ -95,6 +99,8 @@ struct Comparison {
   bench::Stats ours, anchor;
   double ours_accuracy = 0, anchor_accuracy = 0;
   int repeats = 0;
+  std::string off_switch;                         ///< an environment switch of ours also timed set to 0, if any
+  std::optional<bench::Stats> ours_switched_off;  ///< our epochs with that switch at 0, interleaved with the rest
 };
 
 std::vector<std::string> server(const std::string& side, const std::string& model, const std::string& data,
@@ -121,13 +127,16 @@ void trace_to(const std::string& path, Work&& work) {
   prof::disableProfiler()->save(path);
 }
 
+// off_switch: an environment switch of ours (e.g. FASTLEARN_POOL_BY_VIEW) whose effect each repeat also times,
+// with one more epoch of ours while it is 0.
 Comparison compare_epochs(const std::string& side, const Data& d, const std::string& model,
-                          const std::string& data_spec, std::int64_t bs, int repeats, const std::string& trace) {
+                          const std::string& data_spec, std::int64_t bs, int repeats, const std::string& trace,
+                          const std::string& off_switch = "") {
   bench::Coprocess python(server(side, model, data_spec, bs, 1e-3));
   if (python.read_line() != "ready") throw std::runtime_error("bench_gpu: gpu_server.py did not start");
   auto learn = learner(d, model, bs);
   const double items = static_cast<double>(learn->dls().train().size() * bs);
-  Comparison c{.repeats = repeats};
+  Comparison c{.repeats = repeats, .off_switch = off_switch};
   auto python_epoch = [&] {
     std::istringstream reply(python.request("epoch"));
     double seconds = 0, their_items = 0;
@@ -145,13 +154,19 @@ Comparison compare_epochs(const std::string& side, const Data& d, const std::str
   };
   our_epoch();  // warm-up both sides (cuDNN's algorithm search, allocator, kernels)
   python_epoch();
-  std::vector<double> ours, anchor;
+  std::vector<double> ours, anchor, switched_off;
   for (int r = 0; r < repeats; ++r) {
     ours.push_back(our_epoch());
     anchor.push_back(python_epoch());
+    if (!off_switch.empty()) {
+      ::setenv(off_switch.c_str(), "0", 1);
+      switched_off.push_back(our_epoch());
+      ::unsetenv(off_switch.c_str());
+    }
   }
   c.ours = bench::summarize(ours);
   c.anchor = bench::summarize(anchor);
+  if (!switched_off.empty()) c.ours_switched_off = bench::summarize(switched_off);
   c.ours_accuracy = learn->recorder().history().back().metrics.at(0);
   if (!trace.empty()) {
     trace_to(trace + "_ours.json", [&] { learn->fit(1, 1e-3); });
@@ -164,12 +179,21 @@ Comparison compare_epochs(const std::string& side, const Data& d, const std::str
 std::string json_member(const std::string& name, const Comparison& c, const std::string& unit, bool higher_is_better,
                         const std::string& what, const std::string& device) {
   const double ratio = higher_is_better ? c.ours.median / c.anchor.median : c.anchor.median / c.ours.median;
+  std::string switched_off;
+  if (c.ours_switched_off) {
+    const auto& off = *c.ours_switched_off;
+    switched_off =
+        fmt::format(R"("off_switch": "{}", "ours_switched_off": {:.2f}, "ours_switched_off_range": [{:.2f}, {:.2f}], )"
+                    R"("switch_gain": {:.3f}, )",
+                    c.off_switch, off.median, off.min, off.max,
+                    higher_is_better ? c.ours.median / off.median : off.median / c.ours.median);
+  }
   return fmt::format(
       R"("{}": {{"ours": {:.2f}, "anchor": {:.2f}, "ratio": {:.3f}, "unit": "{}", "higher_is_better": {}, )"
       R"("ours_range": [{:.2f}, {:.2f}], "anchor_range": [{:.2f}, {:.2f}], "repeats": {}, "ours_valid_accuracy": {:.4f}, )"
-      R"("anchor_valid_accuracy": {:.4f}, "device": "{}", "what": "{}"}})",
+      R"("anchor_valid_accuracy": {:.4f}, {}"device": "{}", "what": "{}"}})",
       name, c.ours.median, c.anchor.median, ratio, unit, higher_is_better, c.ours.min, c.ours.max, c.anchor.min,
-      c.anchor.max, c.repeats, c.ours_accuracy, c.anchor_accuracy, device, what);
+      c.anchor.max, c.repeats, c.ours_accuracy, c.anchor_accuracy, switched_off, device, what);
 }
 
 // Seconds until the test accuracy first reaches `target` in fit_one_cycle(epochs, lr), or -1.
@@ -252,7 +276,9 @@ int main(int argc, char** argv) {
       const auto d = synthetic(2048);
       const std::string model = "resnet_64_128_256_512_s32";
       for (const std::string side : {"torch", "fastai"}) {
-        const auto c = compare_epochs(side, d, model, "synthetic:2048", 64, n, trace_of("gpu_resnet224_vs_" + side));
+        // Against the loop, also the xresnet with its shortcut pools on ATen's kernel (models::AvgPool2d's switch).
+        const auto c = compare_epochs(side, d, model, "synthetic:2048", 64, n, trace_of("gpu_resnet224_vs_" + side),
+                                      side == "torch" ? "FASTLEARN_POOL_BY_VIEW" : "");
         report(json_member(
             "gpu_resnet224_vs_" + side, c, "train samples/s", true,
             "Learner.fit(1) vs " + side +

@@ -1,8 +1,12 @@
 #include <fastlearn/models/avg_pool2d.h>
 
+#include <fastlearn/core/env_switch.h>
+
 #include <torch/torch.h>
 
 namespace fastlearn::models {
+
+bool pool_by_view_enabled() { return env_switch_on("FASTLEARN_POOL_BY_VIEW", "ATen's pooling kernel everywhere"); }
 
 bool pools_by_view(const at::Tensor& input, const torch::nn::AvgPool2dOptions& options, std::int64_t min_elements) {
   const auto& kernel = *options.kernel_size();
@@ -22,7 +26,8 @@ at::Tensor avg_pool_2x2_by_view(const at::Tensor& input) {
 }
 
 torch::Tensor AvgPool2dImpl::forward(const torch::Tensor& input) {
-  return pools_by_view(input, options) ? avg_pool_2x2_by_view(input) : torch::nn::AvgPool2dImpl::forward(input);
+  const bool by_view = pool_by_view_enabled() && pools_by_view(input, options);
+  return by_view ? avg_pool_2x2_by_view(input) : torch::nn::AvgPool2dImpl::forward(input);
 }
 
 std::shared_ptr<torch::nn::Module> AvgPool2dImpl::clone(const std::optional<torch::Device>&) const {

@@ -9,9 +9,13 @@
 
 namespace fastlearn::models {
 
-/// Whether AvgPool2dImpl::forward averages `input` over a view: kernel and stride 2, no padding and no divisor
-/// override, a 4-d CUDA tensor in channels-last memory format with even height and width and at least
-/// `min_elements` elements (below about that the pooling kernel won).
+/// False when the environment sets FASTLEARN_POOL_BY_VIEW=0: every models::AvgPool2d then runs ATen's pooling
+/// kernel (to compare, or to rule the view out). Read at each forward; any value but 0 or 1 throws ConfigError.
+bool pool_by_view_enabled();
+
+/// Whether AvgPool2dImpl::forward averages `input` over a view (when pool_by_view_enabled): kernel and stride 2, no
+/// padding and no divisor override, a 4-d CUDA tensor in channels-last memory format with even height and width and at
+/// least `min_elements` elements (below about that the pooling kernel won).
 bool pools_by_view(const at::Tensor& input, const torch::nn::AvgPool2dOptions& options,
                    std::int64_t min_elements = 12'000'000);
 
@@ -22,7 +26,8 @@ at::Tensor avg_pool_2x2_by_view(const at::Tensor& input);
 class AvgPool2dImpl : public torch::nn::AvgPool2dImpl {
  public:
   explicit AvgPool2dImpl(const torch::nn::AvgPool2dOptions& opts) : torch::nn::AvgPool2dImpl(opts) {}
-  /// torch::nn::AvgPool2dImpl::forward, by avg_pool_2x2_by_view where pools_by_view says so.
+  /// torch::nn::AvgPool2dImpl::forward, by avg_pool_2x2_by_view where pools_by_view says so and
+  /// pool_by_view_enabled.
   torch::Tensor forward(const torch::Tensor& input);
   /// A copy that stays a models::AvgPool2d (torch's clone would return its base class).
   std::shared_ptr<torch::nn::Module> clone(const std::optional<torch::Device>& device = std::nullopt) const override;

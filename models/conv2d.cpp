@@ -1,26 +1,19 @@
 #include <fastlearn/models/conv2d.h>
 
-#include <fastlearn/core/error.h>
-#include <fmt/format.h>
+#include <fastlearn/core/env_switch.h>
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <array>
-#include <cstdlib>
-#include <string_view>
 #include <utility>
 #include <variant>
 
 namespace fastlearn::models {
 
 bool patch_weight_grad_enabled() {
-  const char* value = std::getenv("FASTLEARN_CONV_PATCH_GRAD");
-  if (value == nullptr || std::string_view(value) == "1" || std::string_view(value).empty()) return true;
-  if (std::string_view(value) == "0") return false;
-  throw ConfigError(
-      fmt::format("FASTLEARN_CONV_PATCH_GRAD is '{}': it must be 0 (torch's convolution everywhere) or 1", value));
+  return env_switch_on("FASTLEARN_CONV_PATCH_GRAD", "torch's convolution everywhere");
 }
 
 bool uses_patch_weight_grad(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel_h,

@@ -1,5 +1,6 @@
 // models::AvgPool2d: the mean over a view equals ATen's average pooling in values and gradients, and the view
 // is taken only where it was measured to be faster (large channels-last CUDA tensors with even sides).
+#include <fastlearn/core/error.h>
 #include <fastlearn/models/avg_pool2d.h>
 
 #include <gtest/gtest.h>
@@ -50,4 +51,23 @@ TEST(AvgPool2d, TheModuleIsTorchsAvgPoolOnOtherInputsAndClonesAsItself) {
   const auto copy = std::dynamic_pointer_cast<fl::models::AvgPool2dImpl>(pool->clone());
   ASSERT_NE(copy, nullptr) << "clone stays a models::AvgPool2d";
   EXPECT_TRUE(copy->options.ceil_mode());
+}
+
+TEST(AvgPool2d, TheEnvironmentSwitchIsReadAtEachForwardAndRefusesOtherValues) {
+  fl::models::AvgPool2d pool(torch::nn::AvgPool2dOptions(2).ceil_mode(true));
+  const auto x = channels_last_randn({2, 4, 8, 8}, at::kFloat, 4);
+  EXPECT_TRUE(fl::models::pool_by_view_enabled());
+  setenv("FASTLEARN_POOL_BY_VIEW", "0", 1);
+  EXPECT_FALSE(fl::models::pool_by_view_enabled());
+  EXPECT_EQ(pool->forward(x).grad_fn()->name(), "AvgPool2DBackward0");
+  setenv("FASTLEARN_POOL_BY_VIEW", "no", 1);
+  try {
+    pool->forward(x);
+    ADD_FAILURE() << "FASTLEARN_POOL_BY_VIEW=no was accepted";
+  } catch (const fl::ConfigError& e) {
+    EXPECT_STREQ(e.what(), "FASTLEARN_POOL_BY_VIEW is 'no': it must be 0 (ATen's pooling kernel everywhere) or 1");
+  }
+  setenv("FASTLEARN_POOL_BY_VIEW", "1", 1);
+  EXPECT_TRUE(fl::models::pool_by_view_enabled());
+  unsetenv("FASTLEARN_POOL_BY_VIEW");
 }

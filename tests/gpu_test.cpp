@@ -36,6 +36,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <thread>
@@ -253,7 +254,15 @@ TEST(GpuModels, LargeChannelsLastPoolsGoByTheViewAndMatchAvgPool) {
   EXPECT_FALSE(fl::models::pools_by_view(x.narrow(0, 0, 1), two)) << "below the size where the view won";
   const auto y = x.detach().clone().requires_grad_(true);
   const auto by_module = pool->forward(x), by_pool = F::avg_pool2d(y, F::AvgPool2dFuncOptions(2).ceil_mode(true));
+  EXPECT_NE(by_module.grad_fn()->name(), "AvgPool2DBackward0") << "the module took ATen's kernel";
   EXPECT_TRUE(by_module.is_contiguous(at::MemoryFormat::ChannelsLast));
+  {
+    setenv("FASTLEARN_POOL_BY_VIEW", "0", 1);  // switched off: ATen's kernel (bench_gpu compares the two)
+    const auto switched_off = pool->forward(x);
+    unsetenv("FASTLEARN_POOL_BY_VIEW");
+    EXPECT_EQ(switched_off.grad_fn()->name(), "AvgPool2DBackward0");
+    EXPECT_TRUE(torch::allclose(switched_off.to(at::kFloat).cpu(), by_pool.to(at::kFloat).cpu(), 1e-2, 1e-2));
+  }
   EXPECT_TRUE(torch::allclose(by_module.to(at::kFloat).cpu(), by_pool.to(at::kFloat).cpu(), 1e-2, 1e-2));
   const auto grad = torch::randn_like(by_pool);
   by_module.backward(grad);
