@@ -68,7 +68,7 @@ DataLoaders ImageDataLoaders::from_idx(const std::filesystem::path& dir, const I
   std::vector<BatchTransform> common{to_float(1.0 / 255.0)};
   if (options.normalize) {
     const auto [mean, std] = pixel_statistics(train->inputs().front());
-    common.push_back(normalize({mean}, {std}));
+    common = {to_normalized_float(1.0 / 255.0, {mean}, {std})};
   }
   DataLoaderOptions train_options{.bs = options.bs,
                                   .shuffle = true,
@@ -106,20 +106,24 @@ struct Items {
 constexpr double kImagenetMean[] = {0.485, 0.456, 0.406};
 constexpr double kImagenetStd[] = {0.229, 0.224, 0.225};
 
-// to_float, then normalize by ImageNet's statistics or by `computed` ones.
-std::vector<BatchTransform> to_model_input(const ImageFilesOptions& options, const ChannelStatistics& computed) {
-  std::vector<BatchTransform> tfms{to_float(1.0 / 255.0)};
+// to_float, then normalize by ImageNet's statistics or by `computed` ones; `between` (augmentations of images in
+// [0, 1]) after to_float. With nothing between, the two are one pass (to_normalized_float).
+std::vector<BatchTransform> to_model_input(const ImageFilesOptions& options, const ChannelStatistics& computed,
+                                           std::vector<BatchTransform> between = {}) {
+  std::vector<double> mean, std;
   if (options.normalize == ImageNormalization::computed) {
-    tfms.push_back(normalize(computed.mean, computed.std));
+    mean = computed.mean, std = computed.std;
+  } else if (options.normalize == ImageNormalization::imagenet && options.mode == ImageMode::gray) {
+    mean = {(kImagenetMean[0] + kImagenetMean[1] + kImagenetMean[2]) / 3};
+    std = {(kImagenetStd[0] + kImagenetStd[1] + kImagenetStd[2]) / 3};
   } else if (options.normalize == ImageNormalization::imagenet) {
-    if (options.mode == ImageMode::gray) {
-      tfms.push_back(normalize({(kImagenetMean[0] + kImagenetMean[1] + kImagenetMean[2]) / 3},
-                               {(kImagenetStd[0] + kImagenetStd[1] + kImagenetStd[2]) / 3}));
-    } else {
-      tfms.push_back(normalize({std::begin(kImagenetMean), std::end(kImagenetMean)},
-                               {std::begin(kImagenetStd), std::end(kImagenetStd)}));
-    }
+    mean.assign(std::begin(kImagenetMean), std::end(kImagenetMean));
+    std.assign(std::begin(kImagenetStd), std::end(kImagenetStd));
   }
+  if (!mean.empty() && between.empty()) return {to_normalized_float(1.0 / 255.0, std::move(mean), std::move(std))};
+  std::vector<BatchTransform> tfms{to_float(1.0 / 255.0)};
+  tfms.insert(tfms.end(), between.begin(), between.end());
+  if (!mean.empty()) tfms.push_back(normalize(std::move(mean), std::move(std)));
   return tfms;
 }
 
@@ -192,8 +196,9 @@ DataLoaders build(Items train, Items valid, bool multi_label, const ImageFilesOp
     stats = channel_statistics(*train_ds, options.stats_items, options.split_seed);
     for (auto& s : stats.std) s = std::max(s, 1e-7);  // a channel of one colour: leave it centred, not infinite
   }
-  auto train_tfms = to_model_input(options, stats);  // to_float, normalize
-  if (options.augment) train_tfms.insert(train_tfms.begin() + 1, aug_transforms(*options.augment));
+  std::vector<BatchTransform> augment;
+  if (options.augment) augment.push_back(aug_transforms(*options.augment));
+  auto train_tfms = to_model_input(options, stats, std::move(augment));
   if (options.flip_p > 0) train_tfms.insert(train_tfms.begin(), random_flip(options.flip_p));
   DataLoaderOptions train_options{.bs = options.bs,
                                   .shuffle = true,

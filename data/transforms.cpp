@@ -1,10 +1,14 @@
 #include <fastlearn/data/transforms.h>
 
+#include <ATen/Parallel.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/buffer_pool.h>
+#include <fastlearn/data/pixel_normalize.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
+
+#include <algorithm>
 
 namespace fastlearn {
 namespace {
@@ -23,6 +27,24 @@ at::Tensor fresh_like(const at::Tensor& x, at::ScalarType dtype) {
 // A float32 copy of `x`: one pass, and no fresh pages for the kernel to zero.
 at::Tensor float_copy(const at::Tensor& x) { return fresh_like(x, torch::kFloat32).copy_(x); }
 
+void check_statistics(const std::vector<double>& mean, const std::vector<double>& std) {
+  if (mean.empty() || mean.size() != std.size())
+    throw DataError(
+        fmt::format("normalize: {} mean(s) and {} std(s); give one of each per channel", mean.size(), std.size()));
+  for (double s : std)
+    if (!(s > 0)) throw DataError(fmt::format("normalize: std {} must be positive", s));
+}
+
+void check_channels(const at::Tensor& x, std::int64_t channels, const char* transform) {
+  if (channels > 1 && (x.dim() < 2 || x.size(1) != channels))
+    throw DataError(
+        fmt::format("{}: {} channel statistics for input shaped {}", transform, channels, fmt::join(x.sizes(), "x")));
+}
+
+// A task of the one-pass normalization converts at least this many values (a thread's start costs about as
+// much as converting a few thousand).
+constexpr std::int64_t kValuesPerTask = std::int64_t{1} << 16;
+
 void require_images(const at::Tensor& x, const char* transform) {
   if (x.dim() != 4)
     throw DataError(fmt::format("{}: expects images shaped (N, C, H, W), got {} dimension(s)", transform, x.dim()));
@@ -38,19 +60,13 @@ BatchTransform to_float(double scale) {
 }
 
 BatchTransform normalize(std::vector<double> mean, std::vector<double> std) {
-  if (mean.empty() || mean.size() != std.size())
-    throw DataError(
-        fmt::format("normalize: {} mean(s) and {} std(s); give one of each per channel", mean.size(), std.size()));
-  for (double s : std)
-    if (!(s > 0)) throw DataError(fmt::format("normalize: std {} must be positive", s));
+  check_statistics(mean, std);
   auto mean_t = torch::tensor(mean, torch::kFloat32);
   auto inv_std_t = 1.0 / torch::tensor(std, torch::kFloat32);
   return [mean_t, inv_std_t](Batch& batch, at::Generator&) {
     auto& x = first_input(batch, "normalize");
     const auto channels = mean_t.numel();
-    if (channels > 1 && (x.dim() < 2 || x.size(1) != channels))
-      throw DataError(
-          fmt::format("normalize: {} channel statistics for input shaped {}", channels, fmt::join(x.sizes(), "x")));
+    check_channels(x, channels, "normalize");
     std::vector<std::int64_t> shape(x.dim(), 1);
     if (x.dim() >= 2) shape[1] = channels;
     const auto on = x.options().dtype(x.is_floating_point() ? x.scalar_type() : torch::kFloat32);
@@ -64,6 +80,43 @@ BatchTransform normalize(std::vector<double> mean, std::vector<double> std) {
       out = float_copy(x).sub_(channel_mean);
     }
     x = out.mul_(inv_std_t.to(on).view(shape));
+  };
+}
+
+BatchTransform to_normalized_float(double scale, std::vector<double> mean, std::vector<double> std) {
+  check_statistics(mean, std);
+  // The constants as the two transforms round them: the scale to float by mul_, 1/std in float32.
+  std::vector<float> mean_f(mean.begin(), mean.end()), inv_std_f;
+  for (double s : std) inv_std_f.push_back(1.0f / static_cast<float>(s));
+  const float scale_f = static_cast<float>(scale);
+  const BatchTransform as_float = to_float(scale);
+  const BatchTransform normalized = normalize(std::move(mean), std::move(std));
+  return [as_float, normalized, mean_f, inv_std_f, scale_f](Batch& batch, at::Generator& rng) {
+    auto& x = first_input(batch, "to_normalized_float");
+    const auto channels = static_cast<std::int64_t>(mean_f.size());
+    check_channels(x, channels, "to_normalized_float");
+    const bool one_pass = x.is_cpu() && x.is_contiguous() && x.dim() >= 1 &&
+                          (x.scalar_type() == torch::kByte || x.scalar_type() == torch::kFloat32);
+    if (!one_pass) {
+      as_float(batch, rng);
+      return normalized(batch, rng);
+    }
+    // Planes of (N, C, ...): channel c's statistics apply to plane p when p % C == c.
+    const std::int64_t planes = x.dim() >= 2 ? x.size(0) * x.size(1) : 1;
+    const std::int64_t plane_size = planes ? x.numel() / planes : 0;
+    auto out = fresh_like(x, torch::kFloat32);
+    const PixelAffine affine{
+        .scale = scale_f, .mean = mean_f.data(), .inv_std = inv_std_f.data(), .channels = channels};
+    const std::int64_t grain = std::max<std::int64_t>(1, kValuesPerTask / std::max<std::int64_t>(plane_size, 1));
+    at::parallel_for(0, planes, grain, [&](std::int64_t first, std::int64_t last) {
+      if (x.scalar_type() == torch::kByte) {
+        normalize_pixels(x.const_data_ptr<std::uint8_t>(), out.mutable_data_ptr<float>(), first, last, plane_size,
+                         affine);
+      } else {
+        normalize_pixels(x.const_data_ptr<float>(), out.mutable_data_ptr<float>(), first, last, plane_size, affine);
+      }
+    });
+    x = out;
   };
 }
 

@@ -20,6 +20,11 @@ BatchTransform to_float(double scale = 1.0 / 255.0);
 /// Normalizes input 0, shaped (N, C, ...), per channel: (x - mean[c]) / std[c]. One value applies to every channel.
 BatchTransform normalize(std::vector<double> mean, std::vector<double> std);
 
+/// to_float(scale) then normalize(mean, std) in one pass, with the same values bit for bit: what the loaders use
+/// when nothing comes between the two. A contiguous CPU uint8 or float32 input takes the single pass; any other
+/// input (on the GPU, strided, other types) goes through the two transforms.
+BatchTransform to_normalized_float(double scale, std::vector<double> mean, std::vector<double> std);
+
 /// Pads input 0, shaped (N, C, H, W), by `padding` zeros on each side, then crops a random size x size
 /// window per image (the classic CIFAR/MNIST augmentation).
 BatchTransform random_crop(std::int64_t size, std::int64_t padding);

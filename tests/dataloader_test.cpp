@@ -230,6 +230,54 @@ TEST(Transforms, NormalizeCentersEachChannel) {
   EXPECT_THROW(fl::normalize({1.0}, {0.0}), fl::DataError);
 }
 
+TEST(Transforms, ToNormalizedFloatEqualsToFloatThenNormalizeBitForBit) {
+  auto rng = at::make_generator<at::CPUGeneratorImpl>(0);
+  const std::vector<double> mean3{0.485, 0.456, 0.406}, std3{0.229, 0.224, 0.225};
+  auto two_passes = [&](at::Tensor x, std::vector<double> mean, std::vector<double> std) {
+    fl::Batch b{{x}, {}};
+    fl::to_float(1.0 / 255)(b, rng);
+    fl::normalize(std::move(mean), std::move(std))(b, rng);
+    return b.inputs[0];
+  };
+  auto one_pass = [&](at::Tensor x, std::vector<double> mean, std::vector<double> std) {
+    fl::Batch b{{x}, {}};
+    fl::to_normalized_float(1.0 / 255, std::move(mean), std::move(std))(b, rng);
+    return b.inputs[0];
+  };
+  // Every byte value, in RGB and gray batches, and batches big enough to be split across threads.
+  const auto every_byte = torch::arange(256, torch::kInt32).to(torch::kUInt8);
+  const std::vector<at::Tensor> inputs{every_byte.repeat({12}).view({2, 3, 32, 16}), every_byte.view({1, 1, 16, 16}),
+                                       torch::randint(0, 256, {64, 3, 64, 64}, torch::kUInt8),
+                                       torch::rand({5, 3, 7, 9}) * 255,
+                                       torch::randint(0, 256, {128, 1, 28, 28}, torch::kUInt8)};
+  for (const auto& x : inputs) {
+    const bool rgb = x.size(1) == 3;
+    const auto mean = rgb ? mean3 : std::vector<double>{0.2860};
+    const auto std = rgb ? std3 : std::vector<double>{0.3530};
+    const auto original = x.clone();
+    const auto expected = two_passes(x, mean, std), got = one_pass(x, mean, std);
+    EXPECT_EQ(got.scalar_type(), torch::kFloat32);
+    EXPECT_EQ(got.sizes(), x.sizes());
+    EXPECT_TRUE(torch::equal(got, expected))
+        << "shape " << x.sizes() << ", largest difference " << (got - expected).abs().max().item<float>();
+    EXPECT_TRUE(torch::equal(x, original)) << "the input was written to";
+  }
+  // A strided input takes the two transforms, with the same result.
+  const auto strided = torch::randint(0, 256, {4, 3, 8, 8}, torch::kUInt8).transpose(2, 3);
+  EXPECT_TRUE(torch::equal(one_pass(strided, mean3, std3), two_passes(strided, mean3, std3)));
+  // Statistics that do not fit the input are refused, naming the transform.
+  fl::Batch wrong{{torch::zeros({2, 2, 4, 4}, torch::kUInt8)}, {}};
+  try {
+    fl::to_normalized_float(1.0 / 255, mean3, std3)(wrong, rng);
+    ADD_FAILURE() << "3 channel statistics were applied to 2 channels";
+  } catch (const fl::DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("to_normalized_float: 3 channel statistics for input shaped 2x2x4x4"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(fl::to_normalized_float(1.0 / 255, {0.5}, {0.0}), fl::DataError);
+}
+
 TEST(Transforms, FlipAndCropDoWhatTheySay) {
   auto x = torch::arange(2 * 3 * 3, torch::kFloat32).view({2, 1, 3, 3});
   auto rng = at::make_generator<at::CPUGeneratorImpl>(0);
