@@ -29,7 +29,10 @@ void on_stop_signal(int sig) {
   [[maybe_unused]] auto written = ::write(2, message, sizeof message - 1);  // async-signal-safe
 }
 
+// A signal the process started with ignored stays ignored, as the launcher and Python leave it: a script's
+// background jobs get SIGINT ignored so that a Ctrl-C meant for the script does not stop them too.
 void install(int sig, struct sigaction* old) {
+  if (sigaction(sig, nullptr, old) == 0 && old->sa_handler == SIG_IGN) return;
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);

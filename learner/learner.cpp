@@ -254,6 +254,7 @@ void Learner::run_fit(int n_epoch_, const std::vector<double>& lrs, FitOptions o
     throw ConfigError(fmt::format("fit: start_epoch {} is outside [0, {}]", options.start_epoch, n_epoch_));
   }
   check_not_in_fit("fit");
+  if (n_epoch_ > options.start_epoch) check_train_batches();
   if (!opt_) create_opt();
   if (!options.resume_from.empty()) options.start_epoch = load_resume_point(options.resume_from, n_epoch_);
   ScopedCallbacks extra(*this, std::move(options.cbs));
@@ -275,6 +276,18 @@ void Learner::run_fit(int n_epoch_, const std::vector<double>& lrs, FitOptions o
   } cleanup{*this};
   with_events<CancelFitException>([&] { do_fit(options.start_epoch); }, Event::before_fit, Event::after_cancel_fit,
                                   Event::after_fit);
+}
+
+// Without this, an epoch of no batch would "train" with a NaN loss, change nothing and end as a success.
+void Learner::check_train_batches() const {
+  const auto& train = dls_.train();
+  if (train.size() > 0) return;
+  const auto& o = train.options();
+  throw DataError(
+      fmt::format("fit: the training DataLoader makes no batch: {} item(s) per epoch{} with bs {}{}; "
+                  "use a smaller bs or more data",
+                  train.n(), train.n() < train.dataset().size() ? " (this process's share)" : "", o.bs,
+                  o.drop_last ? " and drop_last (a smaller last batch is dropped)" : ""));
 }
 
 void Learner::do_fit(int start_epoch) {

@@ -298,6 +298,7 @@ class Learner {
   void with_events(Body&& body, Event before, Event after_cancel, Event after);
   void fire(Event event);
   void run_fit(int n_epoch, const std::vector<double>& lrs, FitOptions options);
+  void check_train_batches() const;
   void do_fit(int start_epoch);
   void do_epoch();
   void do_epoch_train();

@@ -182,6 +182,7 @@ void Optimizer::step() {
     float* steps_f = st.step_tensor.data_ptr<float>();
     for (const auto i : active) steps_f[i] = static_cast<float>(++st.steps[i]);
     st.device_step_views.clear();  // last step's counts
+    follow_param_layouts(params, st, active);
     try {
       step_group(groups_[g], st, active);
     } catch (...) {
@@ -191,6 +192,21 @@ void Optimizer::step() {
     }
   }
   ++step_count_;
+}
+
+// State loaded from a checkpoint takes its parameter's layout at load time; a callback may restride the model
+// afterwards (ChannelsLast at before_fit). Each state tensor follows its parameter again, values unchanged, so
+// that a resumed run takes the same fused kernels, and so gets the same bits, as one never interrupted.
+void Optimizer::follow_param_layouts(const std::vector<at::Tensor>& params, GroupState& state,
+                                     const std::vector<std::size_t>& active) {
+  for (auto& [name, tensors] : state.tensors) {
+    for (const auto i : active) {
+      if (i >= tensors.size() || !tensors[i].defined()) continue;
+      const auto& p = params[i];
+      if (p.is_non_overlapping_and_dense() && tensors[i].sizes() == p.sizes() && !same_layout(tensors[i], p))
+        tensors[i] = at::empty_like(p, at::MemoryFormat::Preserve).copy_(tensors[i]);
+    }
+  }
 }
 
 void Optimizer::zero_grad(bool set_to_none) {

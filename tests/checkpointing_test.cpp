@@ -215,6 +215,24 @@ TEST(GracefulStop, HandlesTheSignalsOnlyDuringTheFit) {
   EXPECT_NE(address(probe->during), address(before.sa_handler));
 }
 
+TEST(GracefulStop, ASignalTheProcessStartedWithIgnoredStaysIgnored) {
+  // A script's background job starts with SIGINT ignored (the shell's doing); the launcher and Python keep it so.
+  struct sigaction ignore {
+  }, before{};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(SIGINT, &ignore, &before);
+  fl::clear_stop_signal();
+  auto stop = std::make_shared<fl::GracefulStop>();
+  const auto run = train(fs::temp_directory_path(), {}, {stop, std::make_shared<RaiseAt>(1, 2, SIGINT)});
+  struct sigaction after {};
+  sigaction(SIGINT, &before, &after);
+  EXPECT_FALSE(stop->stopped());
+  EXPECT_EQ(fl::stop_signal(), 0);
+  EXPECT_EQ(run.losses.size(), 18u) << "the whole fit: 3 epochs of 6 batches";
+  EXPECT_EQ(after.sa_handler, SIG_IGN) << "the fit left SIGINT with another handler";
+}
+
 // ---- two ranks ------------------------------------------------------------------------------------
 
 // Per-rank random augmentation from the global generator: rank 1 draws one number more per batch, so the
@@ -259,6 +277,8 @@ TEST(GracefulStop, ASignalOnOneRankStopsEveryRankAtTheSameBatch) {
   flt::run_on_ranks(2,
                     [&dir](const RankContext&) {
                       fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+                      // As in a terminal: started as a script's background job, SIGINT would be ignored, and kept so.
+                      std::signal(SIGINT, SIG_DFL);
                       auto stop = std::make_shared<fl::GracefulStop>();
                       std::vector<fl::CallbackPtr> cbs{std::make_shared<fl::Checkpointer>(), stop};
                       // The flag raised after batch 0 of epoch 1 travels with batch 1's gradient all-reduce (no

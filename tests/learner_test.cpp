@@ -108,6 +108,33 @@ TEST(Learner, FiresEveryEventInFastaiOrder) {
   EXPECT_EQ(log->events, expected);
 }
 
+TEST(Learner, AFitWhoseTrainingLoaderMakesNoBatchIsRefusedBeforeAnyChange) {
+  // 3 training items with bs 8 and drop_last: no batch at all, which would train nothing yet end "successfully".
+  auto x = torch::randn({7, 4}), y = torch::randn({7, 1});
+  auto train = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x.slice(0, 0, 3)},
+                                                   std::vector<at::Tensor>{y.slice(0, 0, 3)});
+  auto valid = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x.slice(0, 3)},
+                                                   std::vector<at::Tensor>{y.slice(0, 3)});
+  auto learn = flt::regression_learner(
+      fl::DataLoaders(fl::DataLoader(train, {.bs = 8, .drop_last = true}), fl::DataLoader(valid, {.bs = 8}), 1));
+  auto log = std::make_shared<EventLog>();
+  learn->add_cb(log);
+  const auto before = flt::snapshot(learn->model());
+  try {
+    learn->fit(1, 0.01);
+    ADD_FAILURE() << "a fit of no batch ran";
+  } catch (const fl::DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("makes no batch: 3 item(s) per epoch with bs 8 and drop_last"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(log->events.empty()) << "events fired: " << log->events.size();
+  EXPECT_TRUE(flt::same_tensors(before, flt::snapshot(learn->model())));
+  // A fit of no epoch asks for no batch; validation still runs on what there is.
+  EXPECT_NO_THROW(learn->fit(0, 0.01));
+  EXPECT_NO_THROW(learn->validate());
+}
+
 TEST(Learner, CancelBatchSkipsTheRestOfTheBatchAndZeroGrad) {
   auto log = std::make_shared<EventLog>();
   log->cancel_at = Event::after_backward;

@@ -190,7 +190,7 @@ TEST_P(Parity, HypersChangedBetweenStepsPerGroup) {
                       std::make_unique<AdamOptions>(AdamOptions(1e-2).betas({0.9, 0.99}).eps(1e-5)));
   groups.emplace_back(Params(ref_p.begin() + 3, ref_p.end()),
                       std::make_unique<AdamOptions>(AdamOptions(1e-2).betas({0.9, 0.99}).eps(1e-5)));
-  torch::optim::Adam ref(std::move(groups), AdamOptions(1e-2));
+  torch::optim::Adam ref(groups, AdamOptions(1e-2));
   for (int s = 0; s < kSteps; ++s) {
     // A schedule: per-group lrs, a momentum that moves, eps and sqr_mom changed midway.
     const double lr0 = 1e-2 * (1 + s), lr1 = 1e-3 * (kSteps - s), mom = 0.95 - 0.01 * s;
@@ -399,6 +399,48 @@ TEST(OptimizerCheckpoint, RoundTripGivesIdenticalContinuation) {
   check_round_trip(fl::SGD({.mom = 0.9, .nesterov = true}), 0.05);
   check_round_trip(fl::Adam(), 1e-2);
   check_round_trip(fl::AdamW({.fused = false}), 1e-2);
+}
+
+// A run resumed from a checkpoint loads the state while the model is still contiguous, then ChannelsLast
+// restrides the model: the steps after must be the bits of a run that was channels-last all along.
+void check_state_follows_a_restrided_parameter(const fl::OptFunc& f, const std::string& what) {
+  auto gen = at::detail::createCPUGenerator(11);
+  const auto start = at::randn({8, 3, 3, 3}, gen);
+  std::vector<at::Tensor> grads;
+  for (int s = 0; s < 4; ++s) grads.push_back(at::randn({8, 3, 3, 3}, gen).contiguous(at::MemoryFormat::ChannelsLast));
+  auto all_along = start.contiguous(at::MemoryFormat::ChannelsLast).requires_grad_();
+  auto a = f({{all_along}}, 1e-2);
+  for (int s = 0; s < 4; ++s) {
+    all_along.mutable_grad() = grads[s].clone();
+    a->step();
+    if (s != 1) continue;
+    // After 2 steps: a checkpoint, loaded by a contiguous copy of the parameter, which is then restrided.
+    const auto tensors = clone_all(a->state_tensors());
+    auto resumed = all_along.detach().contiguous().requires_grad_();
+    auto b = f({{resumed}}, 1e-2);
+    b->load_state(tensors, a->state_json());
+    resumed.set_data(resumed.detach().contiguous(at::MemoryFormat::ChannelsLast));
+    for (int t = 2; t < 4; ++t) {
+      resumed.mutable_grad() = grads[t].clone();
+      b->step();
+    }
+    all_along.mutable_grad() = grads[2].clone();
+    a->step();
+    all_along.mutable_grad() = grads[3].clone();
+    a->step();
+    EXPECT_TRUE(at::equal(resumed, all_along))
+        << what << ": largest difference " << (resumed - all_along).abs().max().item<float>();
+    EXPECT_TRUE(resumed.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
+    for (const auto& [name, t] : b->state_tensors())
+      EXPECT_TRUE(t.dim() != 4 || t.is_contiguous(at::MemoryFormat::ChannelsLast)) << what << ": " << name;
+    return;
+  }
+}
+
+TEST(OptimizerCheckpoint, StateFollowsAParameterRestridedAfterLoading) {
+  check_state_follows_a_restrided_parameter(fl::Adam(), "Adam");
+  check_state_follows_a_restrided_parameter(fl::Adam({.wd = 0.01, .decouple_wd = false}), "Adam with L2");
+  check_state_follows_a_restrided_parameter(fl::SGD({.mom = 0.9}), "SGD with momentum");
 }
 
 TEST(OptimizerCheckpoint, StateTensorNames) {

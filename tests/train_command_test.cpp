@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -274,6 +275,29 @@ TEST_F(TrainCommand, ResumeContinuesFromTheNewestCheckpointMidEpoch) {
   // The same data order, weights, optimizer state and schedule position: the uninterrupted run's last epoch.
   EXPECT_EQ(resumed[2]["valid_loss"].get<double>(), full[2]["valid_loss"].get<double>());
   EXPECT_EQ(resumed[2]["train_loss"].get<double>(), full[2]["train_loss"].get<double>());
+}
+
+TEST_F(TrainCommand, ARunThatFailsBeforeTrainingLeavesTheOlderRunsFolderAsItWas) {
+  ASSERT_EQ(run(train("--set train.epochs=2")).exit_code, 0);
+  const auto config_before = read(out_ / "config.toml"), history_before = read(out_ / "history.csv");
+  const auto checkpoints = [this] {
+    std::set<std::string> names;
+    for (const auto& e : fs::directory_iterator(out_ / "checkpoints")) names.insert(e.path().filename().string());
+    return names;
+  };
+  const auto checkpoints_before = checkpoints();
+  ASSERT_TRUE(checkpoints_before.contains("ckpt-e0002-b0000000.safetensors"));
+  // Resuming with another model: its checkpoint does not load, and the folder must stay the older run's.
+  const auto other_model = run(train("--set model.hidden=[8] --resume"));
+  EXPECT_NE(other_model.exit_code, 0) << other_model.output;
+  EXPECT_EQ(read(out_ / "config.toml"), config_before);
+  EXPECT_EQ(read(out_ / "history.csv"), history_before);
+  EXPECT_EQ(checkpoints(), checkpoints_before);
+  // A fresh run that trains takes the folder over: its config, and none of the older run's checkpoints.
+  ASSERT_EQ(run(train("--set train.epochs=1 --set model.hidden=[8]")).exit_code, 0);
+  EXPECT_NE(read(out_ / "config.toml"), config_before);
+  EXPECT_FALSE(checkpoints().contains("ckpt-e0002-b0000000.safetensors"));
+  EXPECT_TRUE(checkpoints().contains("ckpt-e0001-b0000000.safetensors"));
 }
 
 TEST_F(TrainCommand, TrainsOnTwoRanksThroughTheLauncher) {

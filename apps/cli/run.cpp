@@ -15,6 +15,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <utility>
 
 namespace fastlearn::cli {
 
@@ -241,9 +242,38 @@ std::unique_ptr<Learner> learner_from_checkpoint(const TrainConfig& c, const fs:
   return learn;
 }
 
-void fit(Learner& learn, const TrainSectionConfig& t, const std::optional<fs::path>& resume_from) {
+// Takes over the run's folder (rank 0) once the fit is about to train: the data, the model and any checkpoint to
+// resume have loaded by then, so a run that fails before it (bad data, a checkpoint of another model) leaves an
+// older run's folder as it was. Writes the run's config.toml and, for a fresh run, removes an older run's
+// checkpoints, so that a later --resume cannot pick them up. Once: fine_tune fits twice.
+class RunFolder : public Callback {
+ public:
+  RunFolder(fs::path out, std::string config_toml, bool fresh)
+      : out_(std::move(out)), config_toml_(std::move(config_toml)), fresh_(fresh) {
+    order = -100;  // before the loggers and the Checkpointer open their files in the folder
+  }
+  std::string name() const override { return "run_folder"; }
+  bool rank0_only() const override { return true; }
+  void before_fit() override {
+    if (std::exchange(taken_, true)) return;
+    fs::create_directories(out_);
+    write_file_atomically(out_ / "config.toml", config_toml_);
+    if (fresh_) {
+      while (const auto old = latest_checkpoint(out_ / "checkpoints")) fs::remove(*old);
+    }
+  }
+
+ private:
+  fs::path out_;
+  std::string config_toml_;
+  bool fresh_;
+  bool taken_ = false;
+};
+
+void fit(Learner& learn, const TrainSectionConfig& t, const std::optional<fs::path>& resume_from,
+         std::vector<CallbackPtr> cbs) {
   const int epochs = static_cast<int>(t.epochs);
-  const FitOptions options{.resume_from = resume_from.value_or(fs::path())};
+  const FitOptions options{.cbs = std::move(cbs), .resume_from = resume_from.value_or(fs::path())};
   if (t.schedule == "one_cycle")
     learn.fit_one_cycle(epochs, t.lr, {.pct_start = t.pct_start, .fit = options});
   else if (t.schedule == "fine_tune")
@@ -312,29 +342,28 @@ int run_train(const TrainArgs& args) {
   if (is_tabular(config.data) && !fs::is_regular_file(config.data.path))
     throw ConfigError(
         fmt::format("{}: data.path '{}' is not a file; point it at the CSV file", args.config_path, config.data.path));
-  if (!is_tabular(config.data) && !config.data.path.empty() && !fs::is_directory(config.data.path))
-    throw ConfigError(
-        fmt::format("{}: data.path '{}' is not a folder; point it at an MNIST-format folder, or leave it "
-                    "out to use the default Fashion-MNIST",
-                    args.config_path, config.data.path));
+  if (!is_tabular(config.data) && !config.data.path.empty() && !fs::is_directory(config.data.path)) {
+    const char* hint = config.data.dataset == "image_folder" ? "point it at the folder of class folders (or of train/ "
+                                                               "and valid/)"
+                       : config.data.dataset == "image_csv"  ? "point it at the folder holding data.csv's table "
+                                                               "and the images"
+                       : config.data.dataset == "fashion_mnist"
+                           ? "point it at an MNIST-format folder, or leave it out to use the default Fashion-MNIST"
+                           : "point it at the data's folder";
+    throw ConfigError(fmt::format("{}: data.path '{}' (data.dataset = \"{}\") is not a folder; {}", args.config_path,
+                                  config.data.path, config.data.dataset, hint));
+  }
   if (!under_launcher() && (args.nproc_per_node > 1 || args.max_restarts > 0)) return relaunch(args, out.string());
 
   DistribCtx job(setup_options(config.distributed));  // the launched job's group, torn down at exit
   const bool resume = args.resume || restarted_by_launcher();
-  if (is_main()) {
-    fs::create_directories(out);
-    write_file_atomically(out / "config.toml", to_toml(config));
-    // A fresh run must not leave an older run's checkpoints for a later --resume to pick up.
-    if (!resume) {
-      while (const auto old = latest_checkpoint(out / "checkpoints")) fs::remove(*old);
-    }
-  }
   auto learn = make_learner(config, out, /*with_run_callbacks=*/true, resume);
   ValidationResult result;
   {
     DistribCtx ctx(*learn, trainer_options(config.distributed), setup_options(config.distributed));
-    if (is_initialized()) barrier();  // rank 0 removed old checkpoints before anyone looks for one
-    fit(*learn, config.train, resume ? checkpoint_to_resume(out) : std::nullopt);
+    // A fresh run looks for no checkpoint, and only rank 0 writes them: its RunFolder prunes before its first.
+    fit(*learn, config.train, resume ? checkpoint_to_resume(out) : std::nullopt,
+        {std::make_shared<RunFolder>(out, to_toml(config), /*fresh=*/!resume)});
     if (const auto stop = learn->cb<GracefulStop>(); stop && stop->stopped()) {
       const int signal = stop_signal() != 0 ? stop_signal() : SIGTERM;  // 0 here: another rank got it
       if (is_main())
