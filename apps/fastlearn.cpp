@@ -66,16 +66,16 @@ CLI::App* add_launch(CLI::App& app, LaunchArgs& a) {
       "signal killed it), of the last attempt with --max-restarts; 128 + signal when SIGINT/SIGTERM stopped the run.");
   auto& o = a.options;
   launch->add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node, "Processes (ranks) to start on this node")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   launch->add_option("--nnodes", o.nnodes, "Nodes in the job; run one `fastlearn launch` per node")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 65536))
       ->capture_default_str();
   launch
       ->add_option("--node-rank,--node_rank", o.node_rank,
                    "This node's index in [0, nnodes): global rank = node_rank * "
                    "nproc_per_node + local rank")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(0, 65535))
       ->capture_default_str();
   launch
       ->add_option("--master-addr,--master_addr", o.master_addr,
@@ -92,7 +92,7 @@ CLI::App* add_launch(CLI::App& app, LaunchArgs& a) {
       ->add_option("--max-restarts,--max_restarts", o.max_restarts,
                    "Restart all ranks of this node up to this many times after "
                    "a failure (TORCHELASTIC_RESTART_COUNT tells which attempt)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(0, 1000))
       ->capture_default_str();
   launch->add_option("--log-dir,--log_dir", a.log_dir,
                      "Also write each rank's output to DIR/rank<R>.log (DIR/restart_<k>/ "
@@ -100,7 +100,7 @@ CLI::App* add_launch(CLI::App& app, LaunchArgs& a) {
   launch
       ->add_option("--grace-period,--grace_period", a.grace_seconds,
                    "Seconds between SIGTERM and SIGKILL when stopping ranks")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   launch->add_flag("--no-prefix,--no_prefix", a.no_prefix,
                    "Do not put \"[rank R] \" before each line of the ranks' output");
@@ -181,11 +181,11 @@ CLI::App* add_train(CLI::App& app, fastlearn::cli::TrainArgs& a) {
       ->add_option("--nproc-per-node", a.nproc_per_node,
                    "Train data parallel on N local processes, started through `fastlearn launch`; ignored when this "
                    "process was started by a launcher (fastlearn launch, torchrun: RANK is set)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 4096));
   train
       ->add_option("--max-restarts", a.max_restarts,
                    "Restart the ranks up to R times after a failure; a restart resumes from the last checkpoint")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1000));
   train->footer(config_keys_footer());
   return train;
 }

@@ -172,10 +172,18 @@ DataLoaders build(Items train, Items valid, bool multi_label, const ImageFilesOp
   }
   if (train.files.empty()) throw DataError(fmt::format("{}: no training images", origin));
   if (valid.files.empty()) throw DataError(fmt::format("{}: no validation images", origin));
-  std::set<std::string> names;
-  for (const auto* items : {&train, &valid}) {
-    for (const auto& labels : items->labels) names.insert(labels.begin(), labels.end());
-  }
+  std::set<std::string> names, valid_only;
+  for (const auto& labels : train.labels) names.insert(labels.begin(), labels.end());
+  for (const auto& labels : valid.labels)
+    for (const auto& label : labels)
+      if (!names.contains(label)) valid_only.insert(label);
+  // Kept in the vocabulary (the validation targets need an index), but no training image teaches them.
+  if (!valid_only.empty())
+    std::cerr << fmt::format(
+        "fastlearn: warning: {}: {} class(es) have validation images but no training image, so the model "
+        "cannot learn them: {}\n",
+        origin, valid_only.size(), fmt::join(valid_only, ", "));
+  names.insert(valid_only.begin(), valid_only.end());
   std::vector<std::string> vocab(names.begin(), names.end());
   std::map<std::string, std::int64_t> index;
   for (std::size_t i = 0; i < vocab.size(); ++i) index[vocab[i]] = static_cast<std::int64_t>(i);
@@ -243,7 +251,8 @@ bool parse_flag(const std::string& text, const std::string& origin, std::size_t 
   std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
   if (t == "true" || t == "1" || t == "yes") return true;
   if (t == "false" || t == "0" || t == "no" || t.empty()) return false;
-  throw DataError(fmt::format("{}: row {}: column '{}' holds '{}', not true/false or 1/0", origin, row, column, text));
+  throw DataError(fmt::format("{}: row {}: column '{}' holds '{}', not true/false, yes/no or 1/0 (empty: false)",
+                              origin, row, column, text));
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/lr_finder.h>
 #include <fastlearn/learner/recorder.h>
 
 #include <fmt/format.h>
@@ -89,6 +90,7 @@ void Progress::after_validate() { clear_line(); }
 
 void Progress::after_epoch() {
   auto& l = learn();
+  if (lr_finder_attached(l)) return;  // a sweep's "epochs" have no validation: fastai's lr_find prints no table
   auto rec = l.cb<Recorder>();
   if (!rec || rec->history().empty()) return;
   const auto& r = rec->history().back();

@@ -15,6 +15,7 @@
 #include <fastlearn/optim/sgd.h>
 
 #include <ATen/autocast_mode.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
@@ -177,6 +178,23 @@ TEST_F(Callbacks, ProgressPrintsATableWhenNotATerminal) {
   int rows = 0;
   while (std::getline(lines, row)) ++rows;
   EXPECT_EQ(rows, 2);
+}
+
+TEST_F(Callbacks, ProgressPrintsNoTableDuringLrFindAndOneAfterIt) {
+  // The sweep's "epochs" skip validation: fastai's lr_find logs no row, and nor does this one.
+  auto learn = classifier();
+  std::FILE* out = std::tmpfile();
+  ASSERT_NE(out, nullptr);
+  learn->add_cb(std::make_shared<fl::Progress>(fl::ProgressOptions{.out = out}));
+  (void)learn->lr_find({.num_it = 20, .stop_div = false});
+  learn->fit(1, 1e-2);
+  std::rewind(out);
+  std::string text;
+  char buf[4096];
+  while (auto n = std::fread(buf, 1, sizeof buf, out)) text.append(buf, n);
+  std::fclose(out);
+  EXPECT_EQ(text.find("nan"), std::string::npos) << text;
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 2) << "the fit's header and its one row:\n" << text;
 }
 
 TEST_F(Callbacks, ProgressDrawsLiveBarsOnATerminal) {

@@ -11,8 +11,10 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
+#include <tuple>
 
 #include "support/message_of.h"
 #include "support/python_data.h"
@@ -173,6 +175,34 @@ TEST_F(ImageFiles, FromFolderWithTrainAndValidFoldersLabelsByParentFolderWithASo
   const auto expected = (file - torch::tensor({0.485, 0.456, 0.406}).view({3, 1, 1})) /
                         torch::tensor({0.229, 0.224, 0.225}).view({3, 1, 1});
   EXPECT_TRUE(first.inputs[0][0].allclose(expected.to(torch::kFloat32), 1e-5, 1e-5));
+}
+
+TEST_F(ImageFiles, AClassWithValidationImagesOnlyIsKeptWithAWarningNamingIt) {
+  // train/ has Bag; valid/ has Bag and Coat: Coat gets an index for its targets, and a warning.
+  const auto root = dir_ / "valid_only_class";
+  std::vector<fs::path> bags;
+  for (const auto& e : fs::directory_iterator(dir_ / "png" / "train" / "Bag")) bags.push_back(e.path());
+  std::sort(bags.begin(), bags.end());
+  ASSERT_GE(bags.size(), 4u);
+  for (const auto& [split, label, file] :
+       std::vector<std::tuple<const char*, const char*, fs::path>>{{"train", "Bag", bags[0]},
+                                                                   {"train", "Bag", bags[1]},
+                                                                   {"valid", "Bag", bags[2]},
+                                                                   {"valid", "Coat", bags[3]}}) {
+    fs::create_directories(root / split / label);
+    fs::copy_file(file, root / split / label / file.filename(), fs::copy_options::overwrite_existing);
+  }
+  testing::internal::CaptureStderr();
+  const auto dls = fl::ImageDataLoaders::from_folder(root, {.bs = 2, .size = 16});
+  const auto warning = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(dls.vocab(), (std::vector<std::string>{"Bag", "Coat"}));
+  EXPECT_NE(warning.find("1 class(es) have validation images but no training image, so the model cannot learn "
+                         "them: Coat"),
+            std::string::npos)
+      << warning;
+  testing::internal::CaptureStderr();
+  (void)fl::ImageDataLoaders::from_folder(dir_ / "png", {.bs = 16, .size = 28});
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "") << "no warning when every class has training images";
 }
 
 TEST_F(ImageFiles, ComputedStatisticsAreTheTrainingImagesOwn) {
