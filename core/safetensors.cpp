@@ -10,11 +10,13 @@
 #include <sys/stat.h>
 #include <torch/torch.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <array>
 #include <bit>
 #include <cerrno>
+#include <charconv>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -114,13 +116,39 @@ void write_data(const NamedTensors& tensors, std::string_view origin, Sink&& sin
   }
 }
 
-// Creates the tensors of `header`, filling each with read(destination, file offset, byte count, name).
+std::uint32_t crc32_of(const void* data, std::uint64_t bytes) {
+  return static_cast<std::uint32_t>(crc32_z(crc32_z(0, nullptr, 0), static_cast<const Bytef*>(data), bytes));
+}
+
+// The checksums kChecksumKey lists, one per entry of `header`, or nothing when the file has none.
+std::optional<std::vector<std::uint32_t>> listed_checksums(const Header& header, std::string_view origin) {
+  const auto it = header.metadata.find(std::string(kChecksumKey));
+  if (it == header.metadata.end()) return std::nullopt;
+  std::vector<std::uint32_t> sums;
+  std::istringstream words(it->second);
+  for (std::string word; words >> word;) {
+    std::uint32_t value = 0;
+    const auto [end, error] = std::from_chars(word.data(), word.data() + word.size(), value, 16);
+    if (error != std::errc() || end != word.data() + word.size() || word.size() != 8)
+      fail(origin, fmt::format("metadata {}: '{}' is not a checksum of 8 hex digits", kChecksumKey, word));
+    sums.push_back(value);
+  }
+  if (sums.size() != header.entries.size())
+    fail(origin, fmt::format("metadata {} lists {} checksum(s) for {} tensor(s)", kChecksumKey, sums.size(),
+                             header.entries.size()));
+  return sums;
+}
+
+// Creates the tensors of `header`, filling each with read(destination, file offset, byte count, name), and
+// checks each against its listed checksum.
 template <typename Read>
 SafetensorsContent materialize(const Header& header, std::string_view origin, Read&& read) {
   SafetensorsContent content;
   content.metadata = header.metadata;
   content.tensors.reserve(header.entries.size());
-  for (const auto& entry : header.entries) {
+  const auto checksums = listed_checksums(header, origin);
+  for (std::size_t k = 0; k < header.entries.size(); ++k) {
+    const auto& entry = header.entries[k];
     at::Tensor tensor;
     try {
       tensor = torch::empty(entry.shape, torch::TensorOptions().dtype(entry.dtype->type));
@@ -130,6 +158,11 @@ SafetensorsContent materialize(const Header& header, std::string_view origin, Re
     }
     const std::uint64_t bytes = entry.end - entry.begin;
     if (bytes > 0) read(tensor.data_ptr(), header.data_start + entry.begin, bytes, entry.name);
+    if (checksums && crc32_of(tensor.const_data_ptr(), bytes) != (*checksums)[k]) {
+      fail(origin, fmt::format("tensor '{}' (bytes {} to {} of the file) does not match its checksum: the file is "
+                               "corrupt",
+                               entry.name, header.data_start + entry.begin, header.data_start + entry.end));
+    }
     if (entry.dtype->type == at::kBool) {
       // Any byte but 0 or 1 in a bool is undefined behaviour in torch's kernels.
       const auto* data = static_cast<const std::uint8_t*>(tensor.const_data_ptr());
@@ -222,6 +255,17 @@ SafetensorsContent parse_safetensors(std::string_view bytes, std::string_view or
   return materialize(header, origin, [&](void* out, std::uint64_t offset, std::uint64_t size, const std::string&) {
     std::memcpy(out, bytes.data() + offset, size);
   });
+}
+
+Metadata with_checksums(const NamedTensors& tensors, Metadata metadata) {
+  std::string sums;
+  for (const auto& [name, tensor] : tensors) {
+    const auto data = cpu_data(name, tensor, "with_checksums");
+    if (!sums.empty()) sums += ' ';
+    sums += fmt::format("{:08x}", crc32_of(data.const_data_ptr(), data.nbytes()));
+  }
+  metadata[std::string(kChecksumKey)] = std::move(sums);
+  return metadata;
 }
 
 void save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, const Metadata& metadata) {

@@ -38,6 +38,15 @@ std::string serialize_safetensors(const NamedTensors& tensors, const Metadata& m
 /// bounded by the size of `bytes`.
 SafetensorsContent parse_safetensors(std::string_view bytes, std::string_view origin);
 
+/// The metadata key of per-tensor checksums: the CRC-32 of each tensor's bytes as stored, 8 hex digits each,
+/// space-separated, in the order of the data buffer. Readers of the format ignore it; load_safetensors and
+/// parse_safetensors check a file that has it, so a flipped bit or an overwritten range is an error naming the
+/// tensor instead of weights that load.
+inline constexpr std::string_view kChecksumKey = "fastlearn.crc32";
+
+/// `metadata` with kChecksumKey set for `tensors` (written in this order by save_safetensors).
+Metadata with_checksums(const NamedTensors& tensors, Metadata metadata);
+
 /// serialize_safetensors into `path`, atomically (write_file_atomically): readers see the old file or the
 /// complete new one. Failures are a CheckpointError.
 void save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, const Metadata& metadata = {});

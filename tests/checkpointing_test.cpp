@@ -173,6 +173,34 @@ TEST(LatestCheckpoint, SkipsTornFilesAndTemporariesOrRefusesThem) {
   EXPECT_FALSE(fs::exists(ckpts / ".ckpt-e0005-b0000000.safetensors.tmp.1.2"));
 }
 
+TEST(LatestCheckpoint, ACheckpointWithAFlippedBitIsSkippedAndRefusedByLoad) {
+  TempDir dir("flipped");
+  train(dir.path, {}, {std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.keep = 0})});
+  const auto ckpts = dir.path / "checkpoints";
+  const auto newest = ckpts / fl::checkpoint_file_name(3, 0);
+  ASSERT_TRUE(fs::exists(newest));
+  {  // one bit of the last data byte (the file's end is tensor data): the file parses and keeps its size
+    std::fstream file(newest, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(-1, std::ios::end);
+    const char byte = static_cast<char>(file.get() ^ 0x01);
+    file.seekp(-1, std::ios::end);
+    file.put(byte);
+  }
+  ::testing::internal::CaptureStderr();
+  const auto latest = fl::latest_checkpoint(ckpts);
+  const auto err = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(latest);
+  EXPECT_EQ(latest->filename(), fl::checkpoint_file_name(2, 0)) << "the one before the corrupt one";
+  EXPECT_NE(err.find("does not match its checksum: the file is corrupt"), std::string::npos) << err;
+  auto learn = make_learner(dir.path / "load", {});
+  try {
+    fl::load_checkpoint(*learn, newest);
+    ADD_FAILURE() << "a checkpoint with a flipped bit loaded";
+  } catch (const fl::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find(newest.string() + ": tensor '"), std::string::npos) << e.what();
+  }
+}
+
 TEST(GracefulStop, SigtermStopsAtTheBatchWithACheckpointAndTheResumedFitMatches) {
   TempDir dir("stop");
   const auto reference = train(dir.path / "reference", {});

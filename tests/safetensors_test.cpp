@@ -345,6 +345,50 @@ TEST_F(Safetensors, BooleansOtherThanZeroOrOneAreRejected) {
                {"BOOL tensor 'm' holds the byte 2", fmt::format("byte offset {} in the file", 8 + json.size() + 2)});
 }
 
+TEST_F(Safetensors, ChecksumsNameATensorWhoseBytesChanged) {
+  const auto tensors = reference();
+  const auto metadata = fl::with_checksums(tensors, kMetadata);
+  ASSERT_TRUE(metadata.contains(std::string(fl::kChecksumKey)));
+  EXPECT_EQ(metadata.at(std::string(fl::kChecksumKey)).size(), tensors.size() * 9 - 1) << "8 hex digits per tensor";
+  const auto path = dir_ / "summed.safetensors";
+  fl::save_safetensors(path, tensors, metadata);
+  expect_same(fl::load_safetensors(path).tensors, tensors);
+  const auto bytes = read_bytes(path);
+  expect_same(fl::parse_safetensors(bytes, "model.safetensors").tensors, tensors);
+
+  // One bit flipped in the last data byte of 'i32': a value that loads fine without the checksum.
+  const auto header_end =
+      8 + static_cast<std::size_t>(static_cast<unsigned char>(bytes[0]) | static_cast<unsigned char>(bytes[1]) << 8 |
+                                   static_cast<unsigned char>(bytes[2]) << 16);
+  std::uint64_t begin = header_end, end = header_end;
+  for (const auto& [name, t] : tensors) {
+    begin = end;
+    end += static_cast<std::uint64_t>(t.nbytes());
+    if (name == "i32") break;
+  }
+  auto flipped = bytes;
+  flipped[end - 1] = static_cast<char>(flipped[end - 1] ^ 0x10);
+  expect_error(flipped, {fmt::format("tensor 'i32' (bytes {} to {} of the file) does not match its checksum: the "
+                                     "file is corrupt",
+                                     begin, end)});
+  write_bytes(path, flipped);
+  EXPECT_THROW(fl::load_safetensors(path), fl::CheckpointError);
+  // Without the checksums the same bytes load: this is what the checksums are for.
+  const auto unsummed = fl::serialize_safetensors(tensors, kMetadata);
+  auto flipped_unsummed = unsummed;
+  flipped_unsummed[unsummed.size() - (bytes.size() - (end - 1))] ^= 0x10;
+  EXPECT_NO_THROW((void)fl::parse_safetensors(flipped_unsummed, "model.safetensors"));
+
+  // A checksum list that does not fit the tensors is an error too.
+  auto short_list = metadata;
+  short_list[std::string(fl::kChecksumKey)] = "0badf00d";
+  expect_error(fl::serialize_safetensors(tensors, short_list),
+               {"metadata fastlearn.crc32 lists 1 checksum(s) for 13 tensor(s)"});
+  auto not_hex = metadata;
+  not_hex[std::string(fl::kChecksumKey)].replace(0, 8, "xyz12345");
+  expect_error(fl::serialize_safetensors(tensors, not_hex), {"'xyz12345' is not a checksum of 8 hex digits"});
+}
+
 TEST_F(Safetensors, LoadErrorsNameTheFile) {
   const auto path = dir_ / "cut.safetensors";
   const auto bytes = fl::serialize_safetensors(reference(), kMetadata);
