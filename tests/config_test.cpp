@@ -102,8 +102,14 @@ TEST(Config, KeysThatDoNotApplyAreErrors) {
   expect_contains(error_of("[data]\ndataset = \"image_folder\"\n").what(), "data.path: must name the folder");
   expect_contains(error_of("[data]\nsize = 64\n").what(),
                   "data.size: applies to dataset = \"image_folder\" or \"image_csv\" only");
+  expect_contains(error_of("[data]\nsize = 64\n").what(),
+                  "; data.dataset is not set, so it is \"fashion_mnist\" (the default): set it to your data's kind");
   expect_contains(error_of("[data]\ndataset = \"image_folder\"\npath = \"x\"\ncsv = \"a.csv\"\n").what(),
                   "data.csv: applies to dataset = \"image_csv\" only");
+  {
+    const std::string given = error_of("[data]\ndataset = \"fashion_mnist\"\nsize = 64\n").what();
+    EXPECT_EQ(given.find("data.dataset is not set"), std::string::npos) << given;
+  }
   expect_contains(error_of("[model]\nweights = \"w.safetensors\"\n").what(),
                   "model.weights: applies to arch = \"resnet18\", \"resnet34\" or \"resnet50\" only");
   expect_contains(error_of("[callbacks.early_stopping]\nmonitor = \"acc\"\n").what(),

@@ -361,6 +361,13 @@ bool read_key(const strict::Document& doc, const Key& key, TrainConfig& config, 
 
 std::string_view top_table(std::string_view key) { return key.substr(0, key.find('.')); }
 
+// Whether the config gave data.dataset (or took its default).
+bool dataset_given(const std::vector<Key>& keys, const std::vector<bool>& given) {
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    if (keys[i].name == "data.dataset") return given[i];
+  return false;
+}
+
 // Table by table (data, model, ...): every value's type and range first, then whether the keys given apply,
 // then the checks across keys. So a rule may look at any key of its table or of the tables above it.
 TrainConfig read_config(const strict::Document& doc) {
@@ -374,7 +381,11 @@ TrainConfig read_config(const strict::Document& doc) {
       if (!inside(keys[i].name, off)) given[i] = read_key(doc, keys[i], config, off);
     }
     for (auto i = begin; i < end; ++i) {
-      if (given[i] && !keys[i].applies(config)) doc.invalid(keys[i].name, keys[i].rules.applies.unless);
+      if (!given[i] || keys[i].applies(config)) continue;
+      std::string why(keys[i].rules.applies.unless);
+      if (why.find("dataset = ") != std::string::npos && !dataset_given(keys, given))
+        why += "; data.dataset is not set, so it is \"fashion_mnist\" (the default): set it to your data's kind";
+      doc.invalid(keys[i].name, why);
     }
     for (auto i = begin; i < end; ++i) {
       if (!keys[i].rules.check || inside(keys[i].name, off)) continue;
