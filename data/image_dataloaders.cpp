@@ -184,6 +184,11 @@ DataLoaders build(Items train, Items valid, bool multi_label, const ImageFilesOp
         "cannot learn them: {}\n",
         origin, valid_only.size(), fmt::join(valid_only, ", "));
   names.insert(valid_only.begin(), valid_only.end());
+  if (names.size() == 1 && !multi_label)
+    std::cerr << fmt::format(
+        "fastlearn: warning: {}: every image has the label '{}': with one class every prediction "
+        "is right, and the model learns nothing\n",
+        origin, *names.begin());
   std::vector<std::string> vocab(names.begin(), names.end());
   std::map<std::string, std::int64_t> index;
   for (std::size_t i = 0; i < vocab.size(); ++i) index[vocab[i]] = static_cast<std::int64_t>(i);
@@ -243,6 +248,18 @@ Items labelled_by_parent_folder(const fs::path& dir) {
     items.files.push_back(std::move(file));
   }
   if (items.files.empty()) throw DataError(fmt::format("no .jpg, .jpeg or .png files under '{}'", dir.string()));
+  // A class folder without an image is no class at all: say so rather than leave it out in silence.
+  std::set<std::string> holding;
+  for (const auto& file : items.files) holding.insert(file.lexically_relative(dir).begin()->string());
+  std::vector<std::string> empty;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.is_directory() && !holding.contains(entry.path().filename().string()))
+      empty.push_back(entry.path().filename().string());
+  std::sort(empty.begin(), empty.end());
+  if (!empty.empty())
+    std::cerr << fmt::format(
+        "fastlearn: warning: '{}': {} folder(s) without a .jpg, .jpeg or .png image left out: {}\n", dir.string(),
+        empty.size(), fmt::join(empty, ", "));
   return items;
 }
 

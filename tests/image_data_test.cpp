@@ -205,6 +205,28 @@ TEST_F(ImageFiles, AClassWithValidationImagesOnlyIsKeptWithAWarningNamingIt) {
   EXPECT_EQ(testing::internal::GetCapturedStderr(), "") << "no warning when every class has training images";
 }
 
+TEST_F(ImageFiles, AnEmptyClassFolderAndASingleClassAreNamedInWarnings) {
+  const auto root = dir_ / "one_class";
+  std::vector<fs::path> bags;
+  for (const auto& e : fs::directory_iterator(dir_ / "png" / "train" / "Bag")) bags.push_back(e.path());
+  std::sort(bags.begin(), bags.end());
+  ASSERT_GE(bags.size(), 4u);
+  for (std::size_t i = 0; i < 4; ++i) {
+    fs::create_directories(root / "Bag");
+    fs::copy_file(bags[i], root / "Bag" / bags[i].filename(), fs::copy_options::overwrite_existing);
+  }
+  fs::create_directories(root / "Coat");  // a class folder left empty
+  testing::internal::CaptureStderr();
+  const auto dls = fl::ImageDataLoaders::from_folder(root, {.bs = 1, .size = 16, .valid_pct = 0.25});
+  const auto warning = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(dls.vocab(), (std::vector<std::string>{"Bag"}));
+  EXPECT_NE(warning.find("1 folder(s) without a .jpg, .jpeg or .png image left out: Coat"), std::string::npos)
+      << warning;
+  EXPECT_NE(warning.find("every image has the label 'Bag': with one class every prediction is right"),
+            std::string::npos)
+      << warning;
+}
+
 TEST_F(ImageFiles, ComputedStatisticsAreTheTrainingImagesOwn) {
   auto dls = fl::ImageDataLoaders::from_folder(
       dir_ / "png", {.bs = 16, .size = 28, .normalize = fl::ImageNormalization::computed, .stats_items = 0});
