@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 #include <turbojpeg.h>
 
+#include <algorithm>
 #include <array>
 #include <fstream>
 #include <functional>
@@ -55,6 +56,46 @@ at::Tensor to_chw_view(at::Tensor hwc, ImageMode mode) {
   return hwc.permute({2, 0, 1});
 }
 
+// Whether the JPEG has Adobe's APP14 marker: Adobe's applications, which write nearly every CMYK JPEG, store the
+// inks inverted (255 = no ink), and readers (libjpeg's saw_Adobe_marker, PIL's "CMYK;I") go by that marker.
+bool has_adobe_marker(std::span<const std::uint8_t> bytes) {
+  std::size_t at = 2;  // after SOI
+  while (at + 4 <= bytes.size()) {
+    if (bytes[at] != 0xFF) return false;
+    const std::uint8_t marker = bytes[at + 1];
+    if (marker == 0xFF) {  // fill byte
+      ++at;
+      continue;
+    }
+    if (marker == 0xDA || marker == 0xD9) return false;  // the scan (or the end) starts: no more markers
+    const std::size_t length = static_cast<std::size_t>(bytes[at + 2]) << 8 | bytes[at + 3];
+    constexpr std::array<std::uint8_t, 5> adobe{'A', 'd', 'o', 'b', 'e'};
+    if (marker == 0xEE && length >= 2 + adobe.size() && at + 4 + adobe.size() <= bytes.size() &&
+        std::equal(adobe.begin(), adobe.end(), bytes.begin() + static_cast<std::ptrdiff_t>(at + 4)))
+      return true;
+    at += 2 + length;
+  }
+  return false;
+}
+
+// x * y / 255, rounded, in integers (PIL's MULDIV255), so that RGB from CMYK is PIL's to the bit.
+int muldiv255(int x, int y) {
+  const int t = x * y + 128;
+  return ((t >> 8) + t) >> 8;
+}
+
+// Interleaved CMYK -> interleaved RGB as PIL converts it: each channel is (255 - K) - (255 - K) * ink / 255.
+void cmyk_to_rgb(const std::uint8_t* cmyk, std::uint8_t* rgb, std::int64_t pixels, bool inverted) {
+  for (std::int64_t i = 0; i < pixels; ++i, cmyk += 4, rgb += 3) {
+    const int k = inverted ? 255 - cmyk[3] : cmyk[3];
+    const int no_black = 255 - k;
+    for (int c = 0; c < 3; ++c) {
+      const int ink = inverted ? 255 - cmyk[c] : cmyk[c];
+      rgb[c] = static_cast<std::uint8_t>(std::clamp(no_black - muldiv255(ink, no_black), 0, 255));
+    }
+  }
+}
+
 at::Tensor decode_jpeg(std::span<const std::uint8_t> bytes, std::string_view origin, const DecodeOptions& options,
                        const PixelMemory& memory) {
   std::unique_ptr<void, int (*)(tjhandle)> handle(tjInitDecompress(), tjDestroy);
@@ -66,7 +107,8 @@ at::Tensor decode_jpeg(std::span<const std::uint8_t> bytes, std::string_view ori
     fail(origin, "not a readable JPEG: " + error());
   }
   check_pixels(width, height, options, origin);
-  if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) fail(origin, "CMYK JPEGs are not supported; convert to RGB");
+  // libjpeg-turbo decodes CMYK (and YCCK) only to CMYK: the inks come out, and become RGB here.
+  const bool cmyk = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
   // The smallest scale whose result still has both sides >= min_side.
   int scaled_w = width, scaled_h = height;
   if (options.min_side > 0) {
@@ -79,13 +121,24 @@ at::Tensor decode_jpeg(std::span<const std::uint8_t> bytes, std::string_view ori
       }
     }
   }
+  // Warnings (a truncated file, corrupt data) are errors: a partly grey image must not train silently.
+  auto decompress = [&](std::uint8_t* out, int pixel_format) {
+    if (tjDecompress2(handle.get(), bytes.data(), static_cast<unsigned long>(bytes.size()), out, scaled_w, 0, scaled_h,
+                      pixel_format, TJFLAG_STOPONWARNING) != 0) {
+      fail(origin, "corrupt JPEG: " + error());
+    }
+  };
+  if (cmyk) {
+    std::vector<std::uint8_t> inks(static_cast<std::size_t>(scaled_h) * scaled_w * 4);
+    decompress(inks.data(), TJPF_CMYK);
+    auto hwc = memory(scaled_h, scaled_w, 3);  // gray: luma of this RGB, as for any colour JPEG
+    cmyk_to_rgb(inks.data(), hwc.data_ptr<std::uint8_t>(), static_cast<std::int64_t>(scaled_h) * scaled_w,
+                has_adobe_marker(bytes));
+    return to_chw_view(hwc, options.mode);
+  }
   const bool gray = options.mode == ImageMode::gray;
   auto hwc = memory(scaled_h, scaled_w, gray ? 1 : 3);
-  // Warnings (a truncated file, corrupt data) are errors: a partly grey image must not train silently.
-  if (tjDecompress2(handle.get(), bytes.data(), static_cast<unsigned long>(bytes.size()), hwc.data_ptr<std::uint8_t>(),
-                    scaled_w, 0, scaled_h, gray ? TJPF_GRAY : TJPF_RGB, TJFLAG_STOPONWARNING) != 0) {
-    fail(origin, "corrupt JPEG: " + error());
-  }
+  decompress(hwc.data_ptr<std::uint8_t>(), gray ? TJPF_GRAY : TJPF_RGB);
   return to_chw_view(hwc, options.mode);
 }
 

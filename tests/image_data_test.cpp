@@ -227,6 +227,24 @@ TEST_F(ImageFiles, AnEmptyClassFolderAndASingleClassAreNamedInWarnings) {
       << warning;
 }
 
+TEST_F(ImageFiles, ACmykJpegFromPilDecodesToPilsRgbBitForBit) {
+  // PIL writes Adobe-style CMYK (inverted inks, YCCK inside); its RGB conversion, saved losslessly, is the reference.
+  const auto jpg = dir_ / "pil_cmyk.jpg", png = dir_ / "pil_cmyk_as_rgb.png";
+  const auto script = fmt::format(
+      "import numpy as np; from PIL import Image; "
+      "a = (np.random.RandomState(0).rand(40, 56, 3) * 255).astype('uint8'); "
+      "Image.fromarray(a).convert('CMYK').save('{}', quality=90); "
+      "Image.open('{}').convert('RGB').save('{}')",
+      jpg.string(), jpg.string(), png.string());
+  const auto [code, output] =
+      fastlearn::testing::run_shell(fmt::format("'{}' -c \"{}\" 2>&1", FASTLEARN_PYTHON, script));
+  ASSERT_EQ(code, 0) << output;
+  const auto ours = fl::read_image(jpg), pils = fl::read_image(png);
+  ASSERT_EQ(ours.sizes(), pils.sizes());
+  EXPECT_TRUE(torch::equal(ours, pils)) << "largest difference "
+                                        << (ours.to(torch::kInt) - pils.to(torch::kInt)).abs().max().item<int>();
+}
+
 TEST_F(ImageFiles, ComputedStatisticsAreTheTrainingImagesOwn) {
   auto dls = fl::ImageDataLoaders::from_folder(
       dir_ / "png", {.bs = 16, .size = 28, .normalize = fl::ImageNormalization::computed, .stats_items = 0});

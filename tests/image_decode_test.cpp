@@ -116,6 +116,33 @@ TEST(ImageDecode, JpegRgbAndGrayDecodeCloseToTheirPixels) {
   EXPECT_EQ(fl::decode_image(jpeg(gray, true), "gray.jpg", {.mode = fl::ImageMode::gray}).size(0), 1);
 }
 
+TEST(ImageDecode, CmykJpegsBecomeRgbAsPilConvertsThem) {
+  // libjpeg-turbo writes CMYK pixels as given, with Adobe's marker: readers take them as inverted inks (255 = none).
+  // Stored K = 255 (no black) and C, M, Y = the picture's R, G, B: the RGB is the picture, up to JPEG's loss.
+  const auto rgb = picture(32, 48);
+  const auto stored = torch::cat({rgb, torch::full({32, 48, 1}, 255, torch::kUInt8)}, 2).contiguous();
+  std::unique_ptr<void, int (*)(tjhandle)> tj(tjInitCompress(), tjDestroy);
+  unsigned char* out = nullptr;
+  unsigned long size = 0;
+  ASSERT_EQ(
+      tjCompress2(tj.get(), stored.data_ptr<std::uint8_t>(), 48, 0, 32, TJPF_CMYK, &out, &size, TJSAMP_444, 95, 0), 0);
+  const Bytes cmyk(out, out + size);
+  tjFree(out);
+  const auto decoded = fl::decode_image(cmyk, "cmyk.jpg");
+  ASSERT_EQ(decoded.sizes(), (std::vector<std::int64_t>{3, 32, 48}));
+  EXPECT_LE((decoded.to(torch::kInt) - chw(rgb).to(torch::kInt)).abs().max().item<int>(), 8);
+  // Full black ink everywhere (stored K = 0): black, whatever the other inks.
+  auto black = stored.clone();
+  black.select(2, 3).fill_(0);
+  out = nullptr, size = 0;  // a fresh buffer: TurboJPEG would reuse the one freed above
+  ASSERT_EQ(tjCompress2(tj.get(), black.data_ptr<std::uint8_t>(), 48, 0, 32, TJPF_CMYK, &out, &size, TJSAMP_444, 95, 0),
+            0);
+  const Bytes black_jpeg(out, out + size);
+  tjFree(out);
+  EXPECT_LE(fl::decode_image(black_jpeg, "black.jpg").max().item<int>(), 4);
+  EXPECT_EQ(fl::decode_image(cmyk, "cmyk.jpg", {.mode = fl::ImageMode::gray}).size(0), 1);
+}
+
 TEST(ImageDecode, JpegScaledDecodingKeepsBothSidesAtLeastMinSide) {
   const auto big = picture(400, 600);
   const auto bytes = jpeg(big, false);
