@@ -300,6 +300,18 @@ TEST_F(TrainCommand, ARunThatFailsBeforeTrainingLeavesTheOlderRunsFolderAsItWas)
   EXPECT_TRUE(checkpoints().contains("ckpt-e0001-b0000000.safetensors"));
 }
 
+TEST_F(TrainCommand, ValidatingWithAConfigThatBuildsAnotherModelPointsAtTheRunsOwnConfig) {
+  ASSERT_EQ(run(train("--set train.epochs=1 --set model.hidden=[8]")).exit_code, 0);
+  const auto checkpoint = (out_ / "checkpoints/model.safetensors").string();
+  const auto base = run("validate " + config_.string() + " --checkpoint " + checkpoint);
+  EXPECT_NE(base.exit_code, 0) << base.output;
+  EXPECT_NE(base.output.find("left its resolved config in '" + (out_ / "config.toml").string() + "'"),
+            std::string::npos)
+      << base.output;
+  const auto own = run("validate " + (out_ / "config.toml").string() + " --checkpoint " + checkpoint);
+  EXPECT_EQ(own.exit_code, 0) << own.output;
+}
+
 TEST_F(TrainCommand, TrainsOnTwoRanksThroughTheLauncher) {
   const auto r = run(train("--nproc-per-node 2 --set train.epochs=1"));
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -238,7 +238,17 @@ std::unique_ptr<Learner> learner_from_checkpoint(const TrainConfig& c, const fs:
   if (!fs::exists(checkpoint))
     throw CheckpointError(fmt::format("{}: checkpoint '{}' does not exist", command, checkpoint));
   auto learn = make_learner(c, out, /*with_run_callbacks=*/false);
-  load_checkpoint(*learn, checkpoint, {.with_opt = false});
+  try {
+    load_checkpoint(*learn, checkpoint, {.with_opt = false});
+  } catch (const CheckpointError& e) {
+    // Most often the run was trained with --set overrides the config given here lacks; its folder has them all.
+    const auto run_config = fs::path(checkpoint).parent_path().parent_path() / "config.toml";
+    if (!fs::is_regular_file(run_config)) throw;
+    throw CheckpointError(
+        fmt::format("{}\nThe run that saved it left its resolved config in '{}': `fastlearn {} {} "
+                    "--checkpoint {}` builds the same data and model",
+                    e.what(), run_config.string(), command, run_config.string(), checkpoint));
+  }
   return learn;
 }
 
