@@ -48,6 +48,8 @@ class TabularProcs {
   /// One row given as column name -> cell; an absent column is a missing cell.
   Encoded encode_row(const std::map<std::string, std::string>& row) const;
 
+  /// The table's categorical columns (with cont_names(), the columns a row gives).
+  const std::vector<std::string>& cat_columns() const { return cat_columns_; }
   /// The model's categorical inputs: the categorical columns, then the `<cont>_na` indicators.
   const std::vector<std::string>& cat_names() const { return cat_names_; }
   const std::vector<std::string>& cont_names() const { return cont_names_; }

@@ -235,6 +235,15 @@ seed = 3
                                                               << p.output;
   EXPECT_NE(p.output.find("rows.csv:4: "), std::string::npos) << p.output;
   EXPECT_NE(p.output.find("column 'age': 'old' is not a number"), std::string::npos) << p.output;
+  // A file without a column the model reads predicts nothing and names it.
+  std::ofstream(dir_ / "no_age.csv") << "workclass,education,occupation,native_country,sex,hours_per_week,"
+                                        "capital_gain,education_num\n"
+                                        "Private,Doctorate,Exec-managerial,United-States,Male,60,15000,16\n";
+  const auto no_age = run(
+      fmt::format("predict {} --checkpoint {} {}", config_.string(), model.string(), (dir_ / "no_age.csv").string()));
+  EXPECT_EQ(no_age.exit_code, 1) << no_age.output;
+  EXPECT_NE(no_age.output.find("no_age.csv: no column age that the model reads"), std::string::npos) << no_age.output;
+  EXPECT_EQ(no_age.output.find("no_age.csv:2\t"), std::string::npos) << no_age.output;
 
   const auto i = run(fmt::format("interpret {} --checkpoint {} --out {}", config_.string(), model.string(),
                                  (dir_ / "interp").string()));

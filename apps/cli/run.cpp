@@ -462,6 +462,26 @@ int run_interpret(const TrainArgs& args, const std::string& checkpoint, int top)
   return 0;
 }
 
+namespace {
+
+// A CSV without a column the model reads is a mistake far more often than a column of missing cells (pandas, and
+// so fastai, fail on it too): refused, naming the columns. An empty cell still counts as missing.
+void check_input_columns(Learner& learn, const CsvTable& table, const std::string& file) {
+  const auto* dataset = tabular_dataset(learn.dls());
+  if (!dataset) return;
+  std::vector<std::string> absent;
+  for (const auto* names : {&dataset->procs().cat_columns(), &dataset->procs().cont_names()})
+    for (const auto& name : *names)
+      if (std::find(table.columns.begin(), table.columns.end(), name) == table.columns.end()) absent.push_back(name);
+  if (!absent.empty())
+    throw DataError(
+        fmt::format("{}: no column {} that the model reads (the header has {}); give it, with empty "
+                    "cells where a value is missing",
+                    file, fmt::join(absent, ", "), fmt::join(table.columns, ", ")));
+}
+
+}  // namespace
+
 int run_predict(const TrainArgs& args, const std::string& checkpoint, const std::vector<std::string>& inputs) {
   auto config = load_config(args.config_path, args.sets);
   if (!is_image_files(config.data) && !is_tabular(config.data)) {
@@ -477,6 +497,7 @@ int run_predict(const TrainArgs& args, const std::string& checkpoint, const std:
       if (is_tabular(config.data)) {
         // Every row of the CSV file, one line each: FILE:ROW (the header is row 1).
         const auto table = read_csv(input);
+        check_input_columns(*learn, table, input);
         for (std::size_t r = 0; r < table.rows.size(); ++r) {
           std::map<std::string, std::string> row;
           for (std::size_t j = 0; j < table.columns.size(); ++j) row[table.columns[j]] = table.rows[r][j];
