@@ -71,10 +71,10 @@ void AdamOptimizer::step_group(ParamGroup& group, GroupState& state, const std::
     if (options_.fused && fusable(p, g, /*cuda_too=*/true) && same_layout(exp_avg[i], p) &&
         same_layout(exp_avg_sq[i], p)) {
       auto& f = fused_for(p);
-      f.p.push_back(p);
-      f.g.push_back(g);
-      f.m.push_back(exp_avg[i]);
-      f.v.push_back(exp_avg_sq[i]);
+      f.p.push_back(fused_operand(p));
+      f.g.push_back(fused_operand(g));
+      f.m.push_back(fused_operand(exp_avg[i]));
+      f.v.push_back(fused_operand(exp_avg_sq[i]));
       f.steps.push_back(step_views_on(state, p.device())[i]);
     } else {
       gp.push_back(p);

@@ -80,6 +80,11 @@ bool Optimizer::fusable(const at::Tensor& p, const at::Tensor& g, bool cuda_too)
          g.scalar_type() == dtype && p.is_non_overlapping_and_dense() && same_layout(p, g);
 }
 
+at::Tensor Optimizer::fused_operand(const at::Tensor& t) {
+  if (!t.is_cpu() || t.is_contiguous()) return t;
+  return t.as_strided({t.numel()}, {1});
+}
+
 const std::vector<at::Tensor>& Optimizer::step_views_on(GroupState& state, const c10::Device& device) {
   if (device.is_cpu()) return state.step_views;
   for (const auto& [on, views] : state.device_step_views)

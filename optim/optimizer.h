@@ -89,6 +89,11 @@ class Optimizer {
   /// Whether ATen's fused kernels can update `p` from its gradient `g` (same dense layout, floating): on the CPU,
   /// and with `cuda_too` on a CUDA device as well (a non-empty tensor, listed with others of its device and dtype).
   static bool fusable(const at::Tensor& p, const at::Tensor& g, bool cuda_too = false);
+  /// What a fused list gets for a fusable tensor: on the CPU, a 1-d view of a dense tensor's memory in memory order
+  /// (the tensor itself when contiguous). ATen's CPU kernels copy a gradient that is not contiguous (channels-last)
+  /// before they walk raw memory, and then do not use the copy; a view in memory order is contiguous, so the
+  /// update is the same, element for element, without that copy.
+  static at::Tensor fused_operand(const at::Tensor& t);
 
  protected:
   /// The per-parameter state of one group.

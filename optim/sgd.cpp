@@ -58,11 +58,11 @@ void SGDOptimizer::step_group(ParamGroup& group, GroupState& state, const std::v
     const auto i = active[k];
     const bool first = state.steps[i] == 1;
     if (fuse_group && fusable(params[k], grads[k]) && (!bufs || first || same_layout((*bufs)[i], params[k]))) {
-      fp[first].push_back(params[k]);
-      fg[first].push_back(grads[k]);
+      fp[first].push_back(fused_operand(params[k]));
+      fg[first].push_back(fused_operand(grads[k]));
       if (bufs) {
         if (first) (*bufs)[i] = at::empty_like(params[k], at::MemoryFormat::Preserve);
-        fb[first].push_back((*bufs)[i]);
+        fb[first].push_back(fused_operand((*bufs)[i]));
       }
     } else {
       general.push_back(k);

@@ -518,6 +518,34 @@ TEST(Optimizer, DeterministicAcrossRuns) {
   }
 }
 
+// Parameters laid out otherwise than contiguous (channels-last, transposed) with gradients and state laid out
+// like them go through the fused kernels as views in memory order: each element ends with the bits of the same
+// run on contiguous tensors (the _foreach_ path would round differently), and the updates land in the parameters.
+TEST(Optimizer, FusedUpdatesOfChannelsLastAndTransposedParametersMatchContiguousBitForBit) {
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  for (const auto& [name, f] : {std::pair{"SGD", fl::SGD({.mom = 0.9, .wd = 0.01})}, std::pair{"Adam", fl::Adam()}}) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+    const auto start = std::vector<at::Tensor>{at::randn({8, 3, 3, 3}, gen), at::randn({5, 7}, gen)};
+    Params plain, strided;
+    for (const auto& s : start) plain.push_back(s.clone().requires_grad_(true));
+    strided.push_back(start[0].contiguous(cl).requires_grad_(true));
+    strided.push_back(start[1].t().contiguous().t().requires_grad_(true));
+    ASSERT_FALSE(strided[0].is_contiguous());
+    ASSERT_FALSE(strided[1].is_contiguous());
+    auto opt_plain = make(f, plain, 1e-2), opt_strided = make(f, strided, 1e-2);
+    for (int s = 0; s < 4; ++s) {
+      set_grads(plain, s);
+      for (std::size_t i = 0; i < strided.size(); ++i)
+        strided[i].mutable_grad() = at::empty_like(strided[i]).copy_(plain[i].grad());  // laid out like its param
+      opt_plain->step();
+      opt_strided->step();
+      expect_equal(strided, plain, std::string(name) + " step " + std::to_string(s));
+    }
+    EXPECT_FALSE(torch::equal(strided[0], start[0])) << name << ": the updates did not reach the parameter";
+    EXPECT_TRUE(strided[0].is_contiguous(cl)) << name;
+  }
+}
+
 // The fused kernels split big tensors across threads on fixed 64-byte boundaries, so the result does not
 // depend on the thread count either.
 TEST(Optimizer, DeterministicAcrossThreadCounts) {
