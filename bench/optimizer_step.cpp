@@ -1,7 +1,8 @@
 // optimizer_step: time of one optimizer step of fastlearn's optimizers against LibTorch's own torch::optim
-// (the anchor a hand-written training loop would use), on a 1M-parameter MLP and on models::simple_cnn,
-// with fixed random gradients. Both sides run interleaved in one process on the same parameters' shapes.
-// Prints one JSON object (one entry per optimizer and model; time per step, lower is better).
+// (the anchor a hand-written training loop would use), on a 1M-parameter MLP, on models::simple_cnn and on
+// models::conv_net in channels-last memory format, with fixed random gradients. Both sides run interleaved in one
+// process on the same parameters' shapes. Prints one JSON object (one entry per optimizer and model; time per step,
+// lower is better).
 #include <fastlearn/models/models.h>
 #include <fastlearn/optim/adam.h>
 #include <fastlearn/optim/optimizer.h>
@@ -66,7 +67,13 @@ int main() {
     std::string name;
     std::vector<at::Tensor> params;
   };
-  const std::vector<Model> models{{"mlp", mlp->parameters()}, {"cnn", cnn->parameters()}};
+  // conv_net's parameters channels-last, as the ChannelsLast callback leaves them: the fused kernels get them as
+  // views in memory order (Optimizer::fused_operand).
+  std::vector<at::Tensor> conv_net_cl;
+  for (const auto& p : fl::models::conv_net({})->parameters())
+    conv_net_cl.push_back(p.dim() == 4 ? p.detach().contiguous(at::MemoryFormat::ChannelsLast) : p.detach());
+  const std::vector<Model> models{
+      {"mlp", mlp->parameters()}, {"cnn", cnn->parameters()}, {"conv_net_channels_last", conv_net_cl}};
 
   // Every optimizer keeps its own copy of the parameters; they live as long as the cases.
   std::vector<std::unique_ptr<fl::Optimizer>> ours_opts;

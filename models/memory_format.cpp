@@ -18,9 +18,21 @@ bool needs_conversion(const at::Tensor& t) {
   return t.defined() && t.dim() == 4 && !t.is_sparse() && t.suggest_memory_format() != at::MemoryFormat::ChannelsLast;
 }
 
+// A one-channel tensor laid out (N, 1, H, W) row by row has its values in channels-last order already: only the
+// strides need to say so, and a copy of every batch would buy nothing.
+bool one_channel_rows(const at::Tensor& t) {
+  const auto h = t.size(2), w = t.size(3);
+  return t.size(1) == 1 && (w == 1 || t.stride(3) == 1) && (h == 1 || t.stride(2) == w) &&
+         (t.size(0) == 1 || t.stride(0) == h * w);
+}
+
 }  // namespace
 
-at::Tensor as_channels_last(const at::Tensor& t) { return needs_conversion(t) ? channels_last_copy(t) : t; }
+at::Tensor as_channels_last(const at::Tensor& t) {
+  if (!needs_conversion(t)) return t;
+  if (one_channel_rows(t)) return t.as_strided(t.sizes(), {t.size(2) * t.size(3), 1, t.size(3), 1});
+  return channels_last_copy(t);
+}
 
 void to_channels_last(torch::nn::Module& model) {
   torch::NoGradGuard no_grad;

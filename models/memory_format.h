@@ -15,7 +15,8 @@ namespace fastlearn {
 /// place: the tensors stay the same objects, so optimizers and hooks that hold them see the change.
 void to_channels_last(torch::nn::Module& model);
 
-/// `t` with channels-last strides: a copy of a 4-D tensor that is not yet so, otherwise `t` itself.
+/// `t` with channels-last strides: `t` itself when it has them; a view of `t`'s memory with new strides when it has
+/// one channel stored row by row (its values are in channels-last order already); otherwise a copy.
 at::Tensor as_channels_last(const at::Tensor& t);
 
 }  // namespace fastlearn
