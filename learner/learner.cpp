@@ -77,6 +77,35 @@ std::vector<std::vector<at::Tensor>> trainable_params(torch::nn::Module& model) 
   return {unique_params(model.parameters())};
 }
 
+namespace {
+
+// fastai's norm_types, recognised by the module's type name as torch::nn::Module::name() gives it.
+bool is_norm_layer(const torch::nn::Module& m) {
+  const auto& name = m.name();
+  for (const char* kind : {"BatchNorm", "InstanceNorm", "LayerNorm"})
+    if (name.find(kind) != std::string::npos) return true;
+  return false;
+}
+
+void collect_norm_bias(torch::nn::Module& m, bool with_bias, std::vector<at::Tensor>& out) {
+  if (is_norm_layer(m)) {
+    for (const auto& p : m.parameters()) out.push_back(p);
+    return;
+  }
+  for (const auto& child : m.children()) collect_norm_bias(*child, with_bias, out);
+  if (!with_bias) return;
+  for (const auto& item : m.named_parameters(/*recurse=*/false))
+    if (item.key() == "bias") out.push_back(item.value());
+}
+
+}  // namespace
+
+std::vector<at::Tensor> norm_bias_params(torch::nn::Module& model, bool with_bias) {
+  std::vector<at::Tensor> out;
+  collect_norm_bias(model, with_bias, out);
+  return unique_params(out);
+}
+
 namespace detail {
 void check_input_count(const std::vector<at::Tensor>& xb, std::size_t expected) {
   if (xb.size() != expected) {
@@ -199,6 +228,7 @@ std::vector<std::vector<at::Tensor>> Learner::param_groups() {
 void Learner::create_opt() {
   opt_ = options_.opt_func(param_groups(), options_.lr);
   if (options_.wd) opt_->set_hyper("wd", *options_.wd);
+  if (!options_.wd_bn_bias) opt_->exempt_from_weight_decay(norm_bias_params(*model_));
 }
 
 Optimizer& Learner::opt() {
@@ -210,16 +240,13 @@ void Learner::freeze_to(int n) {
   auto groups = param_groups();
   const int count = static_cast<int>(groups.size());
   const int frozen = std::clamp(n < 0 ? n + count : n, 0, count);
-  std::set<const void*> batchnorm;  // parameters of BatchNorm layers, found by their storage
+  std::set<const void*> norm;  // parameters of normalization layers
   if (options_.train_bn) {
-    for (const auto& module : model_->modules()) {
-      if (module->name().find("BatchNorm") == std::string::npos) continue;
-      for (const auto& p : module->parameters(false)) batchnorm.insert(p.unsafeGetTensorImpl());
-    }
+    for (const auto& p : norm_bias_params(*model_, /*with_bias=*/false)) norm.insert(p.unsafeGetTensorImpl());
   }
   for (int g = 0; g < count; ++g) {
     for (auto& p : groups[g]) {
-      p.set_requires_grad(g >= frozen || batchnorm.contains(p.unsafeGetTensorImpl()));
+      p.set_requires_grad(g >= frozen || norm.contains(p.unsafeGetTensorImpl()));
       if (!p.requires_grad()) p.mutable_grad() = at::Tensor();
     }
   }

@@ -47,6 +47,12 @@ std::vector<at::Tensor> unique_params(const std::vector<at::Tensor>& params);
 /// The default splitter: one group with every parameter.
 std::vector<std::vector<at::Tensor>> trainable_params(torch::nn::Module& model);
 
+/// fastai's norm_bias_params: the parameters of every normalization layer (batch, instance and layer norm; a
+/// SyncBatchNorm is a batch norm) and, with `with_bias`, every other module's own "bias". The default Learner
+/// gives them no weight decay (LearnerOptions::wd_bn_bias) and keeps the normalization layers trainable in frozen
+/// groups (LearnerOptions::train_bn).
+std::vector<at::Tensor> norm_bias_params(torch::nn::Module& model, bool with_bias = true);
+
 /// A learning rate for every parameter group: one value for all, one value per group, or fastai's slice.
 class LrSpec {
  public:
@@ -74,8 +80,9 @@ struct LearnerOptions {
   std::vector<CallbackPtr> cbs;    ///< extra callbacks for every fit
   Splitter splitter;               ///< parameter groups; default: one group
   std::filesystem::path path = ".";
-  std::string model_dir = "models";              ///< save() / load() use path / model_dir / <name>.safetensors
-  bool train_bn = true;                          ///< BatchNorm parameters stay trainable in frozen groups
+  std::string model_dir = "models";  ///< save() / load() use path / model_dir / <name>.safetensors
+  bool train_bn = true;     ///< normalization layers' parameters stay trainable in frozen groups (fastai's train_bn)
+  bool wd_bn_bias = false;  ///< weight decay also on norm_bias_params (fastai's wd_bn_bias; by default they get none)
   std::array<double, 3> moms{0.95, 0.85, 0.95};  ///< one-cycle momentum: start, middle, end
   bool progress = true;        ///< attach the Progress callback (bars on a TTY, epoch lines otherwise)
   bool train_metrics = false;  ///< also compute the metrics on the training set

@@ -152,7 +152,9 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
     for (const auto& [name, value] : groups_[g].hypers) check_finite(name, value, fmt::format("Optimizer group {}", g));
   }
   states_.resize(groups_.size());
+  exempt_.resize(groups_.size());
   for (std::size_t g = 0; g < groups_.size(); ++g) {
+    exempt_[g].assign(groups_[g].params.size(), false);
     auto& st = states_[g];
     const auto n = groups_[g].params.size();
     st.steps.assign(n, 0);
@@ -162,6 +164,35 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
 }
 
 Optimizer::~Optimizer() = default;
+
+void Optimizer::exempt_from_weight_decay(const std::vector<at::Tensor>& params) {
+  std::set<const c10::TensorImpl*> wanted;
+  for (const auto& p : params) wanted.insert(p.unsafeGetTensorImpl());
+  for (std::size_t g = 0; g < groups_.size(); ++g)
+    for (std::size_t i = 0; i < groups_[g].params.size(); ++i)
+      if (wanted.contains(groups_[g].params[i].unsafeGetTensorImpl())) exempt_[g][i] = true;
+}
+
+bool Optimizer::decays(std::size_t group, std::size_t index) const {
+  if (group >= exempt_.size() || index >= exempt_[group].size())
+    throw ConfigError(fmt::format("Optimizer::decays: no parameter {} in group {}", index, group));
+  return !exempt_[group][index];
+}
+
+// The exempt parameters of a group go through step_group on their own, with a copy of the group whose "wd" is 0.
+// Every gradient is checked first, so that a bad one cannot fail the second call after the first has updated.
+void Optimizer::step_group_with_exemptions(std::size_t g, const std::vector<std::size_t>& active) {
+  auto& group = groups_[g];
+  auto& state = states_[g];
+  std::vector<std::size_t> decayed, exempt;
+  for (const auto i : active) (exempt_[g][i] ? exempt : decayed).push_back(i);
+  if (exempt.empty() || !group.hypers.contains("wd")) return step_group(group, state, active);
+  check_grads(group, active, type().c_str());
+  if (!decayed.empty()) step_group(group, state, decayed);
+  ParamGroup without_wd = group;
+  without_wd.hypers["wd"] = 0.0;
+  step_group(without_wd, state, exempt);
+}
 
 void Optimizer::step() {
   at::NoGradGuard no_grad;
@@ -189,7 +220,7 @@ void Optimizer::step() {
     st.device_step_views.clear();  // last step's counts
     follow_param_layouts(params, st, active);
     try {
-      step_group(groups_[g], st, active);
+      step_group_with_exemptions(g, active);
     } catch (...) {
       // Subclasses validate before they touch anything, so undoing the counts restores the state.
       for (const auto i : active) steps_f[i] = static_cast<float>(--st.steps[i]);

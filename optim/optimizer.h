@@ -54,6 +54,12 @@ class Optimizer {
   /// Sets `name` per group: one value for all groups, or one per group; any other size is a ConfigError.
   void set_hyper(const std::string& name, const std::vector<double>& per_group);
 
+  /// Exempts `params` from weight decay, as fastai's per-parameter `do_wd = False`: each step updates them with the
+  /// group's hypers but "wd" taken as 0. Parameters this optimizer does not hold are ignored; others keep decaying.
+  void exempt_from_weight_decay(const std::vector<at::Tensor>& params);
+  /// Whether parameter `index` of group `group` gets the group's weight decay.
+  bool decays(std::size_t group, std::size_t index) const;
+
   /// Calls of step() so far (restored by load_state).
   std::int64_t step_count() const { return step_count_; }
 
@@ -124,8 +130,12 @@ class Optimizer {
   virtual std::vector<std::string> state_names() const = 0;
 
  private:
+  /// step_group for the active parameters of group `g`, the ones exempt from weight decay in a call of their own.
+  void step_group_with_exemptions(std::size_t g, const std::vector<std::size_t>& active);
+
   std::vector<ParamGroup> groups_;
   std::vector<GroupState> states_;
+  std::vector<std::vector<bool>> exempt_;  ///< per group and parameter: no weight decay
   std::int64_t step_count_ = 0;
 };
 

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <algorithm>
 
 #include "support/tiny_tasks.h"
 
@@ -414,6 +415,41 @@ TEST(Learner, FreezeKeepsBatchNormTrainableAndFineTuneUnfreezes) {
   ASSERT_EQ(opt.n_groups(), 2u);
   for (auto& p : model->parameters()) EXPECT_TRUE(p.requires_grad());
   EXPECT_FALSE(model[0]->parameters()[0].equal(body_before));
+}
+
+// As fastai's wd_bn_bias = False: normalization layers (whole) and every bias get no weight decay; the other
+// weights do. wd_bn_bias = true decays them all. The exemption is set again on every new optimizer (after freeze).
+TEST(Learner, NormalizationLayersAndBiasesGetNoWeightDecayUnlessAsked) {
+  auto dls = flt::classification_data({.n_train = 32, .n_valid = 8, .bs = 8});
+  torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::BatchNorm1d(8), torch::nn::ReLU(),
+                              torch::nn::Linear(8, 8), torch::nn::LayerNorm(torch::nn::LayerNormOptions({8})),
+                              torch::nn::Linear(torch::nn::LinearOptions(8, 3).bias(false)));
+  const std::vector<std::string> undecayed{"0.bias", "1.bias", "1.weight", "3.bias", "4.bias", "4.weight"};  // sorted
+  std::vector<std::string> found;
+  for (const auto& p : fl::norm_bias_params(*model))
+    for (const auto& named : model->named_parameters())
+      if (named.value().is_same(p)) found.push_back(named.key());
+  std::sort(found.begin(), found.end());
+  EXPECT_EQ(found, undecayed);
+
+  for (const bool wd_bn_bias : {false, true}) {
+    fl::Learner learn(dls, model, fl::cross_entropy(),
+                      {.splitter = fl::models::body_head_split, .wd_bn_bias = wd_bn_bias, .progress = false});
+    for (int round = 0; round < 2; ++round) {
+      learn.create_opt();
+      if (round == 1) learn.freeze();
+      const auto& groups = learn.opt().param_groups();
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        for (std::size_t i = 0; i < groups[g].params.size(); ++i) {
+          std::string name;
+          for (const auto& named : model->named_parameters())
+            if (named.value().is_same(groups[g].params[i])) name = named.key();
+          const bool exempt = std::find(undecayed.begin(), undecayed.end(), name) != undecayed.end();
+          EXPECT_EQ(learn.opt().decays(g, i), wd_bn_bias || !exempt) << name << " wd_bn_bias " << wd_bn_bias;
+        }
+      }
+    }
+  }
 }
 
 TEST(Learner, LrSpecSpreadsLearningRatesOverGroups) {

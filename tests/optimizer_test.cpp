@@ -518,6 +518,35 @@ TEST(Optimizer, DeterministicAcrossRuns) {
   }
 }
 
+// Parameters exempt from weight decay (fastai's do_wd = False) step exactly as with "wd" 0, the others exactly as
+// without exemptions, on the fused and the _foreach_ paths, for decoupled and L2 decay.
+TEST(Optimizer, ExemptParametersStepAsWithoutWeightDecayAndTheOthersAsBefore) {
+  const std::vector<std::pair<std::string, fl::OptFunc>> cases{
+      {"SGD decoupled", fl::SGD({.mom = 0.9, .wd = 0.1})},
+      {"SGD L2", fl::SGD({.mom = 0.9, .wd = 0.1, .decouple_wd = false})},
+      {"AdamW", fl::Adam({.wd = 0.1})},
+      {"Adam L2", fl::Adam({.wd = 0.1, .decouple_wd = false})},
+      {"Adam L2 foreach", fl::Adam({.wd = 0.1, .decouple_wd = false, .fused = false})}};
+  for (const auto& [name, f] : cases) {
+    auto exempted = make_params(at::kFloat), without_wd = copy(exempted), as_before = copy(exempted);
+    auto opt = make(f, exempted, 1e-2), opt_without = make(f, without_wd, 1e-2), opt_before = make(f, as_before, 1e-2);
+    opt->exempt_from_weight_decay({exempted[1], exempted[4], at::zeros({2})});  // a tensor it does not hold: ignored
+    opt_without->set_hyper("wd", 0.0);
+    for (std::size_t i = 0; i < exempted.size(); ++i)
+      EXPECT_EQ(opt->decays(0, i), i != 1 && i != 4) << name << " " << i;
+    for (int s = 0; s < 5; ++s) {
+      set_grads(exempted, s), set_grads(without_wd, s), set_grads(as_before, s);
+      opt->step(), opt_without->step(), opt_before->step();
+    }
+    for (std::size_t i = 0; i < exempted.size(); ++i) {
+      const auto& expected = (i == 1 || i == 4) ? without_wd[i] : as_before[i];
+      EXPECT_TRUE(torch::equal(exempted[i], expected)) << name << ": parameter " << i;
+    }
+    EXPECT_FALSE(torch::equal(without_wd[0], as_before[0])) << name << ": the decay must show";
+    EXPECT_THROW(opt->decays(0, exempted.size()), fl::ConfigError);
+  }
+}
+
 // Parameters laid out otherwise than contiguous (channels-last, transposed) with gradients and state laid out
 // like them go through the fused kernels as views in memory order: each element ends with the bits of the same
 // run on contiguous tensors (the _foreach_ path would round differently), and the updates land in the parameters.

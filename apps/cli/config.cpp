@@ -285,6 +285,7 @@ const std::vector<Key>& schema() {
       Key("train.pct_start", in::train, &TrainSectionConfig::pct_start, fraction, {.applies = scheduled}),
       Key("train.optimizer", in::train, &TrainSectionConfig::optimizer, {.choices = {"adam", "adamw", "sgd"}}),
       Key("train.wd", in::train, &TrainSectionConfig::wd),
+      Key("train.wd_bn_bias", in::train, &TrainSectionConfig::wd_bn_bias),
       Key("train.momentum", in::train, &TrainSectionConfig::momentum, fraction, {.applies = sgd_only}),
       Key("train.seed", in::train, &TrainSectionConfig::seed),
       Key("train.mixed_precision", in::train, &TrainSectionConfig::mixed_precision),

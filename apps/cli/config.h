@@ -81,6 +81,7 @@ struct TrainSectionConfig {
   double pct_start = 0.25;             ///< one_cycle: warm-up fraction; flat_cos: flat fraction
   std::string optimizer = "adam";      ///< adam | adamw | sgd
   std::optional<double> wd;            ///< default: the optimizer's
+  bool wd_bn_bias = false;             ///< weight decay on normalization layers and biases too (fastai's default: no)
   double momentum = 0.9;               ///< sgd only
   std::int64_t seed = 0;
   bool mixed_precision = false;  ///< bf16 autocast on CPU, fp16 with loss scaling on CUDA

@@ -192,6 +192,7 @@ LearnerOptions learner_options(const TrainConfig& c, const fs::path& out, bool w
                    .path = out,
                    .model_dir = "checkpoints"};
   const auto& t = c.train;
+  o.wd_bn_bias = t.wd_bn_bias;
   if (t.grad_accumulation > 0) o.cbs.push_back(std::make_shared<GradientAccumulation>(t.grad_accumulation));
   if (t.grad_clip > 0) o.cbs.push_back(std::make_shared<GradientClip>(GradientClipOptions{.max_norm = t.grad_clip}));
   if (t.mixed_precision) o.cbs.push_back(std::make_shared<MixedPrecision>());
