@@ -80,7 +80,10 @@ torch::nn::Sequential model_named(const std::string& name) {
   throw std::runtime_error("bench_gpu: unknown model " + name);
 }
 
-std::unique_ptr<fl::Learner> learner(const Data& d, const std::string& model, std::int64_t bs) {
+// wd_bn_bias: weight decay on every parameter, as torch.optim does in the hand-written loop (fastai, like the
+// Learner's default, spares normalization layers and biases).
+std::unique_ptr<fl::Learner> learner(const Data& d, const std::string& model, std::int64_t bs,
+                                     bool wd_bn_bias = false) {
   auto train = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{d.xt}, std::vector<at::Tensor>{d.yt});
   auto valid = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{d.xv}, std::vector<at::Tensor>{d.yv});
   fl::DataLoaders dls(fl::DataLoader(train, {.bs = bs, .shuffle = true, .drop_last = true, .seed = 0}),
@@ -89,7 +92,8 @@ std::unique_ptr<fl::Learner> learner(const Data& d, const std::string& model, st
   net->to(kGpu);
   auto learn = std::make_unique<fl::Learner>(
       dls, net, fl::cross_entropy(),
-      fl::LearnerOptions{.opt_func = fl::Adam(), .metrics = {fl::accuracy()}, .progress = false});
+      fl::LearnerOptions{
+          .opt_func = fl::Adam(), .metrics = {fl::accuracy()}, .wd_bn_bias = wd_bn_bias, .progress = false});
   learn->add_cb(std::make_shared<fl::MixedPrecision>(fl::MixedPrecisionOptions{.dtype = at::kBFloat16}));
   learn->add_cb(std::make_shared<fl::ChannelsLast>());
   return learn;
@@ -134,7 +138,7 @@ Comparison compare_epochs(const std::string& side, const Data& d, const std::str
                           const std::string& off_switch = "") {
   bench::Coprocess python(server(side, model, data_spec, bs, 1e-3));
   if (python.read_line() != "ready") throw std::runtime_error("bench_gpu: gpu_server.py did not start");
-  auto learn = learner(d, model, bs);
+  auto learn = learner(d, model, bs, /*wd_bn_bias=*/side == "torch");
   const double items = static_cast<double>(learn->dls().train().size() * bs);
   Comparison c{.repeats = repeats, .off_switch = off_switch};
   auto python_epoch = [&] {

@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
                      .cbs = {std::make_shared<fl::Progress>(fl::ProgressOptions{.out = devnull})},
                      .progress = false});
   auto loop_opt = fl::Adam()({loop_model->parameters()}, 1e-3);
+  loop_opt->exempt_from_weight_decay(fl::norm_bias_params(*loop_model));  // as the Learner's optimizer
 
   double acc = 0;
   learn.fit(1, 1e-3);  // warm-up both sides

@@ -66,8 +66,11 @@ inline EpochComparison compare_epochs(const std::string& side, const std::string
   auto dls = first_items(fl::ImageDataLoaders::from_idx(data, {.bs = kEpochBatch, .seed = 0}), kEpochTrainItems,
                          kEpochValidItems);
   torch::manual_seed(0);
-  fl::Learner learn(dls, named_model(model_name), fl::cross_entropy(),
-                    {.opt_func = fl::Adam(), .metrics = {fl::accuracy()}, .progress = false});
+  // Against the hand-written loop, weight decay on every parameter as torch.optim.AdamW applies it; against fastai,
+  // the Learner's default, which is fastai's (no decay on normalization layers and biases).
+  fl::Learner learn(
+      dls, named_model(model_name), fl::cross_entropy(),
+      {.opt_func = fl::Adam(), .metrics = {fl::accuracy()}, .wd_bn_bias = side == "torch", .progress = false});
   if (channels_last) learn.add_cb(std::make_shared<fl::ChannelsLast>());
   const double train_items = static_cast<double>(dls.train().size() * kEpochBatch);
 
