@@ -147,6 +147,21 @@ TEST(Config, CsvTablesNameTheirColumnsAndTakeTheTabularModel) {
                   "data.path: must name the CSV file");
   expect_contains(error_of("[data]\ny_names = [\"y\"]\n").what(), "data.y_names: applies to dataset = \"csv\" only");
   expect_contains(error_of("[model]\nlayers = [8]\n").what(), "model.layers: applies to arch = \"tabular\" only");
+  // Another field delimiter (fastai's from_csv delimiter), for the tables and the image CSV; one character.
+  const std::string table = csv + "y_names = [\"y\"]\ncont_names = [\"x\"]\n";
+  EXPECT_EQ(parse_config(table + "delimiter = \";\"\n", "run.toml").data.delimiter, ";");
+  EXPECT_EQ(parse_config(table, "run.toml").data.delimiter, ",");
+  EXPECT_EQ(
+      parse_config("[data]\ndataset = \"image_csv\"\npath = \"d\"\ndelimiter = \"\\t\"\n", "run.toml").data.delimiter,
+      "\t");
+  expect_contains(error_of(table + "delimiter = \";;\"\n").what(), "data.delimiter: must be one character");
+  expect_contains(error_of(table + "delimiter = \"\"\n").what(), "data.delimiter: must be one character");
+  expect_contains(error_of(table + "delimiter = '\"'\n").what(), "data.delimiter: cannot be a quote");
+  expect_contains(error_of("[data]\ndelimiter = \";\"\n").what(),
+                  "data.delimiter: applies to dataset = \"image_csv\" or \"csv\" only");
+  const auto spared = parse_config(table + "[train]\nwd_bn_bias = true\n", "run.toml");
+  EXPECT_TRUE(spared.train.wd_bn_bias);
+  EXPECT_EQ(parse_config(to_toml(spared), "resolved.toml"), spared);
 }
 
 TEST(Config, ChannelsLastIsTrueFalseOrAutoWhichPicksTheConvModels) {

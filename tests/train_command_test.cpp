@@ -187,6 +187,42 @@ metrics = ["accuracy"]
 
 // A CSV table through `fastlearn train`: one process, then 2 ranks with the same global batch, reach the same
 // accuracy (within 1 point); predict reads CSV rows through the procs saved with the model.
+// data.delimiter: a semicolon-separated table whose values hold commas trains, and predict reads its rows the same way.
+TEST_F(TrainCommand, ATableWithAnotherDelimiterTrainsAndPredicts) {
+  std::ofstream table(dir_ / "semi.csv");
+  table << "size;kind;label\n";
+  for (int i = 0; i < 240; ++i)
+    table << (i % 10) << ";" << (i % 3 == 0 ? "\"red, dark\"" : "blue") << ";" << (i % 10 < 5 ? "small" : "big")
+          << "\n";
+  table.close();
+  std::ofstream(config_) << fmt::format(R"([data]
+dataset = "csv"
+path = "{}"
+delimiter = ";"
+y_names = ["label"]
+cat_names = ["kind"]
+cont_names = ["size"]
+bs = 32
+workers = 0
+[model]
+arch = "tabular"
+layers = [16]
+[train]
+epochs = 3
+lr = 1e-2
+)",
+                                        (dir_ / "semi.csv").string());
+  const auto trained = run(train(""));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  EXPECT_NE(read(out_ / "config.toml").find("delimiter = \";\""), std::string::npos);
+  std::ofstream(dir_ / "rows.csv") << "kind;size\n\"red, dark\";1\nblue;9\n";
+  const auto p = run(fmt::format("predict {} --checkpoint {} {}", config_.string(),
+                                 (out_ / "checkpoints" / "model.safetensors").string(), (dir_ / "rows.csv").string()));
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_NE(p.output.find("rows.csv:2\tsmall"), std::string::npos) << p.output;
+  EXPECT_NE(p.output.find("rows.csv:3\tbig"), std::string::npos) << p.output;
+}
+
 TEST_F(TrainCommand, TrainsATableOnOneAndTwoRanksAndPredictsCsvRows) {
   const auto census = dir_ / "census.csv";
   const auto [made, why] =

@@ -199,6 +199,13 @@ std::string known_procs(const TrainConfig& c) {
   return {};
 }
 
+std::string one_field_delimiter(const TrainConfig& c) {
+  const auto& d = c.data.delimiter;
+  if (d.size() != 1) return fmt::format("must be one character (\",\", \";\", \"\\t\" or \"|\"), got \"{}\"", d);
+  if (d == "\"" || d == "\n" || d == "\r") return "cannot be a quote or a line break";
+  return {};
+}
+
 std::string path_or_url(const TrainConfig& c) {
   if (c.data.path.empty() || c.data.url.empty()) return {};
   return "give either data.path (a local folder) or data.url, not both";
@@ -242,6 +249,8 @@ const std::vector<Key>& schema() {
       Key("data.label_col", in::data, &DataConfig::label_col, {}, {.applies = csv_only, .omit_empty = true}),
       Key("data.valid_col", in::data, &DataConfig::valid_col, {}, {.applies = valid_col_applies, .omit_empty = true}),
       Key("data.label_delim", in::data, &DataConfig::label_delim, {}, {.applies = csv_only, .omit_empty = true}),
+      Key("data.delimiter", in::data, &DataConfig::delimiter, {},
+          {.applies = valid_col_applies, .check = one_field_delimiter}),
       Key("data.y_names", in::data, &DataConfig::y_names, {}, {.applies = tabular_only, .check = columns_given}),
       Key("data.cat_names", in::data, &DataConfig::cat_names, {}, {.applies = tabular_only}),
       Key("data.cont_names", in::data, &DataConfig::cont_names, {}, {.applies = tabular_only}),

@@ -51,6 +51,7 @@ struct DataConfig {
   std::string label_col;             ///< image_csv: label column (empty: the second)
   std::string valid_col;             ///< image_csv, csv: column marking validation rows (empty: data.valid_pct)
   std::string label_delim;           ///< image_csv: non-empty makes a multi-label task, labels separated by it
+  std::string delimiter = ",";       ///< image_csv, csv: the one character between a CSV file's fields (e.g. ";")
   std::vector<std::string> y_names;  ///< csv: the target column(s)
   std::vector<std::string> cat_names;                                         ///< csv: categorical columns
   std::vector<std::string> cont_names;                                        ///< csv: continuous columns

@@ -69,10 +69,13 @@ DataLoaders image_files(const TrainConfig& c) {
                                   .split_seed = static_cast<std::uint64_t>(c.train.seed),
                                   .augment = t.augment ? std::optional(AugOptions{}) : std::nullopt};
   if (d.dataset == "image_csv") {
-    return ImageDataLoaders::from_csv(
-        fs::path(d.path) / d.csv,
-        {.fn_col = d.fn_col, .label_col = d.label_col, .valid_col = d.valid_col, .label_delim = d.label_delim},
-        options);
+    return ImageDataLoaders::from_csv(fs::path(d.path) / d.csv,
+                                      {.fn_col = d.fn_col,
+                                       .label_col = d.label_col,
+                                       .valid_col = d.valid_col,
+                                       .label_delim = d.label_delim,
+                                       .delimiter = d.delimiter.front()},
+                                      options);
   }
   return ImageDataLoaders::from_folder(d.path, options);
 }
@@ -90,7 +93,8 @@ DataLoaders tabular_data(const TrainConfig& c) {
                                                .bs = d.bs,
                                                .valid_bs = d.valid_bs,
                                                .num_workers = static_cast<int>(d.workers),
-                                               .seed = static_cast<std::uint64_t>(c.train.seed)});
+                                               .seed = static_cast<std::uint64_t>(c.train.seed),
+                                               .delimiter = d.delimiter.front()});
 }
 
 DataLoaders make_data(const TrainConfig& c) {
@@ -497,7 +501,7 @@ int run_predict(const TrainArgs& args, const std::string& checkpoint, const std:
     try {
       if (is_tabular(config.data)) {
         // Every row of the CSV file, one line each: FILE:ROW (the header is row 1).
-        const auto table = read_csv(input);
+        const auto table = read_csv(input, {.delimiter = config.data.delimiter.front()});
         check_input_columns(*learn, table, input);
         for (std::size_t r = 0; r < table.rows.size(); ++r) {
           std::map<std::string, std::string> row;
