@@ -15,6 +15,7 @@
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <sstream>
 
 namespace bench {
@@ -45,9 +46,11 @@ struct EpochComparison {
 };
 
 /// side: "torch" or "fastai" (see epoch_server.py). channels_last: both sides train in channels-last memory
-/// format (ours: the ChannelsLast callback; the Python side: the same through torch or fastai).
+/// format (ours: the ChannelsLast callback; the Python side: the same through torch or fastai), unless
+/// anchor_channels_last says otherwise for the Python side (each library's default layout, side by side).
 inline EpochComparison compare_epochs(const std::string& side, const std::string& model_name, const std::string& data,
-                                      int n_repeats, bool channels_last = false) {
+                                      int n_repeats, bool channels_last = false,
+                                      std::optional<bool> anchor_channels_last = std::nullopt) {
   namespace fl = fastlearn;
   const int threads = at::get_num_threads();
   std::vector<std::string> command{
@@ -59,7 +62,7 @@ inline EpochComparison compare_epochs(const std::string& side, const std::string
       "--bs",           std::to_string(kEpochBatch),
       "--train-items",  std::to_string(kEpochTrainItems),
       "--valid-items",  std::to_string(kEpochValidItems)};
-  if (channels_last) command.push_back("--channels-last");
+  if (anchor_channels_last.value_or(channels_last)) command.push_back("--channels-last");
   Coprocess python(command);
   if (python.read_line() != "ready") throw std::runtime_error("bench: epoch_server.py did not start");
 
