@@ -23,6 +23,19 @@ FileLock::FileLock(const std::filesystem::path& path) {
   }
 }
 
+std::unique_ptr<FileLock> FileLock::try_lock(const std::filesystem::path& path) {
+  std::unique_ptr<FileLock> lock(new FileLock);
+  lock->fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);  // a directory opens read-only too
+  if (lock->fd_ < 0)
+    throw DataError(fmt::format("cannot open '{}' to lock it: {}", path.string(), std::strerror(errno)));
+  while (flock(lock->fd_, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == EWOULDBLOCK) return nullptr;
+    throw DataError(fmt::format("cannot lock '{}': {}", path.string(), std::strerror(errno)));
+  }
+  return lock;
+}
+
 FileLock::~FileLock() {
   if (fd_ >= 0) close(fd_);  // closing releases the flock
 }

@@ -3,8 +3,10 @@
 // synthetic regression runs keep this fast.
 #include "cli/config.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
@@ -343,6 +345,39 @@ TEST_F(TrainCommand, ARunThatFailsBeforeTrainingLeavesTheOlderRunsFolderAsItWas)
   EXPECT_NE(read(out_ / "config.toml"), config_before);
   EXPECT_FALSE(checkpoints().contains("ckpt-e0002-b0000000.safetensors"));
   EXPECT_TRUE(checkpoints().contains("ckpt-e0001-b0000000.safetensors"));
+}
+
+// While a run trains into a folder it holds the folder's lock: a second run into it stops at once with an error and
+// changes nothing there; once the lock is free, a run goes ahead. A folder made only to fail in is not left behind.
+TEST_F(TrainCommand, ASecondRunIntoAFolderInUseStopsAtOnce) {
+  ASSERT_EQ(run(train("--set train.epochs=1")).exit_code, 0);
+  const auto config_before = read(out_ / "config.toml");
+  const int held = open(out_.c_str(), O_RDONLY | O_CLOEXEC);  // as the running run holds it
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(flock(held, LOCK_EX | LOCK_NB), 0);
+  const auto second = run(train("--set train.epochs=1 --set model.hidden=[8]"));
+  EXPECT_NE(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.output.find("--out " + out_.string() + ": another fastlearn run is training into this folder"),
+            std::string::npos)
+      << second.output;
+  EXPECT_EQ(read(out_ / "config.toml"), config_before);
+  const auto two_ranks = run(train("--set train.epochs=1 --nproc-per-node 2"));
+  EXPECT_NE(two_ranks.exit_code, 0) << two_ranks.output;
+  EXPECT_NE(two_ranks.output.find("another fastlearn run is training into this folder"), std::string::npos)
+      << two_ranks.output;
+  close(held);
+  EXPECT_EQ(run(train("--set train.epochs=1 --set model.hidden=[8]")).exit_code, 0) << "the lock is free again";
+  EXPECT_NE(read(out_ / "config.toml"), config_before);
+
+  const auto fresh = dir_ / "fresh";
+  std::ofstream(dir_ / "no_y.csv") << "a,b\n1,2\n3,4\n";
+  std::ofstream(dir_ / "table.toml") << fmt::format(
+      "[data]\ndataset = \"csv\"\npath = \"{}\"\ny_names = [\"y\"]\ncont_names = [\"a\"]\n[model]\narch = "
+      "\"tabular\"\n",
+      (dir_ / "no_y.csv").string());
+  const auto bad = run("train " + (dir_ / "table.toml").string() + " --out " + fresh.string());
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+  EXPECT_FALSE(fs::exists(fresh)) << "a run that failed left the folder it made";
 }
 
 TEST_F(TrainCommand, ValidatingWithAConfigThatBuildsAnotherModelPointsAtTheRunsOwnConfig) {

@@ -1,6 +1,7 @@
 #include "cli/run.h"
 
 #include <fastlearn/core/atomic_file.h>
+#include <fastlearn/data/file_lock.h>
 #include <fastlearn/fastlearn.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -285,6 +286,37 @@ class RunFolder : public Callback {
   bool taken_ = false;
 };
 
+// Rank 0 holds the output folder's lock (flock on the folder itself) for the whole run, so that a second run into
+// the same folder stops at once instead of mixing its files and checkpoints into this one's; the kernel releases
+// it when the process ends, however it ends. A folder it had to create is removed again if the run leaves it empty.
+class OutputFolderLock {
+ public:
+  explicit OutputFolderLock(fs::path out) : out_(std::move(out)), created_(fs::create_directories(out_)) {
+    lock_ = FileLock::try_lock(out_);
+    if (lock_) return;
+    remove_if_made_and_empty();
+    throw ConfigError(
+        fmt::format("--out {}: another fastlearn run is training into this folder; wait for it to end, "
+                    "stop it, or choose another --out",
+                    out_.string()));
+  }
+  OutputFolderLock(const OutputFolderLock&) = delete;
+  OutputFolderLock& operator=(const OutputFolderLock&) = delete;
+  ~OutputFolderLock() {
+    lock_.reset();
+    remove_if_made_and_empty();
+  }
+
+ private:
+  void remove_if_made_and_empty() const {
+    std::error_code ignored;
+    if (created_ && fs::is_empty(out_, ignored)) fs::remove(out_, ignored);
+  }
+  fs::path out_;
+  bool created_;
+  std::unique_ptr<FileLock> lock_;
+};
+
 void fit(Learner& learn, const TrainSectionConfig& t, const std::optional<fs::path>& resume_from,
          std::vector<CallbackPtr> cbs) {
   const int epochs = static_cast<int>(t.epochs);
@@ -371,6 +403,8 @@ int run_train(const TrainArgs& args) {
   if (!under_launcher() && (args.nproc_per_node > 1 || args.max_restarts > 0)) return relaunch(args, out.string());
 
   DistribCtx job(setup_options(config.distributed));  // the launched job's group, torn down at exit
+  std::optional<OutputFolderLock> folder_lock;
+  if (is_main()) folder_lock.emplace(out);
   const bool resume = args.resume || restarted_by_launcher();
   auto learn = make_learner(config, out, /*with_run_callbacks=*/true, resume);
   ValidationResult result;
