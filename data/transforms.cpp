@@ -42,7 +42,9 @@ void check_channels(const at::Tensor& x, std::int64_t channels, const char* tran
 }
 
 // A task of the one-pass normalization converts at least this many values (a thread's start costs about as
-// much as converting a few thousand).
+// much as converting a few thousand). Today the tasks run one after the other on the calling thread:
+// at::parallel_for is OpenMP inlined from ATen's headers, and fastlearn is not compiled with OpenMP (clang's
+// -fopenmp would bring a second runtime beside LibTorch's libgomp).
 constexpr std::int64_t kValuesPerTask = std::int64_t{1} << 16;
 
 void require_images(const at::Tensor& x, const char* transform) {

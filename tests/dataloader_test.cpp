@@ -244,7 +244,7 @@ TEST(Transforms, ToNormalizedFloatEqualsToFloatThenNormalizeBitForBit) {
     fl::to_normalized_float(1.0 / 255, std::move(mean), std::move(std))(b, rng);
     return b.inputs[0];
   };
-  // Every byte value, in RGB and gray batches, and batches big enough to be split across threads.
+  // Every byte value, in RGB and gray batches, and batches big enough to be split into several tasks.
   const auto every_byte = torch::arange(256, torch::kInt32).to(torch::kUInt8);
   const std::vector<at::Tensor> inputs{every_byte.repeat({12}).view({2, 3, 32, 16}), every_byte.view({1, 1, 16, 16}),
                                        torch::randint(0, 256, {64, 3, 64, 64}, torch::kUInt8),
