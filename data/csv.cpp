@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <memory>
 
@@ -162,6 +163,14 @@ CsvTable read_csv(const std::filesystem::path& file, const CsvOptions& options) 
     if (in.bad()) throw DataError(fmt::format("{}: read error", origin));
     return {buffer.data(), static_cast<std::size_t>(in.gcount())};
   });
+}
+
+std::optional<bool> csv_flag(std::string_view cell) {
+  std::string t(cell);
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (t == "true" || t == "1" || t == "yes") return true;
+  if (t == "false" || t == "0" || t == "no" || t.empty()) return false;
+  return std::nullopt;
 }
 
 }  // namespace fastlearn

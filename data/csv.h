@@ -4,6 +4,7 @@
 // names the file and the row (the header is row 1). Fields keep their spaces, as pandas keeps them; a UTF-8
 // byte order mark before the header is dropped. The text must be UTF-8 (a field that is not is an error).
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,6 +23,12 @@ struct CsvTable {
   /// The index of column `name`; DataError naming `origin` and the columns there are when it is absent.
   std::size_t column(const std::string& name, const std::string& origin) const;
 };
+
+/// A cell of a column that marks rows (a valid column), case-insensitive: true, 1 or yes; false, 0, no or empty.
+/// nullopt for anything else.
+std::optional<bool> csv_flag(std::string_view cell);
+/// What csv_flag accepts, for error messages.
+inline constexpr std::string_view kCsvFlagValues = "true/false, yes/no or 1/0 (empty: false)";
 
 CsvTable read_csv(const std::filesystem::path& file, const CsvOptions& options = {});
 /// The same for CSV text in memory; `origin` names it in errors.

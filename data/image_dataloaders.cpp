@@ -264,12 +264,8 @@ Items labelled_by_parent_folder(const fs::path& dir) {
 }
 
 bool parse_flag(const std::string& text, const std::string& origin, std::size_t row, const std::string& column) {
-  std::string t = text;
-  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (t == "true" || t == "1" || t == "yes") return true;
-  if (t == "false" || t == "0" || t == "no" || t.empty()) return false;
-  throw DataError(fmt::format("{}: row {}: column '{}' holds '{}', not true/false, yes/no or 1/0 (empty: false)",
-                              origin, row, column, text));
+  if (const auto flag = csv_flag(text)) return *flag;
+  throw DataError(fmt::format("{}: row {}: column '{}' holds '{}', not {}", origin, row, column, text, kCsvFlagValues));
 }
 
 }  // namespace

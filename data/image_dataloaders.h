@@ -71,7 +71,7 @@ struct ImageFilesOptions {
 struct ImageCsvColumns {
   std::string fn_col;       ///< file name column (empty: the first)
   std::string label_col;    ///< label column (empty: the second)
-  std::string valid_col;    ///< a column of true/false (or 1/0) marking validation rows (empty: valid_pct split)
+  std::string valid_col;    ///< a column of flags marking validation rows (csv_flag; empty: valid_pct split)
   std::string label_delim;  ///< non-empty: multi-label, labels separated by it
   std::string folder;       ///< prefix folder of the file names, under the CSV's folder
   std::string suffix;       ///< appended to each file name (e.g. ".jpg")

@@ -32,16 +32,12 @@ std::vector<bool> valid_rows(const CsvTable& table, const TabularOptions& o, con
     const auto col = table.column(o.valid_col, origin);
     std::vector<bool> valid;
     for (std::size_t r = 0; r < table.rows.size(); ++r) {
-      std::string cell = table.rows[r][col];
-      std::transform(cell.begin(), cell.end(), cell.begin(), [](unsigned char c) { return std::tolower(c); });
-      if (cell == "true" || cell == "1") {
-        valid.push_back(true);
-      } else if (cell == "false" || cell == "0") {
-        valid.push_back(false);
-      } else {
-        throw DataError(fmt::format("{}: row {}, column '{}': '{}' is not true/false or 1/0", origin, r + 2,
-                                    o.valid_col, table.rows[r][col]));
+      const auto flag = csv_flag(table.rows[r][col]);
+      if (!flag) {
+        throw DataError(fmt::format("{}: row {}, column '{}': '{}' is not {}", origin, r + 2, o.valid_col,
+                                    table.rows[r][col], kCsvFlagValues));
       }
+      valid.push_back(*flag);
     }
     return valid;
   }

@@ -23,7 +23,7 @@ struct TabularOptions {
   /// Default: classification when there is one target and some training value of it is not a number,
   /// regression otherwise (as fastai picks its y_block from the column's type).
   std::optional<bool> regression;
-  std::string valid_col;                ///< a column of true/false (or 1/0) marking validation rows
+  std::string valid_col;                ///< a column of flags marking validation rows (csv_flag: true/yes/1)
   std::vector<std::int64_t> valid_idx;  ///< else: data rows (0-based, the header not counted) for validation
   double valid_pct = 0.2;               ///< else: this share of rows, drawn by split_seed
   std::uint64_t split_seed = 42;

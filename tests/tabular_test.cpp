@@ -167,6 +167,30 @@ TEST(TabularDataLoaders, SplitsTargetsAndBatches) {
                fl::ConfigError);
 }
 
+// A valid column takes the flags the image CSV takes (csv_flag): true/false, yes/no, 1/0 in any case, and an empty
+// cell is a training row; anything else is an error naming the row, the column and what it accepts.
+TEST(TabularDataLoaders, AValidColumnTakesTheSameFlagsAsTheImageCsv) {
+  std::map<std::string, std::vector<std::string>> columns{
+      {"size", {"1", "2", "3", "4", "5", "6", "7", "8"}},
+      {"label", {"a", "b", "a", "b", "a", "b", "a", "b"}},
+      {"is_valid", {"no", "YES", "", "0", "False", "1", "n0", "true"}}};
+  const auto bad = flt::message_of([&] {
+    fl::TabularDataLoaders::from_columns(columns,
+                                         {.y_names = {"label"}, .cont_names = {"size"}, .valid_col = "is_valid"});
+  });
+  EXPECT_NE(bad.find("row 8, column 'is_valid': 'n0' is not true/false, yes/no or 1/0 (empty: false)"),
+            std::string::npos)
+      << bad;
+  columns["is_valid"][6] = "No";
+  auto dls = fl::TabularDataLoaders::from_columns(
+      columns, {.y_names = {"label"}, .cont_names = {"size"}, .valid_col = "is_valid", .bs = 2});
+  EXPECT_EQ(dls.valid().n(), 3) << "YES, 1 and true";
+  EXPECT_EQ(dls.train().n(), 5);
+  EXPECT_EQ(fl::csv_flag("Yes"), std::optional<bool>(true));
+  EXPECT_EQ(fl::csv_flag(""), std::optional<bool>(false));
+  EXPECT_EQ(fl::csv_flag("2"), std::nullopt);
+}
+
 TEST(TabularModel, FastaiLayoutNamesAndEmbeddingSizes) {
   EXPECT_EQ(fl::models::emb_sz_rule(3), 3);
   EXPECT_EQ(fl::models::emb_sz_rule(61), 16);
