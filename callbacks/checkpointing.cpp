@@ -50,6 +50,12 @@ std::string checkpoint_file_name(int epoch, std::int64_t batch) {
   return fmt::format("ckpt-e{:04}-b{:07}.safetensors", epoch, batch);
 }
 
+std::vector<fs::path> checkpoint_files(const fs::path& dir) {
+  std::vector<fs::path> files;
+  for (const auto& found : checkpoints_in(dir)) files.push_back(found.file);
+  return files;
+}
+
 std::optional<fs::path> latest_checkpoint(const fs::path& dir, LatestCheckpointOptions options) {
   for (const auto& candidate : checkpoints_in(dir)) {
     try {

@@ -46,6 +46,9 @@ class Checkpointer : public Callback {
 /// The file name of the checkpoint at `epoch` after `batch` training batches of it.
 std::string checkpoint_file_name(int epoch, std::int64_t batch);
 
+/// The files in `dir` named like checkpoints (checkpoint_file_name), newest first, whole or torn: none is read.
+std::vector<std::filesystem::path> checkpoint_files(const std::filesystem::path& dir);
+
 struct LatestCheckpointOptions {
   bool skip_torn = true;  ///< false: a newest checkpoint that does not parse is an error instead of skipped
 };

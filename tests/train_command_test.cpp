@@ -340,8 +340,13 @@ TEST_F(TrainCommand, ARunThatFailsBeforeTrainingLeavesTheOlderRunsFolderAsItWas)
   EXPECT_EQ(read(out_ / "config.toml"), config_before);
   EXPECT_EQ(read(out_ / "history.csv"), history_before);
   EXPECT_EQ(checkpoints(), checkpoints_before);
-  // A fresh run that trains takes the folder over: its config, and none of the older run's checkpoints.
-  ASSERT_EQ(run(train("--set train.epochs=1 --set model.hidden=[8]")).exit_code, 0);
+  // A fresh run that trains takes the folder over: its config, and none of the older run's checkpoints, torn ones
+  // included (removed unread: no "skipping" message).
+  std::ofstream(out_ / "checkpoints" / "ckpt-e0009-b0000000.safetensors") << "not a checkpoint";
+  const auto fresh = run(train("--set train.epochs=1 --set model.hidden=[8]"));
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.output;
+  EXPECT_EQ(fresh.output.find("skipping checkpoint"), std::string::npos) << fresh.output;
+  EXPECT_FALSE(checkpoints().contains("ckpt-e0009-b0000000.safetensors"));
   EXPECT_NE(read(out_ / "config.toml"), config_before);
   EXPECT_FALSE(checkpoints().contains("ckpt-e0002-b0000000.safetensors"));
   EXPECT_TRUE(checkpoints().contains("ckpt-e0001-b0000000.safetensors"));

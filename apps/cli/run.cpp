@@ -275,7 +275,7 @@ class RunFolder : public Callback {
     fs::create_directories(out_);
     write_file_atomically(out_ / "config.toml", config_toml_);
     if (fresh_) {
-      while (const auto old = latest_checkpoint(out_ / "checkpoints")) fs::remove(*old);
+      for (const auto& old : checkpoint_files(out_ / "checkpoints")) fs::remove(old);  // torn ones too, unread
     }
   }
 
