@@ -4,7 +4,10 @@
 // (the first 100 batches of 128 training images, 2048 test images for validation), the same model, batch
 // size, optimizer settings (Adam: betas 0.9/0.99, eps 1e-5, decoupled wd 0.01, lr 1e-3) and thread count.
 // Each side warms up with one epoch; then the repeats interleave. Both sides validate after each epoch
-// (loss and accuracy), which is part of the time.
+// (loss and accuracy), which is part of the time. A third timing, "bare", interleaved with the two: the same
+// epoch's ATen work driven by a bare loop (the Learner's model and optimizer, batches made beforehand, no
+// callbacks or metrics). bare / anchor is the ratio the Learner would reach if the library cost nothing: the
+// ceiling with ATen's kernels.
 #include "bench_support.h"
 #include "source_dir.h"
 
@@ -40,10 +43,40 @@ inline torch::nn::Sequential named_model(const std::string& name) {
 }
 
 struct EpochComparison {
-  Stats ours, anchor;  // train samples per second
+  Stats ours, anchor, bare;  // train samples per second
   double ours_accuracy = 0, anchor_accuracy = 0;
   int threads = 0, repeats = 0;
 };
+
+/// One epoch of `model` and `opt` over batches made beforehand: forward, loss, backward, step, zero_grad and
+/// the running loss, then validation loss and accuracy; nothing else. Returns the seconds it took.
+inline double bare_epoch(torch::nn::Sequential& model, fastlearn::Optimizer& opt,
+                         const std::vector<fastlearn::Batch>& train, const std::vector<fastlearn::Batch>& valid) {
+  namespace F = torch::nn::functional;
+  const auto start = Clock::now();
+  model->train();
+  auto loss_sum = torch::zeros({});
+  for (const auto& b : train) {
+    auto loss = F::cross_entropy(model->forward(b.inputs[0]), b.targets[0]);
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    loss_sum += loss.detach();
+  }
+  torch::NoGradGuard no_grad;
+  model->eval();
+  auto valid_loss = torch::zeros({});
+  auto correct = torch::zeros({}, torch::kLong);
+  for (const auto& b : valid) {
+    auto out = model->forward(b.inputs[0]);
+    valid_loss += F::cross_entropy(out, b.targets[0]);
+    correct += out.argmax(1).eq(b.targets[0]).sum();
+  }
+  // Read once, at the end: the losses and accuracy exist, as in the other two epochs.
+  if (!(loss_sum.item<double>() >= 0) || !(valid_loss.item<double>() >= 0) || correct.item<std::int64_t>() < 0)
+    throw std::runtime_error("bench: the bare epoch's loss is not a number");
+  return seconds_since(start);
+}
 
 /// side: "torch" or "fastai" (see epoch_server.py). channels_last: both sides train in channels-last memory
 /// format (ours: the ChannelsLast callback; the Python side: the same through torch or fastai), unless
@@ -71,8 +104,9 @@ inline EpochComparison compare_epochs(const std::string& side, const std::string
   torch::manual_seed(0);
   // Against the hand-written loop, weight decay on every parameter as torch.optim.AdamW applies it; against fastai,
   // the Learner's default, which is fastai's (no decay on normalization layers and biases).
+  auto model = named_model(model_name);
   fl::Learner learn(
-      dls, named_model(model_name), fl::cross_entropy(),
+      dls, model, fl::cross_entropy(),
       {.opt_func = fl::Adam(), .metrics = {fl::accuracy()}, .wd_bn_bias = side == "torch", .progress = false});
   if (channels_last) learn.add_cb(std::make_shared<fl::ChannelsLast>());
   const double train_items = static_cast<double>(dls.train().size() * kEpochBatch);
@@ -88,15 +122,26 @@ inline EpochComparison compare_epochs(const std::string& side, const std::string
   };
   learn.fit(1, 1e-3);  // warm-up both sides
   python_epoch();
-  std::vector<double> ours, anchor;
+  // The bare loop's batches: the loaders' own, in the layout the ChannelsLast callback gives the model.
+  std::vector<fl::Batch> train_batches, valid_batches;
+  for (auto [dl, out] : {std::pair{&dls.train(), &train_batches}, std::pair{&dls.valid(), &valid_batches}}) {
+    for (auto b : *dl) {
+      if (channels_last) b.inputs[0] = b.inputs[0].contiguous(at::MemoryFormat::ChannelsLast);
+      out->push_back(std::move(b));
+    }
+  }
+  bare_epoch(model, learn.opt(), train_batches, valid_batches);  // warm-up
+  std::vector<double> ours, anchor, bare;
   for (int r = 0; r < n_repeats; ++r) {
     const auto start = Clock::now();
     learn.fit(1, 1e-3);
     ours.push_back(train_items / seconds_since(start));
     anchor.push_back(train_items / python_epoch());
+    bare.push_back(train_items / bare_epoch(model, learn.opt(), train_batches, valid_batches));
   }
   result.ours = summarize(ours);
   result.anchor = summarize(anchor);
+  result.bare = summarize(bare);
   result.ours_accuracy = learn.validate().metric("accuracy");
   return result;
 }
@@ -106,10 +151,11 @@ inline std::string epoch_json(const std::string& name, const EpochComparison& c,
   return fmt::format(
       R"("{}": {{"ours": {:.1f}, "anchor": {:.1f}, "ratio": {:.3f}, "unit": "train samples/s", "higher_is_better": true, )"
       R"("ours_range": [{:.1f}, {:.1f}], "anchor_range": [{:.1f}, {:.1f}], "threads": {}, "repeats": {}, "batch": {}, )"
-      R"("train_items": {}, "valid_items": {}, "ours_valid_accuracy": {:.4f}, "anchor_valid_accuracy": {:.4f}, "what": "{}"}})",
+      R"("train_items": {}, "valid_items": {}, "ours_valid_accuracy": {:.4f}, "anchor_valid_accuracy": {:.4f}, )"
+      R"("bare": {:.1f}, "bare_range": [{:.1f}, {:.1f}], "ceiling": {:.3f}, "what": "{}"}})",
       name, c.ours.median, c.anchor.median, c.ours.median / c.anchor.median, c.ours.min, c.ours.max, c.anchor.min,
       c.anchor.max, c.threads, c.repeats, kEpochBatch, kEpochTrainItems, kEpochValidItems, c.ours_accuracy,
-      c.anchor_accuracy, what);
+      c.anchor_accuracy, c.bare.median, c.bare.min, c.bare.max, c.bare.median / c.anchor.median, what);
 }
 
 }  // namespace bench
