@@ -126,7 +126,7 @@ fs::path Checkpointer::save_now(bool epoch_end) {
     if (rng_states.size(0) > 1) add_rng_states_of_every_rank(state, rng_states);
     set_fit_position(state, position);
     fs::create_directories(file.parent_path());
-    save_safetensors(file, state.tensors, with_checksums(state.tensors, state.metadata));
+    save_checked_safetensors(file, state.tensors, std::move(state.metadata));
     prune();
   }
   last_saved_ = file;

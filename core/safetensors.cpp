@@ -94,10 +94,20 @@ std::string make_header(const NamedTensors& tensors, const Metadata& metadata, s
 }
 
 // `tensor` as contiguous little-endian CPU data, as the data buffer holds it.
-at::Tensor cpu_data(const std::string& name, const at::Tensor& tensor, std::string_view origin) {
+// The tensor's values in contiguous host memory (the tensor itself when it already is).
+at::Tensor host_contiguous(const std::string& name, const at::Tensor& tensor, std::string_view origin) {
   try {
     // resolve_neg/resolve_conj: a lazily negated view's memory holds the un-negated values.
-    auto data = tensor.detach().resolve_conj().resolve_neg().contiguous().to(at::kCPU).contiguous();
+    return tensor.detach().resolve_conj().resolve_neg().contiguous().to(at::kCPU).contiguous();
+  } catch (const c10::Error& e) {
+    fail(origin, fmt::format("copying tensor '{}' to the CPU failed: {}", name, e.what_without_backtrace()));
+  }
+}
+
+// The tensor's bytes as the file stores them (little-endian).
+at::Tensor cpu_data(const std::string& name, const at::Tensor& tensor, std::string_view origin) {
+  try {
+    auto data = host_contiguous(name, tensor, origin);
     if constexpr (std::endian::native == std::endian::big) {
       data = data.clone();
       swap_to_little_endian(data.data_ptr(), data.numel(), data.element_size());
@@ -266,6 +276,14 @@ Metadata with_checksums(const NamedTensors& tensors, Metadata metadata) {
   }
   metadata[std::string(kChecksumKey)] = std::move(sums);
   return metadata;
+}
+
+void save_checked_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, Metadata metadata) {
+  // Each tensor reaches host memory once, for its checksum and its bytes alike.
+  NamedTensors host;
+  host.reserve(tensors.size());
+  for (const auto& [name, tensor] : tensors) host.emplace_back(name, host_contiguous(name, tensor, path.string()));
+  save_safetensors(path, host, with_checksums(host, std::move(metadata)));
 }
 
 void save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, const Metadata& metadata) {

@@ -51,6 +51,10 @@ Metadata with_checksums(const NamedTensors& tensors, Metadata metadata);
 /// complete new one. Failures are a CheckpointError.
 void save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, const Metadata& metadata = {});
 
+/// save_safetensors with `metadata` as with_checksums gives it, each tensor copied to host memory (where it is
+/// on a GPU, or not contiguous) once for both: what checkpoints use.
+void save_checked_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, Metadata metadata = {});
+
 /// Loads a safetensors file, reading each tensor's bytes straight into its own storage. Errors are a
 /// CheckpointError naming the file, as parse_safetensors.
 SafetensorsContent load_safetensors(const std::filesystem::path& path);

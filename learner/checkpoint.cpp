@@ -262,8 +262,8 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
 
 void save_checkpoint(Learner& learn, const std::filesystem::path& file, SaveOptions options) {
   if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
-  const auto state = capture_state(learn, options);
-  save_safetensors(file, state.tensors, with_checksums(state.tensors, state.metadata));
+  auto state = capture_state(learn, options);
+  save_checked_safetensors(file, state.tensors, std::move(state.metadata));
 }
 
 void load_checkpoint(Learner& learn, const std::filesystem::path& file, LoadOptions options) {

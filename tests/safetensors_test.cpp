@@ -389,6 +389,19 @@ TEST_F(Safetensors, ChecksumsNameATensorWhoseBytesChanged) {
   expect_error(fl::serialize_safetensors(tensors, not_hex), {"'xyz12345' is not a checksum of 8 hex digits"});
 }
 
+TEST_F(Safetensors, ACheckedSaveWritesTheBytesOfAChecksumsAndSaveInTwoSteps) {
+  auto tensors = reference();
+  tensors.emplace_back("neg_view", torch::arange(6, torch::kFloat32).reshape({2, 3})._neg_view());  // lazily negated
+  const auto two_steps = dir_ / "two_steps.safetensors", checked = dir_ / "checked.safetensors";
+  fl::save_safetensors(two_steps, tensors, fl::with_checksums(tensors, kMetadata));
+  fl::save_checked_safetensors(checked, tensors, kMetadata);
+  EXPECT_EQ(read_bytes(checked), read_bytes(two_steps));
+  const auto loaded = fl::load_safetensors(checked);
+  EXPECT_TRUE(loaded.metadata.contains(std::string(fl::kChecksumKey)));
+  expect_same(loaded.tensors, tensors);
+  EXPECT_TRUE(torch::equal(loaded.tensors.back().second, -torch::arange(6, torch::kFloat32).reshape({2, 3})));
+}
+
 TEST_F(Safetensors, LoadErrorsNameTheFile) {
   const auto path = dir_ / "cut.safetensors";
   const auto bytes = fl::serialize_safetensors(reference(), kMetadata);
