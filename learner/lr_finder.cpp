@@ -26,6 +26,12 @@ void LRFinder::before_fit() {
 
 void LRFinder::before_batch() { apply(static_cast<double>(learn().train_iter) / options_.num_it); }
 
+void LRFinder::after_loss() {
+  auto& l = learn();
+  const auto& gather = l.coordination().all_gather_rows;  // set only when ranks train together
+  if (gather && l.training) l.loss = gather(l.loss.detach().mean().reshape({1})).mean();
+}
+
 void LRFinder::after_batch() {
   ParamScheduler::after_batch();
   auto& l = learn();

@@ -11,7 +11,9 @@
 namespace fastlearn {
 
 /// The learning-rate range test: lr grows exponentially from start_lr to end_lr over num_it batches,
-/// validation is skipped, and the model, optimizer, data order and RNG are restored at the end.
+/// validation is skipped, and the model, optimizer, data order and RNG are restored at the end. Data parallel,
+/// every rank records the mean of the ranks' losses (the global batch's loss): one curve on every rank, so the
+/// same divergence stop at the same batch and the same suggestions.
 class LRFinder : public ParamScheduler {
  public:
   explicit LRFinder(LrFindOptions options = {});
@@ -20,6 +22,7 @@ class LRFinder : public ParamScheduler {
 
   void before_fit() override;
   void before_batch() override;
+  void after_loss() override;
   void after_batch() override;
   void before_validate() override;
   void after_fit() override;

@@ -5,6 +5,7 @@
 #include <fastlearn/callbacks/grad_accumulation.h>
 #include <fastlearn/callbacks/mixed_precision.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/distributed/collectives.h>
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/distributed/runtime.h>
@@ -225,6 +226,36 @@ TEST(DistributedTrainer, ValidationAndGetPredsCoverExactlyTheWholeSetOnEveryRank
                       fl::teardown_distrib();
                     },
                     {.env = flt::torchrun_env(2)});
+}
+
+TEST(DistributedTrainer, LrFindRecordsOneCurveOnEveryRank) {
+  flt::run_on_ranks(
+      2,
+      [](const RankContext& rank) {
+        fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+        {
+          auto model = make_model("mlp");
+          fl::Learner learn(loaders(8, false), model, fl::cross_entropy(), {.progress = false});
+          fl::DistribCtx ctx(learn);
+          // Up to lr 100 the loss diverges: the sweep stops early, at the same batch on both ranks.
+          const auto found = learn.lr_find({.end_lr = 100, .num_it = 60});
+          const auto losses = torch::tensor(found.losses, torch::kFloat64);
+          auto n = torch::tensor({losses.numel()});
+          std::vector<at::Tensor> counts{torch::empty_like(n), torch::empty_like(n)};
+          fl::all_gather(counts, n);
+          ASSERT_EQ(counts[0].item<std::int64_t>(), counts[1].item<std::int64_t>());
+          EXPECT_LT(learn.recorder().losses().size(), 60u) << "the sweep should have diverged";
+          std::vector<at::Tensor> curves{torch::empty_like(losses), torch::empty_like(losses)};
+          fl::all_gather(curves, losses);
+          EXPECT_TRUE(curves[0].equal(curves[1])) << "rank " << rank.rank << ": each rank its own curve";
+          const double valley = found.valley;
+          std::vector<at::Tensor> valleys{torch::empty({1}, torch::kFloat64), torch::empty({1}, torch::kFloat64)};
+          fl::all_gather(valleys, torch::tensor({valley}, torch::kFloat64));
+          EXPECT_EQ(valleys[0].item<double>(), valleys[1].item<double>());
+        }
+        fl::teardown_distrib();
+      },
+      {.env = flt::torchrun_env(2)});
 }
 
 TEST(DistributedTrainer, OnlyRankZeroWritesCheckpointsAndEveryRankLoadsThem) {
