@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 
@@ -20,6 +21,21 @@ namespace {
 
 std::filesystem::path under_learner(const Learner& l, const std::filesystem::path& file) {
   return file.is_absolute() ? file : l.options().path / file;
+}
+
+// Drops the rows of epochs >= `start` from the log at `path` (header and earlier rows stay): a fit resumed from
+// an earlier checkpoint than the log's last row trains those epochs again.
+void keep_rows_before(const std::filesystem::path& path, int start) {
+  std::ifstream in(path);
+  std::string kept, line;
+  for (bool header = true; std::getline(in, line); header = false) {
+    int epoch = 0;
+    const auto [end, error] = std::from_chars(line.data(), line.data() + line.size(), epoch);
+    if (header || error != std::errc() || end == line.data() + line.size() || *end != ',' || epoch < start)
+      kept += line + '\n';
+  }
+  in.close();
+  write_file_atomically(path, [&](std::ostream& out) { out << kept; });
 }
 
 std::string csv_number(double v) { return std::isnan(v) ? "" : fmt::format("{:.6f}", v); }
@@ -38,6 +54,7 @@ void CSVLogger::before_fit() {
   path_ = under_learner(l, options_.file);
   if (path_.has_parent_path()) std::filesystem::create_directories(path_.parent_path());
   const bool keep = options_.append && std::filesystem::exists(path_) && std::filesystem::file_size(path_) > 0;
+  if (keep && l.epoch > 0) keep_rows_before(path_, l.epoch);  // a resumed fit (as MetricsJson)
   out_.close();
   out_.open(path_, keep ? std::ios::app : std::ios::trunc);
   if (!out_)

@@ -11,7 +11,9 @@ namespace fastlearn {
 
 struct CSVLoggerOptions {
   std::filesystem::path file = "history.csv";  ///< relative paths are under the learner's path
-  bool append = false;                         ///< keep earlier rows (and the header) of an existing file
+  /// Keep earlier rows (and the header) of an existing file; a resumed fit (one starting at epoch k > 0) keeps
+  /// only the rows of epochs before k.
+  bool append = false;
 };
 
 /// Writes a header (epoch, train_loss, valid_loss, metrics, time) and one row per epoch.

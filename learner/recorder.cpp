@@ -75,6 +75,7 @@ double Recorder::value(const EpochRecord& record, const std::string& name) const
 
 void Recorder::before_fit() {
   smooth_.reset();
+  learn().smooth_loss = kNaN;  // no value until this fit's first batch
   losses_.clear();
   lrs_.clear();
   raw_losses_.clear();

@@ -142,6 +142,21 @@ TEST_F(Callbacks, CsvLoggerWritesAHeaderAndOneRowPerEpoch) {
   EXPECT_EQ(std::count(appended.begin(), appended.end(), '\n'), 4);
 }
 
+TEST_F(Callbacks, AResumedFitDropsTheLogRowsOfTheEpochsItTrainsAgain) {
+  auto learn = classifier();
+  auto append = [] { return std::make_shared<fl::CSVLogger>(fl::CSVLoggerOptions{.append = true}); };
+  learn->fit(3, 1e-2, {.cbs = {append()}});  // rows of epochs 0, 1, 2
+  // As after resuming from the checkpoint of epoch 1 when the one of epoch 2 is torn: epochs 1 and 2 again.
+  learn->fit(3, 1e-2, {.cbs = {append()}, .start_epoch = 1});
+  std::istringstream lines(read(dir_ / "history.csv"));
+  std::vector<std::string> epochs;
+  std::string line;
+  std::getline(lines, line);
+  EXPECT_EQ(line.substr(0, 6), "epoch,");
+  while (std::getline(lines, line)) epochs.push_back(line.substr(0, line.find(',')));
+  EXPECT_EQ(epochs, (std::vector<std::string>{"0", "1", "2"}));
+}
+
 TEST_F(Callbacks, MetricsJsonHasOneRecordPerEpoch) {
   auto learn = classifier();
   auto json_log = std::make_shared<fl::MetricsJson>();

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <algorithm>
+#include <cmath>
 
 #include "support/tiny_tasks.h"
 
@@ -369,6 +370,26 @@ TEST(Learner, TrainsALinearRegression) {
   EXPECT_LT(history.back().valid_loss, 1e-3);
   EXPECT_LT(history.back().train_loss, history.front().train_loss);
   EXPECT_NEAR(learn->validate().loss, history.back().valid_loss, 1e-9);
+}
+
+TEST(Learner, EachFitStartsWithoutASmoothedLoss) {
+  // What a callback at the default order sees at the first batch of each fit: no smoothed loss yet, not the
+  // last one of the fit before (lr_find's, for fit_one_cycle after lr_find).
+  struct FirstBatch : fl::Callback {
+    std::vector<double> seen;
+    void before_batch() override {
+      if (learn().training && learn().train_iter == 0) seen.push_back(learn().smooth_loss);
+    }
+  };
+  auto learn = flt::regression_learner(flt::regression_data({.n_train = 64, .n_valid = 16, .bs = 16}));
+  auto first = std::make_shared<FirstBatch>();
+  learn->add_cb(first);
+  learn->fit(1, 0.05);
+  ASSERT_FALSE(std::isnan(learn->smooth_loss));
+  learn->fit(1, 0.05);
+  ASSERT_EQ(first->seen.size(), 2u);
+  EXPECT_TRUE(std::isnan(first->seen[0]));
+  EXPECT_TRUE(std::isnan(first->seen[1])) << "the second fit began with the first one's " << first->seen[1];
 }
 
 TEST(Learner, ValidateGetPredsAndPredict) {
