@@ -15,6 +15,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -350,6 +352,57 @@ TEST_F(TrainCommand, ARunThatFailsBeforeTrainingLeavesTheOlderRunsFolderAsItWas)
   EXPECT_NE(read(out_ / "config.toml"), config_before);
   EXPECT_FALSE(checkpoints().contains("ckpt-e0002-b0000000.safetensors"));
   EXPECT_TRUE(checkpoints().contains("ckpt-e0001-b0000000.safetensors"));
+}
+
+// A fresh run sets the older run's files aside and deletes them only once it has an epoch or a checkpoint of its
+// own: one that fails before (an empty image found by the loader in its first batches) puts them back. A run killed
+// before that point leaves them aside, and the next run into the folder puts them back before anything else.
+TEST_F(TrainCommand, ARunThatFailsInItsFirstEpochPutsTheOlderRunsFilesBack) {
+  const auto [made, why] = fastlearn::testing::run_shell(
+      fmt::format("'{}' '{}/scripts/make-image-folders' '{}' --train 10 --valid 4 --classes 2 2>&1", FASTLEARN_PYTHON,
+                  FASTLEARN_SOURCE_DIR, (dir_ / "images").string()));
+  if (made != 0) GTEST_SKIP() << "scripts/make-image-folders needs a Python with numpy and Pillow: " << why;
+  const auto images = dir_ / "images" / "png";
+  std::ofstream(config_) << fmt::format(
+      "[data]\ndataset = \"image_folder\"\npath = \"{}\"\nsize = 32\nbs = 4\nworkers = 0\n[model]\narch = "
+      "\"resnet18\"\n[train]\nepochs = 1\nlr = 0.002\n",
+      images.string());
+  ASSERT_EQ(run(train("")).exit_code, 0);
+  const auto snapshot = [this] {
+    std::map<std::string, std::string> files;
+    for (const auto& e : fs::recursive_directory_iterator(out_))
+      if (e.is_regular_file()) {  // a digest: a failure prints names, not checkpoints' bytes
+        const auto bytes = read(e.path());
+        files[fs::relative(e.path(), out_).string()] =
+            fmt::format("{} bytes, hash {:x}", bytes.size(), std::hash<std::string>{}(bytes));
+      }
+    return files;
+  };
+  const auto before = snapshot();
+  ASSERT_TRUE(before.contains("checkpoints/ckpt-e0001-b0000000.safetensors"));
+
+  std::ofstream(images / "train" / "Trouser" / "empty.png");  // zero bytes: decoded, and refused, while training
+  const auto failed = run(train("--set train.lr=0.001"));
+  EXPECT_NE(failed.exit_code, 0) << failed.output;
+  EXPECT_NE(failed.output.find("the file is empty"), std::string::npos) << failed.output;
+  EXPECT_NE(failed.output.find("older run's files in " + out_.string() + " are back"), std::string::npos)
+      << failed.output;
+  EXPECT_EQ(snapshot(), before) << "the older run's folder, byte for byte";
+
+  // As a run killed while its takeover was pending leaves the folder: the older files aside, its own in place.
+  fs::create_directories(out_ / ".previous-run");
+  for (const char* name : {"config.toml", "metrics.json", "history.csv", "loss.svg", "checkpoints"})
+    fs::rename(out_ / name, out_ / ".previous-run" / name);
+  std::ofstream(out_ / "config.toml") << "# the killed run's\n";
+  std::ofstream(out_ / "history.csv") << "epoch,train_loss\n";
+  const auto next = run(train("--set train.lr=0.001"));
+  EXPECT_NE(next.exit_code, 0) << "the empty image is still there: " << next.output;
+  EXPECT_NE(next.output.find("was killed while taking it over"), std::string::npos) << next.output;
+  EXPECT_EQ(snapshot(), before);
+  fs::remove(images / "train" / "Trouser" / "empty.png");
+  ASSERT_EQ(run(train("--set train.lr=0.001")).exit_code, 0);
+  EXPECT_FALSE(fs::exists(out_ / ".previous-run")) << "a run that trained an epoch deletes the older run's files";
+  EXPECT_NE(snapshot().at("config.toml"), before.at("config.toml"));
 }
 
 // While a run trains into a folder it holds the folder's lock: a second run into it stops at once with an error and

@@ -1,5 +1,7 @@
 #include "cli/run.h"
 
+#include "cli/run_folder.h"
+
 #include <fastlearn/core/atomic_file.h>
 #include <fastlearn/data/file_lock.h>
 #include <fastlearn/fastlearn.h>
@@ -258,34 +260,6 @@ std::unique_ptr<Learner> learner_from_checkpoint(const TrainConfig& c, const fs:
   return learn;
 }
 
-// Takes over the run's folder (rank 0) once the fit is about to train: the data, the model and any checkpoint to
-// resume have loaded by then, so a run that fails before it (bad data, a checkpoint of another model) leaves an
-// older run's folder as it was. Writes the run's config.toml and, for a fresh run, removes an older run's
-// checkpoints, so that a later --resume cannot pick them up. Once: fine_tune fits twice.
-class RunFolder : public Callback {
- public:
-  RunFolder(fs::path out, std::string config_toml, bool fresh)
-      : out_(std::move(out)), config_toml_(std::move(config_toml)), fresh_(fresh) {
-    order = -100;  // before the loggers and the Checkpointer open their files in the folder
-  }
-  std::string name() const override { return "run_folder"; }
-  bool rank0_only() const override { return true; }
-  void before_fit() override {
-    if (std::exchange(taken_, true)) return;
-    fs::create_directories(out_);
-    write_file_atomically(out_ / "config.toml", config_toml_);
-    if (fresh_) {
-      for (const auto& old : checkpoint_files(out_ / "checkpoints")) fs::remove(old);  // torn ones too, unread
-    }
-  }
-
- private:
-  fs::path out_;
-  std::string config_toml_;
-  bool fresh_;
-  bool taken_ = false;
-};
-
 // Rank 0 holds the output folder's lock (flock on the folder itself) for the whole run, so that a second run into
 // the same folder stops at once instead of mixing its files and checkpoints into this one's; the kernel releases
 // it when the process ends, however it ends. A folder it had to create is removed again if the run leaves it empty.
@@ -404,15 +378,27 @@ int run_train(const TrainArgs& args) {
 
   DistribCtx job(setup_options(config.distributed));  // the launched job's group, torn down at exit
   std::optional<OutputFolderLock> folder_lock;
-  if (is_main()) folder_lock.emplace(out);
+  if (is_main()) {
+    folder_lock.emplace(out);
+    if (!restarted_by_launcher() && put_back_interrupted_takeover(out))
+      fmt::print(stderr,
+                 "fastlearn train: a run into {} was killed while taking it over; the older run's files are "
+                 "back as they were\n",
+                 out.string());
+  }
   const bool resume = args.resume || restarted_by_launcher();
   auto learn = make_learner(config, out, /*with_run_callbacks=*/true, resume);
   ValidationResult result;
   {
     DistribCtx ctx(*learn, trainer_options(config.distributed), setup_options(config.distributed));
     // A fresh run looks for no checkpoint, and only rank 0 writes them: its RunFolder prunes before its first.
-    fit(*learn, config.train, resume ? checkpoint_to_resume(out) : std::nullopt,
-        {std::make_shared<RunFolder>(out, to_toml(config), /*fresh=*/!resume)});
+    const auto run_folder = std::make_shared<RunFolder>(out, to_toml(config), /*fresh=*/!resume);
+    try {
+      fit(*learn, config.train, resume ? checkpoint_to_resume(out) : std::nullopt, {run_folder});
+    } catch (...) {
+      if (is_main()) run_folder->after_failure();
+      throw;
+    }
     if (const auto stop = learn->cb<GracefulStop>(); stop && stop->stopped()) {
       const int signal = stop_signal() != 0 ? stop_signal() : SIGTERM;  // 0 here: another rank got it
       if (is_main())
