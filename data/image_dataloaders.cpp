@@ -365,7 +365,16 @@ DataLoaders ImageDataLoaders::from_csv(const fs::path& csv_file, const ImageCsvC
       labels.push_back(row[label]);
     }
     auto& part = !has_valid_col ? all : parse_flag(row[valid_col], origin, r + 2, columns.valid_col) ? valid : train;
-    part.files.push_back(root / (row[fn] + columns.suffix));
+    auto file = root / (row[fn] + columns.suffix);
+    // Checked here, a stat per row: found only when a loader reached it, a missing file stopped a run mid-epoch.
+    std::error_code error;
+    if (const auto status = fs::status(file, error); status.type() != fs::file_type::regular) {
+      const auto why = status.type() == fs::file_type::not_found ? std::string("does not exist")
+                       : error                                   ? "cannot be read: " + error.message()
+                                                                 : std::string("is not a file");
+      throw DataError(fmt::format("{}: row {} names '{}', which {}", origin, r + 2, file.string(), why));
+    }
+    part.files.push_back(std::move(file));
     part.labels.push_back(std::move(labels));
   }
   if (!has_valid_col)

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -179,7 +181,7 @@ at::Tensor decode_any(std::span<const std::uint8_t> bytes, std::string_view orig
 // Reads all of `file` into `bytes` (resized to fit).
 void read_file(const std::filesystem::path& file, std::vector<std::uint8_t>& bytes) {
   std::ifstream in(file, std::ios::binary | std::ios::ate);
-  if (!in) fail(file.string(), "cannot open");
+  if (!in) fail(file.string(), fmt::format("cannot open: {}", std::strerror(errno)));
   const auto size = static_cast<std::streamoff>(in.tellg());
   if (size < 0) fail(file.string(), "cannot tell its size");
   bytes.resize(static_cast<std::size_t>(size));

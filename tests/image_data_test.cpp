@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <tuple>
 
@@ -316,6 +317,15 @@ TEST_F(ImageFiles, FromCsvWithAValidColumnAndMultiLabel) {
       [&] { fl::ImageDataLoaders::from_csv(dir_ / "labels.csv", {.label_col = "class"}, {.size = 28}); });
   EXPECT_NE(error.find("labels.csv: no column 'class'; the columns are name, label, is_valid"), std::string::npos)
       << error;
+
+  // A row naming a file that is not there is an error when the loaders are made, naming the row.
+  std::ofstream(dir_ / "ghost.csv") << "name,label\n"
+                                    << dataset(dls.train()).files()[0].lexically_relative(dir_).string()
+                                    << ",a\nnothing_here.png,b\n";
+  const auto missing = fastlearn::testing::message_of([&] { fl::ImageDataLoaders::from_csv(dir_ / "ghost.csv"); });
+  EXPECT_NE(missing.find("ghost.csv: row 3 names '" + (dir_ / "nothing_here.png").string() + "', which does not exist"),
+            std::string::npos)
+      << missing;
 }
 
 TEST_F(ImageFiles, FromNameReTakesTheLabelFromTheFirstGroupAndNamesAFileThatDoesNotMatch) {
