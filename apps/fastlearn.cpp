@@ -233,11 +233,11 @@ CLI::App* add_predict(CLI::App& app, fastlearn::cli::TrainArgs& a, std::string& 
                       std::vector<std::string>& inputs) {
   auto* cmd = app.add_subcommand(
       "predict",
-      "Load a checkpoint's weights into CONFIG's model and print, for each image file, its class and probability "
-      "(multi-label: every class at or above 0.5)");
+      "Load a checkpoint's weights into CONFIG's model and print, for each input, its class and probability "
+      "(multi-label: every class at or above 0.5; a table's model: its prediction for each row)");
   add_config_options(*cmd, a);
   add_checkpoint_option(*cmd, checkpoint);
-  cmd->add_option("inputs", inputs, "Image files (JPEG or PNG)")->required();
+  cmd->add_option("inputs", inputs, "Image files (JPEG or PNG), or for a table's config CSV files of rows")->required();
   return cmd;
 }
 
