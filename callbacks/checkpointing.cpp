@@ -125,6 +125,7 @@ fs::path Checkpointer::save_now(bool epoch_end) {
     auto state = capture_state(l);
     if (rng_states.size(0) > 1) add_rng_states_of_every_rank(state, rng_states);
     set_fit_position(state, position);
+    state.metadata["world_size"] = std::to_string(rng_states.size(0));  // a resume on another count is told
     fs::create_directories(file.parent_path());
     save_checked_safetensors(file, state.tensors, std::move(state.metadata));
     prune();

@@ -26,17 +26,17 @@ TrackerCallback::TrackerCallback(TrackerOptions options) : options_(std::move(op
 }
 
 void TrackerCallback::before_fit() {
-  // Nothing to track in an lr_find sweep (validation is skipped); fastai disables trackers there too.
-  if (lr_finder_attached(learn())) {
-    run = false;
-    return;
-  }
-  // An unknown monitor fails now, not after the first epoch.
+  // An unknown monitor fails now, not after the first epoch (nor after the lr_find sweep that precedes the fit).
   const auto& rec = learn().recorder();
   const auto names = rec.metric_names();
   if (options_.monitor != "train_loss" && options_.monitor != "valid_loss" &&
       std::find(names.begin(), names.end(), options_.monitor) == names.end()) {
     rec.value(EpochRecord{}, options_.monitor);  // throws the error listing the recorded values
+  }
+  // Nothing to track in an lr_find sweep (validation is skipped); fastai disables trackers there too.
+  if (lr_finder_attached(learn())) {
+    run = false;
+    return;
   }
   if (options_.reset_on_fit || !started_) {
     best_ = lower_is_better_ ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity();

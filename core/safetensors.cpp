@@ -302,8 +302,9 @@ void save_safetensors(const std::filesystem::path& path, const NamedTensors& ten
   }
 }
 
-SafetensorsContent load_safetensors(const std::filesystem::path& path) {
-  const InputFile file(path);
+namespace {
+
+Header read_header(const InputFile& file) {
   const std::string& origin = file.origin();
   if (file.size() < kLengthBytes) fail_too_short(file.size(), origin);
   std::array<unsigned char, kLengthBytes> prefix{};
@@ -311,7 +312,20 @@ SafetensorsContent load_safetensors(const std::filesystem::path& path) {
   const auto n = header_length(prefix.data(), file.size(), origin);
   std::string text(n, '\0');
   file.read(text.data(), kLengthBytes, n, "the JSON header");
-  const Header header = parse_header(text, file.size(), origin);
+  return parse_header(text, file.size(), origin);
+}
+
+}  // namespace
+
+Metadata load_safetensors_metadata(const std::filesystem::path& path) {
+  const InputFile file(path);
+  return read_header(file).metadata;
+}
+
+SafetensorsContent load_safetensors(const std::filesystem::path& path) {
+  const InputFile file(path);
+  const std::string& origin = file.origin();
+  const Header header = read_header(file);
   return materialize(header, origin, [&](void* out, std::uint64_t offset, std::uint64_t size, const std::string& name) {
     file.read(out, offset, size, fmt::format("the data of tensor '{}'", name));
   });

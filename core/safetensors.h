@@ -59,4 +59,8 @@ void save_checked_safetensors(const std::filesystem::path& path, const NamedTens
 /// CheckpointError naming the file, as parse_safetensors.
 SafetensorsContent load_safetensors(const std::filesystem::path& path);
 
+/// The metadata of a safetensors file, from its header alone (the tensors are not read). Errors as
+/// load_safetensors.
+Metadata load_safetensors_metadata(const std::filesystem::path& path);
+
 }  // namespace fastlearn

@@ -352,6 +352,11 @@ TEST_F(Callbacks, AnUnknownMonitorFailsBeforeTheFirstEpoch) {
                                               fl::EarlyStoppingOptions{.tracker = {.monitor = "acuracy"}})}}),
                fl::Error);
   EXPECT_EQ(count->epochs, 0);
+  // Attached to the learner, it also fails before an lr_find sweep (that would otherwise run first).
+  learn->add_cb(count);
+  learn->add_cb(std::make_shared<fl::EarlyStopping>(fl::EarlyStoppingOptions{.tracker = {.monitor = "acuracy"}}));
+  EXPECT_THROW((void)learn->lr_find({.num_it = 20}), fl::Error);
+  EXPECT_EQ(count->epochs, 0);
 }
 
 // A grey batch stored row by row already has its values in channels-last order: it gets the strides a copy

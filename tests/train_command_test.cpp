@@ -457,6 +457,15 @@ TEST_F(TrainCommand, TrainsOnTwoRanksThroughTheLauncher) {
   EXPECT_EQ(r.output.find("[rank 1] final"), std::string::npos) << "rank 0 alone reports:\n" << r.output;
   EXPECT_EQ(nlohmann::json::parse(read(out_ / "metrics.json")).size(), 1u);
   EXPECT_TRUE(fs::is_regular_file(out_ / "checkpoints/model.safetensors"));
+  // Resumed in one process, a 2-rank run's checkpoint says so: another global batch and data order.
+  const auto one = run(train("--set train.epochs=1 --resume"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_NE(one.output.find("resume: warning: the checkpoint was written by 2 rank(s) and this run has 1"),
+            std::string::npos)
+      << one.output;
+  const auto two = run(train("--nproc-per-node 2 --set train.epochs=1 --resume"));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_EQ(two.output.find("resume: warning"), std::string::npos) << two.output;
 }
 
 TEST_F(TrainCommand, LrFindWritesThePlotAndSuggests) {
