@@ -87,7 +87,11 @@ CheckpointState capture_state(Learner& learn, SaveOptions options) {
   state.metadata["format"] = kFormat;
   state.metadata["format_version"] = kFormatVersion;
   // The class names, so that predictions from the saved model map back to them.
-  if (!learn.dls().vocab().empty()) state.metadata["vocab"] = nlohmann::json(learn.dls().vocab()).dump();
+  if (!learn.dls().vocab().empty()) {
+    state.metadata["vocab"] = nlohmann::json(learn.dls().vocab()).dump();
+    // Whether each item had one class or several: the same names, trained with another loss and activation.
+    state.metadata["multi_label"] = learn.dls().multi_label() ? "true" : "false";
+  }
   // A table's procs (vocabularies, fill values, statistics), which its rows must go through at predict time.
   if (const auto* table = tabular_dataset(learn.dls())) state.metadata["tabular_procs"] = table->procs().to_json();
   if (!options.with_opt) return state;
@@ -181,6 +185,12 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
     if (saved != learn.dls().vocab()) {
       throw CheckpointError(fmt::format("{}: the model was saved for the classes [{}], the data has [{}]", origin,
                                         fmt::join(saved, ", "), fmt::join(learn.dls().vocab(), ", ")));
+    }
+    if (auto multi = state.metadata.find("multi_label");
+        multi != state.metadata.end() && (multi->second == "true") != learn.dls().multi_label()) {
+      const auto kind = [](bool m) { return m ? "multi-label (several classes per item)" : "single-label"; };
+      throw CheckpointError(fmt::format("{}: the model was trained on {} data; this data is {}", origin,
+                                        kind(multi->second == "true"), kind(learn.dls().multi_label())));
     }
   }
   if (auto it = state.metadata.find("tabular_procs"); it != state.metadata.end()) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "support/message_of.h"
 #include "support/tiny_tasks.h"
 
 namespace fl = fastlearn;
@@ -164,6 +165,22 @@ TEST_F(Checkpoint, MismatchedModelIsAnErrorNamingTheTensorAndChangesNothing) {
               std::string::npos)
         << e.what();
   }
+}
+
+TEST_F(Checkpoint, AModelOfSingleLabelClassesDoesNotLoadForMultiLabelDataOfTheSameNames) {
+  const auto data = flt::classification_data({.n_train = 16, .n_valid = 8, .bs = 8});
+  const std::vector<std::string> names{"cat", "dog", "owl"};
+  auto learner = [&](bool multi_label) {
+    torch::manual_seed(1);
+    return std::make_unique<fl::Learner>(fl::DataLoaders(data.train(), data.valid(), names, multi_label),
+                                         torch::nn::Sequential(torch::nn::Linear(4, 3)), fl::cross_entropy(),
+                                         fl::LearnerOptions{.path = dir_, .progress = false});
+  };
+  (void)learner(false)->save("single", {.with_opt = false});
+  const auto error = flt::message_of([&] { learner(true)->load("single", {.with_opt = false}); });
+  EXPECT_NE(error.find("the model was trained on single-label data; this data is multi-label"), std::string::npos)
+      << error;
+  EXPECT_NO_THROW(learner(false)->load("single", {.with_opt = false}));
 }
 
 TEST_F(Checkpoint, TruncatedOrMissingFileIsACheckpointError) {
