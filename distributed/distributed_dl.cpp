@@ -204,7 +204,9 @@ DistributedDL DistributedDL::wrap(DataLoader& loader, Group* group) {
     }
     throw DistributedError(fmt::format(
         "DistributedDL::wrap on rank {}: rank(s) {} wrap a loader unlike rank 0's ({} items, bs {}, drop_last {}){}; "
-        "every rank must wrap loaders of the same data with the same bs and drop_last, in the same order",
+        "every rank must wrap loaders of the same data with the same bs and drop_last, in the same order (if they "
+        "do, the ranks are at different points of the fit: a callback cancelled a phase on some ranks only, as a "
+        "rank0_only one that steers the loop does)",
         r, fmt::join(ranks, ", "), root[2], root[3], root[4] != 0,
         differs ? fmt::format(", this rank's has {} items, bs {}, drop_last {}", mine[2], mine[3], mine[4] != 0) : ""));
   }

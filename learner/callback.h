@@ -77,7 +77,8 @@ class Callback {
   bool run = true;        ///< set false to silence the callback until the end of the current fit
 
   /// True for callbacks that show or write something (progress, logs): in a data parallel job only the
-  /// main process (Learner::Coordination::is_main) runs them.
+  /// main process (Learner::Coordination::is_main) runs them. Such a callback must not steer the loop (throw a
+  /// Cancel*Exception, change the lr): the other ranks would go on without it.
   virtual bool rank0_only() const { return false; }
 
   virtual void before_fit() {}
