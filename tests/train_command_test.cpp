@@ -390,19 +390,37 @@ TEST_F(TrainCommand, ARunThatFailsInItsFirstEpochPutsTheOlderRunsFilesBack) {
   EXPECT_EQ(snapshot(), before) << "the older run's folder, byte for byte";
 
   // As a run killed while its takeover was pending leaves the folder: the older files aside, its own in place.
-  fs::create_directories(out_ / ".previous-run");
-  for (const char* name : {"config.toml", "metrics.json", "history.csv", "loss.svg", "checkpoints"})
-    fs::rename(out_ / name, out_ / ".previous-run" / name);
-  std::ofstream(out_ / "config.toml") << "# the killed run's\n";
-  std::ofstream(out_ / "history.csv") << "epoch,train_loss\n";
+  const auto kill_during_takeover = [this] {
+    fs::create_directories(out_ / ".previous-run");
+    for (const char* name : {"config.toml", "metrics.json", "history.csv", "loss.svg"})
+      fs::rename(out_ / name, out_ / ".previous-run" / name);
+    fs::create_directories(out_ / "checkpoints" / ".previous-run");
+    for (const char* name : {"ckpt-e0001-b0000000.safetensors", "model.safetensors"})
+      fs::rename(out_ / "checkpoints" / name, out_ / "checkpoints" / ".previous-run" / name);
+    std::ofstream(out_ / "config.toml") << "# the killed run's\n";
+    std::ofstream(out_ / "history.csv") << "epoch,train_loss\n";
+  };
+  kill_during_takeover();
   const auto next = run(train("--set train.lr=0.001"));
   EXPECT_NE(next.exit_code, 0) << "the empty image is still there: " << next.output;
   EXPECT_NE(next.output.find("was killed while taking it over"), std::string::npos) << next.output;
   EXPECT_EQ(snapshot(), before);
+  // --resume after such a kill continues the new run (here from its start: it has no checkpoint), not the older
+  // one; failing again, it puts the older run back all the same.
+  kill_during_takeover();
+  const auto resumed = run(train("--set train.lr=0.001 --resume"));
+  EXPECT_NE(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("no checkpoint in"), std::string::npos) << resumed.output;
+  EXPECT_EQ(resumed.output.find("continuing from"), std::string::npos) << resumed.output;
+  EXPECT_EQ(snapshot(), before);
+  // Only the files a run writes move: one of the user's in checkpoints/ stays where it is throughout.
+  std::ofstream(out_ / "checkpoints" / "notes.txt") << "mine\n";
   fs::remove(images / "train" / "Trouser" / "empty.png");
   ASSERT_EQ(run(train("--set train.lr=0.001")).exit_code, 0);
   EXPECT_FALSE(fs::exists(out_ / ".previous-run")) << "a run that trained an epoch deletes the older run's files";
+  EXPECT_FALSE(fs::exists(out_ / "checkpoints" / ".previous-run"));
   EXPECT_NE(snapshot().at("config.toml"), before.at("config.toml"));
+  EXPECT_EQ(read(out_ / "checkpoints" / "notes.txt"), "mine\n");
 }
 
 // While a run trains into a folder it holds the folder's lock: a second run into it stops at once with an error and

@@ -389,28 +389,24 @@ int run_train(const TrainArgs& args) {
   if (!under_launcher() && (args.nproc_per_node > 1 || args.max_restarts > 0)) return relaunch(args, out.string());
 
   DistribCtx job(setup_options(config.distributed));  // the launched job's group, torn down at exit
+  const bool resume = args.resume || restarted_by_launcher();
   std::optional<OutputFolderLock> folder_lock;
   if (is_main()) {
     folder_lock.emplace(out);
-    if (!restarted_by_launcher() && put_back_interrupted_takeover(out))
+    if (put_back_interrupted_takeover(out, /*fresh=*/!resume))
       fmt::print(stderr,
                  "fastlearn train: a run into {} was killed while taking it over; the older run's files are "
                  "back as they were\n",
                  out.string());
   }
-  const bool resume = args.resume || restarted_by_launcher();
-  auto learn = make_learner(config, out, /*with_run_callbacks=*/true, resume);
+  std::unique_ptr<Learner> learn;
   ValidationResult result;
-  {
+  try {
+    learn = make_learner(config, out, /*with_run_callbacks=*/true, resume);
     DistribCtx ctx(*learn, trainer_options(config.distributed), setup_options(config.distributed));
-    // A fresh run looks for no checkpoint, and only rank 0 writes them: its RunFolder prunes before its first.
-    const auto run_folder = std::make_shared<RunFolder>(out, to_toml(config), /*fresh=*/!resume);
-    try {
-      fit(*learn, config.train, resume ? checkpoint_to_resume(out) : std::nullopt, {run_folder});
-    } catch (...) {
-      if (is_main()) run_folder->after_failure();
-      throw;
-    }
+    // A fresh run looks for no checkpoint, and only rank 0 writes them: its RunFolder sets the older run's aside.
+    fit(*learn, config.train, resume ? checkpoint_to_resume(out) : std::nullopt,
+        {std::make_shared<RunFolder>(out, to_toml(config), /*fresh=*/!resume)});
     if (const auto stop = learn->cb<GracefulStop>(); stop && stop->stopped()) {
       const int signal = stop_signal() != 0 ? stop_signal() : SIGTERM;  // 0 here: another rank got it
       if (is_main())
@@ -420,6 +416,18 @@ int run_train(const TrainArgs& args) {
     }
     result = learn->validate();  // on every rank: gathered, exact
     learn->save("model", {.with_opt = false});
+  } catch (...) {
+    try {
+      if (is_main() && put_back_after_failure(out))
+        fmt::print(stderr,
+                   "fastlearn train: the run failed before it had an epoch or a checkpoint of its own; the older "
+                   "run's files in {} are back as they were\n",
+                   out.string());
+    } catch (const std::exception& e) {  // the run's own error matters more: report this one beside it
+      fmt::print(stderr, "fastlearn train: could not put the older run's files in {} back: {}\n", out.string(),
+                 e.what());
+    }
+    throw;
   }
   if (!is_main()) return 0;
   if (config.output.plots) learn->recorder().plot_loss(out / "loss.svg");

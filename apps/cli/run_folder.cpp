@@ -9,7 +9,7 @@
 
 #include <array>
 #include <cstdlib>
-#include <string_view>
+#include <vector>
 
 namespace fastlearn::cli {
 
@@ -17,49 +17,93 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// What a run writes into its folder (README "The output directory"); nothing else there is touched.
-constexpr std::array<std::string_view, 6> kRunFiles{"config.toml", "metrics.json", "history.csv",
-                                                    "loss.svg",    "checkpoints",  "tensorboard"};
+constexpr const char* kAside = ".previous-run";
+constexpr const char* kAsidePartial = ".previous-run.partial";  // while the files are being moved there
 
-// The older run's files while a takeover is pending; ".partial" while they are being moved there.
-fs::path aside(const fs::path& out) { return out / ".previous-run"; }
-fs::path aside_partial(const fs::path& out) { return out / ".previous-run.partial"; }
+// A folder and which of its entries a run writes.
+struct Place {
+  fs::path folder;
+  std::vector<fs::path> (*run_entries)(const fs::path& folder);
+};
 
-void fail(const fs::path& out, const std::string& what, const std::error_code& error) {
-  throw Error(fmt::format("--out {}: {}: {}", out.string(), what, error.message()));
+std::vector<fs::path> top_level_files(const fs::path& folder) {
+  std::vector<fs::path> found;
+  for (const char* name : {"config.toml", "metrics.json", "history.csv", "loss.svg"})
+    if (fs::exists(fs::symlink_status(folder / name))) found.push_back(folder / name);
+  return found;
 }
 
-// Moves the run files present in `from` to `to` (both folders), replacing what `to` has under those names when
-// `replace`; returns how many moved.
-int move_run_files(const fs::path& from, const fs::path& to, bool replace, const fs::path& out) {
-  int moved = 0;
-  std::error_code error;
-  for (const auto name : kRunFiles) {
-    const auto source = from / name, target = to / name;
-    if (!fs::exists(fs::symlink_status(source))) continue;
-    if (replace && fs::remove_all(target, error) == static_cast<std::uintmax_t>(-1))
-      fail(out, fmt::format("removing '{}'", target.string()), error);
-    fs::rename(source, target, error);
-    if (error) fail(out, fmt::format("moving '{}' to '{}'", source.string(), target.string()), error);
-    ++moved;
+std::vector<fs::path> checkpoint_entries(const fs::path& folder) {
+  auto found = checkpoint_files(folder);  // ckpt-e*-b*.safetensors, torn ones too
+  for (const char* name : {"model.safetensors", "best.safetensors"})
+    if (fs::exists(fs::symlink_status(folder / name))) found.push_back(folder / name);
+  return found;
+}
+
+std::vector<fs::path> all_entries(const fs::path& folder) {
+  std::vector<fs::path> found;
+  std::error_code ignored;
+  for (const auto& e : fs::directory_iterator(folder, ignored)) {
+    const auto name = e.path().filename();
+    if (name != kAside && name != kAsidePartial) found.push_back(e.path());
   }
-  return moved;
+  return found;
 }
 
-void remove_folder(const fs::path& dir, const fs::path& out) {
+std::array<Place, 3> places(const fs::path& out) {
+  return {Place{out, top_level_files}, Place{out / "checkpoints", checkpoint_entries},
+          Place{out / "tensorboard", all_entries}};
+}
+
+[[noreturn]] void fail(const fs::path& what, const std::string& doing, const std::error_code& error) {
+  throw Error(fmt::format("{}: {}: {}", what.string(), doing, error.message()));
+}
+
+void move(const fs::path& from, const fs::path& to) {
   std::error_code error;
-  if (fs::remove_all(dir, error) == static_cast<std::uintmax_t>(-1))
-    fail(out, fmt::format("removing '{}'", dir.string()), error);
+  fs::rename(from, to, error);
+  if (error) fail(from, fmt::format("moving it to '{}'", to.string()), error);
 }
 
-// The files of the run that failed are removed and the older run's moved back.
-void put_back(const fs::path& out) {
-  for (const auto name : kRunFiles) remove_folder(out / name, out);
-  move_run_files(aside(out), out, /*replace=*/false, out);
-  remove_folder(aside(out), out);
+void remove_tree(const fs::path& path) {
+  std::error_code error;
+  if (fs::remove_all(path, error) == static_cast<std::uintmax_t>(-1)) fail(path, "removing it", error);
 }
 
-// Restarts the launcher (--max-restarts) still has for this run.
+// Moves every entry of `from` into `to_folder`, under its own name.
+void move_entries(const fs::path& from, const fs::path& to_folder) {
+  std::error_code ignored;
+  for (const auto& e : fs::directory_iterator(from, ignored)) move(e.path(), to_folder / e.path().filename());
+}
+
+// Sets the place's run entries aside; true when there were any. On an error the moved ones go back first.
+bool set_aside(const Place& place) {
+  if (!fs::is_directory(place.folder)) return false;
+  const auto entries = place.run_entries(place.folder);
+  if (entries.empty()) return false;
+  const auto partial = place.folder / kAsidePartial;
+  remove_tree(partial);
+  fs::create_directory(partial);
+  try {
+    for (const auto& entry : entries) move(entry, partial / entry.filename());
+  } catch (...) {
+    move_entries(partial, place.folder);
+    remove_tree(partial);
+    throw;
+  }
+  move(partial, place.folder / kAside);  // now complete: a killed run's files are known to be all here
+  return true;
+}
+
+bool has_aside(const Place& place) { return fs::exists(place.folder / kAside); }
+
+// The failed run's entries go, the older run's come back.
+void put_back(const Place& place) {
+  for (const auto& entry : place.run_entries(place.folder)) remove_tree(entry);
+  move_entries(place.folder / kAside, place.folder);
+  remove_tree(place.folder / kAside);
+}
+
 bool launcher_will_restart() {
   const char* count = std::getenv("TORCHELASTIC_RESTART_COUNT");
   const char* max = std::getenv("TORCHELASTIC_MAX_RESTARTS");
@@ -76,26 +120,13 @@ RunFolder::RunFolder(fs::path out, std::string config_toml, bool fresh)
 void RunFolder::before_fit() {
   if (std::exchange(taken_, true)) return;
   fs::create_directories(out_);
-  if (fresh_) {
-    // Moved into a ".partial" folder first: a run killed halfway leaves no doubt which files were the older run's.
-    remove_folder(aside_partial(out_), out_);
-    fs::create_directories(aside_partial(out_));
-    const int moved = move_run_files(out_, aside_partial(out_), /*replace=*/false, out_);
-    if (moved > 0) {
-      std::error_code error;
-      fs::rename(aside_partial(out_), aside(out_), error);
-      if (error) fail(out_, "setting the older run's files aside", error);
-    } else {
-      remove_folder(aside_partial(out_), out_);
-    }
-    pending_ = moved > 0;
-  } else {
-    pending_ = fs::exists(aside(out_));  // a failed attempt's takeover, continued by this restart
-  }
+  bool aside = false;
+  for (const auto& place : places(out_)) aside = (fresh_ ? set_aside(place) : has_aside(place)) || aside;
+  pending_ = aside;
   write_file_atomically(out_ / "config.toml", config_toml_);
 }
 
-void RunFolder::after_batch() {
+void RunFolder::before_batch() {
   if (!pending_) return;
   const auto checkpointer = learn().cb<Checkpointer>();
   if (checkpointer && checkpointer->last_saved()) finish_takeover();  // a checkpoint of its own to resume from
@@ -106,32 +137,38 @@ void RunFolder::after_fit() { finish_takeover(); }
 
 void RunFolder::finish_takeover() {
   if (!std::exchange(pending_, false)) return;
-  remove_folder(aside(out_), out_);
+  for (const auto& place : places(out_)) remove_tree(place.folder / kAside);
 }
 
-void RunFolder::after_failure() noexcept {
-  if (!pending_ || launcher_will_restart()) return;
-  pending_ = false;
-  try {
-    put_back(out_);
-    fmt::print(stderr,
-               "fastlearn train: the run failed before it had an epoch or a checkpoint of its own; the "
-               "older run's files in {} are back as they were\n",
-               out_.string());
-  } catch (const std::exception& e) {  // the run's own error matters more: report this one beside it
-    fmt::print(stderr, "fastlearn train: could not put the older run's files back ({}); they are in {}\n", e.what(),
-               aside(out_).string());
+bool put_back_interrupted_takeover(const fs::path& out, bool fresh) {
+  bool put = false;
+  for (const auto& place : places(out)) {
+    if (const auto partial = place.folder / kAsidePartial; fs::exists(partial)) {
+      move_entries(partial, place.folder);  // killed while moving: the new run had written nothing yet
+      remove_tree(partial);
+      put = true;
+    }
   }
+  if (!fresh) return put;  // a resumed run continues the new run, and its takeover
+  for (const auto& place : places(out)) {
+    if (has_aside(place)) {
+      put_back(place);
+      put = true;
+    }
+  }
+  return put;
 }
 
-bool put_back_interrupted_takeover(const fs::path& out) {
-  if (fs::exists(aside_partial(out))) {  // killed while setting aside: what is there is the older run's
-    move_run_files(aside_partial(out), out, /*replace=*/false, out);
-    remove_folder(aside_partial(out), out);
+bool put_back_after_failure(const fs::path& out) {
+  if (launcher_will_restart()) return false;
+  bool put = false;
+  for (const auto& place : places(out)) {
+    if (has_aside(place)) {
+      put_back(place);
+      put = true;
+    }
   }
-  if (!fs::exists(aside(out))) return false;
-  put_back(out);
-  return true;
+  return put;
 }
 
 }  // namespace fastlearn::cli
