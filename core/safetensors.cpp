@@ -93,7 +93,6 @@ std::string make_header(const NamedTensors& tensors, const Metadata& metadata, s
   return out + json;
 }
 
-// `tensor` as contiguous little-endian CPU data, as the data buffer holds it.
 // The tensor's values in contiguous host memory (the tensor itself when it already is).
 at::Tensor host_contiguous(const std::string& name, const at::Tensor& tensor, std::string_view origin) {
   try {
@@ -106,16 +105,12 @@ at::Tensor host_contiguous(const std::string& name, const at::Tensor& tensor, st
 
 // The tensor's bytes as the file stores them (little-endian).
 at::Tensor cpu_data(const std::string& name, const at::Tensor& tensor, std::string_view origin) {
-  try {
-    auto data = host_contiguous(name, tensor, origin);
-    if constexpr (std::endian::native == std::endian::big) {
-      data = data.clone();
-      swap_to_little_endian(data.data_ptr(), data.numel(), data.element_size());
-    }
-    return data;
-  } catch (const c10::Error& e) {
-    fail(origin, fmt::format("copying tensor '{}' to the CPU failed: {}", name, e.what_without_backtrace()));
+  auto data = host_contiguous(name, tensor, origin);  // its copy's errors are already a CheckpointError
+  if constexpr (std::endian::native == std::endian::big) {
+    data = data.clone();
+    swap_to_little_endian(data.data_ptr(), data.numel(), data.element_size());
   }
+  return data;
 }
 
 template <typename Sink>

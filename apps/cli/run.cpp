@@ -182,23 +182,21 @@ std::vector<MetricPtr> make_metrics(const TrainSectionConfig& t) {
 std::optional<fs::path> checkpoint_to_resume(const fs::path& out) {
   const auto dir = out / "checkpoints";
   auto found = latest_checkpoint(dir);
-  if (is_main()) {
-    if (found)
-      fmt::print("resume: continuing from {}\n", found->string());
-    else
-      fmt::print("resume: no checkpoint in {}; starting from the beginning\n", dir.string());
-    std::fflush(stdout);  // before an error the load may print on stderr
-  }
-  if (found && is_main()) {
-    const auto metadata = load_safetensors_metadata(*found);
-    const auto saved = metadata.find("world_size");
-    const int ranks = world_size();  // from the environment: 1 outside a launcher
-    if (saved != metadata.end() && saved->second != std::to_string(ranks)) {
-      fmt::print(stderr,
-                 "resume: warning: the checkpoint was written by {} rank(s) and this run has {}: training goes on, "
-                 "but with another global batch and data order than the interrupted run had\n",
-                 saved->second, ranks);
-    }
+  if (!is_main()) return found;
+  if (found)
+    fmt::print("resume: continuing from {}\n", found->string());
+  else
+    fmt::print("resume: no checkpoint in {}; starting from the beginning\n", dir.string());
+  std::fflush(stdout);  // before an error the load may print on stderr
+  if (!found) return found;
+  const auto metadata = load_safetensors_metadata(*found);
+  const auto saved = metadata.find("world_size");
+  const int ranks = world_size();  // from the environment: 1 outside a launcher
+  if (saved != metadata.end() && saved->second != std::to_string(ranks)) {
+    fmt::print(stderr,
+               "resume: warning: the checkpoint was written by {} rank(s) and this run has {}: training goes on, "
+               "but with another global batch and data order than the interrupted run had\n",
+               saved->second, ranks);
   }
   return found;
 }

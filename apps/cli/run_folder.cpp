@@ -104,6 +104,18 @@ void put_back(const Place& place) {
   remove_tree(place.folder / kAside);
 }
 
+// Puts back every place's set-aside files; true when there were any.
+bool put_back_all(const fs::path& out) {
+  bool put = false;
+  for (const auto& place : places(out)) {
+    if (has_aside(place)) {
+      put_back(place);
+      put = true;
+    }
+  }
+  return put;
+}
+
 bool launcher_will_restart() {
   const char* count = std::getenv("TORCHELASTIC_RESTART_COUNT");
   const char* max = std::getenv("TORCHELASTIC_MAX_RESTARTS");
@@ -150,25 +162,9 @@ bool put_back_interrupted_takeover(const fs::path& out, bool fresh) {
     }
   }
   if (!fresh) return put;  // a resumed run continues the new run, and its takeover
-  for (const auto& place : places(out)) {
-    if (has_aside(place)) {
-      put_back(place);
-      put = true;
-    }
-  }
-  return put;
+  return put_back_all(out) || put;
 }
 
-bool put_back_after_failure(const fs::path& out) {
-  if (launcher_will_restart()) return false;
-  bool put = false;
-  for (const auto& place : places(out)) {
-    if (has_aside(place)) {
-      put_back(place);
-      put = true;
-    }
-  }
-  return put;
-}
+bool put_back_after_failure(const fs::path& out) { return !launcher_will_restart() && put_back_all(out); }
 
 }  // namespace fastlearn::cli
