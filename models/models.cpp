@@ -3,6 +3,7 @@
 #include <fastlearn/core/error.h>
 #include <fastlearn/models/avg_pool2d.h>
 #include <fastlearn/models/conv2d.h>
+#include <fastlearn/models/flatten.h>
 #include <fastlearn/models/norm_layer.h>
 
 #include <torch/torch.h>
@@ -15,7 +16,7 @@ namespace nn = torch::nn;
 
 nn::Sequential mlp(std::int64_t in, const std::vector<std::int64_t>& hidden, std::int64_t out) {
   nn::Sequential model;
-  model->push_back(nn::Flatten());
+  model->push_back(Flatten());
   std::int64_t width = in;
   for (auto h : hidden) {
     model->push_back(nn::Linear(width, h));
@@ -39,7 +40,7 @@ nn::Sequential simple_cnn(std::int64_t classes, std::int64_t in_channels) {
   model->push_back(nn::ReLU());
   model->push_back(conv(64, 64));
   model->push_back(nn::ReLU());
-  model->push_back(nn::Flatten());
+  model->push_back(Flatten());
   model->push_back(nn::Linear(64 * 4 * 4, classes));
   return model;
 }
@@ -58,7 +59,7 @@ nn::Sequential conv_net(const ConvNetOptions& options) {
     channels = width;
     size = (size + 1) / 2;  // a stride-2, padding-1 3x3 convolution rounds up
   }
-  model->push_back(nn::Flatten());
+  model->push_back(Flatten());
   model->push_back(nn::Linear(channels * size * size, options.classes));
   return model;
 }
@@ -121,7 +122,7 @@ nn::Sequential resnet(const ResNetOptions& options) {
     }
   }
   model->push_back(nn::AdaptiveAvgPool2d(1));
-  model->push_back(nn::Flatten());
+  model->push_back(Flatten());
   model->push_back(nn::Linear(channels, options.classes));
   return model;
 }
