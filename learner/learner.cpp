@@ -2,6 +2,7 @@
 
 #include <fastlearn/core/cpu_memory_cache.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/data/sampler.h>
 #include <fastlearn/learner/progress.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/learner/train_eval.h>
@@ -408,8 +409,26 @@ void Learner::do_grad_opt() {
 // --- evaluation ----------------------------------------------------------------------------------
 
 ValidationResult Learner::validate(DataLoader* loader) {
-  DataLoader& target = loader ? *loader : dls_.valid();
   check_not_in_fit("validate");
+  DataLoader* target = loader ? loader : &dls_.valid();
+  std::unique_ptr<DataLoader> previous_in_order;  // released once the new one is wrapped in its place
+  const bool reuse = in_order_ && in_order_source_ == target && &in_order_->dataset() == &target->dataset() &&
+                     in_order_->options().bs == target->options().bs &&
+                     in_order_->options().device == target->options().device;
+  if (reuse) {
+    target = in_order_.get();
+  } else if (target->options().shuffle || target->options().drop_last) {
+    in_order_source_ = target;
+    auto options = target->options();
+    options.shuffle = false;
+    options.drop_last = false;
+    options.seed = target->seed();
+    auto in_order = std::make_unique<DataLoader>(target->dataset_ptr(), std::move(options));
+    // A sampler of the user's own (a subset, say) stays; only the loader's own shuffling goes.
+    if (!dynamic_cast<const RandomSampler*>(&target->sampler())) in_order->set_sampler(target->sampler_ptr());
+    previous_in_order = std::exchange(in_order_, std::move(in_order));
+    target = in_order_.get();
+  }
   {
     struct Restore {  // also when validation throws
       Learner& l;
@@ -419,7 +438,13 @@ ValidationResult Learner::validate(DataLoader* loader) {
         l.model_->train(was_training);
       }
     } restore{*this, model_->is_training()};
-    do_epoch_validate(target);
+    try {
+      do_epoch_validate(*target);
+    } catch (...) {
+      // The pass may have stopped before a DistributedTrainer gave the previous copy back: keep it alive.
+      if (previous_in_order) retired_in_order_.push_back(std::move(previous_in_order));
+      throw;
+    }
   }
   ValidationResult result{.loss = recorder().last_valid_loss()};
   const auto& values = recorder().last_valid_metrics();

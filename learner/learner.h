@@ -198,9 +198,12 @@ class Learner {
   LrFindResult lr_find(LrFindOptions options = {});
 
   // --- evaluation -----------------------------------------------------------------------------
-  /// Loss and metrics on `dl` (default: the validation loader).
+  /// Loss and metrics on every item of `dl` (default: the validation loader), once each. A loader that shuffles
+  /// or drops its last batch (the training loader) is read through an in-order copy of it, as fastai's
+  /// validate and get_preds read `dl.new(shuffled=False, drop_last=False)`; its batch transforms stay.
   ValidationResult validate(DataLoader* dl = nullptr);
-  /// Predictions and targets of every item of `dl` (default: the validation loader), in order.
+  /// Predictions and targets of every item of `dl` (default: the validation loader), in dataset order (the
+  /// sampler's, for a loader given a sampler of its own).
   Preds get_preds(DataLoader* dl = nullptr);
   /// The prediction for one item (no batch dimension).
   Prediction predict(const Item& item);
@@ -328,6 +331,11 @@ class Learner {
   int epochs_completed_ = 0;
   bool in_fit_ = false;
   std::optional<FitPosition> resume_;  // set by a fit resumed inside an epoch until that epoch's training starts
+  // The in-order copy the last validate() read (see validate). Kept until the next one is in use: a
+  // DistributedTrainer still holds the loader it last wrapped, and gives it back when it wraps the next.
+  std::unique_ptr<DataLoader> in_order_;
+  const DataLoader* in_order_source_ = nullptr;                // the loader in_order_ reads in order
+  std::vector<std::unique_ptr<DataLoader>> retired_in_order_;  // copies replaced by a pass that threw
   Coordination coordination_;
 };
 

@@ -212,6 +212,7 @@ TEST(DistributedTrainer, ValidationAndGetPredsCoverExactlyTheWholeSetOnEveryRank
                         auto model2 = make_model("mlp");
                         fl::Learner learn(loaders(8, false), model2, fl::cross_entropy(),
                                           {.metrics = {fl::accuracy()}, .progress = false});
+                        const auto train_sampler = learn.dls().train().sampler_ptr();
                         fl::DistribCtx ctx(learn);
                         learn.fit(1, 0.0);  // lr 0: the weights stay those of `single`
                         const auto& row = learn.recorder().history().back();
@@ -222,6 +223,22 @@ TEST(DistributedTrainer, ValidationAndGetPredsCoverExactlyTheWholeSetOnEveryRank
                         ASSERT_EQ(preds.preds.size(0), kValid);
                         EXPECT_TRUE(preds.preds.allclose(expected_preds.preds, 1e-6, 1e-6));
                         EXPECT_TRUE(preds.targets.equal(expected_preds.targets)) << "dataset order";
+                        // A loader that shuffles and drops its last batch: all 64 items in dataset order, on
+                        // every rank, and the loader keeps its own sampler.
+                        fl::DataLoader shuffled(learn.dls().train().dataset_ptr(),
+                                                {.bs = 6, .shuffle = true, .drop_last = true, .seed = 3});
+                        const auto sampler = shuffled.sampler_ptr();
+                        const auto on_train = learn.get_preds(&shuffled);
+                        ASSERT_EQ(on_train.preds.size(0), kItems);
+                        fl::DataLoader single_shuffled(single.dls().train().dataset_ptr(),
+                                                       {.bs = 6, .shuffle = true, .drop_last = true, .seed = 3});
+                        EXPECT_TRUE(on_train.preds.allclose(single.get_preds(&single_shuffled).preds, 1e-6, 1e-6));
+                        const auto& items = static_cast<const fl::TensorDataset&>(shuffled.dataset());
+                        EXPECT_TRUE(on_train.targets.equal(items.targets()[0])) << "dataset order";
+                        EXPECT_EQ(shuffled.sampler_ptr().get(), sampler.get());
+                        learn.fit(1, 0.0);  // the training loader is wrapped again after the copy was
+                        EXPECT_EQ(learn.dls().train().sampler_ptr().get(), train_sampler.get())
+                            << "the training loader has its own sampler back";
                       }
                       fl::teardown_distrib();
                     },

@@ -415,6 +415,37 @@ TEST(Learner, ValidateGetPredsAndPredict) {
   EXPECT_TRUE(one.probs.allclose(preds.preds[3], 1e-5, 1e-6));
 }
 
+TEST(Learner, GetPredsAndValidateReadAShufflingLoaderInOrderAndWhole) {
+  // fastai's get_preds(ds_idx=0): every training item once, in dataset order, the same at every call.
+  auto gen = at::detail::createCPUGenerator(5);
+  const auto x = at::randn({37, 4}, gen);
+  const auto y = at::randint(0, 3, {37}, gen, at::TensorOptions().dtype(at::kLong));
+  auto data = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
+  fl::DataLoader train(data, {.bs = 8, .shuffle = true, .drop_last = true, .seed = 1});
+  fl::DataLoader valid(data, {.bs = 8});
+  torch::manual_seed(0);
+  auto model = fl::models::mlp(4, {16}, 3);
+  fl::Learner learn(fl::DataLoaders(std::move(train), std::move(valid), 3), model, fl::cross_entropy(),
+                    {.metrics = {fl::accuracy()}, .progress = false});
+  learn.fit(1, 0.05);
+  const auto first = learn.get_preds(&learn.dls().train());
+  ASSERT_EQ(first.preds.size(0), 37) << "the 5 items a dropped last batch would leave out are there";
+  EXPECT_TRUE(first.targets.equal(y)) << "dataset order";
+  const auto second = learn.get_preds(&learn.dls().train());
+  EXPECT_TRUE(second.preds.equal(first.preds)) << "the same at every call";
+  model->eval();
+  EXPECT_TRUE(first.preds.allclose(torch::softmax(model->forward(x), 1), 1e-5, 1e-6));
+  const auto on_train = learn.validate(&learn.dls().train());
+  const auto on_valid = learn.validate();  // the same 37 items, read by a plain loader
+  EXPECT_NEAR(on_train.loss, on_valid.loss, 1e-6);
+  EXPECT_NEAR(on_train.metric("accuracy"), on_valid.metric("accuracy"), 1e-9);
+  // The training loader itself still shuffles and drops its last batch.
+  EXPECT_EQ(learn.dls().train().size(), 4);
+  EXPECT_TRUE(learn.dls().train().options().shuffle);
+  learn.fit(1, 0.05);
+  EXPECT_EQ(learn.recorder().history().size(), 1u);
+}
+
 TEST(Learner, FreezeKeepsBatchNormTrainableAndFineTuneUnfreezes) {
   auto dls = flt::classification_data({.n_train = 32, .n_valid = 8, .bs = 8});
   // A model of a linear body with BatchNorm and a linear head, split into two groups.
