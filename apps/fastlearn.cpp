@@ -237,7 +237,10 @@ CLI::App* add_predict(CLI::App& app, fastlearn::cli::TrainArgs& a, std::string& 
       "(multi-label: every class at or above 0.5; a table's model: its prediction for each row)");
   add_config_options(*cmd, a);
   add_checkpoint_option(*cmd, checkpoint);
-  cmd->add_option("inputs", inputs, "Image files (JPEG or PNG), or for a table's config CSV files of rows")->required();
+  cmd->add_option("inputs", inputs,
+                  "Image files (JPEG or PNG) or folders of them (every image under the folder), or for a table's "
+                  "config CSV files of rows")
+      ->required();
   return cmd;
 }
 

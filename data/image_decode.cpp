@@ -180,6 +180,9 @@ at::Tensor decode_any(std::span<const std::uint8_t> bytes, std::string_view orig
 
 // Reads all of `file` into `bytes` (resized to fit).
 void read_file(const std::filesystem::path& file, std::vector<std::uint8_t>& bytes) {
+  // A folder opens as a stream on Linux and tells a meaningless size.
+  std::error_code error;
+  if (std::filesystem::is_directory(file, error)) fail(file.string(), "a folder, not an image file");
   std::ifstream in(file, std::ios::binary | std::ios::ate);
   if (!in) fail(file.string(), fmt::format("cannot open: {}", std::strerror(errno)));
   const auto size = static_cast<std::streamoff>(in.tellg());

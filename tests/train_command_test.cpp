@@ -165,6 +165,23 @@ metrics = ["accuracy"]
   EXPECT_TRUE(predicted == "Dress" || predicted == "Pullover" || predicted == "T-shirt_top" || predicted == "Trouser")
       << p.output;
   EXPECT_NE(p.output.find("broken.png"), std::string::npos) << p.output;
+  // A folder: every image under it, one line each (it was std::bad_alloc); an empty folder is named.
+  const auto folder = dir_ / "images" / "png" / "valid" / "Trouser";
+  std::filesystem::create_directories(dir_ / "empty");
+  const auto f = run(fmt::format("predict {} --checkpoint {} {} {}", config_.string(),
+                                 (out_ / "checkpoints" / "model.safetensors").string(), folder.string(),
+                                 (dir_ / "empty").string()));
+  EXPECT_EQ(f.exit_code, 1) << f.output;
+  std::size_t lines = 0;
+  for (const auto& file : std::filesystem::directory_iterator(folder)) {
+    lines += f.output.find(file.path().string() + "\t") != std::string::npos;
+  }
+  EXPECT_GT(lines, 0u) << f.output;
+  EXPECT_EQ(lines, static_cast<std::size_t>(std::distance(std::filesystem::directory_iterator(folder), {})))
+      << f.output;
+  EXPECT_NE(f.output.find((dir_ / "empty").string() + ": a folder with no .jpg, .jpeg or .png file in it"),
+            std::string::npos)
+      << f.output;
 
   // interpret: the confusion matrix over the 16 validation images, and the grid of the 5 worst.
   const auto i = run(fmt::format("interpret {} --checkpoint {} --top 5 --out {}", config_.string(),

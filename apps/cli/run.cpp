@@ -552,6 +552,19 @@ int run_predict(const TrainArgs& args, const std::string& checkpoint, const std:
             ++failed;
           }
         }
+      } else if (std::filesystem::is_directory(input)) {
+        // Every image file under the folder, as from_folder finds them, one line each.
+        const auto files = get_image_files(input);
+        if (files.empty()) throw DataError(fmt::format("{}: a folder with no .jpg, .jpeg or .png file in it", input));
+        for (const auto& file : files) {
+          try {
+            fmt::print("{}\t{}\n", file.string(), describe(predict_image(*learn, file)));
+          } catch (const DataError& e) {
+            std::fflush(stdout);
+            fmt::print(stderr, "fastlearn: error: {}\n", e.what());
+            ++failed;
+          }
+        }
       } else {
         fmt::print("{}\t{}\n", input, describe(predict_image(*learn, input)));
       }
