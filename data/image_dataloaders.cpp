@@ -241,13 +241,27 @@ std::pair<Items, Items> random_split(Items all, double valid_pct, std::uint64_t 
   return {std::move(train), std::move(valid)};
 }
 
-Items labelled_by_parent_folder(const fs::path& dir) {
+// The label of an image is its class folder: the folder right under `dir` that holds it, however deep (as
+// torchvision's ImageFolder has it; the innermost folder's name would merge the subfolders of all classes).
+Items labelled_by_class_folder(const fs::path& dir) {
   Items items;
+  std::vector<std::string> outside;  // images right in `dir`, in no class folder
   for (auto& file : get_image_files(dir)) {
-    items.labels.push_back({file.parent_path().filename().string()});
+    const auto relative = file.lexically_relative(dir);
+    if (std::next(relative.begin()) == relative.end()) {
+      outside.push_back(relative.string());
+      continue;
+    }
+    items.labels.push_back({relative.begin()->string()});
     items.files.push_back(std::move(file));
   }
-  if (items.files.empty()) throw DataError(fmt::format("no .jpg, .jpeg or .png files under '{}'", dir.string()));
+  if (!outside.empty())
+    std::cerr << fmt::format(
+        "fastlearn: warning: '{}': {} image(s) outside any class folder left out: {}{}\n", dir.string(), outside.size(),
+        fmt::join(outside.begin(), outside.begin() + std::min<std::size_t>(outside.size(), 5), ", "),
+        outside.size() > 5 ? ", ..." : "");
+  if (items.files.empty())
+    throw DataError(fmt::format("no .jpg, .jpeg or .png files in class folders under '{}'", dir.string()));
   // A class folder without an image is no class at all: say so rather than leave it out in silence.
   std::set<std::string> holding;
   for (const auto& file : items.files) holding.insert(file.lexically_relative(dir).begin()->string());
@@ -277,10 +291,10 @@ DataLoaders ImageDataLoaders::from_folder(const fs::path& path, const ImageFiles
       throw DataError(fmt::format("ImageDataLoaders::from_folder: '{}' has a '{}' folder but no '{}' folder",
                                   path.string(), train, valid));
     }
-    return build(labelled_by_parent_folder(path / train), labelled_by_parent_folder(path / valid), false, options,
+    return build(labelled_by_class_folder(path / train), labelled_by_class_folder(path / valid), false, options,
                  "ImageDataLoaders::from_folder");
   }
-  auto [train_items, valid_items] = random_split(labelled_by_parent_folder(path), options.valid_pct, options.split_seed,
+  auto [train_items, valid_items] = random_split(labelled_by_class_folder(path), options.valid_pct, options.split_seed,
                                                  "ImageDataLoaders::from_folder");
   return build(std::move(train_items), std::move(valid_items), false, options, "ImageDataLoaders::from_folder");
 }

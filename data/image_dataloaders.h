@@ -85,7 +85,9 @@ struct ImageDataLoaders {
   static DataLoaders from_idx(const std::filesystem::path& dir, const ImageDataLoadersOptions& options = {});
 
   /// ImageNet-style folders: <path>/<train>/<label>/<file> and <path>/<valid>/<label>/<file> when
-  /// <path>/<train> exists, else <path>/<label>/<file> split by valid_pct. Labels are the parent folder names.
+  /// <path>/<train> exists, else <path>/<label>/<file> split by valid_pct. An image's label is its class folder, the
+  /// folder right under <path>/<train> (or <path>) that holds it, also from a subfolder of it, as torchvision's
+  /// ImageFolder labels; images outside any class folder are left out with a warning.
   static DataLoaders from_folder(const std::filesystem::path& path, const ImageFilesOptions& options = {},
                                  const std::string& train = "train", const std::string& valid = "valid");
   /// Files with their labels, split by valid_pct.

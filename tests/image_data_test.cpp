@@ -212,6 +212,33 @@ TEST_F(ImageFiles, AClassWithValidationImagesOnlyIsKeptWithAWarningNamingIt) {
   EXPECT_EQ(testing::internal::GetCapturedStderr(), "") << "no warning when every class has training images";
 }
 
+TEST_F(ImageFiles, AnImageInASubfolderBelongsToItsClassFolder) {
+  // train/Bag/nested/deeper/x.png is a Bag (as torchvision's ImageFolder has it), not a class "deeper" that
+  // would merge the subfolders of every class; an image outside any class folder is left out, with a warning.
+  const auto root = dir_ / "nested";
+  const auto bags = first_bags(6);
+  ASSERT_EQ(bags.size(), 6u);
+  for (const auto& [folder, file] : std::vector<std::pair<fs::path, fs::path>>{{"train/Bag", bags[0]},
+                                                                               {"train/Bag/nested/deeper", bags[1]},
+                                                                               {"train/Coat", bags[2]},
+                                                                               {"train/Coat/nested/deeper", bags[3]},
+                                                                               {"train", bags[4]},
+                                                                               {"valid/Coat/deeper", bags[5]}}) {
+    fs::create_directories(root / folder);
+    fs::copy_file(file, root / folder / file.filename(), fs::copy_options::overwrite_existing);
+  }
+  testing::internal::CaptureStderr();
+  const auto dls = fl::ImageDataLoaders::from_folder(root, {.bs = 2, .size = 16});
+  const auto warning = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(dls.vocab(), (std::vector<std::string>{"Bag", "Coat"}));
+  EXPECT_EQ(dls.train().dataset().size(), 4);
+  const auto& valid = static_cast<const fl::ImageDataset&>(dls.valid().dataset());
+  EXPECT_EQ(valid.targets()[0].item<std::int64_t>(), 1) << "valid/Coat/deeper/x is a Coat";
+  EXPECT_NE(warning.find("1 image(s) outside any class folder left out: " + bags[4].filename().string()),
+            std::string::npos)
+      << warning;
+}
+
 TEST_F(ImageFiles, AnEmptyClassFolderAndASingleClassAreNamedInWarnings) {
   const auto root = dir_ / "one_class";
   const auto bags = first_bags(4);
