@@ -266,6 +266,18 @@ lr = 1e-2
 seed = 3
 )",
                                         census.string());
+  // top_k_accuracy's k against the data's 2 classes: refused with the data loaded, before the folder is written
+  // (it used to fail after the first epoch), and train.top_k sets k.
+  const auto top5 = run(train("--set 'train.metrics=[\"top_k_accuracy\"]'"));
+  EXPECT_NE(top5.exit_code, 0);
+  EXPECT_NE(top5.output.find("top_k_accuracy with train.top_k = 5 needs at least 5 classes; the data has 2: set "
+                             "train.top_k to at most 2"),
+            std::string::npos)
+      << top5.output;
+  EXPECT_FALSE(fs::exists(out_));
+  const auto top1 = run(train("--set 'train.metrics=[\"top_k_accuracy\"]' --set train.top_k=1 --set train.epochs=1"));
+  ASSERT_EQ(top1.exit_code, 0) << top1.output;
+  EXPECT_TRUE(nlohmann::json::parse(read(out_ / "metrics.json")).back()["top_k_accuracy"].is_number());
   const auto one = run(train(""));
   ASSERT_EQ(one.exit_code, 0) << one.output;
   const double alone = nlohmann::json::parse(read(out_ / "metrics.json")).back()["accuracy"];

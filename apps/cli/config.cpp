@@ -132,6 +132,11 @@ constexpr Condition staged_only{
     "applies to arch = \"resnet\" or \"conv_net\" only"};
 constexpr Condition sgd_only{[](const TrainConfig& c) { return c.train.optimizer == "sgd"; },
                              "applies to optimizer = \"sgd\" only"};
+constexpr Condition top_k_metric{[](const TrainConfig& c) {
+                                   return std::find(c.train.metrics.begin(), c.train.metrics.end(), "top_k_accuracy") !=
+                                          c.train.metrics.end();
+                                 },
+                                 "applies with train.metrics holding \"top_k_accuracy\" only"};
 constexpr Condition scheduled{[](const TrainConfig& c) { return c.train.schedule != "constant"; },
                               "does not apply to schedule = \"constant\""};
 
@@ -304,6 +309,7 @@ const std::vector<Key>& schema() {
       Key("train.loss", in::train, &TrainSectionConfig::loss, {}, {.choices = losses_for}),
       Key("train.metrics", in::train, &TrainSectionConfig::metrics, {},
           {.choices = metrics_for, .check = known_metrics}),
+      Key("train.top_k", in::train, &TrainSectionConfig::top_k, {.min = 1}, {.applies = top_k_metric}),
 
       Key("distributed.backend", in::distributed, &DistributedConfig::backend, {.choices = {"auto", "gloo", "nccl"}}),
       Key("distributed.sync_bn", in::distributed, &DistributedConfig::sync_bn),

@@ -92,9 +92,10 @@ struct TrainSectionConfig {
   std::int64_t grad_accumulation = 0;  ///< > 0: step once this many items were seen
   double grad_clip = 0.0;              ///< > 0: clip the gradients' global norm to this
   std::string loss;                    ///< default: cross_entropy (classification), mse (regression)
-  /// Classification: accuracy, error_rate, top_k_accuracy (top 5), f1_macro (default: accuracy);
-  /// regression: rmse, mse, mae (default: rmse).
+  /// Classification: accuracy, error_rate, top_k_accuracy (the target among the top_k highest scores), f1_macro
+  /// (default: accuracy); regression: rmse, mse, mae (default: rmse).
   std::vector<std::string> metrics;
+  std::int64_t top_k = 5;  ///< k of top_k_accuracy (fastai's default); at most the number of classes
   bool operator==(const TrainSectionConfig&) const = default;
 };
 

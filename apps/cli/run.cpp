@@ -160,7 +160,7 @@ std::vector<MetricPtr> make_metrics(const TrainSectionConfig& t) {
     else if (name == "error_rate")
       metrics.push_back(error_rate());
     else if (name == "top_k_accuracy")
-      metrics.push_back(top_k_accuracy(5));
+      metrics.push_back(top_k_accuracy(static_cast<int>(t.top_k)));
     else if (name == "f1_macro")
       metrics.push_back(f1_macro());
     else if (name == "accuracy_multi")
@@ -239,6 +239,14 @@ std::unique_ptr<Learner> make_learner(const TrainConfig& c, const fs::path& out,
                                       bool resume = false) {
   set_seed(static_cast<std::uint64_t>(c.train.seed));
   auto dls = make_data(c);
+  // Checked with the data, before the run folder is taken over (the metric would fail after the first epoch).
+  const auto& metrics = c.train.metrics;
+  if (std::find(metrics.begin(), metrics.end(), "top_k_accuracy") != metrics.end() && c.train.top_k > dls.c()) {
+    throw ConfigError(
+        fmt::format("train.metrics: top_k_accuracy with train.top_k = {} needs at least {} classes; the "
+                    "data has {}: set train.top_k to at most {}",
+                    c.train.top_k, c.train.top_k, dls.c(), dls.c()));
+  }
   if (is_tabular(c.data)) {
     auto model = tabular_model(dls, {.layers = c.model.layers, .embed_p = c.model.embed_p});
     return std::make_unique<Learner>(std::move(dls), model, make_loss(c.train),
