@@ -2,7 +2,10 @@
 // fastai's tabular preprocessing, fitted on the training rows only and saved with the model:
 //   Categorify:  per categorical column, a vocabulary of its training values, sorted (numerically when every
 //                value is a number, as pandas reads such a column), with "#na#" at index 0 for missing cells and
-//                for values first seen in validation or at predict time;
+//                for values first seen in validation or at predict time. A column whose values are all numbers
+//                is matched by number, in training and after: "1", "1.0" and "1e0" are one category, spelled in
+//                the vocabulary as its first training row spells it (pandas writes an integer column with a
+//                missing cell as "1.0", "2.0", ...). Other columns are matched by their exact text;
 //   FillMissing: per continuous column, the training median fills missing cells; a column with missing
 //                training cells gets a categorical indicator `<name>_na` ("False" / "True");
 //   Normalize:   per continuous column, (x - mean) / (std + 1e-7) with the training mean and population std

@@ -99,6 +99,49 @@ TEST(TabularProcs, CategorifyFillMissingAndNormalizeFitOnTheTrainingRowsOnly) {
   EXPECT_TRUE(torch::equal(row.cats, torch::tensor({{2, 2, 2}})));
 }
 
+// pandas writes an integer column with a missing cell as floats ("1.0", "2.0", "10.0"); fastai reads them as numbers,
+// so a row's "1" or "10" is that category. A column of numbers is matched by number, one of text by its exact text.
+TEST(TabularProcs, NumericCategoriesMatchByNumber) {
+  const auto floats = fl::parse_csv("size\nNA\n2.0\n1.0\n10.0\n1.0\n1\n", "floats.csv");
+  const std::vector<std::int64_t> train{0, 1, 2, 3, 4};  // the last row ("1") is for validation
+  const auto procs = fl::TabularProcs::fit(floats, train, {.cat_names = {"size"}}, "floats.csv");
+  EXPECT_EQ(procs.vocabs()[0], (std::vector<std::string>{"#na#", "1.0", "2.0", "10.0"}));
+  const auto code = [](const fl::TabularProcs& p, const std::string& cell) {
+    return p.encode_row({{p.cat_columns()[0], cell}}).cats[0][0].item<std::int64_t>();
+  };
+  for (const auto& [cell, expected] : std::vector<std::pair<std::string, std::int64_t>>{
+           {"1", 1}, {"1.0", 1}, {"1e0", 1}, {" 10", 3}, {"10", 3}, {"+2", 2}, {"3", 0}, {"", 0}, {"nan", 0}}) {
+    EXPECT_EQ(code(procs, cell), expected) << "'" << cell << "'";
+  }
+  EXPECT_EQ(procs.encode(floats, std::vector<std::int64_t>{5}, "floats.csv").cats[0][0].item<std::int64_t>(), 1)
+      << "a validation row's 1 is the training rows' 1.0";
+  // The other way round, and training rows that spell one number two ways: one category, as the first spells it.
+  const auto ints = fl::parse_csv("size\n10\n1\n2\n1.0\n1e0\n", "ints.csv");
+  const auto int_procs =
+      fl::TabularProcs::fit(ints, std::vector<std::int64_t>{0, 1, 2, 3, 4}, {.cat_names = {"size"}}, "ints.csv");
+  EXPECT_EQ(int_procs.vocabs()[0], (std::vector<std::string>{"#na#", "1", "2", "10"}));
+  EXPECT_EQ(code(int_procs, "1.0"), 1);
+  EXPECT_EQ(code(int_procs, "10.0"), 3);
+  // A column with text in it matches exactly: "01" and "1" are two categories, "1.0" neither.
+  const auto text = fl::parse_csv("code\n01\n1\nx\n", "text.csv");
+  const auto text_procs =
+      fl::TabularProcs::fit(text, std::vector<std::int64_t>{0, 1, 2}, {.cat_names = {"code"}}, "text.csv");
+  EXPECT_EQ(text_procs.vocabs()[0], (std::vector<std::string>{"#na#", "01", "1", "x"}));
+  EXPECT_EQ(code(text_procs, "1"), 2);
+  EXPECT_EQ(code(text_procs, "1.0"), 0);
+  EXPECT_EQ(code(text_procs, "X"), 0);
+  // A checkpoint's vocabulary from before, which may hold one number twice: its own spellings keep their codes.
+  auto json = procs.to_json();
+  const std::string vocab = R"(["#na#","1.0","2.0","10.0"])";
+  ASSERT_NE(json.find(vocab), std::string::npos) << json;
+  json.replace(json.find(vocab), vocab.size(), R"(["#na#","1","1.0","2"])");
+  const auto saved = fl::TabularProcs::from_json(json, "old.json");
+  EXPECT_EQ(code(saved, "1"), 1);
+  EXPECT_EQ(code(saved, "1.0"), 2);
+  EXPECT_EQ(code(saved, "1e0"), 1);
+  EXPECT_EQ(code(saved, "2.0"), 3);
+}
+
 TEST(TabularProcs, ErrorsNameTheFileRowAndColumn) {
   const auto table = fl::parse_csv("x,y\n1,a\nabc,b\n", "t.csv");
   const std::vector<std::int64_t> rows{0, 1};
