@@ -210,6 +210,17 @@ TabularProcs TabularProcs::fit(const CsvTable& table, std::span<const std::int64
 
 TabularProcs::Encoded TabularProcs::encode(const CsvTable& table, std::span<const std::int64_t> rows,
                                            const std::string& origin) const {
+  return encode(table, rows, origin, /*one_row=*/false);
+}
+
+TabularProcs::Encoded TabularProcs::encode(const CsvTable& table, std::span<const std::int64_t> rows,
+                                           const std::string& origin, bool one_row) const {
+  // Where a cell is, in errors: "t.csv: row 3, column 'x'" (the header is row 1), or "<origin>: column 'x'" for a
+  // row given alone, which has no row number of its own.
+  const auto cell_at = [&](std::int64_t r, const std::string& name) {
+    return one_row ? fmt::format("{}: column '{}'", origin, name)
+                   : fmt::format("{}: row {}, column '{}'", origin, r + 2, name);
+  };
   const auto n = static_cast<std::int64_t>(rows.size());
   const auto n_cat = static_cast<std::int64_t>(cat_names_.size()),
              n_cont = static_cast<std::int64_t>(cont_names_.size());
@@ -235,17 +246,16 @@ TabularProcs::Encoded TabularProcs::encode(const CsvTable& table, std::span<cons
       const auto& cell = table.rows[static_cast<std::size_t>(r)][col];
       auto value = number(cell);
       if (value && std::isinf(*value)) {
-        throw DataError(
-            fmt::format("{}: row {}, column '{}': '{}' is not a finite number", origin, r + 2, cont_names_[j], cell));
+        throw DataError(fmt::format("{}: '{}' is not a finite number", cell_at(r, cont_names_[j]), cell));
       }
       const bool missing = !value || std::isnan(*value);
       if (missing && !is_missing_cell(cell) && !value) {
-        throw DataError(fmt::format("{}: row {}, column '{}': '{}' is not a number (a continuous column)", origin,
-                                    r + 2, cont_names_[j], cell));
+        throw DataError(
+            fmt::format("{}: '{}' is not a number (a continuous column)", cell_at(r, cont_names_[j]), cell));
       }
       if (missing && !has(procs_, "fill_missing")) {
-        throw DataError(fmt::format("{}: row {}, column '{}': a missing value, and the procs have no fill_missing",
-                                    origin, r + 2, cont_names_[j]));
+        throw DataError(
+            fmt::format("{}: a missing value, and the procs have no fill_missing", cell_at(r, cont_names_[j])));
       }
       const double v = missing ? fill_[j] : *value;
       x[i * n_cont + static_cast<std::int64_t>(j)] = static_cast<float>((v - means_[j]) * scale);
@@ -256,7 +266,8 @@ TabularProcs::Encoded TabularProcs::encode(const CsvTable& table, std::span<cons
   return {cats, conts};
 }
 
-TabularProcs::Encoded TabularProcs::encode_row(const std::map<std::string, std::string>& row) const {
+TabularProcs::Encoded TabularProcs::encode_row(const std::map<std::string, std::string>& row,
+                                               const std::string& origin) const {
   CsvTable table;
   table.rows.emplace_back();
   for (const auto& names : {cat_columns_, cont_names_}) {
@@ -267,7 +278,7 @@ TabularProcs::Encoded TabularProcs::encode_row(const std::map<std::string, std::
     }
   }
   const std::int64_t first[] = {0};
-  return encode(table, first, "the row");
+  return encode(table, first, origin, /*one_row=*/true);
 }
 
 std::string TabularProcs::to_json() const {

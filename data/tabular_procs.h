@@ -48,8 +48,9 @@ class TabularProcs {
   };
   /// Rows `rows` of `table` (whose columns may be in any order, with others besides).
   Encoded encode(const CsvTable& table, std::span<const std::int64_t> rows, const std::string& origin) const;
-  /// One row given as column name -> cell; an absent column is a missing cell.
-  Encoded encode_row(const std::map<std::string, std::string>& row) const;
+  /// One row given as column name -> cell; an absent column is a missing cell. Errors name `origin` and the
+  /// column ("rows.csv:5: column 'age': 'abc' is not a number ...").
+  Encoded encode_row(const std::map<std::string, std::string>& row, const std::string& origin = "the row") const;
 
   /// The table's categorical columns (with cont_names(), the columns a row gives).
   const std::vector<std::string>& cat_columns() const { return cat_columns_; }
@@ -69,6 +70,10 @@ class TabularProcs {
   bool operator==(const TabularProcs&) const = default;
 
  private:
+  // encode(); `one_row`: errors name `origin` and the column only, not a row of the table made for the one row.
+  Encoded encode(const CsvTable& table, std::span<const std::int64_t> rows, const std::string& origin,
+                 bool one_row) const;
+
   std::vector<std::string> procs_;
   std::vector<std::string> cat_columns_;  // the categorical columns of the data (cat_names_ without _na)
   std::vector<std::string> cat_names_, cont_names_;

@@ -304,6 +304,11 @@ TEST(TabularLearner, LearnsATablePredictsRowsAndSavesItsProcs) {
   EXPECT_EQ(fl::predict_row(*learn, {{"kind", "s"}, {"x", "-2"}}).values[0].first, "neg");
   EXPECT_NE(fl::describe(p).find("pos 0."), std::string::npos) << fl::describe(p);
   EXPECT_THROW(fl::predict_row(*learn, {{"kind", "p"}, {"x", "two"}}), fl::DataError);
+  // One row has no row number: errors name the caller's origin and the column.
+  const auto two = flt::message_of([&] { fl::predict_row(*learn, {{"kind", "p"}, {"x", "two"}}); });
+  EXPECT_EQ(two, "predict_row: column 'x': 'two' is not a number (a continuous column)");
+  const auto line = flt::message_of([&] { fl::predict_row(*learn, {{"x", "inf"}}, "rows.csv:5"); });
+  EXPECT_EQ(line, "rows.csv:5: column 'x': 'inf' is not a finite number");
 
   // The procs go into the checkpoint; a learner over other data refuses it.
   const auto file = fs::temp_directory_path() / ("fastlearn-tabular-" + std::to_string(::getpid()) + ".safetensors");

@@ -219,12 +219,17 @@ lr = 1e-2
   const auto trained = run(train(""));
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   EXPECT_NE(read(out_ / "config.toml").find("delimiter = \";\""), std::string::npos);
-  std::ofstream(dir_ / "rows.csv") << "kind;size\n\"red, dark\";1\nblue;9\n";
+  std::ofstream(dir_ / "rows.csv") << "kind;size\n\"red, dark\";1\nblue;9\nblue;abc\n";
   const auto p = run(fmt::format("predict {} --checkpoint {} {}", config_.string(),
                                  (out_ / "checkpoints" / "model.safetensors").string(), (dir_ / "rows.csv").string()));
-  ASSERT_EQ(p.exit_code, 0) << p.output;
+  ASSERT_EQ(p.exit_code, 1) << "the last row's size is not a number\n" << p.output;
   EXPECT_NE(p.output.find("rows.csv:2\tsmall"), std::string::npos) << p.output;
   EXPECT_NE(p.output.find("rows.csv:3\tbig"), std::string::npos) << p.output;
+  // One place for a bad cell: the file's row, then the column (no second row number from the row's own table).
+  EXPECT_NE(p.output.find("rows.csv:4: column 'size': 'abc' is not a number (a continuous column)\n"),
+            std::string::npos)
+      << p.output;
+  EXPECT_EQ(p.output.find("row 2"), std::string::npos) << p.output;
 }
 
 TEST_F(TrainCommand, TrainsATableOnOneAndTwoRanksAndPredictsCsvRows) {

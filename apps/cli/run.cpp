@@ -544,11 +544,12 @@ int run_predict(const TrainArgs& args, const std::string& checkpoint, const std:
         for (std::size_t r = 0; r < table.rows.size(); ++r) {
           std::map<std::string, std::string> row;
           for (std::size_t j = 0; j < table.columns.size(); ++j) row[table.columns[j]] = table.rows[r][j];
+          const auto where = fmt::format("{}:{}", input, r + 2);
           try {
-            fmt::print("{}:{}\t{}\n", input, r + 2, describe(predict_row(*learn, row)));
-          } catch (const DataError& e) {
+            fmt::print("{}\t{}\n", where, describe(predict_row(*learn, row, where)));
+          } catch (const DataError& e) {  // the error names `where`
             std::fflush(stdout);
-            fmt::print(stderr, "fastlearn: error: {}:{}: {}\n", input, r + 2, e.what());
+            fmt::print(stderr, "fastlearn: error: {}\n", e.what());
             ++failed;
           }
         }
