@@ -1,6 +1,7 @@
 #include <fastlearn/data/tabular_procs.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/suggest.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -268,6 +269,19 @@ TabularProcs::Encoded TabularProcs::encode(const CsvTable& table, std::span<cons
 
 TabularProcs::Encoded TabularProcs::encode_row(const std::map<std::string, std::string>& row,
                                                const std::string& origin) const {
+  // A name the procs do not read is a typo far more often than a column to leave out on purpose; unchecked, it would
+  // make its column a missing cell without a word.
+  std::vector<std::string> known(cat_columns_);
+  known.insert(known.end(), cont_names_.begin(), cont_names_.end());
+  std::vector<std::string> unknown;
+  for (const auto& [name, cell] : row) {
+    if (std::find(known.begin(), known.end(), name) == known.end())
+      unknown.push_back(fmt::format("'{}' (did you mean '{}'?)", name, closest(name, known)));
+  }
+  if (!unknown.empty()) {
+    throw DataError(fmt::format("{}: no input column {}; the inputs are {}", origin, fmt::join(unknown, ", "),
+                                fmt::join(known, ", ")));
+  }
   CsvTable table;
   table.rows.emplace_back();
   for (const auto& names : {cat_columns_, cont_names_}) {

@@ -48,7 +48,8 @@ class TabularProcs {
   };
   /// Rows `rows` of `table` (whose columns may be in any order, with others besides).
   Encoded encode(const CsvTable& table, std::span<const std::int64_t> rows, const std::string& origin) const;
-  /// One row given as column name -> cell; an absent column is a missing cell. Errors name `origin` and the
+  /// One row given as column name -> cell; an absent column is a missing cell, and a name that is not one of
+  /// the columns the procs read is a DataError naming it and the closest one. Errors name `origin` and the
   /// column ("rows.csv:5: column 'age': 'abc' is not a number ...").
   Encoded encode_row(const std::map<std::string, std::string>& row, const std::string& origin = "the row") const;
 

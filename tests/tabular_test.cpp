@@ -97,6 +97,10 @@ TEST(TabularProcs, CategorifyFillMissingAndNormalizeFitOnTheTrainingRowsOnly) {
   EXPECT_THROW(fl::TabularProcs::from_json("{\"procs\": 1}", "bad"), fl::DataError);
   const auto row = procs.encode_row({{"city", "Oslo"}, {"rooms", "9"}});  // area absent: missing
   EXPECT_TRUE(torch::equal(row.cats, torch::tensor({{2, 2, 2}})));
+  const auto typo = flt::message_of([&] { procs.encode_row({{"City", "Oslo"}, {"room", "9"}}, "row 7"); });
+  EXPECT_EQ(typo,
+            "row 7: no input column 'City' (did you mean 'city'?), 'room' (did you mean 'rooms'?); the inputs are "
+            "city, rooms, area");
 }
 
 // pandas writes an integer column with a missing cell as floats ("1.0", "2.0", "10.0"); fastai reads them as numbers,
@@ -309,6 +313,12 @@ TEST(TabularLearner, LearnsATablePredictsRowsAndSavesItsProcs) {
   EXPECT_EQ(two, "predict_row: column 'x': 'two' is not a number (a continuous column)");
   const auto line = flt::message_of([&] { fl::predict_row(*learn, {{"x", "inf"}}, "rows.csv:5"); });
   EXPECT_EQ(line, "rows.csv:5: column 'x': 'inf' is not a finite number");
+  // A column the model does not read is a typo until shown otherwise: an error naming it and the closest input, not a
+  // prediction for a row whose cell went missing. The target may come with the row, as in the training table.
+  const auto typo = flt::message_of([&] { fl::predict_row(*learn, {{"kinds", "p"}, {"x", "2.5"}}); });
+  EXPECT_EQ(typo, "predict_row: no input column 'kinds' (did you mean 'kind'?); the inputs are kind, x");
+  EXPECT_THROW(fl::predict_row(*learn, {{"kind", "p"}, {"x", "2.5"}, {"z", "1"}}), fl::DataError);
+  EXPECT_EQ(fl::predict_row(*learn, {{"kind", "p"}, {"x", "2.5"}, {"y", "neg"}}).values, p.values);
 
   // The procs go into the checkpoint; a learner over other data refuses it.
   const auto file = fs::temp_directory_path() / ("fastlearn-tabular-" + std::to_string(::getpid()) + ".safetensors");

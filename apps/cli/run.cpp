@@ -507,20 +507,28 @@ int run_interpret(const TrainArgs& args, const std::string& checkpoint, int top)
 
 namespace {
 
-// A CSV without a column the model reads is a mistake far more often than a column of missing cells (pandas, and
-// so fastai, fail on it too): refused, naming the columns. An empty cell still counts as missing.
-void check_input_columns(Learner& learn, const CsvTable& table, const std::string& file) {
+// The columns of `table` that the model reads, by name, with their index. A CSV without one of them is a mistake far
+// more often than a column of missing cells (pandas, and so fastai, fail on it too): refused, naming the columns. An
+// empty cell still counts as missing. Other columns (the target, an id) are left out.
+std::map<std::string, std::size_t> input_columns(Learner& learn, const CsvTable& table, const std::string& file) {
   const auto* dataset = tabular_dataset(learn.dls());
-  if (!dataset) return;
+  if (!dataset) return {};
+  std::map<std::string, std::size_t> inputs;
   std::vector<std::string> absent;
   for (const auto* names : {&dataset->procs().cat_columns(), &dataset->procs().cont_names()})
-    for (const auto& name : *names)
-      if (std::find(table.columns.begin(), table.columns.end(), name) == table.columns.end()) absent.push_back(name);
+    for (const auto& name : *names) {
+      const auto at = std::find(table.columns.begin(), table.columns.end(), name);
+      if (at == table.columns.end())
+        absent.push_back(name);
+      else
+        inputs.emplace(name, static_cast<std::size_t>(at - table.columns.begin()));
+    }
   if (!absent.empty())
     throw DataError(
         fmt::format("{}: no column {} that the model reads (the header has {}); give it, with empty "
                     "cells where a value is missing",
                     file, fmt::join(absent, ", "), fmt::join(table.columns, ", ")));
+  return inputs;
 }
 
 }  // namespace
@@ -540,10 +548,10 @@ int run_predict(const TrainArgs& args, const std::string& checkpoint, const std:
       if (is_tabular(config.data)) {
         // Every row of the CSV file, one line each: FILE:ROW (the header is row 1).
         const auto table = read_csv(input, {.delimiter = config.data.delimiter.front()});
-        check_input_columns(*learn, table, input);
+        const auto columns = input_columns(*learn, table, input);  // other columns may be there too
         for (std::size_t r = 0; r < table.rows.size(); ++r) {
           std::map<std::string, std::string> row;
-          for (std::size_t j = 0; j < table.columns.size(); ++j) row[table.columns[j]] = table.rows[r][j];
+          for (const auto& [name, j] : columns) row[name] = table.rows[r][j];
           const auto where = fmt::format("{}:{}", input, r + 2);
           try {
             fmt::print("{}\t{}\n", where, describe(predict_row(*learn, row, where)));
