@@ -212,6 +212,26 @@ TEST(TabularDataLoaders, SplitsTargetsAndBatches) {
       << unseen;
   EXPECT_THROW(fl::TabularDataLoaders::from_columns(columns, {.y_names = {"size"}, .cont_names = {"size"}}),
                fl::ConfigError);
+  // A target of numbers made a category: the class that training lacks comes with the way to a regression.
+  const auto numbers = flt::message_of([&] {
+    fl::TabularDataLoaders::from_columns(
+        columns, {.y_names = {"size"}, .cat_names = {"city"}, .regression = false, .valid_idx = {7}});
+  });
+  EXPECT_NE(numbers.find("row 9, target 'size': class '8' is not among the training rows' classes (1, 2, 3, 4, 5, 6, "
+                         "7); the target's values are all numbers: for a regression, set TabularOptions::regression = "
+                         "true (data.y_block = \"regression\" in a config)"),
+            std::string::npos)
+      << numbers;
+  EXPECT_EQ(fl::TabularDataLoaders::regression(fl::parse_csv("y,x\n1,2\n2.5,3\n", "t.csv"),
+                                               {.y_names = {"y"}, .cont_names = {"x"}, .valid_idx = {0}}, "t.csv"),
+            true);
+  EXPECT_EQ(fl::TabularDataLoaders::regression(fl::parse_csv("y,x\n1,2\nlow,3\n", "t.csv"),
+                                               {.y_names = {"y"}, .cont_names = {"x"}, .valid_idx = {0}}, "t.csv"),
+            false);
+  EXPECT_EQ(fl::TabularDataLoaders::regression(fl::parse_csv("y,x\nlow,2\n2.5,3\n", "t.csv"),
+                                               {.y_names = {"y"}, .cont_names = {"x"}, .valid_idx = {0}}, "t.csv"),
+            true)
+      << "only the training rows count";
 }
 
 // A valid column takes the flags the image CSV takes (csv_flag): true/false, yes/no, 1/0 in any case, and an empty

@@ -233,6 +233,45 @@ lr = 1e-2
   EXPECT_EQ(p.output.find("row 2"), std::string::npos) << p.output;
 }
 
+// A numeric target and no data.y_block: a regression, as the C++ API (and fastai) decides from the data, with the
+// regression loss and metrics (given or by default), and the resolved config says so.
+TEST_F(TrainCommand, ANumericTargetWithoutYBlockIsARegression) {
+  std::ofstream table(dir_ / "ages.csv");
+  table << "kind,size,age\n";
+  for (int i = 0; i < 200; ++i) table << (i % 3 == 0 ? "a" : "b") << "," << (i % 10) << "," << 20 + (i % 37) << ".5\n";
+  table.close();
+  std::ofstream(config_) << fmt::format(R"([data]
+dataset = "csv"
+path = "{}"
+y_names = ["age"]
+cat_names = ["kind"]
+cont_names = ["size"]
+bs = 32
+workers = 0
+[model]
+arch = "tabular"
+layers = [8]
+[train]
+epochs = 1
+)",
+                                        (dir_ / "ages.csv").string());
+  const auto trained = run(train("--set 'train.metrics=[\"rmse\", \"mae\"]'"));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const auto resolved = read(out_ / "config.toml");
+  EXPECT_NE(resolved.find("y_block = \"regression\""), std::string::npos) << resolved;
+  EXPECT_NE(resolved.find("loss = \"mse\""), std::string::npos) << resolved;
+  const auto record = nlohmann::json::parse(read(out_ / "metrics.json")).back();
+  EXPECT_TRUE(record.contains("rmse") && record.contains("mae")) << record.dump();
+  // A metric of the other task says why the task is what it is.
+  const auto accuracy = run(train("--set 'train.metrics=[\"accuracy\"]'"));
+  EXPECT_NE(accuracy.exit_code, 0);
+  EXPECT_NE(accuracy.output.find("(\"accuracy\" needs data.y_block = \"category\")"), std::string::npos)
+      << accuracy.output;
+  EXPECT_NE(accuracy.output.find("the training values of the target 'age' are all numbers, so it is a regression"),
+            std::string::npos)
+      << accuracy.output;
+}
+
 TEST_F(TrainCommand, TrainsATableOnOneAndTwoRanksAndPredictsCsvRows) {
   const auto census = dir_ / "census.csv";
   const auto [made, why] =
