@@ -52,6 +52,41 @@ std::vector<bool> valid_rows(const CsvTable& table, const TabularOptions& o, con
   return random_valid_mask(n, o.valid_pct, o.split_seed, origin);
 }
 
+// Up to 10 of a list, and how many there are when that is not all: "a, b, c" or "a, b, ... (250 classes)".
+std::string some_of(const std::vector<std::string>& classes) {
+  constexpr std::size_t kShown = 10;
+  if (classes.size() <= kShown) return fmt::format("{}", fmt::join(classes, ", "));
+  return fmt::format("{}, ... ({} classes)", fmt::join(classes.begin(), classes.begin() + kShown, ", "),
+                     classes.size());
+}
+
+// A class missing from the training rows, when every class is a number, most likely means that the target is a
+// quantity to regress, not a category: say how to make it one.
+std::string regression_hint(const std::vector<std::string>& classes, const std::string& cell) {
+  const auto is_number = [](const std::string& v) { return parse_number(v).has_value(); };
+  if (!is_number(cell) || !std::all_of(classes.begin(), classes.end(), is_number)) return {};
+  return "; the target's values are all numbers: for a regression, set TabularOptions::regression = true "
+         "(data.y_block = \"regression\" in a config)";
+}
+
+// fastai's choice of y_block when none is given: several targets, or one whose training values are all numbers,
+// make a regression; one target with a value that is not a number, a classification.
+bool regression_by_default(const CsvTable& table, const TabularOptions& o, const std::vector<std::int64_t>& train,
+                           const std::string& origin) {
+  if (o.y_names.size() != 1) return o.y_names.size() > 1;
+  const auto col = table.column(o.y_names.front(), origin);
+  return std::all_of(train.begin(), train.end(), [&](std::int64_t r) {
+    return parse_number(table.rows[static_cast<std::size_t>(r)][col]).has_value();
+  });
+}
+
+std::vector<std::int64_t> training_rows(const std::vector<bool>& is_valid) {
+  std::vector<std::int64_t> train;
+  for (std::size_t r = 0; r < is_valid.size(); ++r)
+    if (!is_valid[r]) train.push_back(static_cast<std::int64_t>(r));
+  return train;
+}
+
 struct Targets {
   at::Tensor train, valid;
   std::vector<std::string> vocab;  // classification
@@ -104,8 +139,9 @@ Targets encode_targets(const CsvTable& table, const TabularOptions& o, bool regr
       const auto& cell = table.rows[static_cast<std::size_t>(rows[i])][col];
       const auto it = index.find(cell);
       if (it == index.end()) {
-        throw DataError(fmt::format("{}: row {}, target '{}': class '{}' is not among the training rows' classes ({})",
-                                    origin, rows[i] + 2, o.y_names.front(), cell, fmt::join(t.vocab, ", ")));
+        throw DataError(
+            fmt::format("{}: row {}, target '{}': class '{}' is not among the training rows' classes ({}){}", origin,
+                        rows[i] + 2, o.y_names.front(), cell, some_of(t.vocab), regression_hint(t.vocab, cell)));
       }
       out[i] = it->second;
     }
@@ -149,13 +185,7 @@ DataLoaders TabularDataLoaders::from_table(const CsvTable& table, const TabularO
     throw DataError(fmt::format("{}: the split leaves {} training and {} validation rows; both need some", origin,
                                 train.size(), valid.size()));
   }
-  bool regression = o.regression.value_or(o.y_names.size() > 1);
-  if (!o.regression && o.y_names.size() == 1) {
-    const auto col = table.column(o.y_names.front(), origin);
-    regression = std::all_of(train.begin(), train.end(), [&](std::int64_t r) {
-      return parse_number(table.rows[static_cast<std::size_t>(r)][col]).has_value();
-    });
-  }
+  const bool regression = o.regression ? *o.regression : regression_by_default(table, o, train, origin);
   if (!regression && o.y_names.size() > 1) {
     throw ConfigError(fmt::format("{}: {} targets ({}) make a regression; one categorical target at most", origin,
                                   o.y_names.size(), fmt::join(o.y_names, ", ")));
@@ -178,6 +208,12 @@ DataLoaders TabularDataLoaders::from_table(const CsvTable& table, const TabularO
   if (regression)
     return DataLoaders(std::move(train_dl), std::move(valid_dl), static_cast<std::int64_t>(o.y_names.size()));
   return DataLoaders(std::move(train_dl), std::move(valid_dl), std::move(y.vocab));
+}
+
+bool TabularDataLoaders::regression(const CsvTable& table, const TabularOptions& options, const std::string& origin) {
+  if (options.regression) return *options.regression;
+  if (options.y_names.size() != 1) return options.y_names.size() > 1;
+  return regression_by_default(table, options, training_rows(valid_rows(table, options, origin)), origin);
 }
 
 DataLoaders TabularDataLoaders::from_columns(const std::map<std::string, std::vector<std::string>>& columns,

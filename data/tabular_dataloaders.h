@@ -56,6 +56,10 @@ struct TabularDataLoaders {
   static DataLoaders from_csv(const std::filesystem::path& path, const TabularOptions& options);
   /// A table already read; `origin` names it in errors.
   static DataLoaders from_table(const CsvTable& table, const TabularOptions& options, const std::string& origin);
+  /// Whether from_table(table, options, origin) makes a regression: options.regression, else its default (read
+  /// from the training rows of the split that `options` gives). DataError as from_table for an absent target
+  /// column or a bad split.
+  static bool regression(const CsvTable& table, const TabularOptions& options, const std::string& origin);
   /// Columns held in memory, name -> cells (all of the same length), as fastai's from_df.
   static DataLoaders from_columns(const std::map<std::string, std::vector<std::string>>& columns,
                                   const TabularOptions& options);

@@ -1,6 +1,7 @@
 #include <fastlearn/data/tabular_procs.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/suggest.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -32,17 +33,68 @@ std::optional<double> number(std::string_view cell) {
   return value;
 }
 
+// Whether every value is a number (NaN is not one): such a categorical column is sorted and matched by number, as
+// pandas reads it as a numeric column ("1" and "1.0" are one category, as fastai sees them).
+bool all_numbers(std::span<const std::string> values) {
+  return std::all_of(values.begin(), values.end(), [](const std::string& v) {
+    const auto x = number(v);
+    return x && !std::isnan(*x);
+  });
+}
+
 // Sorted as pandas sorts a column: numerically when every value is a number, else as text (code points).
 void sort_values(std::vector<std::string>& values) {
+  if (!all_numbers(values)) return std::sort(values.begin(), values.end());
   std::vector<std::pair<double, std::string>> numbers;
-  for (const auto& v : values) {
-    const auto x = number(v);
-    if (!x || std::isnan(*x)) return std::sort(values.begin(), values.end());
-    numbers.emplace_back(*x, v);
-  }
+  for (const auto& v : values) numbers.emplace_back(*number(v), v);
   std::sort(numbers.begin(), numbers.end());
   for (std::size_t i = 0; i < values.size(); ++i) values[i] = numbers[i].second;
 }
+
+// The distinct present cells of a categorical column's training rows. When they are all numbers, cells of the same
+// number are one category, spelled as the first training row that has it spells it ("1.0" and "1" are one).
+std::vector<std::string> categories(const CsvTable& table, std::size_t col, std::span<const std::int64_t> rows) {
+  std::vector<std::string> values;
+  std::set<std::string_view> seen;
+  for (auto r : rows) {
+    const auto& cell = table.rows[static_cast<std::size_t>(r)][col];
+    if (!is_missing_cell(cell) && seen.insert(cell).second) values.push_back(cell);
+  }
+  if (!all_numbers(values)) return values;
+  std::vector<std::string> distinct;
+  std::set<double> numbers;
+  for (auto& v : values)
+    if (numbers.insert(*number(v)).second) distinct.push_back(std::move(v));
+  return distinct;
+}
+
+// A categorical column's codes: by the cell's text; for a vocabulary of numbers, else by the cell's number. What
+// matches neither (or is missing) is #na#, 0. The text comes first so that a vocabulary fitted before cells were
+// matched by number (which may hold both "1" and "1.0") codes its cells as it did.
+class CategoryCodes {
+ public:
+  explicit CategoryCodes(const std::vector<std::string>& vocab) {
+    const std::span<const std::string> values(vocab.data() + std::min<std::size_t>(1, vocab.size()),
+                                              vocab.size() - std::min<std::size_t>(1, vocab.size()));
+    const bool numeric = all_numbers(values);
+    for (std::size_t k = 1; k < vocab.size(); ++k) {
+      by_text_.emplace(vocab[k], static_cast<std::int64_t>(k));
+      if (numeric) by_number_.emplace(*number(vocab[k]), static_cast<std::int64_t>(k));
+    }
+  }
+  std::int64_t operator()(std::string_view cell) const {
+    if (const auto it = by_text_.find(cell); it != by_text_.end()) return it->second;
+    if (by_number_.empty()) return 0;
+    const auto x = number(cell);
+    if (!x || std::isnan(*x)) return 0;
+    const auto it = by_number_.find(*x);
+    return it == by_number_.end() ? 0 : it->second;
+  }
+
+ private:
+  std::map<std::string_view, std::int64_t> by_text_;
+  std::map<double, std::int64_t> by_number_;  // -0 and 0 are one key
+};
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -91,13 +143,7 @@ TabularProcs TabularProcs::fit(const CsvTable& table, std::span<const std::int64
   t.cat_names_ = options.cat_names;
   t.cont_names_ = options.cont_names;
   for (const auto& name : options.cat_names) {
-    const auto col = table.column(name, origin);
-    std::set<std::string> values;
-    for (auto r : train) {
-      const auto& cell = table.rows[static_cast<std::size_t>(r)][col];
-      if (!is_missing_cell(cell)) values.insert(cell);
-    }
-    std::vector<std::string> vocab(values.begin(), values.end());
+    auto vocab = categories(table, table.column(name, origin), train);
     sort_values(vocab);
     vocab.insert(vocab.begin(), kNa);
     t.vocabs_.push_back(std::move(vocab));
@@ -165,6 +211,17 @@ TabularProcs TabularProcs::fit(const CsvTable& table, std::span<const std::int64
 
 TabularProcs::Encoded TabularProcs::encode(const CsvTable& table, std::span<const std::int64_t> rows,
                                            const std::string& origin) const {
+  return encode(table, rows, origin, /*one_row=*/false);
+}
+
+TabularProcs::Encoded TabularProcs::encode(const CsvTable& table, std::span<const std::int64_t> rows,
+                                           const std::string& origin, bool one_row) const {
+  // Where a cell is, in errors: "t.csv: row 3, column 'x'" (the header is row 1), or "<origin>: column 'x'" for a
+  // row given alone, which has no row number of its own.
+  const auto cell_at = [&](std::int64_t r, const std::string& name) {
+    return one_row ? fmt::format("{}: column '{}'", origin, name)
+                   : fmt::format("{}: row {}, column '{}'", origin, r + 2, name);
+  };
   const auto n = static_cast<std::int64_t>(rows.size());
   const auto n_cat = static_cast<std::int64_t>(cat_names_.size()),
              n_cont = static_cast<std::int64_t>(cont_names_.size());
@@ -172,15 +229,13 @@ TabularProcs::Encoded TabularProcs::encode(const CsvTable& table, std::span<cons
   auto conts = torch::zeros({n, n_cont}, torch::kFloat);
   auto* c = cats.data_ptr<std::int64_t>();
   auto* x = conts.data_ptr<float>();
-  // Category lookups by value, one map per column.
+  // Category codes by value, one lookup per column.
   for (std::size_t j = 0; j < cat_columns_.size(); ++j) {
     const auto col = table.column(cat_columns_[j], origin);
-    std::map<std::string_view, std::int64_t> code;
-    for (std::size_t k = 1; k < vocabs_[j].size(); ++k) code.emplace(vocabs_[j][k], static_cast<std::int64_t>(k));
+    const CategoryCodes code(vocabs_[j]);
     for (std::int64_t i = 0; i < n; ++i) {
       const auto& cell = table.rows[static_cast<std::size_t>(rows[static_cast<std::size_t>(i)])][col];
-      const auto it = code.find(cell);
-      c[i * n_cat + static_cast<std::int64_t>(j)] = it == code.end() ? 0 : it->second;  // unknown or missing: #na#
+      c[i * n_cat + static_cast<std::int64_t>(j)] = code(cell);  // unknown or missing: #na#
     }
   }
   std::size_t na_col = cat_columns_.size();
@@ -192,17 +247,16 @@ TabularProcs::Encoded TabularProcs::encode(const CsvTable& table, std::span<cons
       const auto& cell = table.rows[static_cast<std::size_t>(r)][col];
       auto value = number(cell);
       if (value && std::isinf(*value)) {
-        throw DataError(
-            fmt::format("{}: row {}, column '{}': '{}' is not a finite number", origin, r + 2, cont_names_[j], cell));
+        throw DataError(fmt::format("{}: '{}' is not a finite number", cell_at(r, cont_names_[j]), cell));
       }
       const bool missing = !value || std::isnan(*value);
       if (missing && !is_missing_cell(cell) && !value) {
-        throw DataError(fmt::format("{}: row {}, column '{}': '{}' is not a number (a continuous column)", origin,
-                                    r + 2, cont_names_[j], cell));
+        throw DataError(
+            fmt::format("{}: '{}' is not a number (a continuous column)", cell_at(r, cont_names_[j]), cell));
       }
       if (missing && !has(procs_, "fill_missing")) {
-        throw DataError(fmt::format("{}: row {}, column '{}': a missing value, and the procs have no fill_missing",
-                                    origin, r + 2, cont_names_[j]));
+        throw DataError(
+            fmt::format("{}: a missing value, and the procs have no fill_missing", cell_at(r, cont_names_[j])));
       }
       const double v = missing ? fill_[j] : *value;
       x[i * n_cont + static_cast<std::int64_t>(j)] = static_cast<float>((v - means_[j]) * scale);
@@ -213,7 +267,21 @@ TabularProcs::Encoded TabularProcs::encode(const CsvTable& table, std::span<cons
   return {cats, conts};
 }
 
-TabularProcs::Encoded TabularProcs::encode_row(const std::map<std::string, std::string>& row) const {
+TabularProcs::Encoded TabularProcs::encode_row(const std::map<std::string, std::string>& row,
+                                               const std::string& origin) const {
+  // A name the procs do not read is a typo far more often than a column to leave out on purpose; unchecked, it would
+  // make its column a missing cell without a word.
+  std::vector<std::string> known(cat_columns_);
+  known.insert(known.end(), cont_names_.begin(), cont_names_.end());
+  std::vector<std::string> unknown;
+  for (const auto& [name, cell] : row) {
+    if (std::find(known.begin(), known.end(), name) == known.end())
+      unknown.push_back(fmt::format("'{}' (did you mean '{}'?)", name, closest(name, known)));
+  }
+  if (!unknown.empty()) {
+    throw DataError(fmt::format("{}: no input column {}; the inputs are {}", origin, fmt::join(unknown, ", "),
+                                fmt::join(known, ", ")));
+  }
   CsvTable table;
   table.rows.emplace_back();
   for (const auto& names : {cat_columns_, cont_names_}) {
@@ -224,7 +292,7 @@ TabularProcs::Encoded TabularProcs::encode_row(const std::map<std::string, std::
     }
   }
   const std::int64_t first[] = {0};
-  return encode(table, first, "the row");
+  return encode(table, first, origin, /*one_row=*/true);
 }
 
 std::string TabularProcs::to_json() const {

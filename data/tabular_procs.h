@@ -2,7 +2,10 @@
 // fastai's tabular preprocessing, fitted on the training rows only and saved with the model:
 //   Categorify:  per categorical column, a vocabulary of its training values, sorted (numerically when every
 //                value is a number, as pandas reads such a column), with "#na#" at index 0 for missing cells and
-//                for values first seen in validation or at predict time;
+//                for values first seen in validation or at predict time. A column whose values are all numbers
+//                is matched by number, in training and after: "1", "1.0" and "1e0" are one category, spelled in
+//                the vocabulary as its first training row spells it (pandas writes an integer column with a
+//                missing cell as "1.0", "2.0", ...). Other columns are matched by their exact text;
 //   FillMissing: per continuous column, the training median fills missing cells; a column with missing
 //                training cells gets a categorical indicator `<name>_na` ("False" / "True");
 //   Normalize:   per continuous column, (x - mean) / (std + 1e-7) with the training mean and population std
@@ -45,8 +48,10 @@ class TabularProcs {
   };
   /// Rows `rows` of `table` (whose columns may be in any order, with others besides).
   Encoded encode(const CsvTable& table, std::span<const std::int64_t> rows, const std::string& origin) const;
-  /// One row given as column name -> cell; an absent column is a missing cell.
-  Encoded encode_row(const std::map<std::string, std::string>& row) const;
+  /// One row given as column name -> cell; an absent column is a missing cell, and a name that is not one of
+  /// the columns the procs read is a DataError naming it and the closest one. Errors name `origin` and the
+  /// column ("rows.csv:5: column 'age': 'abc' is not a number ...").
+  Encoded encode_row(const std::map<std::string, std::string>& row, const std::string& origin = "the row") const;
 
   /// The table's categorical columns (with cont_names(), the columns a row gives).
   const std::vector<std::string>& cat_columns() const { return cat_columns_; }
@@ -66,6 +71,10 @@ class TabularProcs {
   bool operator==(const TabularProcs&) const = default;
 
  private:
+  // encode(); `one_row`: errors name `origin` and the column only, not a row of the table made for the one row.
+  Encoded encode(const CsvTable& table, std::span<const std::int64_t> rows, const std::string& origin,
+                 bool one_row) const;
+
   std::vector<std::string> procs_;
   std::vector<std::string> cat_columns_;  // the categorical columns of the data (cat_names_ without _na)
   std::vector<std::string> cat_names_, cont_names_;

@@ -10,12 +10,16 @@
 
 namespace fastlearn {
 
-TabularPrediction predict_row(Learner& learn, const std::map<std::string, std::string>& row) {
+TabularPrediction predict_row(Learner& learn, const std::map<std::string, std::string>& row,
+                              const std::string& origin) {
   const auto* table = tabular_dataset(learn.dls());
   if (!table) {
     throw ConfigError("predict_row: the learner's data is not a table (make it with TabularDataLoaders::from_csv)");
   }
-  const auto x = table->procs().encode_row(row);
+  // A row of the training table may hold its targets: the model does not read them, and they are no mistake.
+  auto inputs = row;
+  for (const auto& name : table->y_names()) inputs.erase(name);
+  const auto x = table->procs().encode_row(inputs, origin);
   const auto predicted = learn.predict(Item{{x.cats[0], x.conts[0]}, {}});
   const auto outputs = predicted.probs.to(torch::kCPU, torch::kDouble).contiguous().flatten();
   const auto* v = outputs.data_ptr<double>();

@@ -18,8 +18,12 @@ struct TabularPrediction {
 };
 
 /// `row` through `learn`'s tabular data pipeline (TabularDataLoaders; ConfigError otherwise); absent columns
-/// are missing cells, and a continuous cell that is not a number is a DataError naming the column.
-TabularPrediction predict_row(Learner& learn, const std::map<std::string, std::string>& row);
+/// are missing cells, the target columns are ignored, a column the model does not read (a typo: "colour") is a
+/// DataError naming it and the closest input column, and a continuous cell that is not a number is a DataError
+/// naming `origin` and the column
+/// ("predict_row: column 'age': 'abc' is not a number ..."; the CLI gives "rows.csv:5").
+TabularPrediction predict_row(Learner& learn, const std::map<std::string, std::string>& row,
+                              const std::string& origin = "predict_row");
 
 /// "<50k 0.873" or, for regression, "income 51234.5" (each target).
 std::string describe(const TabularPrediction& prediction);

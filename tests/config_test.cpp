@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -137,7 +138,7 @@ TEST(Config, CsvTablesNameTheirColumnsAndTakeTheTabularModel) {
   expect_contains(error_of(csv + "cont_names = [\"x\"]\n").what(),
                   "data.y_names: dataset = \"csv\" needs data.y_names");
   expect_contains(error_of(csv + "y_names = [\"y\"]\n").what(), "needs data.cat_names or data.cont_names");
-  expect_contains(error_of(csv + "y_names = [\"y\", \"z\"]\ncont_names = [\"x\"]\n").what(),
+  expect_contains(error_of(csv + "y_names = [\"y\", \"z\"]\ncont_names = [\"x\"]\ny_block = \"category\"\n").what(),
                   "several targets need y_block = \"regression\"");
   expect_contains(error_of(csv + "y_names = [\"y\"]\ncat_names = [\"c\"]\nprocs = [\"normalize\"]\n").what(),
                   "need the \"categorify\" proc");
@@ -249,6 +250,57 @@ TEST(Config, TheResolvedConfigReadsBackEqual) {
     EXPECT_EQ(back, c) << resolved;
     EXPECT_EQ(to_toml(back), resolved);
   }
+}
+
+// data.y_block's default is the C++ API's (TabularOptions::regression): the data decides, through the probe the CLI
+// gives (it reads the CSV file); the loss and metrics, their defaults and their checks, follow the task it decides.
+TEST(Config, ATablesTaskFollowsItsTargetWhenYBlockIsNotGiven) {
+  const std::string table =
+      "[data]\ndataset = \"csv\"\npath = \"t.csv\"\ny_names = [\"age\"]\ncont_names = [\"x\"]\n[train]\nseed = 7\n";
+  int probed = 0;
+  const auto numbers = [&](const TrainConfig& c) -> std::optional<bool> {
+    ++probed;
+    EXPECT_EQ(c.data.path, "t.csv");
+    EXPECT_EQ(c.train.seed, 7) << "the split's seed is read before the data is";
+    return true;
+  };
+  const auto regression = parse_config(table, "run.toml", {}, numbers);
+  EXPECT_EQ(probed, 1);
+  EXPECT_EQ(regression.data.y_block, "regression");
+  EXPECT_EQ(regression.train.loss, "mse");
+  EXPECT_EQ(regression.train.metrics, (std::vector<std::string>{"rmse"}));
+  expect_contains(to_toml(regression), "\ny_block = \"regression\"\n");
+  EXPECT_EQ(parse_config(to_toml(regression), "resolved.toml"), regression) << "the resolved config says it";
+  const std::vector<std::string> rmse{"train.metrics=[\"rmse\", \"mae\"]"};
+  EXPECT_EQ(parse_config(table, "run.toml", rmse, numbers).train.metrics, (std::vector<std::string>{"rmse", "mae"}));
+
+  const auto text = [](const TrainConfig&) -> std::optional<bool> { return false; };
+  const auto category = parse_config(table, "run.toml", {}, text);
+  EXPECT_EQ(category.data.y_block, "category");
+  EXPECT_EQ(category.train.metrics, (std::vector<std::string>{"accuracy"}));
+  try {
+    parse_config(table, "run.toml", rmse, text);
+    ADD_FAILURE() << "rmse for a category";
+  } catch (const ConfigFileError& e) {
+    expect_contains(e.what(), "train.metrics: unknown metric \"rmse\" for csv with y_block = \"category\"");
+    expect_contains(e.what(), "(\"rmse\" needs data.y_block = \"regression\")");
+    expect_contains(e.what(), "the target 'age' has training values that are not numbers, so it is a category");
+  }
+
+  // A y_block given wins, and several targets are a regression without looking at the data.
+  probed = 0;
+  EXPECT_EQ(parse_config(table, "run.toml", std::vector<std::string>{"data.y_block=category"}, numbers).data.y_block,
+            "category");
+  expect_contains(error_of(table, {"data.y_block=category", "train.metrics=[\"rmse\"]"}).what(),
+                  "(\"rmse\" needs data.y_block = \"regression\")");
+  EXPECT_EQ(
+      parse_config(table, "run.toml", std::vector<std::string>{"data.y_names=[\"age\", \"x2\"]"}, numbers).data.y_block,
+      "regression");
+  EXPECT_EQ(probed, 0);
+  // Read on bytes alone (no probe), or when the probe cannot tell (no such file yet), one target is a category.
+  EXPECT_EQ(parse_config(table, "run.toml").data.y_block, "category");
+  EXPECT_EQ(parse_config(table, "run.toml", {}, [](const TrainConfig&) { return std::optional<bool>(); }).data.y_block,
+            "category");
 }
 
 TEST(Config, TheResolvedConfigSpellsOutEveryDefault) {

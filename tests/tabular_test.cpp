@@ -97,6 +97,53 @@ TEST(TabularProcs, CategorifyFillMissingAndNormalizeFitOnTheTrainingRowsOnly) {
   EXPECT_THROW(fl::TabularProcs::from_json("{\"procs\": 1}", "bad"), fl::DataError);
   const auto row = procs.encode_row({{"city", "Oslo"}, {"rooms", "9"}});  // area absent: missing
   EXPECT_TRUE(torch::equal(row.cats, torch::tensor({{2, 2, 2}})));
+  const auto typo = flt::message_of([&] { procs.encode_row({{"City", "Oslo"}, {"room", "9"}}, "row 7"); });
+  EXPECT_EQ(typo,
+            "row 7: no input column 'City' (did you mean 'city'?), 'room' (did you mean 'rooms'?); the inputs are "
+            "city, rooms, area");
+}
+
+// pandas writes an integer column with a missing cell as floats ("1.0", "2.0", "10.0"); fastai reads them as numbers,
+// so a row's "1" or "10" is that category. A column of numbers is matched by number, one of text by its exact text.
+TEST(TabularProcs, NumericCategoriesMatchByNumber) {
+  const auto floats = fl::parse_csv("size\nNA\n2.0\n1.0\n10.0\n1.0\n1\n", "floats.csv");
+  const std::vector<std::int64_t> train{0, 1, 2, 3, 4};  // the last row ("1") is for validation
+  const auto procs = fl::TabularProcs::fit(floats, train, {.cat_names = {"size"}}, "floats.csv");
+  EXPECT_EQ(procs.vocabs()[0], (std::vector<std::string>{"#na#", "1.0", "2.0", "10.0"}));
+  const auto code = [](const fl::TabularProcs& p, const std::string& cell) {
+    return p.encode_row({{p.cat_columns()[0], cell}}).cats[0][0].item<std::int64_t>();
+  };
+  for (const auto& [cell, expected] : std::vector<std::pair<std::string, std::int64_t>>{
+           {"1", 1}, {"1.0", 1}, {"1e0", 1}, {" 10", 3}, {"10", 3}, {"+2", 2}, {"3", 0}, {"", 0}, {"nan", 0}}) {
+    EXPECT_EQ(code(procs, cell), expected) << "'" << cell << "'";
+  }
+  EXPECT_EQ(procs.encode(floats, std::vector<std::int64_t>{5}, "floats.csv").cats[0][0].item<std::int64_t>(), 1)
+      << "a validation row's 1 is the training rows' 1.0";
+  // The other way round, and training rows that spell one number two ways: one category, as the first spells it.
+  const auto ints = fl::parse_csv("size\n10\n1\n2\n1.0\n1e0\n", "ints.csv");
+  const auto int_procs =
+      fl::TabularProcs::fit(ints, std::vector<std::int64_t>{0, 1, 2, 3, 4}, {.cat_names = {"size"}}, "ints.csv");
+  EXPECT_EQ(int_procs.vocabs()[0], (std::vector<std::string>{"#na#", "1", "2", "10"}));
+  EXPECT_EQ(code(int_procs, "1.0"), 1);
+  EXPECT_EQ(code(int_procs, "10.0"), 3);
+  // A column with text in it matches exactly: "01" and "1" are two categories, "1.0" neither.
+  const auto text = fl::parse_csv("code\n01\n1\nx\n", "text.csv");
+  const auto text_procs =
+      fl::TabularProcs::fit(text, std::vector<std::int64_t>{0, 1, 2}, {.cat_names = {"code"}}, "text.csv");
+  EXPECT_EQ(text_procs.vocabs()[0], (std::vector<std::string>{"#na#", "01", "1", "x"}));
+  EXPECT_EQ(code(text_procs, "1"), 2);
+  EXPECT_EQ(code(text_procs, "1.0"), 0);
+  EXPECT_EQ(code(text_procs, "X"), 0);
+  // A checkpoint's vocabulary from before, which may hold one number twice: its own spellings keep their codes.
+  auto json = procs.to_json();
+  const std::string vocab = R"(["#na#","1.0","2.0","10.0"])";
+  ASSERT_NE(json.find(vocab), std::string::npos) << json;
+  json.replace(json.find(vocab), vocab.size(), R"(["#na#","1","1.0","2"])");
+  const auto saved = fl::TabularProcs::from_json(json, "old.json");
+  EXPECT_EQ(code(saved, "1"), 1);
+  EXPECT_EQ(code(saved, "1.0"), 2);
+  EXPECT_EQ(code(saved, "1e0"), 1);
+  EXPECT_EQ(code(saved, "2.0"), 3);
 }
 
 TEST(TabularProcs, ErrorsNameTheFileRowAndColumn) {
@@ -165,6 +212,26 @@ TEST(TabularDataLoaders, SplitsTargetsAndBatches) {
       << unseen;
   EXPECT_THROW(fl::TabularDataLoaders::from_columns(columns, {.y_names = {"size"}, .cont_names = {"size"}}),
                fl::ConfigError);
+  // A target of numbers made a category: the class that training lacks comes with the way to a regression.
+  const auto numbers = flt::message_of([&] {
+    fl::TabularDataLoaders::from_columns(
+        columns, {.y_names = {"size"}, .cat_names = {"city"}, .regression = false, .valid_idx = {7}});
+  });
+  EXPECT_NE(numbers.find("row 9, target 'size': class '8' is not among the training rows' classes (1, 2, 3, 4, 5, 6, "
+                         "7); the target's values are all numbers: for a regression, set TabularOptions::regression = "
+                         "true (data.y_block = \"regression\" in a config)"),
+            std::string::npos)
+      << numbers;
+  EXPECT_EQ(fl::TabularDataLoaders::regression(fl::parse_csv("y,x\n1,2\n2.5,3\n", "t.csv"),
+                                               {.y_names = {"y"}, .cont_names = {"x"}, .valid_idx = {0}}, "t.csv"),
+            true);
+  EXPECT_EQ(fl::TabularDataLoaders::regression(fl::parse_csv("y,x\n1,2\nlow,3\n", "t.csv"),
+                                               {.y_names = {"y"}, .cont_names = {"x"}, .valid_idx = {0}}, "t.csv"),
+            false);
+  EXPECT_EQ(fl::TabularDataLoaders::regression(fl::parse_csv("y,x\nlow,2\n2.5,3\n", "t.csv"),
+                                               {.y_names = {"y"}, .cont_names = {"x"}, .valid_idx = {0}}, "t.csv"),
+            true)
+      << "only the training rows count";
 }
 
 // A valid column takes the flags the image CSV takes (csv_flag): true/false, yes/no, 1/0 in any case, and an empty
@@ -261,6 +328,17 @@ TEST(TabularLearner, LearnsATablePredictsRowsAndSavesItsProcs) {
   EXPECT_EQ(fl::predict_row(*learn, {{"kind", "s"}, {"x", "-2"}}).values[0].first, "neg");
   EXPECT_NE(fl::describe(p).find("pos 0."), std::string::npos) << fl::describe(p);
   EXPECT_THROW(fl::predict_row(*learn, {{"kind", "p"}, {"x", "two"}}), fl::DataError);
+  // One row has no row number: errors name the caller's origin and the column.
+  const auto two = flt::message_of([&] { fl::predict_row(*learn, {{"kind", "p"}, {"x", "two"}}); });
+  EXPECT_EQ(two, "predict_row: column 'x': 'two' is not a number (a continuous column)");
+  const auto line = flt::message_of([&] { fl::predict_row(*learn, {{"x", "inf"}}, "rows.csv:5"); });
+  EXPECT_EQ(line, "rows.csv:5: column 'x': 'inf' is not a finite number");
+  // A column the model does not read is a typo until shown otherwise: an error naming it and the closest input, not a
+  // prediction for a row whose cell went missing. The target may come with the row, as in the training table.
+  const auto typo = flt::message_of([&] { fl::predict_row(*learn, {{"kinds", "p"}, {"x", "2.5"}}); });
+  EXPECT_EQ(typo, "predict_row: no input column 'kinds' (did you mean 'kind'?); the inputs are kind, x");
+  EXPECT_THROW(fl::predict_row(*learn, {{"kind", "p"}, {"x", "2.5"}, {"z", "1"}}), fl::DataError);
+  EXPECT_EQ(fl::predict_row(*learn, {{"kind", "p"}, {"x", "2.5"}, {"y", "neg"}}).values, p.values);
 
   // The procs go into the checkpoint; a learner over other data refuses it.
   const auto file = fs::temp_directory_path() / ("fastlearn-tabular-" + std::to_string(::getpid()) + ".safetensors");

@@ -236,12 +236,57 @@ lr = 1e-2
   const auto trained = run(train(""));
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   EXPECT_NE(read(out_ / "config.toml").find("delimiter = \";\""), std::string::npos);
-  std::ofstream(dir_ / "rows.csv") << "kind;size\n\"red, dark\";1\nblue;9\n";
+  // Columns the model does not read (an id, the target) may be in predict's file.
+  std::ofstream(dir_ / "rows.csv") << "id;kind;size;label\n1;\"red, dark\";1;small\n2;blue;9;\n3;blue;abc;big\n";
   const auto p = run(fmt::format("predict {} --checkpoint {} {}", config_.string(),
                                  (out_ / "checkpoints" / "model.safetensors").string(), (dir_ / "rows.csv").string()));
-  ASSERT_EQ(p.exit_code, 0) << p.output;
+  ASSERT_EQ(p.exit_code, 1) << "the last row's size is not a number\n" << p.output;
   EXPECT_NE(p.output.find("rows.csv:2\tsmall"), std::string::npos) << p.output;
   EXPECT_NE(p.output.find("rows.csv:3\tbig"), std::string::npos) << p.output;
+  // One place for a bad cell: the file's row, then the column (no second row number from the row's own table).
+  EXPECT_NE(p.output.find("rows.csv:4: column 'size': 'abc' is not a number (a continuous column)\n"),
+            std::string::npos)
+      << p.output;
+  EXPECT_EQ(p.output.find("row 2"), std::string::npos) << p.output;
+}
+
+// A numeric target and no data.y_block: a regression, as the C++ API (and fastai) decides from the data, with the
+// regression loss and metrics (given or by default), and the resolved config says so.
+TEST_F(TrainCommand, ANumericTargetWithoutYBlockIsARegression) {
+  std::ofstream table(dir_ / "ages.csv");
+  table << "kind,size,age\n";
+  for (int i = 0; i < 200; ++i) table << (i % 3 == 0 ? "a" : "b") << "," << (i % 10) << "," << 20 + (i % 37) << ".5\n";
+  table.close();
+  std::ofstream(config_) << fmt::format(R"([data]
+dataset = "csv"
+path = "{}"
+y_names = ["age"]
+cat_names = ["kind"]
+cont_names = ["size"]
+bs = 32
+workers = 0
+[model]
+arch = "tabular"
+layers = [8]
+[train]
+epochs = 1
+)",
+                                        (dir_ / "ages.csv").string());
+  const auto trained = run(train("--set 'train.metrics=[\"rmse\", \"mae\"]'"));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const auto resolved = read(out_ / "config.toml");
+  EXPECT_NE(resolved.find("y_block = \"regression\""), std::string::npos) << resolved;
+  EXPECT_NE(resolved.find("loss = \"mse\""), std::string::npos) << resolved;
+  const auto record = nlohmann::json::parse(read(out_ / "metrics.json")).back();
+  EXPECT_TRUE(record.contains("rmse") && record.contains("mae")) << record.dump();
+  // A metric of the other task says why the task is what it is.
+  const auto accuracy = run(train("--set 'train.metrics=[\"accuracy\"]'"));
+  EXPECT_NE(accuracy.exit_code, 0);
+  EXPECT_NE(accuracy.output.find("(\"accuracy\" needs data.y_block = \"category\")"), std::string::npos)
+      << accuracy.output;
+  EXPECT_NE(accuracy.output.find("the training values of the target 'age' are all numbers, so it is a regression"),
+            std::string::npos)
+      << accuracy.output;
 }
 
 TEST_F(TrainCommand, TrainsATableOnOneAndTwoRanksAndPredictsCsvRows) {

@@ -28,6 +28,8 @@ struct Rules {
   // What is wrong with the config once the key is read, given or not ("" when nothing is).
   Check check = nullptr;
   bool omit_empty = false;  // a string key: "" means not set, and is left out of the resolved config
+  // Its choices follow the task (classification or regression): data.y_block is decided before it is read.
+  bool needs_task = false;
 };
 
 // One key of the schema: its dotted name, what it accepts, when it applies, and the field it fills.
@@ -158,9 +160,19 @@ std::vector<std::string> metrics_for(const TrainConfig& c) {
 std::string known_metrics(const TrainConfig& c) {
   const auto known = metrics_for(c);
   for (const auto& m : c.train.metrics) {
-    if (std::find(known.begin(), known.end(), m) == known.end())
+    if (std::find(known.begin(), known.end(), m) != known.end()) continue;
+    if (!is_tabular(c.data))
       return fmt::format("unknown metric \"{}\" for {}; expected some of \"{}\"", m, c.data.dataset,
                          fmt::join(known, "\", \""));
+    // A table's task is data.y_block's: a metric of the other task says which y_block it needs.
+    auto other = c;
+    other.data.y_block = c.data.y_block == "regression" ? "category" : "regression";
+    const auto theirs = metrics_for(other);
+    const auto hint = std::find(theirs.begin(), theirs.end(), m) == theirs.end()
+                          ? std::string()
+                          : fmt::format(" (\"{}\" needs data.y_block = \"{}\")", m, other.data.y_block);
+    return fmt::format("unknown metric \"{}\" for csv with y_block = \"{}\"; expected some of \"{}\"{}", m,
+                       c.data.y_block, fmt::join(known, "\", \""), hint);
   }
   return {};
 }
@@ -190,6 +202,29 @@ std::string columns_given(const TrainConfig& c) {
   if (d.y_block == "category" && d.y_names.size() > 1)
     return "y_block = \"category\" takes one target column; several targets need y_block = \"regression\"";
   return {};
+}
+
+// data.y_block when the config does not give it (dataset = "csv"), as TabularOptions::regression's default: several
+// targets make a regression, and one target does when `probe` finds its training values all numbers. Returns why,
+// for the errors about the loss and metrics that follow from it.
+std::string decide_y_block(TrainConfig& c, const RegressionProbe& probe) {
+  auto& d = c.data;
+  if (d.y_names.size() > 1) {
+    d.y_block = "regression";
+    return fmt::format("data.y_block is not set, and {} targets make a regression", d.y_names.size());
+  }
+  const auto regression = probe ? probe(c) : std::nullopt;
+  d.y_block = regression.value_or(false) ? "regression" : "category";
+  const auto target = d.y_names.empty() ? std::string() : d.y_names.front();
+  if (!regression) return "data.y_block is not set, and with no data to read (is data.path right?) it is \"category\"";
+  return *regression ? fmt::format(
+                           "data.y_block is not set, and the training values of the target '{}' are all "
+                           "numbers, so it is a regression",
+                           target)
+                     : fmt::format(
+                           "data.y_block is not set, and the target '{}' has training values that are not "
+                           "numbers, so it is a category",
+                           target);
 }
 
 std::string known_procs(const TrainConfig& c) {
@@ -306,9 +341,9 @@ const std::vector<Key>& schema() {
       Key("train.channels_last", in::train, &TrainSectionConfig::channels_last),
       Key("train.grad_accumulation", in::train, &TrainSectionConfig::grad_accumulation),
       Key("train.grad_clip", in::train, &TrainSectionConfig::grad_clip),
-      Key("train.loss", in::train, &TrainSectionConfig::loss, {}, {.choices = losses_for}),
+      Key("train.loss", in::train, &TrainSectionConfig::loss, {}, {.choices = losses_for, .needs_task = true}),
       Key("train.metrics", in::train, &TrainSectionConfig::metrics, {},
-          {.choices = metrics_for, .check = known_metrics}),
+          {.choices = metrics_for, .check = known_metrics, .needs_task = true}),
       Key("train.top_k", in::train, &TrainSectionConfig::top_k, {.min = 1}, {.applies = top_k_metric}),
 
       Key("distributed.backend", in::distributed, &DistributedConfig::backend, {.choices = {"auto", "gloo", "nccl"}}),
@@ -384,28 +419,47 @@ bool dataset_given(const std::vector<Key>& keys, const std::vector<bool>& given)
   return false;
 }
 
-// Table by table (data, model, ...): every value's type and range first, then whether the keys given apply,
-// then the checks across keys. So a rule may look at any key of its table or of the tables above it.
-TrainConfig read_config(const strict::Document& doc) {
+// Reads keys [begin, end), one table of the schema, into `config`: every value's type and range first, then whether
+// the keys given apply, then the checks across keys. `decide_task` runs before the first key whose choices follow
+// the task.
+void read_table(const strict::Document& doc, const std::vector<Key>& keys, std::size_t begin, std::size_t end,
+                TrainConfig& config, std::vector<std::string_view>& off, std::vector<bool>& given,
+                const std::function<void()>& decide_task) {
+  for (auto i = begin; i < end; ++i) {
+    if (keys[i].rules.needs_task) decide_task();
+    if (!inside(keys[i].name, off)) given[i] = read_key(doc, keys[i], config, off);
+  }
+  for (auto i = begin; i < end; ++i) {
+    if (!given[i] || keys[i].applies(config)) continue;
+    std::string why(keys[i].rules.applies.unless);
+    if (why.find("dataset = ") != std::string::npos && !dataset_given(keys, given))
+      why += "; data.dataset is not set, so it is \"fashion_mnist\" (the default): set it to your data's kind";
+    doc.invalid(keys[i].name, why);
+  }
+  for (auto i = begin; i < end; ++i) {
+    if (!keys[i].rules.check || inside(keys[i].name, off)) continue;
+    if (const auto what = keys[i].rules.check(config); !what.empty()) doc.invalid(keys[i].name, what);
+  }
+}
+
+// Table by table (data, model, ...), so a rule may look at any key of its table or of the tables above it.
+TrainConfig read_config(const strict::Document& doc, const RegressionProbe& probe) {
   TrainConfig config;
   const auto& keys = schema();
   std::vector<std::string_view> off;  // optional tables not given
   std::vector<bool> given(keys.size());
+  std::string decided;  // why data.y_block is what it is, when the data decided it
   for (std::size_t begin = 0, end = 0; begin < keys.size(); begin = end) {
     while (end < keys.size() && top_table(keys[end].name) == top_table(keys[begin].name)) ++end;
-    for (auto i = begin; i < end; ++i) {
-      if (!inside(keys[i].name, off)) given[i] = read_key(doc, keys[i], config, off);
-    }
-    for (auto i = begin; i < end; ++i) {
-      if (!given[i] || keys[i].applies(config)) continue;
-      std::string why(keys[i].rules.applies.unless);
-      if (why.find("dataset = ") != std::string::npos && !dataset_given(keys, given))
-        why += "; data.dataset is not set, so it is \"fashion_mnist\" (the default): set it to your data's kind";
-      doc.invalid(keys[i].name, why);
-    }
-    for (auto i = begin; i < end; ++i) {
-      if (!keys[i].rules.check || inside(keys[i].name, off)) continue;
-      if (const auto what = keys[i].rules.check(config); !what.empty()) doc.invalid(keys[i].name, what);
+    try {
+      read_table(doc, keys, begin, end, config, off, given, [&] {
+        if (is_tabular(config.data) && config.data.y_block.empty()) decided = decide_y_block(config, probe);
+      });
+    } catch (const ConfigFileError& e) {
+      // A loss or metric that does not fit a task the data chose: say that the data chose it, and how to choose.
+      if (decided.empty() || (e.key() != "train.loss" && e.key() != "train.metrics")) throw;
+      throw ConfigFileError(fmt::format("{} ({}; set data.y_block to choose)", e.what(), decided), e.key(), e.line(),
+                            e.column());
     }
   }
   doc.reject_unknown();
@@ -434,19 +488,19 @@ bool is_image_files(const DataConfig& data) { return data.dataset == "image_fold
 bool is_multi_label(const DataConfig& data) { return data.dataset == "image_csv" && !data.label_delim.empty(); }
 
 TrainConfig parse_config(std::string_view toml_text, std::string_view source_name,
-                         std::span<const std::string> overrides) {
+                         std::span<const std::string> overrides, const RegressionProbe& probe) {
   strict::Document doc(toml_text, source_name, key_names());
   for (const auto& assignment : overrides) doc.set(assignment);
-  return read_config(doc);
+  return read_config(doc, probe);
 }
 
-TrainConfig load_config(const std::string& path, std::span<const std::string> overrides) {
+TrainConfig load_config(const std::string& path, std::span<const std::string> overrides, const RegressionProbe& probe) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw ConfigFileError(fmt::format("{}: cannot read the configuration file (does it exist?)", path), "", 0, 0);
   std::ostringstream text;
   text << in.rdbuf();
-  return parse_config(text.str(), path, overrides);
+  return parse_config(text.str(), path, overrides, probe);
 }
 
 std::string describe_keys() { return strict::describe_tables(key_names()); }

@@ -7,6 +7,7 @@
 #include "cli/strict_toml.h"  // ConfigFileError
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -56,7 +57,10 @@ struct DataConfig {
   std::vector<std::string> cat_names;                                         ///< csv: categorical columns
   std::vector<std::string> cont_names;                                        ///< csv: continuous columns
   std::vector<std::string> procs{"categorify", "fill_missing", "normalize"};  ///< csv: fastai's tabular procs
-  std::string y_block = "category";  ///< csv: category (one categorical target) | regression
+  /// csv: category (one categorical target) | regression. Not given: decided from the data as the C++ API decides
+  /// (TabularOptions::regression): several targets, or one whose training values are all numbers, make a
+  /// regression; a target with another value, a classification (see RegressionProbe).
+  std::string y_block;
   TransformsConfig transforms;
   SyntheticRegressionConfig synthetic;  ///< synthetic_regression only
   bool operator==(const DataConfig&) const = default;
@@ -148,15 +152,23 @@ struct TrainConfig {
   bool operator==(const TrainConfig&) const = default;
 };
 
+/// For dataset = "csv" with one target and no data.y_block: whether the data makes a regression (the target's
+/// training values are all numbers), from the config read so far (the data table, and train.seed for the split).
+/// The CLI reads the CSV file (apps/cli/run.cpp); nullopt when it cannot tell (no such file: the run reports it).
+/// Without a probe, or with nullopt, such a target is a category.
+using RegressionProbe = std::function<std::optional<bool>(const TrainConfig&)>;
+
 /// Reads a TOML configuration, applies `overrides` ("key.path=value", as `--set`; the value is TOML, or a
-/// bare string) and validates everything; the result has every default filled in. ConfigFileError on a
-/// syntax error (line and column), an unknown key (its line and the closest valid key), a wrong type or
-/// an out-of-range value (the key and what is expected). `source_name` names the text in messages.
+/// bare string) and validates everything; the result has every default filled in, data.y_block too (from
+/// `probe` when the data decides it). ConfigFileError on a syntax error (line and column), an unknown key (its
+/// line and the closest valid key), a wrong type or an out-of-range value (the key and what is expected).
+/// `source_name` names the text in messages.
 TrainConfig parse_config(std::string_view toml_text, std::string_view source_name,
-                         std::span<const std::string> overrides = {});
+                         std::span<const std::string> overrides = {}, const RegressionProbe& probe = {});
 
 /// Reads the file `path` and parse_config()s it; ConfigFileError when it cannot be read.
-TrainConfig load_config(const std::string& path, std::span<const std::string> overrides = {});
+TrainConfig load_config(const std::string& path, std::span<const std::string> overrides = {},
+                        const RegressionProbe& probe = {});
 
 /// The configuration as TOML, every key spelled out; parse_config(to_toml(c), ...) == c.
 std::string to_toml(const TrainConfig& config);

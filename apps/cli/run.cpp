@@ -83,21 +83,37 @@ DataLoaders image_files(const TrainConfig& c) {
   return ImageDataLoaders::from_folder(d.path, options);
 }
 
-DataLoaders tabular_data(const TrainConfig& c) {
+// The config's table options; data.y_block empty (not decided yet) leaves regression to the data.
+TabularOptions tabular_options(const TrainConfig& c) {
   const auto& d = c.data;
-  return TabularDataLoaders::from_csv(d.path, {.y_names = d.y_names,
-                                               .cat_names = d.cat_names,
-                                               .cont_names = d.cont_names,
-                                               .procs = d.procs,
-                                               .regression = d.y_block == "regression",
-                                               .valid_col = d.valid_col,
-                                               .valid_pct = d.valid_pct,
-                                               .split_seed = static_cast<std::uint64_t>(c.train.seed),
-                                               .bs = d.bs,
-                                               .valid_bs = d.valid_bs,
-                                               .num_workers = static_cast<int>(d.workers),
-                                               .seed = static_cast<std::uint64_t>(c.train.seed),
-                                               .delimiter = d.delimiter.front()});
+  return {.y_names = d.y_names,
+          .cat_names = d.cat_names,
+          .cont_names = d.cont_names,
+          .procs = d.procs,
+          .regression = d.y_block.empty() ? std::nullopt : std::optional(d.y_block == "regression"),
+          .valid_col = d.valid_col,
+          .valid_pct = d.valid_pct,
+          .split_seed = static_cast<std::uint64_t>(c.train.seed),
+          .bs = d.bs,
+          .valid_bs = d.valid_bs,
+          .num_workers = static_cast<int>(d.workers),
+          .seed = static_cast<std::uint64_t>(c.train.seed),
+          .delimiter = d.delimiter.front()};
+}
+
+DataLoaders tabular_data(const TrainConfig& c) { return TabularDataLoaders::from_csv(c.data.path, tabular_options(c)); }
+
+// data.y_block when the config leaves it out: what TabularDataLoaders decides from the CSV file's training rows
+// (so the loss and metrics the config checks are those of the task the data makes).
+std::optional<bool> regression_of_data(const TrainConfig& c) {
+  if (!fs::is_regular_file(c.data.path)) return std::nullopt;  // the command says what is wrong with data.path
+  const auto table = read_csv(c.data.path, {.delimiter = c.data.delimiter.front()});
+  return TabularDataLoaders::regression(table, tabular_options(c), c.data.path);
+}
+
+// The config of every command, data.y_block decided from the data when it is not given.
+TrainConfig read_config_file(const TrainArgs& args) {
+  return load_config(args.config_path, args.sets, regression_of_data);
 }
 
 DataLoaders make_data(const TrainConfig& c) {
@@ -374,7 +390,7 @@ int relaunch(const TrainArgs& args, const std::string& out) {
 }  // namespace
 
 int run_train(const TrainArgs& args) {
-  auto config = load_config(args.config_path, args.sets);  // throws before anything is written
+  auto config = read_config_file(args);  // throws before anything is written
   const fs::path out = args.out.empty() ? fs::path(config.output.dir) : fs::path(args.out);
   config.output.dir = out.string();
   check_backend(config.distributed, args.config_path);
@@ -443,7 +459,7 @@ int run_train(const TrainArgs& args) {
 }
 
 int run_lr_find(const TrainArgs& args) {
-  auto config = load_config(args.config_path, args.sets);
+  auto config = read_config_file(args);
   const fs::path out = args.out.empty() ? fs::path(config.output.dir) : fs::path(args.out);
   auto learn = make_learner(config, out, /*with_run_callbacks=*/false);
   fs::create_directories(out);
@@ -457,7 +473,7 @@ int run_lr_find(const TrainArgs& args) {
 }
 
 int run_validate(const TrainArgs& args, const std::string& checkpoint) {
-  auto config = load_config(args.config_path, args.sets);
+  auto config = read_config_file(args);
   auto learn = learner_from_checkpoint(config, config.output.dir, checkpoint, "validate");
   const auto result = learn->validate();
   fmt::print("{} set: {}\n", config.data.dataset == "fashion_mnist" ? "test" : "validation", describe(result));
@@ -465,7 +481,7 @@ int run_validate(const TrainArgs& args, const std::string& checkpoint) {
 }
 
 int run_interpret(const TrainArgs& args, const std::string& checkpoint, int top) {
-  auto config = load_config(args.config_path, args.sets);
+  auto config = read_config_file(args);
   if (!is_classification(config.data) || is_multi_label(config.data)) {
     throw ConfigError(
         fmt::format("interpret: {} is not single-label classification (data.dataset = \"{}\"); "
@@ -515,26 +531,34 @@ int run_interpret(const TrainArgs& args, const std::string& checkpoint, int top)
 
 namespace {
 
-// A CSV without a column the model reads is a mistake far more often than a column of missing cells (pandas, and
-// so fastai, fail on it too): refused, naming the columns. An empty cell still counts as missing.
-void check_input_columns(Learner& learn, const CsvTable& table, const std::string& file) {
+// The columns of `table` that the model reads, by name, with their index. A CSV without one of them is a mistake far
+// more often than a column of missing cells (pandas, and so fastai, fail on it too): refused, naming the columns. An
+// empty cell still counts as missing. Other columns (the target, an id) are left out.
+std::map<std::string, std::size_t> input_columns(Learner& learn, const CsvTable& table, const std::string& file) {
   const auto* dataset = tabular_dataset(learn.dls());
-  if (!dataset) return;
+  if (!dataset) return {};
+  std::map<std::string, std::size_t> inputs;
   std::vector<std::string> absent;
   for (const auto* names : {&dataset->procs().cat_columns(), &dataset->procs().cont_names()})
-    for (const auto& name : *names)
-      if (std::find(table.columns.begin(), table.columns.end(), name) == table.columns.end()) absent.push_back(name);
+    for (const auto& name : *names) {
+      const auto at = std::find(table.columns.begin(), table.columns.end(), name);
+      if (at == table.columns.end())
+        absent.push_back(name);
+      else
+        inputs.emplace(name, static_cast<std::size_t>(at - table.columns.begin()));
+    }
   if (!absent.empty())
     throw DataError(
         fmt::format("{}: no column {} that the model reads (the header has {}); give it, with empty "
                     "cells where a value is missing",
                     file, fmt::join(absent, ", "), fmt::join(table.columns, ", ")));
+  return inputs;
 }
 
 }  // namespace
 
 int run_predict(const TrainArgs& args, const std::string& checkpoint, const std::vector<std::string>& inputs) {
-  auto config = load_config(args.config_path, args.sets);
+  auto config = read_config_file(args);
   if (!is_image_files(config.data) && !is_tabular(config.data)) {
     throw ConfigError(
         fmt::format("predict: {} has data.dataset = \"{}\"; predict takes image files (data.dataset = "
@@ -548,15 +572,16 @@ int run_predict(const TrainArgs& args, const std::string& checkpoint, const std:
       if (is_tabular(config.data)) {
         // Every row of the CSV file, one line each: FILE:ROW (the header is row 1).
         const auto table = read_csv(input, {.delimiter = config.data.delimiter.front()});
-        check_input_columns(*learn, table, input);
+        const auto columns = input_columns(*learn, table, input);  // other columns may be there too
         for (std::size_t r = 0; r < table.rows.size(); ++r) {
           std::map<std::string, std::string> row;
-          for (std::size_t j = 0; j < table.columns.size(); ++j) row[table.columns[j]] = table.rows[r][j];
+          for (const auto& [name, j] : columns) row[name] = table.rows[r][j];
+          const auto where = fmt::format("{}:{}", input, r + 2);
           try {
-            fmt::print("{}:{}\t{}\n", input, r + 2, describe(predict_row(*learn, row)));
-          } catch (const DataError& e) {
+            fmt::print("{}\t{}\n", where, describe(predict_row(*learn, row, where)));
+          } catch (const DataError& e) {  // the error names `where`
             std::fflush(stdout);
-            fmt::print(stderr, "fastlearn: error: {}:{}: {}\n", input, r + 2, e.what());
+            fmt::print(stderr, "fastlearn: error: {}\n", e.what());
             ++failed;
           }
         }
