@@ -118,7 +118,7 @@ void Checkpointer::after_epoch() {
 fs::path Checkpointer::save_now(bool epoch_end) {
   auto& l = learn();
   const auto position = current_fit_position(l, epoch_end);
-  const auto file = dir() / checkpoint_file_name(position.epoch, position.batch);
+  const auto file = dir() / checkpoint_file_name(position.epoch_offset + position.epoch, position.batch);
   if (last_saved_ == file) return file;
   const auto rng_states = gather_rng_states(l);  // every rank: each resumes its own random streams
   if (l.coordination().is_main()) {

@@ -1,8 +1,9 @@
 #pragma once
 // Checkpointer: complete training checkpoints during a fit (model, optimizer, RNG states, data order and
 // the fit position: epoch, batch, schedule progress, loss accumulators), every N training batches and/or
-// at the end of every epoch, into one folder as ckpt-e<epoch>-b<batch>.safetensors. Files are written
-// atomically (a SIGKILL at any moment leaves the previous checkpoints intact), by rank 0 only in a data
+// at the end of every epoch, into one folder as ckpt-e<epoch>-b<batch>.safetensors (epoch counting on from the fit's
+// epoch_offset: fine_tune's unfrozen fit after its frozen epochs, so the two fits' files form one sequence). Files are
+// written atomically (a SIGKILL at any moment leaves the previous checkpoints intact), by rank 0 only in a data
 // parallel job, and only the newest `keep` are kept. latest_checkpoint(dir) finds the one to resume from
 // with FitOptions{.resume_from = ...}.
 #include <fastlearn/learner/callback.h>
@@ -44,7 +45,7 @@ class Checkpointer : public Callback {
   std::optional<std::filesystem::path> last_saved_;
 };
 
-/// The file name of the checkpoint at `epoch` after `batch` training batches of it.
+/// The file name of the checkpoint at `epoch` (the fit's epoch_offset included) after `batch` training batches of it.
 std::string checkpoint_file_name(int epoch, std::int64_t batch);
 
 /// The files in `dir` named like checkpoints (checkpoint_file_name), newest first, whole or torn: none is read.

@@ -53,8 +53,11 @@ void CSVLogger::before_fit() {
   }
   path_ = under_learner(l, options_.file);
   if (path_.has_parent_path()) std::filesystem::create_directories(path_.parent_path());
-  const bool keep = options_.append && std::filesystem::exists(path_) && std::filesystem::file_size(path_) > 0;
-  if (keep && l.epoch > 0) keep_rows_before(path_, l.epoch);  // a resumed fit (as MetricsJson)
+  // A fit that continues a training (fine_tune's unfrozen fit, epoch_offset > 0) keeps the earlier fit's rows.
+  const bool keep = (options_.append || l.epoch_offset > 0) && std::filesystem::exists(path_) &&
+                    std::filesystem::file_size(path_) > 0;
+  const int start = l.epoch_offset + l.epoch;
+  if (keep && start > 0) keep_rows_before(path_, start);  // a resumed fit (as MetricsJson)
   out_.close();
   out_.open(path_, keep ? std::ios::app : std::ios::trunc);
   if (!out_)
@@ -87,8 +90,9 @@ void MetricsJson::before_fit() {
   }
   path_ = under_learner(learn(), options_.file);
   records_.clear();
-  // A resumed fit (start_epoch > 0) keeps the records of the epochs before it.
-  const int start = learn().epoch;
+  // A resumed fit (start_epoch > 0), or one that continues a training (fine_tune's unfrozen fit, epoch_offset > 0),
+  // keeps the records of the epochs before it.
+  const int start = learn().epoch_offset + learn().epoch;
   if (start > 0 && std::filesystem::exists(path_)) {
     std::ifstream in(path_);
     const auto previous = nlohmann::ordered_json::parse(in, nullptr, false);

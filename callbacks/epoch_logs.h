@@ -12,7 +12,8 @@ namespace fastlearn {
 struct CSVLoggerOptions {
   std::filesystem::path file = "history.csv";  ///< relative paths are under the learner's path
   /// Keep earlier rows (and the header) of an existing file; a resumed fit (one starting at epoch k > 0) keeps
-  /// only the rows of epochs before k.
+  /// only the rows of epochs before k. A fit with an epoch_offset (fine_tune's unfrozen fit) always keeps the rows
+  /// of the epochs before it.
   bool append = false;
 };
 

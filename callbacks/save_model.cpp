@@ -12,7 +12,7 @@ void SaveModel::after_epoch() {
   auto& l = learn();
   if (options_.every_epoch > 0) {
     if (l.epoch % options_.every_epoch == 0)
-      l.save(fmt::format("{}_{}", options_.fname, l.epoch), {.with_opt = options_.with_opt});
+      l.save(fmt::format("{}_{}", options_.fname, l.epoch_offset + l.epoch), {.with_opt = options_.with_opt});
     return;
   }
   TrackerCallback::after_epoch();

@@ -114,7 +114,9 @@ FitPosition current_fit_position(const Learner& learn, bool epoch_end) {
                 .epoch = learn.epoch,
                 .batch = learn.iter + 1,
                 .train_iter = learn.train_iter,
-                .pct_train = learn.pct_train};
+                .pct_train = learn.pct_train,
+                .phase = learn.phase,
+                .epoch_offset = learn.epoch_offset};
   if (epoch_end) {
     p.epoch = learn.epoch + 1;
     p.batch = 0;
@@ -136,7 +138,9 @@ void set_fit_position(CheckpointState& state, const FitPosition& p) {
                            {"loss_sum", p.recorder.loss_sum},
                            {"loss_count", p.recorder.loss_count},
                            {"smooth_count", p.recorder.smooth_count},
-                           {"smooth_average", p.recorder.smooth_average}};
+                           {"smooth_average", p.recorder.smooth_average},
+                           {"phase", p.phase},
+                           {"epoch_offset", p.epoch_offset}};
   state.metadata["fit_position"] = j.dump();
   // The data order of the epoch to continue (a DataLoader advances its epoch when an epoch starts).
   if (p.batch > 0) {
@@ -159,7 +163,10 @@ std::optional<FitPosition> fit_position(const CheckpointState& state, std::strin
     p.recorder.loss_count = j.at("loss_count").get<std::int64_t>();
     p.recorder.smooth_count = j.at("smooth_count").get<std::int64_t>();
     p.recorder.smooth_average = j.at("smooth_average").get<double>();
-    if (p.n_epoch < 0 || p.epoch < 0 || p.epoch > p.n_epoch || p.batch < 0 || p.train_iter < 0) {
+    // Checkpoints of builds before fine_tune recorded its phases have neither: a plain fit.
+    p.phase = j.value("phase", std::string());
+    p.epoch_offset = j.value("epoch_offset", 0);
+    if (p.n_epoch < 0 || p.epoch_offset < 0 || p.epoch < 0 || p.epoch > p.n_epoch || p.batch < 0 || p.train_iter < 0) {
       throw std::out_of_range("a value is out of range");
     }
     return p;
@@ -328,6 +335,21 @@ int Learner::load_resume_point(const std::filesystem::path& file, int n_epoch_) 
   }
   const auto state = load_safetensors(file);
   const auto position = fit_position(state, file.string());
+  const auto part = [](const std::string& p) {
+    return p.empty() ? std::string("a plain fit") : fmt::format("the '{}' fit of a fine_tune", p);
+  };
+  if (position && position->phase != phase) {
+    throw ConfigError(
+        fmt::format("resume: checkpoint '{}' was taken in {} but this fit is {}; resume with the same "
+                    "schedule (train.schedule)",
+                    file.string(), part(position->phase), part(phase)));
+  }
+  if (position && position->epoch_offset != epoch_offset) {
+    throw ConfigError(
+        fmt::format("resume: checkpoint '{}' was taken in a fit that followed {} epoch(s) but this fit follows {}; "
+                    "resume with the same number of frozen epochs (freeze_epochs)",
+                    file.string(), position->epoch_offset, epoch_offset));
+  }
   if (position && position->n_epoch != n_epoch_) {
     throw ConfigError(
         fmt::format("resume: checkpoint '{}' was taken in a fit of {} epochs but this fit has {}; "

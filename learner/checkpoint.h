@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace fastlearn {
@@ -36,6 +37,8 @@ struct FitPosition {
   std::int64_t train_iter = 0;    ///< training batches since the start of the fit
   double pct_train = 0;           ///< the learner's pct_train at that point (exact, it drives the schedules)
   Recorder::EpochState recorder;  ///< the running epoch's loss accumulators
+  std::string phase;              ///< the fit's part of a longer training (FitOptions::phase; fine_tune's "unfrozen")
+  int epoch_offset = 0;           ///< epochs of that training before the fit (FitOptions::epoch_offset)
 };
 
 /// The position of `learn` now: inside a training epoch (after a batch) or, with `epoch_end`, after the epoch.

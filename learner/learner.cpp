@@ -281,9 +281,14 @@ void Learner::run_fit(int n_epoch_, const std::vector<double>& lrs, FitOptions o
   if (options.start_epoch < 0 || options.start_epoch > n_epoch_) {
     throw ConfigError(fmt::format("fit: start_epoch {} is outside [0, {}]", options.start_epoch, n_epoch_));
   }
+  if (options.epoch_offset < 0) {
+    throw ConfigError(fmt::format("fit: epoch_offset must be >= 0, got {}", options.epoch_offset));
+  }
   check_not_in_fit("fit");
   if (n_epoch_ > options.start_epoch) check_train_batches();
   if (!opt_) create_opt();
+  phase = options.phase;  // load_resume_point checks the checkpoint's against these
+  epoch_offset = options.epoch_offset;
   if (!options.resume_from.empty()) options.start_epoch = load_resume_point(options.resume_from, n_epoch_);
   ScopedCallbacks extra(*this, std::move(options.cbs));
   if (auto wd = options.wd ? options.wd : options_.wd) opt_->set_hyper("wd", *wd);
@@ -292,7 +297,8 @@ void Learner::run_fit(int n_epoch_, const std::vector<double>& lrs, FitOptions o
   epoch = options.start_epoch;
   epochs_completed_ = options.start_epoch;
   in_fit_ = true;
-  struct EndCleanup {  // also when an exception leaves the fit
+  fit_cancelled_ = true;  // until the fit's body returns
+  struct EndCleanup {     // also when an exception leaves the fit
     Learner& l;
     ~EndCleanup() {
       l.in_fit_ = false;
@@ -302,8 +308,12 @@ void Learner::run_fit(int n_epoch_, const std::vector<double>& lrs, FitOptions o
       l.pred = l.loss = l.loss_grad = at::Tensor();
     }
   } cleanup{*this};
-  with_events<CancelFitException>([&] { do_fit(options.start_epoch); }, Event::before_fit, Event::after_cancel_fit,
-                                  Event::after_fit);
+  with_events<CancelFitException>(
+      [&] {
+        do_fit(options.start_epoch);
+        fit_cancelled_ = false;
+      },
+      Event::before_fit, Event::after_cancel_fit, Event::after_fit);
 }
 
 // Without this, an epoch of no batch would "train" with a NaN loss, change nothing and end as a success.

@@ -97,6 +97,12 @@ struct FitOptions {
   /// when it has a fit position, the epoch and batch it was taken at (start_epoch is then ignored). A fit
   /// of the same length resumed this way gives the same results, bit for bit on CPU, as one not interrupted.
   std::filesystem::path resume_from;
+  /// The part of a longer training this fit is (fine_tune: "frozen", then "unfrozen"; empty: a plain fit). Its
+  /// checkpoints record it, and a fit resumes only from a checkpoint of the same part.
+  std::string phase;
+  /// Epochs of that training before this fit (fine_tune's unfrozen fit: freeze_epochs): the epoch numbers of
+  /// the records, logs and checkpoint file names count on from there instead of restarting at 0.
+  int epoch_offset = 0;
 };
 
 struct OneCycleOptions {
@@ -113,6 +119,7 @@ struct FlatCosOptions {
   FitOptions fit;
 };
 
+/// fit.resume_from may be a checkpoint of either fit: one of the unfrozen fit skips the frozen fit.
 struct FineTuneOptions {
   int freeze_epochs = 1;
   double lr_mult = 100;  ///< the first group trains at base_lr / lr_mult after unfreezing
@@ -193,6 +200,9 @@ class Learner {
   /// A flat lr for pct_start of the steps, then cosine annealing to lr/div_final.
   void fit_flat_cos(int n_epoch, std::optional<LrSpec> lr = {}, FlatCosOptions options = {});
   /// fastai's fine_tune: freeze, one-cycle for freeze_epochs, unfreeze, one-cycle with discriminative lrs.
+  /// The two fits are the phases "frozen" and "unfrozen", the second's epochs numbered after the first's; with
+  /// fit.resume_from it resumes from a checkpoint of either (one of the unfrozen fit skips the frozen fit). When a
+  /// callback cancels the frozen fit (a stop signal, early stopping), the unfrozen fit does not start.
   void fine_tune(int epochs, double base_lr = 2e-3, FineTuneOptions options = {});
   /// Trains with an exponentially growing lr and suggests one; model and optimizer are restored afterwards.
   LrFindResult lr_find(LrFindOptions options = {});
@@ -259,6 +269,9 @@ class Learner {
   void load(const std::string& name, LoadOptions options = {});
   /// Epochs finished in the fit that was running when the last loaded checkpoint was saved (resume point).
   int epochs_completed() const { return epochs_completed_; }
+  /// Whether the last fit ended early because a callback cancelled it (CancelFitException: a stop signal, early
+  /// stopping); fine_tune then does not go on to its unfrozen fit.
+  bool fit_cancelled() const { return fit_cancelled_; }
   /// Sets the resume point (restore_state does, from a checkpoint's metadata).
   void set_epochs_completed(int epochs) { epochs_completed_ = epochs; }
 
@@ -290,8 +303,10 @@ class Learner {
   at::Tensor loss;             ///< a detached copy of the loss, for logging
   int epoch = 0;
   int n_epoch = 0;
-  std::int64_t iter = 0;        ///< batch index in the current loader
-  std::int64_t n_iter = 0;      ///< batches in the current loader
+  int epoch_offset = 0;     ///< FitOptions::epoch_offset of the fit: its epoch `epoch` is epoch_offset + epoch overall
+  std::string phase;        ///< FitOptions::phase of the fit
+  std::int64_t iter = 0;    ///< batch index in the current loader
+  std::int64_t n_iter = 0;  ///< batches in the current loader
   std::int64_t train_iter = 0;  ///< training batches since the start of the fit
   double pct_train = 0;         ///< fraction of the fit's training done, in [0, 1]
   bool training = false;
@@ -330,6 +345,7 @@ class Learner {
   std::vector<CallbackPtr> cbs_;  // sorted by order
   int epochs_completed_ = 0;
   bool in_fit_ = false;
+  bool fit_cancelled_ = false;
   std::optional<FitPosition> resume_;  // set by a fit resumed inside an epoch until that epoch's training starts
   // The in-order copy the last validate() read (see validate). Kept until the next one is in use: a
   // DistributedTrainer still holds the loader it last wrapped, and gives it back when it wraps the next.

@@ -1,10 +1,14 @@
 #include <fastlearn/learner/param_scheduler.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/safetensors.h>
 #include <fastlearn/learner/callback_order.h>
+#include <fastlearn/learner/checkpoint.h>
 #include <fastlearn/learner/learner.h>
 
 #include <fmt/format.h>
+
+#include <filesystem>
 
 namespace fastlearn {
 
@@ -71,13 +75,40 @@ void Learner::fit_flat_cos(int n_epoch_, std::optional<LrSpec> lr, FlatCosOption
   run_fit(n_epoch_, lrs, std::move(options.fit));
 }
 
+// The two fits are phases "frozen" and "unfrozen" (FitOptions::phase), the second numbering its epochs after the
+// first's: their checkpoints say which fit they belong to and are named in one sequence, so the newest is the one
+// to resume. Resuming from a checkpoint of the unfrozen fit skips the frozen fit (the checkpoint holds everything
+// the unfrozen fit needs: weights, optimizer, RNG states, data order); one of the frozen fit resumes it and then
+// runs the unfrozen fit from its start.
 void Learner::fine_tune(int epochs, double base_lr, FineTuneOptions options) {
-  freeze();
-  fit_one_cycle(options.freeze_epochs, LrSpec::slice(base_lr), {.pct_start = 0.99, .fit = options.fit});
+  check_not_in_fit("fine_tune");
+  if (options.freeze_epochs < 0) {
+    throw ConfigError(fmt::format("fine_tune: freeze_epochs must be >= 0, got {}", options.freeze_epochs));
+  }
+  auto resume_from = std::move(options.fit.resume_from);
+  options.fit.resume_from.clear();
+  bool resume_unfrozen = false;
+  if (!resume_from.empty() && std::filesystem::exists(resume_from)) {  // a missing file: the frozen fit says so
+    const CheckpointState header{.tensors = {}, .metadata = load_safetensors_metadata(resume_from)};
+    const auto position = fit_position(header, resume_from.string());
+    resume_unfrozen = position && position->phase == "unfrozen";
+  }
+  if (!resume_unfrozen) {
+    freeze();
+    auto frozen = options.fit;
+    frozen.resume_from = resume_from;
+    frozen.phase = "frozen";
+    fit_one_cycle(options.freeze_epochs, LrSpec::slice(base_lr), {.pct_start = 0.99, .fit = std::move(frozen)});
+    if (fit_cancelled_) return;  // stopped (a signal, early stopping): the unfrozen fit does not start
+  }
   base_lr /= 2;
   unfreeze();
+  auto unfrozen = std::move(options.fit);
+  if (resume_unfrozen) unfrozen.resume_from = std::move(resume_from);
+  unfrozen.phase = "unfrozen";
+  unfrozen.epoch_offset = options.freeze_epochs;
   fit_one_cycle(epochs, LrSpec::slice(base_lr / options.lr_mult, base_lr),
-                {.div = options.div, .pct_start = options.pct_start, .fit = options.fit});
+                {.div = options.div, .pct_start = options.pct_start, .fit = std::move(unfrozen)});
 }
 
 }  // namespace fastlearn

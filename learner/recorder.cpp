@@ -210,7 +210,8 @@ void Recorder::validation_from(const at::Tensor& preds, const at::Tensor& target
 }
 
 void Recorder::after_epoch() {
-  EpochRecord record{.epoch = learn().epoch, .train_loss = train_loss_, .valid_loss = valid_loss_};
+  EpochRecord record{
+      .epoch = learn().epoch_offset + learn().epoch, .train_loss = train_loss_, .valid_loss = valid_loss_};
   record.metrics = train_values_;
   record.metrics.insert(record.metrics.end(), valid_values_.begin(), valid_values_.end());
   record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start_).count();

@@ -22,7 +22,7 @@
 namespace fastlearn {
 
 struct EpochRecord {
-  int epoch = 0;
+  int epoch = 0;  ///< the fit's epoch plus its epoch_offset (fine_tune's unfrozen epochs follow the frozen ones)
   double train_loss = std::numeric_limits<double>::quiet_NaN();  ///< mean over the epoch's items
   double valid_loss = std::numeric_limits<double>::quiet_NaN();  ///< mean over the validation items
   std::vector<double> metrics;                                   ///< in the order of metric_names()

@@ -5,13 +5,16 @@
 #include "support/tiny_tasks.h"
 
 #include <fastlearn/callbacks/checkpointing.h>
+#include <fastlearn/callbacks/epoch_logs.h>
 #include <fastlearn/callbacks/graceful_stop.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/collectives.h>
 #include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/distributed/runtime.h>
+#include <fastlearn/learner/checkpoint.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
+#include <fastlearn/models/models.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -50,28 +53,34 @@ class LossLog : public fl::Callback {
   std::vector<double> losses;
 };
 
-// Sends this process `sig` after training batch `batch` of epoch `epoch`.
+// Sends this process `sig` after training batch `batch` of epoch `epoch` of the fit of phase `phase`.
 class RaiseAt : public fl::Callback {
  public:
-  RaiseAt(int e, std::int64_t b, int s) : epoch(e), batch(b), sig(s) {}
+  RaiseAt(int e, std::int64_t b, int s, std::string p = {}) : epoch(e), batch(b), sig(s), phase(std::move(p)) {}
   std::string name() const override { return "raise_at"; }
   void after_batch() override {
-    if (learn().training && learn().epoch == epoch && learn().iter == batch) std::raise(sig);
+    const auto& l = learn();
+    if (l.training && l.phase == phase && l.epoch == epoch && l.iter == batch) std::raise(sig);
   }
   int epoch;
   std::int64_t batch;
   int sig;
+  std::string phase;
 };
 
 // A classifier with dropout (so the global RNG matters) on 3 blobs: 48 items, bs 8 -> 6 batches per epoch.
-std::unique_ptr<fl::Learner> make_learner(const fs::path& path, std::vector<fl::CallbackPtr> cbs) {
+std::unique_ptr<fl::Learner> make_learner(const fs::path& path, std::vector<fl::CallbackPtr> cbs,
+                                          fl::Splitter splitter = {}) {
   torch::manual_seed(5);
   auto model = torch::nn::Sequential(torch::nn::Linear(4, 16), torch::nn::ReLU(), torch::nn::Dropout(0.3),
                                      torch::nn::Linear(16, 3));
   auto dls = flt::classification_data({.n_train = 48, .n_valid = 16, .bs = 8, .seed = 9});
-  return std::make_unique<fl::Learner>(
-      std::move(dls), model, fl::cross_entropy(),
-      fl::LearnerOptions{.metrics = {fl::accuracy()}, .cbs = std::move(cbs), .path = path, .progress = false});
+  return std::make_unique<fl::Learner>(std::move(dls), model, fl::cross_entropy(),
+                                       fl::LearnerOptions{.metrics = {fl::accuracy()},
+                                                          .cbs = std::move(cbs),
+                                                          .splitter = std::move(splitter),
+                                                          .path = path,
+                                                          .progress = false});
 }
 
 struct Run {
@@ -119,6 +128,116 @@ TEST(Resume, FromAnyCheckpointEndsBitForBitLikeTheUninterruptedFit) {
     const auto resumed = train(dir.path / "resumed", file);
     EXPECT_EQ(resumed.losses.size(), static_cast<std::size_t>(18 - 6 * epoch - batch));
     expect_same_end(reference, resumed, file.filename().string());
+  }
+}
+
+// fine_tune(2) of the same classifier split into body and head: a frozen fit of 1 epoch (6 batches), then an
+// unfrozen one of 2 epochs (12 batches), numbered on: epochs 0, then 1 and 2.
+Run fine_tune(const fs::path& path, const fs::path& resume_from, std::vector<fl::CallbackPtr> extra = {},
+              bool distributed = false) {
+  auto log = std::make_shared<LossLog>();
+  extra.push_back(log);
+  auto learn = make_learner(path, extra, fl::models::body_head_split);
+  if (distributed) fl::to_distributed(*learn);
+  learn->fine_tune(2, 1e-2, {.fit = {.resume_from = resume_from}});
+  if (distributed) fl::detach_distributed(*learn);
+  const auto& history = learn->recorder().history();  // empty after a stop in the frozen fit's only epoch
+  return {log->losses, flt::snapshot(learn->model()), history.empty() ? fl::EpochRecord{} : history.back()};
+}
+
+std::string phase_of(const fs::path& checkpoint) {
+  const fl::CheckpointState header{.tensors = {}, .metadata = fl::load_safetensors_metadata(checkpoint)};
+  return fl::fit_position(header, checkpoint.string()).value().phase;
+}
+
+// Checkpoints of both fits of a fine_tune say which fit they belong to and are named in one sequence (the
+// unfrozen fit's epochs after the frozen one's), so none replaces another and the newest is the last; a fine_tune
+// resumed from any of them (one of the unfrozen fit skips the frozen fit) ends bit for bit like the one that was
+// not interrupted. The logs hold both fits' epochs.
+TEST(Resume, FineTuneFromACheckpointOfEitherFitEndsBitForBitLikeTheUninterruptedRun) {
+  TempDir dir("fine-tune");
+  auto keep_all = std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.every_n_batches = 1, .keep = 0});
+  const auto reference =
+      fine_tune(dir.path, {}, {keep_all, std::make_shared<fl::CSVLogger>(), std::make_shared<fl::MetricsJson>()});
+  ASSERT_EQ(reference.losses.size(), 18u);
+  EXPECT_EQ(reference.last.epoch, 2) << "the unfrozen fit's epochs are numbered after the frozen one's";
+  const auto ckpts = dir.path / "checkpoints";
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(ckpts)) files += e.path().extension() == ".safetensors";
+  EXPECT_EQ(files, 21) << "7 of the frozen fit and 14 of the unfrozen one, none replaced";
+  EXPECT_EQ(phase_of(ckpts / fl::checkpoint_file_name(0, 3)), "frozen");
+  EXPECT_EQ(phase_of(ckpts / fl::checkpoint_file_name(1, 0)), "frozen") << "the end of the frozen fit";
+  EXPECT_EQ(phase_of(ckpts / fl::checkpoint_file_name(1, 3)), "unfrozen");
+  EXPECT_EQ(phase_of(ckpts / fl::checkpoint_file_name(3, 0)), "unfrozen");
+  EXPECT_EQ(fl::latest_checkpoint(ckpts), ckpts / fl::checkpoint_file_name(3, 0));
+  std::ifstream csv(dir.path / "history.csv");
+  std::vector<std::string> epochs;
+  for (std::string line; std::getline(csv, line);) epochs.push_back(line.substr(0, line.find(',')));
+  EXPECT_EQ(epochs, (std::vector<std::string>{"epoch", "0", "1", "2"})) << "history.csv has both fits";
+  std::ifstream json_file(dir.path / "metrics.json");
+  const std::string json((std::istreambuf_iterator<char>(json_file)), std::istreambuf_iterator<char>());
+  for (const auto* epoch : {R"("epoch":0,)", R"("epoch":1,)", R"("epoch":2,)"})
+    EXPECT_NE(json.find(epoch), std::string::npos) << "metrics.json lacks " << epoch << ":\n" << json;
+
+  for (const auto& [epoch, batch] : std::vector<std::pair<int, int>>{{0, 3}, {1, 0}, {1, 1}, {1, 6}, {2, 0}, {2, 5}}) {
+    const auto file = ckpts / fl::checkpoint_file_name(epoch, batch);
+    ASSERT_TRUE(fs::exists(file)) << file;
+    const auto resumed = fine_tune(dir.path / "resumed", file);
+    EXPECT_EQ(resumed.losses.size(), static_cast<std::size_t>(18 - 6 * epoch - batch)) << file.filename();
+    expect_same_end(reference, resumed, file.filename().string());
+  }
+}
+
+// A stop in either fit of a fine_tune ends it there (the unfrozen fit does not start after a stopped frozen fit)
+// with a checkpoint from which the resumed fine_tune ends like the uninterrupted one.
+TEST(GracefulStop, AFineTuneStoppedInEitherFitResumesToTheUninterruptedResult) {
+  TempDir dir("fine-tune-stop");
+  const auto reference = fine_tune(dir.path / "reference", {});
+  for (const auto* phase : {"frozen", "unfrozen"}) {
+    const auto run = dir.path / phase;
+    fl::clear_stop_signal();
+    auto stop = std::make_shared<fl::GracefulStop>();
+    auto checkpointer = std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.every_n_batches = 4});
+    const auto stopped = fine_tune(run, {}, {checkpointer, stop, std::make_shared<RaiseAt>(0, 2, SIGTERM, phase)});
+    EXPECT_TRUE(stop->stopped()) << phase;
+    const bool frozen = std::string(phase) == "frozen";
+    EXPECT_EQ(stopped.losses.size(), frozen ? 3u : 9u) << phase;
+    ASSERT_TRUE(checkpointer->last_saved()) << phase;
+    EXPECT_EQ(checkpointer->last_saved()->filename(), fl::checkpoint_file_name(frozen ? 0 : 1, 3));
+    fl::clear_stop_signal();
+    const auto latest = fl::latest_checkpoint(run / "checkpoints");
+    ASSERT_TRUE(latest) << phase;
+    EXPECT_EQ(*latest, *checkpointer->last_saved()) << phase;
+    const auto resumed = fine_tune(run / "resumed", *latest);
+    EXPECT_EQ(resumed.losses.size(), frozen ? 15u : 9u) << phase;
+    expect_same_end(reference, resumed, std::string("stopped in the ") + phase + " fit");
+  }
+}
+
+TEST(Resume, AFitRefusesACheckpointOfAFineTuneAndTheOtherWayRound) {
+  TempDir dir("fine-tune-plain");
+  fine_tune(dir.path, {}, {std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.every_n_batches = 4})});
+  const auto unfrozen = fl::latest_checkpoint(dir.path / "checkpoints");
+  ASSERT_TRUE(unfrozen);
+  auto learn = make_learner(dir.path / "plain", {}, fl::models::body_head_split);
+  try {
+    learn->fit_one_cycle(2, 1e-2, {.fit = {.resume_from = *unfrozen}});
+    ADD_FAILURE() << "a plain fit resumed a fine_tune's checkpoint";
+  } catch (const fl::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("taken in the 'unfrozen' fit of a fine_tune but this fit is a plain fit"),
+              std::string::npos)
+        << e.what();
+  }
+  train(dir.path / "plain", {}, {std::make_shared<fl::Checkpointer>()});
+  const auto plain = fl::latest_checkpoint(dir.path / "plain" / "checkpoints");
+  ASSERT_TRUE(plain);
+  try {
+    fine_tune(dir.path / "other", *plain);
+    ADD_FAILURE() << "a fine_tune resumed a plain fit's checkpoint";
+  } catch (const fl::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("taken in a plain fit but this fit is the 'frozen' fit of a fine_tune"),
+              std::string::npos)
+        << e.what();
   }
 }
 
@@ -293,6 +412,33 @@ TEST(Resume, TwoRanksResumedInsideAnEpochMatchTheUninterruptedRun) {
           const auto resumed =
               train(dir.path / "resumed", dir.path / "checkpoints" / fl::checkpoint_file_name(epoch, batch),
                     {std::make_shared<PerRankNoise>()}, true);
+          expect_same_end(reference, resumed, fmt::format("rank {} from epoch {} batch {}", fl::rank(), epoch, batch));
+        }
+        fl::teardown_distrib();
+      },
+      {.env = flt::torchrun_env(2)});
+}
+
+// The same on two ranks for a fine_tune (what `--max-restarts` does after a rank died in the unfrozen fit): each
+// rank resumes its own random streams from a checkpoint of either fit.
+TEST(Resume, TwoRanksResumeAFineTuneInEitherFit) {
+  TempDir dir("ranks-fine-tune");
+  flt::run_on_ranks(
+      2,
+      [&dir](const RankContext&) {
+        fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+        const auto reference =
+            fine_tune(dir.path, {},
+                      {std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.every_n_batches = 1, .keep = 0}),
+                       std::make_shared<PerRankNoise>()},
+                      true);
+        EXPECT_EQ(reference.losses.size(), 9u) << "3 batches per rank per epoch, 3 epochs";
+        fl::barrier();
+        for (const auto& [epoch, batch] : std::vector<std::pair<int, int>>{{0, 2}, {1, 1}, {2, 0}}) {
+          const auto resumed =
+              fine_tune(dir.path / "resumed", dir.path / "checkpoints" / fl::checkpoint_file_name(epoch, batch),
+                        {std::make_shared<PerRankNoise>()}, true);
+          EXPECT_EQ(resumed.losses.size(), static_cast<std::size_t>(9 - 3 * epoch - batch));
           expect_same_end(reference, resumed, fmt::format("rank {} from epoch {} batch {}", fl::rank(), epoch, batch));
         }
         fl::teardown_distrib();

@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -398,6 +399,54 @@ TEST_F(TrainCommand, ResumeContinuesFromTheNewestCheckpointMidEpoch) {
   // The same data order, weights, optimizer state and schedule position: the uninterrupted run's last epoch.
   EXPECT_EQ(resumed[2]["valid_loss"].get<double>(), full[2]["valid_loss"].get<double>());
   EXPECT_EQ(resumed[2]["train_loss"].get<double>(), full[2]["train_loss"].get<double>());
+}
+
+// train.schedule = "fine_tune": a frozen fit of 1 epoch, then an unfrozen one of train.epochs, numbered on. A run
+// that died in the unfrozen fit resumes from its newest checkpoint (of the unfrozen fit: the frozen one is
+// skipped) and ends as the uninterrupted run did; metrics.json holds both fits' epochs.
+TEST_F(TrainCommand, AFineTuneResumesInsideItsUnfrozenFit) {
+  const auto [made, why] = fastlearn::testing::run_shell(
+      fmt::format("'{}' '{}/scripts/make-image-folders' '{}' --train 10 --valid 4 --classes 4 2>&1", FASTLEARN_PYTHON,
+                  FASTLEARN_SOURCE_DIR, (dir_ / "images").string()));
+  if (made != 0) GTEST_SKIP() << "scripts/make-image-folders needs a Python with numpy and Pillow: " << why;
+  std::ofstream(config_) << fmt::format(R"([data]
+dataset = "image_folder"
+path = "{}"
+size = 32
+bs = 8
+workers = 2
+[model]
+arch = "resnet18"
+[train]
+schedule = "fine_tune"
+epochs = 2
+lr = 0.002
+metrics = ["accuracy"]
+[output]
+checkpoint_every_n_batches = 2
+)",
+                                        (dir_ / "images" / "png").string());
+  ASSERT_EQ(run(train("")).exit_code, 0);
+  const auto full = nlohmann::json::parse(read(out_ / "metrics.json"));
+  ASSERT_EQ(full.size(), 3u) << "the frozen epoch and the 2 unfrozen ones: " << full;
+  for (int e = 0; e < 3; ++e) EXPECT_EQ(full[e]["epoch"], e) << full;
+  const auto history = read(out_ / "history.csv");
+  EXPECT_EQ(std::count(history.begin(), history.end(), '\n'), 4) << "the header and 3 epochs:\n" << history;
+  // As if the run died in the unfrozen fit's last epoch: the newest checkpoint left is one inside that epoch.
+  const auto last = out_ / "checkpoints/ckpt-e0003-b0000000.safetensors";
+  ASSERT_TRUE(fs::exists(last));
+  fs::remove(last);
+  const auto r = run(train("--resume"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resume: continuing from " + (out_ / "checkpoints/ckpt-e0002-b").string()), std::string::npos)
+      << r.output;
+  const auto resumed = nlohmann::json::parse(read(out_ / "metrics.json"));
+  ASSERT_EQ(resumed.size(), 3u) << resumed;
+  for (int e = 0; e < 3; ++e) {
+    EXPECT_EQ(resumed[e]["epoch"], e) << resumed;
+    for (const char* key : {"train_loss", "valid_loss", "accuracy"})
+      EXPECT_EQ(resumed[e][key].get<double>(), full[e][key].get<double>()) << "epoch " << e << " " << key;
+  }
 }
 
 TEST_F(TrainCommand, ARunThatFailsBeforeTrainingLeavesTheOlderRunsFolderAsItWas) {
