@@ -96,6 +96,7 @@ void GracefulStop::check(bool epoch_end) {
   if (agree) stop = agree(stop);  // every rank calls it at the same point
   if (!stop) return;
   stopped_ = true;
+  l.stop_training();  // the whole run: fine_tune does not go on to its unfrozen fit
   if (auto checkpointer = l.cb<Checkpointer>()) {
     const auto file = checkpointer->save_now(epoch_end);
     if (l.coordination().is_main()) std::fprintf(stderr, "fastlearn: stopped; checkpoint '%s'\n", file.c_str());

@@ -297,8 +297,8 @@ void Learner::run_fit(int n_epoch_, const std::vector<double>& lrs, FitOptions o
   epoch = options.start_epoch;
   epochs_completed_ = options.start_epoch;
   in_fit_ = true;
-  fit_cancelled_ = true;  // until the fit's body returns
-  struct EndCleanup {     // also when an exception leaves the fit
+  training_stopped_ = false;
+  struct EndCleanup {  // also when an exception leaves the fit
     Learner& l;
     ~EndCleanup() {
       l.in_fit_ = false;
@@ -308,12 +308,8 @@ void Learner::run_fit(int n_epoch_, const std::vector<double>& lrs, FitOptions o
       l.pred = l.loss = l.loss_grad = at::Tensor();
     }
   } cleanup{*this};
-  with_events<CancelFitException>(
-      [&] {
-        do_fit(options.start_epoch);
-        fit_cancelled_ = false;
-      },
-      Event::before_fit, Event::after_cancel_fit, Event::after_fit);
+  with_events<CancelFitException>([&] { do_fit(options.start_epoch); }, Event::before_fit, Event::after_cancel_fit,
+                                  Event::after_fit);
 }
 
 // Without this, an epoch of no batch would "train" with a NaN loss, change nothing and end as a success.

@@ -269,9 +269,12 @@ class Learner {
   void load(const std::string& name, LoadOptions options = {});
   /// Epochs finished in the fit that was running when the last loaded checkpoint was saved (resume point).
   int epochs_completed() const { return epochs_completed_; }
-  /// Whether the last fit ended early because a callback cancelled it (CancelFitException: a stop signal, early
-  /// stopping); fine_tune then does not go on to its unfrozen fit.
-  bool fit_cancelled() const { return fit_cancelled_; }
+  /// Asks that training end with the fit that is running, not only that fit: a callback that stops the run
+  /// (GracefulStop, on a signal) calls it before cancelling the fit, and fine_tune then does not start its
+  /// unfrozen fit. A fit cancelled otherwise (early stopping) ends only itself, as in fastai. Cleared when a fit
+  /// starts.
+  void stop_training() { training_stopped_ = true; }
+  bool training_stopped() const { return training_stopped_; }
   /// Sets the resume point (restore_state does, from a checkpoint's metadata).
   void set_epochs_completed(int epochs) { epochs_completed_ = epochs; }
 
@@ -345,7 +348,7 @@ class Learner {
   std::vector<CallbackPtr> cbs_;  // sorted by order
   int epochs_completed_ = 0;
   bool in_fit_ = false;
-  bool fit_cancelled_ = false;
+  bool training_stopped_ = false;
   std::optional<FitPosition> resume_;  // set by a fit resumed inside an epoch until that epoch's training starts
   // The in-order copy the last validate() read (see validate). Kept until the next one is in use: a
   // DistributedTrainer still holds the loader it last wrapped, and gives it back when it wraps the next.

@@ -99,7 +99,7 @@ void Learner::fine_tune(int epochs, double base_lr, FineTuneOptions options) {
     frozen.resume_from = resume_from;
     frozen.phase = "frozen";
     fit_one_cycle(options.freeze_epochs, LrSpec::slice(base_lr), {.pct_start = 0.99, .fit = std::move(frozen)});
-    if (fit_cancelled_) return;  // stopped (a signal, early stopping): the unfrozen fit does not start
+    if (training_stopped_) return;  // stopped by a signal (with a checkpoint): the unfrozen fit does not start
   }
   base_lr /= 2;
   unfreeze();

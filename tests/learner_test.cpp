@@ -469,6 +469,32 @@ TEST(Learner, FreezeKeepsBatchNormTrainableAndFineTuneUnfreezes) {
   EXPECT_FALSE(model[0]->parameters()[0].equal(body_before));
 }
 
+// A callback that cancels the frozen fit (as early stopping does) ends that fit only; the unfrozen fit still runs,
+// as in fastai. Only a stop of the whole run (Learner::stop_training, which GracefulStop calls) skips it.
+TEST(Learner, FineTuneGoesOnAfterAFrozenFitCancelledUnlessTrainingWasStopped) {
+  struct CancelFirstFit : fl::Callback {
+    bool stop_training = false;
+    int fits = 0;
+    void before_fit() override { ++fits; }
+    void before_batch() override {
+      if (fits != 1) return;
+      if (stop_training) learn().stop_training();
+      throw fl::CancelFitException();
+    }
+  };
+  for (const bool stop : {false, true}) {
+    auto dls = flt::classification_data({.n_train = 32, .n_valid = 8, .bs = 8});
+    torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 3));
+    fl::Learner learn(dls, model, fl::cross_entropy(), {.splitter = fl::models::body_head_split, .progress = false});
+    auto cancel = std::make_shared<CancelFirstFit>();
+    cancel->stop_training = stop;
+    learn.add_cb(cancel);
+    learn.fine_tune(2, 1e-2);
+    EXPECT_EQ(cancel->fits, stop ? 1 : 2) << "stop_training " << stop;
+    EXPECT_EQ(learn.training_stopped(), stop);
+  }
+}
+
 // As fastai's wd_bn_bias = False: normalization layers (whole) and every bias get no weight decay; the other
 // weights do. wd_bn_bias = true decays them all. The exemption is set again on every new optimizer (after freeze).
 TEST(Learner, NormalizationLayersAndBiasesGetNoWeightDecayUnlessAsked) {
