@@ -13,6 +13,8 @@ class Sampler {
   virtual std::int64_t size() const = 0;
   /// The item indices of epoch `epoch`, in visiting order. The same epoch always gives the same order.
   virtual std::vector<std::int64_t> order(std::int64_t epoch) const = 0;
+  /// The sampler this one takes a data parallel rank's share of (DistributedSampler: its base); null otherwise.
+  virtual std::shared_ptr<const Sampler> undistributed() const { return nullptr; }
 };
 
 /// 0, 1, ..., n-1 every epoch.

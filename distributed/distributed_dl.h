@@ -27,6 +27,7 @@ class DistributedSampler : public Sampler {
 
   /// Items of this rank's block: total() / world_size(), the same on every rank.
   std::int64_t size() const override { return total_ / world_size_; }
+  std::shared_ptr<const Sampler> undistributed() const override { return base_; }
   /// This rank's block of the padded order of `base` for `epoch`.
   std::vector<std::int64_t> order(std::int64_t epoch) const override;
 

@@ -32,6 +32,9 @@ void DistributedTrainer::attach(Learner& learn) {
   };
   c.barrier = [this] { barrier(&group()); };
   c.gather_items = [this](const at::Tensor& local) { return wrapped_ ? gather_unpadded(local, *wrapped_) : local; };
+  c.forget_loader = [this](DataLoader& loader) {
+    if (wrapped_ && wrapped_->wrapped() && &wrapped_->loader() == &loader) unwrap_loaders();
+  };
   c.any_process = [this](bool mine) {
     // On the group's device: NCCL takes only CUDA tensors.
     auto flag = torch::full({1}, mine ? 1 : 0, torch::TensorOptions().dtype(torch::kInt32).device(device_of(group())));

@@ -341,8 +341,11 @@ int Learner::load_resume_point(const std::filesystem::path& file, int n_epoch_) 
   if (position && position->phase != phase) {
     throw ConfigError(
         fmt::format("resume: checkpoint '{}' was taken in {} but this fit is {}; resume with the same "
-                    "schedule (train.schedule)",
-                    file.string(), part(position->phase), part(phase)));
+                    "schedule (train.schedule){}",
+                    file.string(), part(position->phase), part(phase),
+                    position->phase.empty() ? " (a fine_tune checkpoint written before fastlearn recorded its phases "
+                                              "reads as a plain fit's: start that fine_tune over)"
+                                            : ""));
   }
   if (position && position->epoch_offset != epoch_offset) {
     throw ConfigError(

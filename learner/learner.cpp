@@ -417,47 +417,41 @@ void Learner::do_grad_opt() {
 ValidationResult Learner::validate(DataLoader* loader) {
   check_not_in_fit("validate");
   DataLoader* target = loader ? loader : &dls_.valid();
-  std::unique_ptr<DataLoader> previous_in_order;  // released once the new one is wrapped in its place
-  const bool reuse = in_order_ && in_order_source_ == target && &in_order_->dataset() == &target->dataset() &&
-                     in_order_->options().bs == target->options().bs &&
-                     in_order_->options().device == target->options().device;
-  if (reuse) {
-    target = in_order_.get();
-  } else if (target->options().shuffle || target->options().drop_last) {
-    in_order_source_ = target;
+  release_in_order_copy();  // made anew at each call: the loader's sampler or transforms may have changed since
+  if (target->options().shuffle || target->options().drop_last) {
     auto options = target->options();
     options.shuffle = false;
     options.drop_last = false;
     options.seed = target->seed();
-    auto in_order = std::make_unique<DataLoader>(target->dataset_ptr(), std::move(options));
-    // A sampler of the user's own (a subset, say) stays; only the loader's own shuffling goes.
-    if (!dynamic_cast<const RandomSampler*>(&target->sampler())) in_order->set_sampler(target->sampler_ptr());
-    previous_in_order = std::exchange(in_order_, std::move(in_order));
+    in_order_ = std::make_unique<DataLoader>(target->dataset_ptr(), std::move(options));
+    // A sampler of the user's own (a subset, say) stays; only the loader's own shuffling goes, and a data
+    // parallel share it may still carry after a cancelled fit.
+    auto sampler = target->sampler_ptr();
+    if (auto whole = sampler->undistributed()) sampler = std::move(whole);
+    if (!dynamic_cast<const RandomSampler*>(sampler.get())) in_order_->set_sampler(std::move(sampler));
     target = in_order_.get();
   }
-  {
-    struct Restore {  // also when validation throws
-      Learner& l;
-      bool was_training;
-      ~Restore() {
-        l.dl = nullptr;
-        l.model_->train(was_training);
-      }
-    } restore{*this, model_->is_training()};
-    try {
-      do_epoch_validate(*target);
-    } catch (...) {
-      // The pass may have stopped before a DistributedTrainer gave the previous copy back: keep it alive.
-      if (previous_in_order) retired_in_order_.push_back(std::move(previous_in_order));
-      throw;
+  struct Restore {  // also when validation throws
+    Learner& l;
+    bool was_training;
+    ~Restore() {
+      l.dl = nullptr;
+      l.model_->train(was_training);
     }
-  }
+  } restore{*this, model_->is_training()};
+  do_epoch_validate(*target);
   ValidationResult result{.loss = recorder().last_valid_loss()};
   const auto& values = recorder().last_valid_metrics();
   for (std::size_t i = 0; i < options_.metrics.size() && i < values.size(); ++i) {
     result.metrics.emplace_back(options_.metrics[i]->name(), values[i]);
   }
   return result;
+}
+
+void Learner::release_in_order_copy() {
+  if (!in_order_) return;
+  if (coordination_.forget_loader) coordination_.forget_loader(*in_order_);  // a trainer may still hold it wrapped
+  in_order_.reset();
 }
 
 Preds Learner::get_preds(DataLoader* loader) {

@@ -201,8 +201,9 @@ class Learner {
   void fit_flat_cos(int n_epoch, std::optional<LrSpec> lr = {}, FlatCosOptions options = {});
   /// fastai's fine_tune: freeze, one-cycle for freeze_epochs, unfreeze, one-cycle with discriminative lrs.
   /// The two fits are the phases "frozen" and "unfrozen", the second's epochs numbered after the first's; with
-  /// fit.resume_from it resumes from a checkpoint of either (one of the unfrozen fit skips the frozen fit). When a
-  /// callback cancels the frozen fit (a stop signal, early stopping), the unfrozen fit does not start.
+  /// fit.resume_from it resumes from a checkpoint of either (one of the unfrozen fit skips the frozen fit). When
+  /// the frozen fit ends with stop_training() (GracefulStop, on a signal), the unfrozen fit does not start; early
+  /// stopping ends the frozen fit only.
   void fine_tune(int epochs, double base_lr = 2e-3, FineTuneOptions options = {});
   /// Trains with an exponentially growing lr and suggests one; model and optimizer are restored afterwards.
   LrFindResult lr_find(LrFindOptions options = {});
@@ -295,6 +296,9 @@ class Learner {
     std::function<bool(bool)> any_process_soon;
     /// Collective: every process's `row` (1-D, the same size on all), stacked in rank order.
     std::function<at::Tensor(const at::Tensor&)> all_gather_rows;
+    /// Gives `loader` back (its own sampler and seed) if it is still wrapped for this process's share; called
+    /// before the Learner frees a loader of its own.
+    std::function<void(DataLoader&)> forget_loader;
   };
   Coordination& coordination() { return coordination_; }
 
@@ -350,11 +354,10 @@ class Learner {
   bool in_fit_ = false;
   bool training_stopped_ = false;
   std::optional<FitPosition> resume_;  // set by a fit resumed inside an epoch until that epoch's training starts
-  // The in-order copy the last validate() read (see validate). Kept until the next one is in use: a
-  // DistributedTrainer still holds the loader it last wrapped, and gives it back when it wraps the next.
+  // The in-order copy the last validate() read (see validate); a DistributedTrainer may still hold it wrapped,
+  // so it is freed through Coordination::forget_loader.
   std::unique_ptr<DataLoader> in_order_;
-  const DataLoader* in_order_source_ = nullptr;                // the loader in_order_ reads in order
-  std::vector<std::unique_ptr<DataLoader>> retired_in_order_;  // copies replaced by a pass that threw
+  void release_in_order_copy();
   Coordination coordination_;
 };
 

@@ -88,6 +88,8 @@ void Learner::fine_tune(int epochs, double base_lr, FineTuneOptions options) {
   auto resume_from = std::move(options.fit.resume_from);
   options.fit.resume_from.clear();
   bool resume_unfrozen = false;
+  // Every rank peeks at the file only once a checkpoint rank 0 may still be writing is complete.
+  if (!resume_from.empty() && coordination_.barrier) coordination_.barrier();
   if (!resume_from.empty() && std::filesystem::exists(resume_from)) {  // a missing file: the frozen fit says so
     const CheckpointState header{.tensors = {}, .metadata = load_safetensors_metadata(resume_from)};
     const auto position = fit_position(header, resume_from.string());

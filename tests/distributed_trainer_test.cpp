@@ -245,6 +245,42 @@ TEST(DistributedTrainer, ValidationAndGetPredsCoverExactlyTheWholeSetOnEveryRank
                     {.env = flt::torchrun_env(2)});
 }
 
+TEST(DistributedTrainer, GetPredsOnAShufflingTrainingLoaderAfterACancelledFitReadsTheWholeSet) {
+  // A fit cancelled inside training (as lr_find's and a graceful stop's are) leaves the training loader wrapped for
+  // this rank's share when get_preds reads it: the in-order copy takes the whole set, not that share, and a second call
+  // frees the first copy while the trainer holds it wrapped.
+  flt::run_on_ranks(
+      2,
+      [](const RankContext&) {
+        fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+        {
+          auto [x, y] = images(kItems, 1);
+          auto [vx, vy] = images(kValid, 2);
+          auto train = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
+          auto valid = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{vx}, std::vector<at::Tensor>{vy});
+          fl::DataLoaders dls(fl::DataLoader(train, {.bs = 8, .shuffle = true, .seed = 3}),
+                              fl::DataLoader(valid, {.bs = 8}), 3);
+          auto model = make_model("mlp");
+          fl::Learner learn(std::move(dls), model, fl::cross_entropy(), {.progress = false});
+          fl::DistribCtx ctx(learn);
+          struct CancelInTraining : fl::Callback {
+            void after_batch() override {
+              if (learn().training && learn().iter == 1) throw fl::CancelFitException();
+            }
+          };
+          learn.fit(1, 0.0, {.cbs = {std::make_shared<CancelInTraining>()}});
+          for (int call = 0; call < 2; ++call) {
+            const auto preds = learn.get_preds(&learn.dls().train());
+            ASSERT_EQ(preds.preds.size(0), kItems) << "call " << call;
+            EXPECT_TRUE(preds.targets.equal(y)) << "dataset order, call " << call;
+          }
+          learn.fit(1, 0.0);
+        }
+        fl::teardown_distrib();
+      },
+      {.env = flt::torchrun_env(2)});
+}
+
 TEST(DistributedTrainer, LrFindRecordsOneCurveOnEveryRank) {
   flt::run_on_ranks(
       2,
