@@ -53,10 +53,13 @@ std::vector<std::pair<at::Tensor, const at::Tensor*>> match_weights(torch::nn::M
       bool ignored = false;
       for (const auto& prefix : options.ignore_prefixes) ignored = ignored || name.starts_with(prefix);
       if (ignored) continue;
-      throw CheckpointError(
-          fmt::format("{}: tensor '{}' is not in the model; the file was saved from another model "
-                      "(load with strict = false to ignore it)",
-                      origin, name));
+      // A Learner checkpoint also holds the optimizer's and the random generators' state beside the model.
+      const bool learner_state = name.starts_with("optimizer/") || name.starts_with("rng/");
+      throw CheckpointError(fmt::format(
+          "{}: tensor '{}' is not in the model; {}", origin, name,
+          learner_state ? "the file is a Learner checkpoint: load it with Learner::load, or ignore the prefixes "
+                          "\"optimizer/\" and \"rng/\" (ignore_prefixes)"
+                        : "the file was saved from another model (load with strict = false to ignore it)"));
     }
   }
   return copies;

@@ -17,7 +17,8 @@ namespace fastlearn {
 
 struct WeightsOptions {
   bool strict = true;  ///< every model tensor must be in the file and every file tensor in the model
-  /// File tensors under these prefixes are not the model's and are passed over (a checkpoint's "optimizer/").
+  /// File tensors under these prefixes are not the model's and are passed over (a Learner checkpoint's "optimizer/"
+  /// and "rng/").
   std::vector<std::string> ignore_prefixes;
 };
 

@@ -4,6 +4,7 @@
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/models/models.h>
+#include <fastlearn/models/weights.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -60,6 +61,20 @@ struct StopAfter : fl::Callback {
 };
 
 }  // namespace
+
+TEST_F(Checkpoint, LoadWeightsOfALearnerCheckpointSaysWhatElseItHolds) {
+  auto learn = make_learner();
+  learn->fit(1, 1e-2);
+  const auto file = learn->save("full");
+  auto other = make_learner(99);
+  const auto error = flt::message_of([&] { fl::load_weights(other->model(), file); });
+  EXPECT_NE(error.find("the file is a Learner checkpoint: load it with Learner::load, or ignore the prefixes "
+                       "\"optimizer/\" and \"rng/\""),
+            std::string::npos)
+      << error;
+  fl::load_weights(other->model(), file, {.ignore_prefixes = {"optimizer/", "rng/"}});
+  EXPECT_TRUE(flt::same_tensors(flt::snapshot(learn->model()), flt::snapshot(other->model())));
+}
 
 TEST_F(Checkpoint, RoundTripRestoresModelAndOptimizerExactly) {
   auto learn = make_learner();

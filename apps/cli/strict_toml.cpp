@@ -56,7 +56,7 @@ std::string describe(const Spec& spec) {
       return s.choices.empty() ? "a string" : fmt::format("one of \"{}\"", fmt::join(s.choices, "\", \""));
     }
     std::string operator()(const Integers& s) const {
-      return fmt::format("{}an array of integers >= {}", s.allow_empty ? "" : "a non-empty ", s.min);
+      return fmt::format("{} array of integers >= {}", s.allow_empty ? "an" : "a non-empty", s.min);
     }
     std::string operator()(const Strings&) const { return "an array of strings"; }
   } words;
