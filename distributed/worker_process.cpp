@@ -99,8 +99,13 @@ void start_rank(RankProcess& r, const ExecPlan& plan, pid_t group, int stdin_fd)
     sigprocmask(SIG_SETMASK, &none, nullptr);
     close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);  // no descriptor of the launcher's process leaks into a rank
     execve(plan.path.c_str(), plan.argv.data(), plan.envp.data());
-    constexpr char msg[] = "fastlearn launch: execve() of the rank's program failed\n";
-    [[maybe_unused]] auto n = write(STDERR_FILENO, msg, sizeof msg - 1);
+    // Only async-signal-safe calls after fork: strerrordesc_np reads a static table (strerror may allocate).
+    const char* parts[] = {"fastlearn launch: execve() of the rank's program '", plan.path.c_str(),
+                           "' failed: ", strerrordesc_np(errno), "\n"};
+    for (const char* part : parts) {
+      if (part) [[maybe_unused]]
+        auto n = write(STDERR_FILENO, part, std::strlen(part));
+    }
     _exit(127);
   }
   const int fork_errno = errno;

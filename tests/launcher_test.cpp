@@ -491,6 +491,22 @@ TEST(Launcher, ACommandFoundInPathRuns) {
   EXPECT_NE(out.text().find("[rank 1] 1/2\n"), std::string::npos) << out.text();
 }
 
+TEST(Launcher, AProgramThatCannotBeExecutedIsNamedWithTheReason) {
+  TempDir dir;
+  const auto script = dir.path / "no_shebang";
+  std::ofstream(script) << "echo hi\n";  // executable, but no #! line: execve refuses it
+  fs::permissions(script, fs::perms::owner_all);
+  Capture out, err;
+  fl::LaunchOptions o;
+  o.command = {script.string()};
+  o.out = out.file;
+  o.err = err.file;
+  EXPECT_EQ(fl::launch(o).exit_code, 127);
+  EXPECT_NE(err.text().find("execve() of the rank's program '" + script.string() + "' failed: Exec format error"),
+            std::string::npos)
+      << err.text();
+}
+
 // ---- the `fastlearn launch` command ----------------------------------------------------------------------
 
 struct Cli {
