@@ -42,6 +42,16 @@ bool all_numbers(std::span<const std::string> values) {
   });
 }
 
+// Whether a categorical column's values are matched by number: all numbers, each exactly one double. Integers past
+// 2^53 (17-digit and longer IDs) are not: distinct ones would round to one double, and pandas reads such a column as
+// exact int64, so they are matched by their text.
+bool matches_by_number(std::span<const std::string> values) {
+  constexpr double kExactIntegers = 9007199254740992.0;  // 2^53
+  return all_numbers(values) && std::all_of(values.begin(), values.end(), [&](const std::string& v) {
+           return std::abs(*number(v)) < kExactIntegers;
+         });
+}
+
 // Sorted as pandas sorts a column: numerically when every value is a number, else as text (code points).
 void sort_values(std::vector<std::string>& values) {
   if (!all_numbers(values)) return std::sort(values.begin(), values.end());
@@ -51,7 +61,7 @@ void sort_values(std::vector<std::string>& values) {
   for (std::size_t i = 0; i < values.size(); ++i) values[i] = numbers[i].second;
 }
 
-// The distinct present cells of a categorical column's training rows. When they are all numbers, cells of the same
+// The distinct present cells of a categorical column's training rows. When they match by number, cells of the same
 // number are one category, spelled as the first training row that has it spells it ("1.0" and "1" are one).
 std::vector<std::string> categories(const CsvTable& table, std::size_t col, std::span<const std::int64_t> rows) {
   std::vector<std::string> values;
@@ -60,7 +70,7 @@ std::vector<std::string> categories(const CsvTable& table, std::size_t col, std:
     const auto& cell = table.rows[static_cast<std::size_t>(r)][col];
     if (!is_missing_cell(cell) && seen.insert(cell).second) values.push_back(cell);
   }
-  if (!all_numbers(values)) return values;
+  if (!matches_by_number(values)) return values;
   std::vector<std::string> distinct;
   std::set<double> numbers;
   for (auto& v : values)
@@ -76,7 +86,7 @@ class CategoryCodes {
   explicit CategoryCodes(const std::vector<std::string>& vocab) {
     const std::span<const std::string> values(vocab.data() + std::min<std::size_t>(1, vocab.size()),
                                               vocab.size() - std::min<std::size_t>(1, vocab.size()));
-    const bool numeric = all_numbers(values);
+    const bool numeric = matches_by_number(values);
     for (std::size_t k = 1; k < vocab.size(); ++k) {
       by_text_.emplace(vocab[k], static_cast<std::int64_t>(k));
       if (numeric) by_number_.emplace(*number(vocab[k]), static_cast<std::int64_t>(k));

@@ -134,6 +134,14 @@ TEST(TabularProcs, NumericCategoriesMatchByNumber) {
   EXPECT_EQ(code(text_procs, "1"), 2);
   EXPECT_EQ(code(text_procs, "1.0"), 0);
   EXPECT_EQ(code(text_procs, "X"), 0);
+  // Integer IDs past 2^53 would round to one double: they stay apart, matched by their text (pandas reads them as
+  // exact int64).
+  const auto ids = fl::parse_csv("id\n12345678901234567\n12345678901234568\n7\n", "ids.csv");
+  const auto id_procs =
+      fl::TabularProcs::fit(ids, std::vector<std::int64_t>{0, 1, 2}, {.cat_names = {"id"}}, "ids.csv");
+  EXPECT_EQ(id_procs.vocabs()[0], (std::vector<std::string>{"#na#", "7", "12345678901234567", "12345678901234568"}));
+  EXPECT_EQ(code(id_procs, "12345678901234568"), 3);
+  EXPECT_EQ(code(id_procs, "12345678901234566"), 0);
   // A checkpoint's vocabulary from before, which may hold one number twice: its own spellings keep their codes.
   auto json = procs.to_json();
   const std::string vocab = R"(["#na#","1.0","2.0","10.0"])";
