@@ -367,6 +367,19 @@ seed = 3
   EXPECT_EQ(read(dir_ / "interp" / "confusion_matrix.csv").rfind("actual,<50k,>=50k\n", 0), 0u);
 }
 
+TEST_F(TrainCommand, ALaunchFlagThatASetRankOverridesIsNamed) {
+  // RANK left in the shell makes this process one rank of someone else's job: --nproc-per-node cannot apply, and
+  // says so instead of going quiet.
+  const auto r = fastlearn::testing::run_shell(std::string("RANK=0 WORLD_SIZE=1 ") + FASTLEARN_CLI + " " +
+                                               train("--nproc-per-node 2 --set train.epochs=1"));
+  EXPECT_EQ(r.first, 0) << r.second;
+  EXPECT_NE(r.second.find("RANK is set (0), so this process is one rank of a job someone else launched: "
+                          "--nproc-per-node and --max-restarts are ignored"),
+            std::string::npos)
+      << r.second;
+  EXPECT_EQ(r.second.find("[rank 1]"), std::string::npos) << "no rank was started";
+}
+
 TEST_F(TrainCommand, AnInvalidConfigWritesNothing) {
   std::ofstream(config_, std::ios::app) << "epoch = 3\n";
   const auto r = run(train(""));

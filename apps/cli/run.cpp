@@ -409,6 +409,13 @@ int run_train(const TrainArgs& args) {
                                   config.data.path, config.data.dataset, hint));
   }
   if (!under_launcher() && (args.nproc_per_node > 1 || args.max_restarts > 0)) return relaunch(args, out.string());
+  if (under_launcher() && (args.nproc_per_node > 1 || args.max_restarts > 0)) {
+    // A stale RANK in the shell would otherwise turn the flags off without a word (and wait for ranks never started).
+    fmt::print(stderr,
+               "fastlearn train: RANK is set ({}), so this process is one rank of a job someone else launched: "
+               "--nproc-per-node and --max-restarts are ignored (unset RANK to have train start its own ranks)\n",
+               std::getenv("RANK"));
+  }
 
   DistribCtx job(setup_options(config.distributed));  // the launched job's group, torn down at exit
   const bool resume = args.resume || restarted_by_launcher();
