@@ -1,6 +1,8 @@
 #include <fastlearn/models/conv2d.h>
 
 #include <fastlearn/core/env_switch.h>
+#include <fastlearn/core/parallel.h>
+#include <fastlearn/models/one_channel_conv.h>
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
@@ -14,6 +16,15 @@ namespace fastlearn::models {
 
 bool patch_weight_grad_enabled() {
   return env_switch_on("FASTLEARN_CONV_PATCH_GRAD", "torch's convolution everywhere");
+}
+
+bool one_channel_kernels_enabled() {
+  return env_switch_on("FASTLEARN_ONE_CHANNEL_CONV", "oneDNN's kernels for one-input-channel convolutions");
+}
+
+bool uses_one_channel_kernels(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel_h,
+                              std::int64_t kernel_w, bool channels_last_weight) {
+  return in_channels == 1 && out_channels % 8 == 0 && kernel_h == 3 && kernel_w == 3 && channels_last_weight;
 }
 
 bool uses_patch_weight_grad(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel_h,
@@ -132,6 +143,103 @@ struct ConvWithPatchWeightGrad : torch::autograd::Function<ConvWithPatchWeightGr
   }
 };
 
+// A 3x3 convolution with one input channel in a channels-last model, forward and weight and bias gradients by
+// models/one_channel_conv.h; an input gradient, which a first layer never needs, comes from torch.
+struct OneChannelConvFunction : torch::autograd::Function<OneChannelConvFunction> {
+  static OneChannelConv geometry(const at::Tensor& input, std::int64_t out_channels, at::IntArrayRef stride,
+                                 at::IntArrayRef padding) {
+    OneChannelConv c{.padded_height = input.size(2) + 2 * padding[0],
+                     .padded_width = input.size(3) + 2 * padding[1],
+                     .out_channels = out_channels,
+                     .stride_h = stride[0],
+                     .stride_w = stride[1]};
+    c.out_height = (c.padded_height - 3) / c.stride_h + 1;
+    c.out_width = (c.padded_width - 3) / c.stride_w + 1;
+    return c;
+  }
+
+  // (N, 1, H, W) -> (N, H + 2 * pad_h, W + 2 * pad_w) with a zero border: the kernels then never test a bound.
+  static at::Tensor padded_images(const at::Tensor& input, at::IntArrayRef padding) {
+    const auto images = input.reshape({input.size(0), input.size(2), input.size(3)});
+    return at::constant_pad_nd(images, {padding[1], padding[1], padding[0], padding[0]}).contiguous();
+  }
+
+  static at::Tensor run(const at::Tensor& padded, const at::Tensor& weight, const at::Tensor& bias,
+                        const OneChannelConv& c) {
+    const auto images = padded.size(0);
+    const auto taps = weight.permute({2, 3, 1, 0}).contiguous();  // (3, 3, 1, O)
+    const auto bias_values = bias.numel() > 0 ? bias.contiguous() : at::Tensor();
+    auto out = at::empty({images, c.out_channels, c.out_height, c.out_width},
+                         padded.options().memory_format(at::MemoryFormat::ChannelsLast));
+    const float* input_data = padded.const_data_ptr<float>();
+    const float* tap_data = taps.const_data_ptr<float>();
+    const float* bias_data = bias_values.defined() ? bias_values.const_data_ptr<float>() : nullptr;
+    float* out_data = out.mutable_data_ptr<float>();
+    parallel_for(0, images * c.out_height, 8, [&](std::int64_t first, std::int64_t last) {
+      one_channel_conv_forward(c, input_data, tap_data, bias_data, out_data, first, last);
+    });
+    return out;
+  }
+
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+                            const at::Tensor& bias, std::vector<std::int64_t> stride,
+                            std::vector<std::int64_t> padding) {
+    const auto padded = padded_images(input, padding);
+    ctx->save_for_backward({input, weight, padded});
+    ctx->saved_data["stride"] = stride;
+    ctx->saved_data["padding"] = padding;
+    ctx->saved_data["has_bias"] = bias.numel() > 0;
+    return run(padded, weight, bias, geometry(input, weight.size(0), stride, padding));
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& input = saved[0];
+    const auto& weight = saved[1];
+    const auto& padded = saved[2];
+    const auto stride = ctx->saved_data["stride"].toIntVector();
+    const auto padding = ctx->saved_data["padding"].toIntVector();
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    const auto grad = grads[0].contiguous(at::MemoryFormat::ChannelsLast);
+    at::Tensor grad_input, grad_weight, grad_bias;
+    if (ctx->needs_input_grad(0)) {
+      grad_input = std::get<0>(at::convolution_backward(grad, input, weight, std::nullopt, stride, padding, {1, 1},
+                                                        false, {0, 0}, 1, {true, false, false}));
+    }
+    if (ctx->needs_input_grad(1) || (has_bias && ctx->needs_input_grad(2))) {
+      const auto c = geometry(input, weight.size(0), stride, padding);
+      const auto sums_per_chunk = 10 * c.out_channels;  // nine taps, then the bias, per output channel
+      const auto rows = input.size(0) * c.out_height;
+      // Fixed chunks of rows, each summed on its own, then added in chunk order: the same bits on any number of
+      // threads.
+      constexpr std::int64_t kRowsPerChunk = 16;
+      const auto chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
+      auto partial = at::empty({chunks, sums_per_chunk}, grad.options().memory_format(at::MemoryFormat::Contiguous));
+      const float* input_data = padded.const_data_ptr<float>();
+      const float* grad_data = grad.const_data_ptr<float>();
+      float* partial_data = partial.mutable_data_ptr<float>();
+      parallel_for(0, chunks, 1, [&](std::int64_t first, std::int64_t last) {
+        for (auto chunk = first; chunk < last; ++chunk) {
+          one_channel_conv_weight_grad(c, input_data, grad_data, partial_data + chunk * sums_per_chunk,
+                                       chunk * kRowsPerChunk, std::min(rows, (chunk + 1) * kRowsPerChunk));
+        }
+      });
+      auto total = at::zeros({sums_per_chunk}, partial.options());
+      float* total_data = total.mutable_data_ptr<float>();
+      for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
+        for (std::int64_t k = 0; k < sums_per_chunk; ++k) total_data[k] += partial_data[chunk * sums_per_chunk + k];
+      }
+      if (ctx->needs_input_grad(1)) {
+        const auto taps = total.narrow(0, 0, 9 * c.out_channels).view({3, 3, 1, c.out_channels});
+        grad_weight = at::empty_like(weight, at::MemoryFormat::Preserve).copy_(taps.permute({3, 2, 0, 1}));
+      }
+      if (has_bias && ctx->needs_input_grad(2)) grad_bias = total.narrow(0, 9 * c.out_channels, c.out_channels);
+    }
+    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 Conv2dImpl::Conv2dImpl(const torch::nn::Conv2dOptions& opts) : torch::nn::Conv2dImpl(opts) {}
@@ -141,20 +249,28 @@ torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
   const bool plain = explicit_padding != nullptr && options.groups() == 1 &&
                      std::holds_alternative<torch::enumtype::kZeros>(options.padding_mode()) &&
                      (*options.dilation())[0] == 1 && (*options.dilation())[1] == 1;
-  const bool eligible = plain && input.dim() == 4 && torch::GradMode::is_enabled() && weight.requires_grad() &&
-                        input.device().is_cpu() && input.scalar_type() == at::kFloat &&
-                        weight.scalar_type() == at::kFloat && !at::autocast::is_autocast_enabled(at::kCPU);
-  if (!eligible || !patch_weight_grad_enabled()) return torch::nn::Conv2dImpl::forward(input);
+  const bool cpu_float = input.dim() == 4 && input.device().is_cpu() && input.scalar_type() == at::kFloat &&
+                         weight.scalar_type() == at::kFloat && !at::autocast::is_autocast_enabled(at::kCPU);
+  if (!plain || !cpu_float) return torch::nn::Conv2dImpl::forward(input);
   const auto& kernel = *options.kernel_size();
-  const auto& stride = *options.stride();
-  const auto& padding = **explicit_padding;
-  if (!uses_patch_weight_grad(input.size(1), weight.size(0), kernel[0], kernel[1])) {
+  const std::vector<std::int64_t> stride((*options.stride()).begin(), (*options.stride()).end());
+  const std::vector<std::int64_t> padding((**explicit_padding).begin(), (**explicit_padding).end());
+  // A custom function takes defined tensors only: no bias travels as an empty one.
+  const auto bias_or_empty = bias.defined() ? bias : at::empty({0}, weight.options());
+  const bool channels_last = weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
+  if (uses_one_channel_kernels(input.size(1), weight.size(0), kernel[0], kernel[1], channels_last) &&
+      input.size(2) + 2 * padding[0] >= 3 && input.size(3) + 2 * padding[1] >= 3 && one_channel_kernels_enabled()) {
+    const bool grads = torch::GradMode::is_enabled() &&
+                       (input.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
+    if (grads) return OneChannelConvFunction::apply(input, weight, bias_or_empty, stride, padding);
+    return OneChannelConvFunction::run(OneChannelConvFunction::padded_images(input, padding), weight, bias_or_empty,
+                                       OneChannelConvFunction::geometry(input, weight.size(0), stride, padding));
+  }
+  if (!torch::GradMode::is_enabled() || !weight.requires_grad() ||
+      !uses_patch_weight_grad(input.size(1), weight.size(0), kernel[0], kernel[1]) || !patch_weight_grad_enabled()) {
     return torch::nn::Conv2dImpl::forward(input);
   }
-  // A custom function takes defined tensors only: no bias travels as an empty one.
-  return ConvWithPatchWeightGrad::apply(input, weight, bias.defined() ? bias : at::empty({0}, weight.options()),
-                                        std::vector<std::int64_t>(stride.begin(), stride.end()),
-                                        std::vector<std::int64_t>(padding.begin(), padding.end()));
+  return ConvWithPatchWeightGrad::apply(input, weight, bias_or_empty, stride, padding);
 }
 
 std::shared_ptr<torch::nn::Module> Conv2dImpl::clone(const std::optional<torch::Device>& device) const {

@@ -24,6 +24,17 @@ struct PatchGradRule {
 /// throws ConfigError.
 bool patch_weight_grad_enabled();
 
+/// False when the environment sets FASTLEARN_ONE_CHANNEL_CONV=0: convolutions with one input channel then run
+/// oneDNN's kernels (to compare, or to rule ours out). Read at each forward; any value but 0 or 1 throws ConfigError.
+bool one_channel_kernels_enabled();
+
+/// True when a convolution takes fastlearn's one-input-channel kernels (models/one_channel_conv.h) for its
+/// forward and its weight and bias gradients: the first layer of a channels-last model on grey images, 3x3, with
+/// a multiple of 8 output channels. oneDNN's kernels ran that layer 2.1x (forward) and 2.3x (weight gradient)
+/// slower than these on 1 and 2 threads (bench one_channel_conv).
+bool uses_one_channel_kernels(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel_h,
+                              std::int64_t kernel_w, bool channels_last_weight);
+
 /// True when a convolution with these channel counts and kernel computes its weight gradient as a patch
 /// product under `rule`.
 bool uses_patch_weight_grad(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel_h,
@@ -41,8 +52,9 @@ class Conv2dImpl : public torch::nn::Conv2dImpl {
  public:
   explicit Conv2dImpl(const torch::nn::Conv2dOptions& options);
   /// The same convolution as torch::nn::Conv2dImpl::forward. With float32 CPU tensors outside autocast, groups
-  /// 1, dilation 1, zero padding and channels and kernel uses_patch_weight_grad accepts, backward computes the weight
-  /// gradient with conv2d_weight_grad_by_patches (the input and bias gradients as torch does).
+  /// 1, dilation 1 and zero padding: where uses_one_channel_kernels accepts, forward and the weight and bias
+  /// gradients run fastlearn's one-channel kernels; where uses_patch_weight_grad accepts, backward computes the
+  /// weight gradient with conv2d_weight_grad_by_patches (the input and bias gradients as torch does).
   torch::Tensor forward(const torch::Tensor& input);
   /// A deep copy that stays a models::Conv2d (torch's clone would return its base class).
   std::shared_ptr<torch::nn::Module> clone(const std::optional<torch::Device>& device = std::nullopt) const override;

@@ -1,7 +1,8 @@
 // models::Conv2d against torch::nn::Conv2d with the same parameters: the same output and the same input,
 // weight and bias gradients (to float32 rounding) where it computes the weight gradient by patches, in both
 // memory formats, with and without bias, for strides, paddings and kernels of both shapes, in chunks of the
-// batch; torch's own path where the rule or the tensors do not fit; clones that stay models::Conv2d.
+// batch; the one-input-channel kernels of a channels-last grey-image model against torch, their bits alike on 1
+// and 2 threads; torch's own path where the rules or the tensors do not fit; clones that stay models::Conv2d.
 #include <ATen/autocast_mode.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/models/conv2d.h>
@@ -38,9 +39,24 @@ Grads run(Module& conv, const at::Tensor& x_in, const at::Tensor& upstream) {
           y.grad_fn() ? y.grad_fn()->name() : std::string()};
 }
 
+// Which code models::Conv2d runs, told by the autograd function of its output.
+enum class Path { torch, patches, one_channel };
+
+std::string function_name(Path path) {
+  switch (path) {
+    case Path::patches:
+      return "ConvWithPatchWeightGrad";
+    case Path::one_channel:
+      return "OneChannelConvFunction";
+    case Path::torch:
+      break;
+  }
+  return "ConvolutionBackward0";
+}
+
 // A models::Conv2d and a torch::nn::Conv2d with the same options and weights, run on the same batch.
 void expect_same_as_torch(const nn::Conv2dOptions& options, std::vector<std::int64_t> input_shape, bool channels_last,
-                          bool expect_patches) {
+                          Path expected_path) {
   torch::manual_seed(1);
   fl::models::Conv2d ours(options);
   nn::Conv2d reference(options);
@@ -57,7 +73,7 @@ void expect_same_as_torch(const nn::Conv2dOptions& options, std::vector<std::int
   }
   auto upstream = torch::randn_like(reference->forward(x).detach());
   const auto a = run(ours, x, upstream), b = run(reference, x, upstream);
-  EXPECT_EQ(a.grad_fn.find("ConvWithPatchWeightGrad") != std::string::npos, expect_patches) << a.grad_fn;
+  EXPECT_NE(a.grad_fn.find(function_name(expected_path)), std::string::npos) << a.grad_fn;
   EXPECT_LT(relative_error(a.output, b.output), 1e-6);
   EXPECT_LT(relative_error(a.input, b.input), 1e-6);
   EXPECT_LT(relative_error(a.weight, b.weight), 1e-5);
@@ -74,29 +90,31 @@ TEST(Conv2d, SmallFeatureMapsWithManyChannelsGetTheSameGradientsAsTorch) {
     for (const bool bias : {false, true}) {
       SCOPED_TRACE(std::to_string(channels_last) + std::to_string(bias));
       expect_same_as_torch(nn::Conv2dOptions(128, 128, 3).stride(2).padding(1).bias(bias), {6, 128, 4, 4},
-                           channels_last, true);
+                           channels_last, Path::patches);
     }
   }
 }
 
 TEST(Conv2d, StridesPaddingsAndKernelsOfEitherShapeMatchTorch) {
-  expect_same_as_torch(nn::Conv2dOptions(64, 128, 3).stride(1).padding(0), {5, 64, 5, 6}, true, true);
-  expect_same_as_torch(nn::Conv2dOptions(64, 128, {3, 1}).stride({2, 1}).padding({1, 0}), {3, 64, 6, 3}, false, true);
-  expect_same_as_torch(nn::Conv2dOptions(64, 128, {1, 2}).stride(2), {4, 64, 7, 7}, true, true);
-  expect_same_as_torch(nn::Conv2dOptions(96, 128, {2, 3}).stride({1, 2}).padding({0, 2}), {2, 96, 3, 4}, false, true);
+  expect_same_as_torch(nn::Conv2dOptions(64, 128, 3).stride(1).padding(0), {5, 64, 5, 6}, true, Path::patches);
+  expect_same_as_torch(nn::Conv2dOptions(64, 128, {3, 1}).stride({2, 1}).padding({1, 0}), {3, 64, 6, 3}, false,
+                       Path::patches);
+  expect_same_as_torch(nn::Conv2dOptions(64, 128, {1, 2}).stride(2), {4, 64, 7, 7}, true, Path::patches);
+  expect_same_as_torch(nn::Conv2dOptions(96, 128, {2, 3}).stride({1, 2}).padding({0, 2}), {2, 96, 3, 4}, false,
+                       Path::patches);
   // Kernel offsets that fall entirely in the padding for some or all output pixels.
-  expect_same_as_torch(nn::Conv2dOptions(64, 128, 3).stride(2).padding(1), {2, 64, 1, 1}, true, true);
-  expect_same_as_torch(nn::Conv2dOptions(64, 128, 3).padding(3), {2, 64, 2, 3}, true, true);
-  expect_same_as_torch(nn::Conv2dOptions(64, 128, 5).stride(3).padding(2), {2, 64, 7, 4}, false, true);
+  expect_same_as_torch(nn::Conv2dOptions(64, 128, 3).stride(2).padding(1), {2, 64, 1, 1}, true, Path::patches);
+  expect_same_as_torch(nn::Conv2dOptions(64, 128, 3).padding(3), {2, 64, 2, 3}, true, Path::patches);
+  expect_same_as_torch(nn::Conv2dOptions(64, 128, 5).stride(3).padding(2), {2, 64, 7, 4}, false, Path::patches);
 }
 
 TEST(Conv2d, OtherShapesAndTensorsTakeTorchsPath) {
   // Too few input channels for the rule; too few output channels; a pointwise kernel; groups; dilation; float64.
-  expect_same_as_torch(nn::Conv2dOptions(32, 128, 3).stride(2).padding(1), {4, 32, 8, 8}, false, false);
-  expect_same_as_torch(nn::Conv2dOptions(64, 64, 3).padding(1), {2, 64, 5, 5}, true, false);
-  expect_same_as_torch(nn::Conv2dOptions(128, 128, 1), {2, 128, 4, 4}, true, false);
-  expect_same_as_torch(nn::Conv2dOptions(128, 128, 3).groups(2).padding(1), {2, 128, 4, 4}, false, false);
-  expect_same_as_torch(nn::Conv2dOptions(128, 128, 3).dilation(2).padding(2), {2, 128, 4, 4}, false, false);
+  expect_same_as_torch(nn::Conv2dOptions(32, 128, 3).stride(2).padding(1), {4, 32, 8, 8}, false, Path::torch);
+  expect_same_as_torch(nn::Conv2dOptions(64, 64, 3).padding(1), {2, 64, 5, 5}, true, Path::torch);
+  expect_same_as_torch(nn::Conv2dOptions(128, 128, 1), {2, 128, 4, 4}, true, Path::torch);
+  expect_same_as_torch(nn::Conv2dOptions(128, 128, 3).groups(2).padding(1), {2, 128, 4, 4}, false, Path::torch);
+  expect_same_as_torch(nn::Conv2dOptions(128, 128, 3).dilation(2).padding(2), {2, 128, 4, 4}, false, Path::torch);
   torch::manual_seed(0);
   fl::models::Conv2d conv(nn::Conv2dOptions(128, 128, 3).padding(1));
   conv->to(torch::kFloat64);
@@ -110,15 +128,88 @@ TEST(Conv2d, OtherShapesAndTensorsTakeTorchsPath) {
 
 TEST(Conv2d, TheEnvironmentSwitchesThePatchProductOffAndRefusesOtherValues) {
   const auto options = nn::Conv2dOptions(128, 128, 3).padding(1);
-  expect_same_as_torch(options, {2, 128, 4, 4}, true, true);
+  expect_same_as_torch(options, {2, 128, 4, 4}, true, Path::patches);
   setenv("FASTLEARN_CONV_PATCH_GRAD", "0", 1);
-  expect_same_as_torch(options, {2, 128, 4, 4}, true, false);
+  expect_same_as_torch(options, {2, 128, 4, 4}, true, Path::torch);
   setenv("FASTLEARN_CONV_PATCH_GRAD", "off", 1);
   fl::models::Conv2d conv(options);
   EXPECT_THROW(conv->forward(torch::randn({1, 128, 3, 3})), fl::ConfigError);
   setenv("FASTLEARN_CONV_PATCH_GRAD", "1", 1);
-  expect_same_as_torch(options, {2, 128, 4, 4}, true, true);
+  expect_same_as_torch(options, {2, 128, 4, 4}, true, Path::patches);
   unsetenv("FASTLEARN_CONV_PATCH_GRAD");
+}
+
+TEST(Conv2d, OneInputChannelInAChannelsLastModelRunsItsOwnKernelsAndMatchesTorch) {
+  // simple_cnn's first layer, other strides and paddings, odd sizes, channel counts that leave blocks of 8 and 16
+  // after the widest blocks (24 = 16 + 8, 40 = 32 + 8), with and without bias. The input gradient (torch's) is
+  // checked too, since run() asks for it.
+  expect_same_as_torch(nn::Conv2dOptions(1, 32, 3).stride(2).padding(1), {5, 1, 28, 28}, true, Path::one_channel);
+  for (const bool bias : {false, true}) {
+    SCOPED_TRACE(bias);
+    expect_same_as_torch(nn::Conv2dOptions(1, 24, 3).padding(1).bias(bias), {3, 1, 9, 7}, true, Path::one_channel);
+    expect_same_as_torch(nn::Conv2dOptions(1, 40, 3).bias(bias), {2, 1, 5, 6}, true, Path::one_channel);
+    expect_same_as_torch(nn::Conv2dOptions(1, 8, 3).stride({2, 1}).padding({0, 2}).bias(bias), {2, 1, 8, 3}, true,
+                         Path::one_channel);
+    expect_same_as_torch(nn::Conv2dOptions(1, 16, 3).stride(3).padding(1).bias(bias), {1, 1, 1, 1}, true,
+                         Path::one_channel);
+  }
+  // The same layer in a contiguous model, other kernels and channel counts keep torch's kernels.
+  expect_same_as_torch(nn::Conv2dOptions(1, 32, 3).stride(2).padding(1), {4, 1, 28, 28}, false, Path::torch);
+  expect_same_as_torch(nn::Conv2dOptions(1, 32, 5).padding(2), {2, 1, 9, 9}, true, Path::torch);
+  expect_same_as_torch(nn::Conv2dOptions(1, 12, 3).padding(1), {2, 1, 9, 9}, true, Path::torch);
+  expect_same_as_torch(nn::Conv2dOptions(1, 32, 3).dilation(2).padding(2), {2, 1, 9, 9}, true, Path::torch);
+}
+
+TEST(Conv2d, OneInputChannelWithoutGradientsGivesTorchsOutput) {
+  torch::manual_seed(0);
+  fl::models::Conv2d ours(nn::Conv2dOptions(1, 32, 3).stride(2).padding(1));
+  fl::to_channels_last(*ours);
+  const auto x = fl::as_channels_last(torch::randn({6, 1, 28, 28}));
+  torch::NoGradGuard no_grad;
+  const auto y = ours->forward(x);
+  EXPECT_EQ(y.grad_fn(), nullptr);
+  EXPECT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast));
+  EXPECT_LT(relative_error(y, at::conv2d(x, ours->weight, ours->bias, 2, 1)), 1e-6);
+}
+
+TEST(Conv2d, OneInputChannelGradientsHaveTheSameBitsOnOneAndTwoThreads) {
+  const int threads_before = at::get_num_threads();
+  torch::manual_seed(0);
+  fl::models::Conv2d conv(nn::Conv2dOptions(1, 32, 3).stride(2).padding(1));
+  fl::to_channels_last(*conv);
+  const auto x = fl::as_channels_last(torch::randn({37, 1, 28, 28}));  // 37 images: a last chunk of rows cut short
+  const auto upstream = torch::randn({37, 32, 14, 14}).contiguous(at::MemoryFormat::ChannelsLast);
+  std::vector<Grads> results;
+  for (const int threads : {1, 2}) {
+    at::set_num_threads(threads);
+    results.push_back(run(conv, x, upstream));
+  }
+  at::set_num_threads(threads_before);
+  EXPECT_NE(results[0].grad_fn.find("OneChannelConvFunction"), std::string::npos) << results[0].grad_fn;
+  EXPECT_TRUE(torch::equal(results[0].output, results[1].output));
+  EXPECT_TRUE(torch::equal(results[0].weight, results[1].weight));
+  EXPECT_TRUE(torch::equal(results[0].bias, results[1].bias));
+}
+
+TEST(Conv2d, TheEnvironmentSwitchesTheOneChannelKernelsOffAndRefusesOtherValues) {
+  const auto options = nn::Conv2dOptions(1, 32, 3).stride(2).padding(1);
+  setenv("FASTLEARN_ONE_CHANNEL_CONV", "0", 1);
+  expect_same_as_torch(options, {2, 1, 12, 12}, true, Path::torch);
+  setenv("FASTLEARN_ONE_CHANNEL_CONV", "yes", 1);
+  fl::models::Conv2d conv(options);
+  fl::to_channels_last(*conv);
+  EXPECT_THROW(conv->forward(fl::as_channels_last(torch::randn({1, 1, 5, 5}))), fl::ConfigError);
+  unsetenv("FASTLEARN_ONE_CHANNEL_CONV");
+  expect_same_as_torch(options, {2, 1, 12, 12}, true, Path::one_channel);
+}
+
+TEST(Conv2d, OneChannelRuleTakesThreeByThreeKernelsWithAMultipleOfEightOutputsInChannelsLast) {
+  EXPECT_TRUE(fl::models::uses_one_channel_kernels(1, 32, 3, 3, true));
+  EXPECT_TRUE(fl::models::uses_one_channel_kernels(1, 8, 3, 3, true));
+  EXPECT_FALSE(fl::models::uses_one_channel_kernels(1, 32, 3, 3, false));  // a contiguous model
+  EXPECT_FALSE(fl::models::uses_one_channel_kernels(3, 32, 3, 3, true));   // RGB
+  EXPECT_FALSE(fl::models::uses_one_channel_kernels(1, 20, 3, 3, true));
+  EXPECT_FALSE(fl::models::uses_one_channel_kernels(1, 32, 5, 5, true));
 }
 
 TEST(Conv2d, UnderBfloat16AutocastItIsTorchsConvolution) {
