@@ -10,9 +10,11 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <cstdlib>
+#include <iostream>
 #include <thread>
 
 namespace fastlearn {
@@ -87,8 +89,29 @@ std::string text_of(const std::vector<std::uint8_t>& bytes) { return {bytes.begi
 
 }  // namespace
 
+WaitingNotices::WaitingNotices(std::chrono::milliseconds first)
+    : start_(std::chrono::steady_clock::now()), next_(start_ + first), interval_(first) {}
+
+bool WaitingNotices::due() {
+  const auto now = std::chrono::steady_clock::now();
+  if (interval_.count() <= 0 || now < next_) return false;
+  interval_ = std::min<std::chrono::milliseconds>(2 * interval_, std::chrono::minutes(5));
+  next_ = now + interval_;
+  return true;
+}
+
+long long WaitingNotices::seconds_waited() const {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start_).count();
+}
+
+std::chrono::milliseconds WaitingNotices::until_next(std::chrono::milliseconds cap) const {
+  if (interval_.count() <= 0) return cap;
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next_ - std::chrono::steady_clock::now());
+  return std::clamp(left, std::chrono::milliseconds(100), cap);
+}
+
 c10::intrusive_ptr<c10d::Store> rendezvous(const DistEnv& env, const InitMethod& method,
-                                           std::chrono::milliseconds timeout) {
+                                           std::chrono::milliseconds timeout, std::chrono::milliseconds notice_after) {
   if (method.kind == InitMethod::Kind::file) {
     try {
       return c10::make_intrusive<c10d::FileStore>(method.path, env.world_size);
@@ -149,9 +172,18 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const DistEnv& env, const InitMethod&
   // A client checks whose store it reached: a store still served by a previous run on this port (its rank 0
   // not gone yet) is left alone, and this rank tries again until its own run's store is up.
   std::string foreign, last_error;
+  WaitingNotices notices(notice_after);
   while (std::chrono::steady_clock::now() < deadline) {
+    if (notices.due()) {
+      std::cerr << fmt::format(
+                       "fastlearn: rank {} of {} waits for the rendezvous store at {}:{}, which rank 0 serves: no "
+                       "answer after {} s (the timeout is {} s). Check that rank 0 runs and that {} reaches it\n",
+                       env.rank, env.world_size, host, port, notices.seconds_waited(),
+                       std::chrono::duration_cast<std::chrono::seconds>(timeout).count(), where)
+                << std::flush;
+    }
     try {
-      options.timeout = remaining();
+      options.timeout = notices.until_next(remaining());  // back in time for the next notice
       auto store = c10::make_intrusive<c10d::TCPStore>(host, options);
       while (std::chrono::steady_clock::now() < deadline) {
         if (store->check({kRunKeyName})) {

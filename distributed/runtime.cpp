@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <iostream>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -113,16 +114,29 @@ void bind_local_gpu([[maybe_unused]] const DistEnv& env) {
 }
 
 // Every rank checks in at the store before the backend connects them, so that a WORLD_SIZE larger than the
-// ranks started is named as such (the backend's own wait would only say that some key never came).
-void wait_for_every_rank(c10d::Store& store, const DistEnv& env, std::chrono::milliseconds timeout) {
+// ranks started is named as such (the backend's own wait would only say that some key never came), and says
+// while it waits how many have come: a rank started with a stale WORLD_SIZE or RANK otherwise waits in
+// silence until the timeout, 30 minutes by default.
+void wait_for_every_rank(c10d::Store& store, const DistEnv& env, std::chrono::milliseconds timeout,
+                         std::chrono::milliseconds notice_after) {
   const std::string key = "fastlearn/joined";
   std::int64_t joined = 0;
   try {
     joined = store.add(key, 1);
     const auto until = std::chrono::steady_clock::now() + timeout;
+    WaitingNotices notices(notice_after);
     while (joined < env.world_size && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       joined = store.add(key, 0);
+      if (joined < env.world_size && notices.due()) {
+        std::cerr << fmt::format(
+                         "fastlearn: rank {} waits at the rendezvous {}:{}: {} of WORLD_SIZE={} ranks have joined "
+                         "after {} s (the timeout is {} s). Start the missing ranks with the same MASTER_ADDR and "
+                         "MASTER_PORT, or set WORLD_SIZE to the number you start\n",
+                         env.rank, env.master_addr, env.master_port, joined, env.world_size, notices.seconds_waited(),
+                         std::chrono::duration_cast<std::chrono::seconds>(timeout).count())
+                  << std::flush;
+      }
     }
   } catch (const std::exception& e) {
     // Rank 0 serves the store: it gave up waiting (or died) before every rank of WORLD_SIZE came.
@@ -176,8 +190,8 @@ void setup_distrib(const SetupOptions& options) {
   }
   if (s->kind == BackendKind::nccl) bind_local_gpu(s->env);
   s->debug = options.debug.value_or(env_debug());
-  s->store = rendezvous(s->env, parse_init_method(options.init_method), options.timeout);
-  wait_for_every_rank(*s->store, s->env, options.timeout);
+  s->store = rendezvous(s->env, parse_init_method(options.init_method), options.timeout, options.waiting_notice_after);
+  wait_for_every_rank(*s->store, s->env, options.timeout, options.waiting_notice_after);
   auto world_store = c10::make_intrusive<c10d::PrefixStore>("world/", s->store);
   auto backend = make_backend(s->kind, world_store, s->env.rank, s->env.world_size, backend_options(*s));
   std::vector<int> ranks(static_cast<std::size_t>(s->env.world_size));

@@ -28,13 +28,16 @@ struct SetupOptions {
   /// rank's GPU), else Gloo.
   std::optional<BackendKind> backend;
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  ///< rendezvous and every collective
-  EnvOptions env;                                                ///< overrides of the environment
+  EnvOptions env;             ///< overrides of the environment
   std::optional<bool> debug;  ///< check every collective's op, shape and dtype across ranks; default:
                               ///< FASTLEARN_DISTRIBUTED_DEBUG=1 or TORCH_DISTRIBUTED_DEBUG=DETAIL
   int gloo_threads = 2;
   /// Gloo with every rank on this host (LOCAL_WORLD_SIZE == WORLD_SIZE): CPU all_reduce, broadcast and
   /// barrier go through shared memory instead of loopback TCP. Default: on, unless FASTLEARN_SHARED_MEMORY=0.
   std::optional<bool> shared_memory;
+  /// While ranks are missing at the rendezvous, each waiting rank says on stderr how many have joined, first after
+  /// this long, then at twice the previous interval (up to 5 minutes); 0: never.
+  std::chrono::milliseconds waiting_notice_after = std::chrono::seconds(10);
 };
 
 /// Sets up the world process group; DistributedError when it is already set up, the environment is

@@ -16,6 +16,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -262,6 +263,53 @@ TEST(RuntimeInit, MasterPortInUseIsAClearError) {
   EXPECT_NE(msg.find(fmt::format("cannot listen on 127.0.0.1:{}", port)), std::string::npos) << msg;
   EXPECT_NE(msg.find("Address already in use"), std::string::npos) << msg;
   EXPECT_FALSE(fl::is_initialized());
+}
+
+// A rank that waits for missing ranks, or for rank 0's store, says so while it waits, and still fails with the
+// same error at the timeout.
+TEST(RuntimeInit, ARankWaitingForMissingRanksSaysSoBeforeTheTimeout) {
+  const int port = flt::free_tcp_port();
+  testing::internal::CaptureStderr();
+  const auto msg = message_of([&] {
+    fl::setup_distrib({.timeout = std::chrono::milliseconds(2500),
+                       .env = {.rank = 0, .world_size = 2, .master_port = port, .master_addr = "127.0.0.1"},
+                       .waiting_notice_after = std::chrono::milliseconds(400)});
+  });
+  const auto said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(msg.find("only 1 of WORLD_SIZE=2 ranks joined"), std::string::npos) << msg;
+  EXPECT_NE(said.find(fmt::format("rank 0 waits at the rendezvous 127.0.0.1:{}: 1 of WORLD_SIZE=2 ranks have joined "
+                                  "after 0 s (the timeout is 2 s)",
+                                  port)),
+            std::string::npos)
+      << said;
+  // 0.4 s, then 0.8 s later (1.2 s), then 1.6 s later (2.8 s: past the timeout): two notices.
+  EXPECT_EQ(std::count(said.begin(), said.end(), '\n'), 2) << said;
+  EXPECT_FALSE(fl::is_initialized());
+}
+
+TEST(RuntimeInit, ARankWaitingForRankZerosStoreSaysSoBeforeTheTimeout) {
+  const int port = flt::free_tcp_port();  // nobody listens there: rank 0 never started
+  testing::internal::CaptureStderr();
+  const auto msg = message_of([&] {
+    fl::setup_distrib({.timeout = std::chrono::milliseconds(2500),
+                       .env = {.rank = 1, .world_size = 2, .master_port = port, .master_addr = "127.0.0.1"},
+                       .waiting_notice_after = std::chrono::milliseconds(400)});
+  });
+  const auto said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(msg.find("rendezvous with the store"), std::string::npos) << msg;
+  EXPECT_NE(said.find(fmt::format("rank 1 of 2 waits for the rendezvous store at 127.0.0.1:{}, which rank 0 serves: "
+                                  "no answer after 0 s",
+                                  port)),
+            std::string::npos)
+      << said;
+  // Off: no notice at all.
+  testing::internal::CaptureStderr();
+  message_of([&] {
+    fl::setup_distrib({.timeout = std::chrono::milliseconds(1000),
+                       .env = {.rank = 1, .world_size = 2, .master_port = port, .master_addr = "127.0.0.1"},
+                       .waiting_notice_after = std::chrono::milliseconds(0)});
+  });
+  EXPECT_EQ(testing::internal::GetCapturedStderr().find("waits for"), std::string::npos);
 }
 
 // `setups` setups of 2 ranks in a row, each checked by an all-reduce that only its own ranks can complete;
