@@ -28,7 +28,7 @@ struct SetupOptions {
   /// rank's GPU), else Gloo.
   std::optional<BackendKind> backend;
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  ///< rendezvous and every collective
-  EnvOptions env;             ///< overrides of the environment
+  EnvOptions env;                                                ///< overrides of the environment
   std::optional<bool> debug;  ///< check every collective's op, shape and dtype across ranks; default:
                               ///< FASTLEARN_DISTRIBUTED_DEBUG=1 or TORCH_DISTRIBUTED_DEBUG=DETAIL
   int gloo_threads = 2;
