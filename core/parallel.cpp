@@ -24,13 +24,17 @@ struct OpenMpRuntime {
   bool found() const { return parallel != nullptr && thread_num != nullptr && num_threads != nullptr; }
 };
 
+// LibTorch's libgomp is loaded already (libtorch_cpu needs it): take the symbols from that library by its
+// soname, so that another OpenMP runtime earlier in the global lookup order cannot answer instead.
 const OpenMpRuntime& openmp() {
   static const OpenMpRuntime runtime = [] {
     OpenMpRuntime r;
 #if AT_PARALLEL_OPENMP
-    r.parallel = reinterpret_cast<decltype(r.parallel)>(dlsym(RTLD_DEFAULT, "GOMP_parallel"));
-    r.thread_num = reinterpret_cast<decltype(r.thread_num)>(dlsym(RTLD_DEFAULT, "omp_get_thread_num"));
-    r.num_threads = reinterpret_cast<decltype(r.num_threads)>(dlsym(RTLD_DEFAULT, "omp_get_num_threads"));
+    void* library = dlopen("libgomp.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    void* from = library != nullptr ? library : RTLD_DEFAULT;
+    r.parallel = reinterpret_cast<decltype(r.parallel)>(dlsym(from, "GOMP_parallel"));
+    r.thread_num = reinterpret_cast<decltype(r.thread_num)>(dlsym(from, "omp_get_thread_num"));
+    r.num_threads = reinterpret_cast<decltype(r.num_threads)>(dlsym(from, "omp_get_num_threads"));
 #endif
     return r;
   }();
@@ -39,20 +43,23 @@ const OpenMpRuntime& openmp() {
 
 struct Job {
   const std::function<void(std::int64_t, std::int64_t)>* body;
-  std::int64_t begin, end;
+  std::int64_t begin, end, grain;
   std::atomic_flag failed = ATOMIC_FLAG_INIT;
   std::exception_ptr error;
 };
 
-// One thread's share of a Job: the team splits the range evenly by thread number.
+// One thread's share of a Job. The team is always the default size (a team whose size changes from call to call
+// makes libgomp let its threads go and start new ones), and the threads beyond the ranges the grain allows
+// have nothing to do.
 void run_share(void* data) {
   auto& job = *static_cast<Job*>(data);
-  const std::int64_t thread = openmp().thread_num(), threads = openmp().num_threads();
   const auto size = job.end - job.begin;
-  const auto first = job.begin + size * thread / threads, last = job.begin + size * (thread + 1) / threads;
-  if (first >= last) return;
+  const std::int64_t shares = std::min<std::int64_t>(openmp().num_threads(), (size + job.grain - 1) / job.grain);
+  const std::int64_t share = openmp().thread_num();
+  if (share >= shares) return;
+  const auto first = job.begin + size * share / shares, last = job.begin + size * (share + 1) / shares;
   try {
-    const at::internal::ThreadIdGuard thread_id(static_cast<int>(thread));
+    const at::internal::ThreadIdGuard thread_id(static_cast<int>(share));
     const c10::ParallelGuard in_parallel(true);
     (*job.body)(first, last);
   } catch (...) {
@@ -66,19 +73,20 @@ void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain,
                   const std::function<void(std::int64_t, std::int64_t)>& body) {
   if (begin >= end) return;
   at::internal::lazy_init_num_threads();
-  const auto size = end - begin;
   grain = std::max<std::int64_t>(grain, 1);
-  const auto threads = std::min<std::int64_t>(at::get_num_threads(), (size + grain - 1) / grain);
-  if (threads <= 1 || at::in_parallel_region() || !openmp().found()) {
-#if !AT_PARALLEL_OPENMP
-    if (threads > 1 && !at::in_parallel_region()) return at::parallel_for(begin, end, grain, body);
-#endif
-    const c10::ParallelGuard in_parallel(true);
-    return body(begin, end);
+  const bool parallel = end - begin > grain && at::get_num_threads() > 1 && !at::in_parallel_region();
+  if (parallel && openmp().found()) {
+    Job job{.body = &body, .begin = begin, .end = end, .grain = grain};
+    openmp().parallel(&run_share, &job, 0, 0);  // 0: the team of at::get_num_threads() threads
+    if (job.error) std::rethrow_exception(job.error);
+    return;
   }
-  Job job{.body = &body, .begin = begin, .end = end};
-  openmp().parallel(&run_share, &job, static_cast<unsigned>(threads), 0);
-  if (job.error) std::rethrow_exception(job.error);
+#if !AT_PARALLEL_OPENMP
+  if (parallel) return at::parallel_for(begin, end, grain, body);
+#endif
+  const at::internal::ThreadIdGuard thread_id(0);
+  const c10::ParallelGuard in_parallel(true);
+  body(begin, end);
 }
 
 }  // namespace fastlearn

@@ -7,11 +7,11 @@
 
 namespace fastlearn {
 
-/// Calls body(first, last) on contiguous ranges that cover [begin, end), at most one range per thread of
-/// at::get_num_threads() and none shorter than `grain` items (except the last), in parallel on LibTorch's OpenMP
-/// team, as at::parallel_for runs inside LibTorch. It runs the whole range on the calling thread when the range
-/// is at most `grain` items, when there is one thread, or when called inside a parallel region. The first
-/// exception a range throws is rethrown once every range has ended.
+/// Calls body(first, last) on contiguous ranges that cover [begin, end), in parallel on LibTorch's OpenMP team,
+/// as at::parallel_for runs inside LibTorch: at most one range per thread of at::get_num_threads() and at most
+/// ceil((end - begin) / grain) ranges, of sizes that differ by at most one. It runs the whole range on the
+/// calling thread when the range is at most `grain` items, when there is one thread, or when called inside a
+/// parallel region. The first exception a range throws is rethrown once every range has ended.
 void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain,
                   const std::function<void(std::int64_t, std::int64_t)>& body);
 

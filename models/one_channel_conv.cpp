@@ -7,8 +7,8 @@ namespace {
 // Eight floats: one AVX2 register, half an AVX-512 one. Unaligned loads and stores (aligned(4)).
 typedef float Vec8 __attribute__((vector_size(32), aligned(4)));
 
-Vec8 load(const float* p) { return *reinterpret_cast<const Vec8*>(p); }
-void store(float* p, Vec8 v) { *reinterpret_cast<Vec8*>(p) = v; }
+[[gnu::always_inline]] inline Vec8 load(const float* p) { return *reinterpret_cast<const Vec8*>(p); }
+[[gnu::always_inline]] inline void store(float* p, Vec8 v) { *reinterpret_cast<Vec8*>(p) = v; }
 
 constexpr int kTaps = 9;
 
@@ -132,24 +132,34 @@ Isa best_isa() {
   }();
   return isa;
 }
+
+// The variant asked for, if this CPU runs it; else the next narrower one.
+Isa pick(KernelIsa asked) {
+  const Isa widest = best_isa();
+  if (asked == KernelIsa::baseline || widest == Isa::baseline) return Isa::baseline;
+  return asked == KernelIsa::avx2 ? Isa::avx2 : widest;
+}
 #endif
 
 }  // namespace
 
 void one_channel_conv_forward(const OneChannelConv& c, const float* padded_input, const float* weight_taps,
-                              const float* bias, float* out, std::int64_t first, std::int64_t last) {
+                              const float* bias, float* out, std::int64_t first, std::int64_t last,
+                              [[maybe_unused]] KernelIsa isa) {
 #ifdef FASTLEARN_X86_VARIANTS
-  if (best_isa() == Isa::avx512) return forward_avx512(c, padded_input, weight_taps, bias, out, first, last);
-  if (best_isa() == Isa::avx2) return forward_avx2(c, padded_input, weight_taps, bias, out, first, last);
+  const auto chosen = pick(isa);
+  if (chosen == Isa::avx512) return forward_avx512(c, padded_input, weight_taps, bias, out, first, last);
+  if (chosen == Isa::avx2) return forward_avx2(c, padded_input, weight_taps, bias, out, first, last);
 #endif
   forward_rows<1>(c, padded_input, weight_taps, bias, out, first, last);
 }
 
 void one_channel_conv_weight_grad(const OneChannelConv& c, const float* padded_input, const float* grad_output,
-                                  float* sums, std::int64_t first, std::int64_t last) {
+                                  float* sums, std::int64_t first, std::int64_t last, [[maybe_unused]] KernelIsa isa) {
 #ifdef FASTLEARN_X86_VARIANTS
-  if (best_isa() == Isa::avx512) return weight_grad_avx512(c, padded_input, grad_output, sums, first, last);
-  if (best_isa() == Isa::avx2) return weight_grad_avx2(c, padded_input, grad_output, sums, first, last);
+  const auto chosen = pick(isa);
+  if (chosen == Isa::avx512) return weight_grad_avx512(c, padded_input, grad_output, sums, first, last);
+  if (chosen == Isa::avx2) return weight_grad_avx2(c, padded_input, grad_output, sums, first, last);
 #endif
   weight_grad_rows<1>(c, padded_input, grad_output, sums, first, last);
 }

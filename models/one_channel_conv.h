@@ -16,14 +16,20 @@ struct OneChannelConv {
   std::int64_t stride_h = 1, stride_w = 1;
 };
 
+/// The instruction set the kernels run: the widest this CPU has (AVX-512, AVX2, or plain code), or a narrower
+/// one where the CPU runs it (the tests compare the variants on one machine).
+enum class KernelIsa { widest, avx2, baseline };
+
 /// Output rows [first, last) (row r: image r / out_height, output row r % out_height):
 /// out = bias + the nine taps in kernel order (bias may be null).
 void one_channel_conv_forward(const OneChannelConv& c, const float* padded_input, const float* weight_taps,
-                              const float* bias, float* out, std::int64_t first, std::int64_t last);
+                              const float* bias, float* out, std::int64_t first, std::int64_t last,
+                              KernelIsa isa = KernelIsa::widest);
 
 /// The weight gradient (3, 3, out_channels) of output rows [first, last), then the bias gradient (out_channels),
 /// written (not added) to `sums`: 10 * out_channels floats. Each sum runs over the rows in order.
 void one_channel_conv_weight_grad(const OneChannelConv& c, const float* padded_input, const float* grad_output,
-                                  float* sums, std::int64_t first, std::int64_t last);
+                                  float* sums, std::int64_t first, std::int64_t last,
+                                  KernelIsa isa = KernelIsa::widest);
 
 }  // namespace fastlearn::models

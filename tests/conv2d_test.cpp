@@ -8,6 +8,7 @@
 #include <fastlearn/models/conv2d.h>
 #include <fastlearn/models/memory_format.h>
 #include <fastlearn/models/models.h>
+#include <fastlearn/models/one_channel_conv.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -210,6 +211,127 @@ TEST(Conv2d, OneChannelRuleTakesThreeByThreeKernelsWithAMultipleOfEightOutputsIn
   EXPECT_FALSE(fl::models::uses_one_channel_kernels(3, 32, 3, 3, true));   // RGB
   EXPECT_FALSE(fl::models::uses_one_channel_kernels(1, 20, 3, 3, true));
   EXPECT_FALSE(fl::models::uses_one_channel_kernels(1, 32, 5, 5, true));
+}
+
+// A channels-last 1 -> 32 layer and a torch::nn::Conv2d with the same weights, for the cases below.
+struct OneChannelPair {
+  fl::models::Conv2d ours{nn::Conv2dOptions(1, 32, 3).stride(2).padding(1)};
+  nn::Conv2d reference{nn::Conv2dOptions(1, 32, 3).stride(2).padding(1)};
+  OneChannelPair() {
+    torch::NoGradGuard no_grad;
+    reference->weight.copy_(ours->weight);
+    reference->bias.copy_(ours->bias);
+    fl::to_channels_last(*ours);
+    fl::to_channels_last(*reference);
+  }
+};
+
+TEST(Conv2d, OneInputChannelHandlesEmptyBatchesStridedViewsAndPartialGradients) {
+  torch::manual_seed(0);
+  OneChannelPair pair;
+  // An empty batch, and a strided view of a larger batch.
+  const auto big = torch::randn({4, 1, 56, 57});
+  for (const auto& x : {torch::randn({0, 1, 28, 28}), big.slice(2, 0, std::nullopt, 2).slice(3, 1, std::nullopt, 2)}) {
+    const auto upstream = torch::randn({x.size(0), 32, 14, 14});
+    const auto a = run(pair.ours, x, upstream), b = run(pair.reference, x, upstream);
+    EXPECT_NE(a.grad_fn.find("OneChannelConvFunction"), std::string::npos) << a.grad_fn;
+    EXPECT_EQ(a.output.sizes(), b.output.sizes());
+    EXPECT_TRUE(torch::allclose(a.output, b.output, 1e-5, 1e-5));
+    EXPECT_TRUE(torch::allclose(a.weight, b.weight, 1e-4, 1e-3));  // sums over the batch: zeros for none
+    EXPECT_TRUE(torch::allclose(a.bias, b.bias, 1e-4, 1e-3));
+  }
+  // Only the input needs a gradient (a frozen layer), or only the bias.
+  const auto x = fl::as_channels_last(torch::randn({3, 1, 28, 28}));
+  pair.ours->zero_grad();
+  pair.reference->zero_grad();
+  pair.ours->weight.requires_grad_(false);
+  pair.ours->bias.requires_grad_(false);
+  auto input = x.clone().requires_grad_(true);
+  pair.ours->forward(input).sum().backward();
+  auto reference_input = x.clone().requires_grad_(true);
+  pair.reference->forward(reference_input).sum().backward();
+  EXPECT_LT(relative_error(input.grad(), reference_input.grad()), 1e-6);
+  EXPECT_FALSE(pair.ours->weight.grad().defined());
+  pair.ours->bias.requires_grad_(true);
+  pair.reference->zero_grad();
+  pair.ours->forward(x).sum().backward();
+  pair.reference->forward(x).sum().backward();
+  EXPECT_LT(relative_error(pair.ours->bias.grad(), pair.reference->bias.grad()), 1e-5);
+  EXPECT_FALSE(pair.ours->weight.grad().defined());
+  // Inference mode: the kernels' forward, no graph.
+  pair.ours->weight.requires_grad_(true);
+  const c10::InferenceMode inference;
+  EXPECT_LT(relative_error(pair.ours->forward(x), pair.reference->forward(x)), 1e-6);
+}
+
+TEST(Conv2d, OneInputChannelSecondDerivativesAreTorchs) {
+  // A gradient penalty: the weight gradient made with create_graph and differentiated again.
+  torch::manual_seed(0);
+  OneChannelPair pair;
+  const auto x = fl::as_channels_last(torch::randn({3, 1, 12, 12}));
+  std::vector<at::Tensor> second;
+  for (auto* conv : {static_cast<nn::Module*>(pair.ours.get()), static_cast<nn::Module*>(pair.reference.get())}) {
+    auto weight = conv->named_parameters()["weight"];
+    const auto y = conv == pair.ours.get() ? pair.ours->forward(x) : pair.reference->forward(x);
+    const auto grad = torch::autograd::grad({y.pow(2).sum()}, {weight}, {}, true, true)[0];
+    weight.mutable_grad() = at::Tensor();
+    grad.pow(2).sum().backward();
+    second.push_back(weight.grad().clone());
+  }
+  EXPECT_LT(relative_error(second[0], second[1]), 1e-4);
+}
+
+TEST(Conv2d, OneInputChannelRefusesWhatTorchRefuses) {
+  // A channels-last 3-channel layer given grey images, a zero stride: torch's errors, not the kernels' numbers.
+  torch::manual_seed(0);
+  fl::models::Conv2d rgb(nn::Conv2dOptions(3, 32, 3).padding(1));
+  fl::to_channels_last(*rgb);
+  EXPECT_THROW(rgb->forward(torch::randn({2, 1, 8, 8})), c10::Error);
+  fl::models::Conv2d zero_stride(nn::Conv2dOptions(1, 32, 3).stride(0));
+  fl::to_channels_last(*zero_stride);
+  EXPECT_THROW(zero_stride->forward(torch::randn({2, 1, 8, 8})), c10::Error);
+}
+
+TEST(Conv2d, OneChannelKernelsOfEveryInstructionSetAgree) {
+  // The AVX-512, AVX2 and plain variants (where this CPU runs them) on the same images: 40 output channels
+  // leave a tail after every variant's widest block.
+  torch::manual_seed(0);
+  const std::int64_t images = 3, out_channels = 40;
+  const auto padded = torch::randn({images, 11, 10});  // 9x8 images with a border of 1
+  const auto taps = torch::randn({3, 3, out_channels});
+  const auto bias = torch::randn({out_channels});
+  const fl::models::OneChannelConv c{.padded_height = 11,
+                                     .padded_width = 10,
+                                     .out_height = 5,
+                                     .out_width = 4,
+                                     .out_channels = 40,
+                                     .stride_h = 2,
+                                     .stride_w = 2};
+  const auto grad = torch::randn({images, c.out_height, c.out_width, out_channels});
+  std::vector<at::Tensor> outs, sums;
+  for (const auto isa : {fl::models::KernelIsa::widest, fl::models::KernelIsa::avx2, fl::models::KernelIsa::baseline}) {
+    auto out = torch::empty({images, c.out_height, c.out_width, out_channels});
+    auto sum = torch::empty({10 * out_channels});
+    fl::models::one_channel_conv_forward(c, padded.data_ptr<float>(), taps.data_ptr<float>(), bias.data_ptr<float>(),
+                                         out.data_ptr<float>(), 0, images * c.out_height, isa);
+    fl::models::one_channel_conv_weight_grad(c, padded.data_ptr<float>(), grad.data_ptr<float>(), sum.data_ptr<float>(),
+                                             0, images * c.out_height, isa);
+    outs.push_back(out);
+    sums.push_back(sum);
+  }
+  const auto weight = taps.permute({2, 0, 1}).unsqueeze(1);  // (O, 1, 3, 3)
+  const auto expected = at::conv2d(padded.unsqueeze(1), weight, bias, 2).permute({0, 2, 3, 1});
+  const auto expected_weight_grad =
+      std::get<1>(at::convolution_backward(grad.permute({0, 3, 1, 2}), padded.unsqueeze(1), weight, std::nullopt,
+                                           {2, 2}, {0, 0}, {1, 1}, false, {0, 0}, 1, {false, true, false}));
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_LT(relative_error(outs[i], expected), 1e-6);
+    EXPECT_LT(relative_error(sums[i].narrow(0, 0, 9 * out_channels).view({3, 3, out_channels}),
+                             expected_weight_grad.squeeze(1).permute({1, 2, 0})),
+              1e-5);
+    EXPECT_LT(relative_error(sums[i].narrow(0, 9 * out_channels, out_channels), grad.sum({0, 1, 2})), 1e-5);
+  }
 }
 
 TEST(Conv2d, UnderBfloat16AutocastItIsTorchsConvolution) {

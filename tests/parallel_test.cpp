@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -33,8 +35,17 @@ TEST(ParallelFor, CoversTheRangeOnceWithRangesNoShorterThanTheGrain) {
     });
     for (const auto& count : seen) EXPECT_EQ(count, 1) << grain;
     EXPECT_EQ(ranges.size(), grain >= 100 ? 1U : 2U) << grain;
-    for (const auto& [first, last] : ranges) EXPECT_GE(last - first, std::min<std::int64_t>(grain, 50)) << grain;
+    for (const auto& [first, last] : ranges) EXPECT_EQ(last - first, grain >= 100 ? 100 : 50) << grain;
   }
+  // 9 items, grain 8: at most ceil(9 / 8) = 2 ranges, of sizes that differ by at most one.
+  std::vector<std::int64_t> sizes;
+  std::mutex m;
+  fastlearn::parallel_for(0, 9, 8, [&](std::int64_t first, std::int64_t last) {
+    const std::lock_guard lock(m);
+    sizes.push_back(last - first);
+  });
+  std::sort(sizes.begin(), sizes.end());
+  EXPECT_EQ(sizes, (std::vector<std::int64_t>{4, 5}));
   bool called = false;
   fastlearn::parallel_for(5, 5, 1, [&](std::int64_t, std::int64_t) { called = true; });
   EXPECT_FALSE(called);
@@ -62,6 +73,17 @@ TEST(ParallelFor, RunsOnTwoThreadsAndSaysItIsInAParallelRegion) {
   EXPECT_EQ(thread_numbers, (std::set<int>{0, 1}));
   EXPECT_EQ(nested_ranges, 2);
   EXPECT_FALSE(at::in_parallel_region());
+}
+
+TEST(ParallelFor, WorksFromAThreadOtherThanMain) {
+  const ThreadCount two(2);
+  std::atomic<std::int64_t> sum{0};
+  std::thread([&] {
+    fastlearn::parallel_for(0, 1000, 10, [&](std::int64_t first, std::int64_t last) {
+      for (auto i = first; i < last; ++i) sum += i;
+    });
+  }).join();
+  EXPECT_EQ(sum, 499500);
 }
 
 TEST(ParallelFor, OneThreadRunsTheWholeRangeOnTheCaller) {
