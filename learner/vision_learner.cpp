@@ -8,6 +8,14 @@
 
 namespace fastlearn {
 
+std::int64_t image_channels(const DataLoaders& dls) {
+  const auto& items = dls.train().dataset();
+  if (items.size() == 0) return 3;
+  const auto item = items.get(0);
+  if (item.inputs.empty() || item.inputs[0].dim() != 3) return 3;
+  return item.inputs[0].size(0);
+}
+
 std::unique_ptr<Learner> vision_learner(DataLoaders dls, const VisionLearnerOptions& options,
                                         LearnerOptions learner_options) {
   if (dls.c() < 1) throw ConfigError("vision_learner: the data has no classes");
@@ -15,7 +23,8 @@ std::unique_ptr<Learner> vision_learner(DataLoaders dls, const VisionLearnerOpti
                                      .classes = dls.c(),
                                      .weights = options.weights,
                                      .hidden = options.hidden,
-                                     .dropout = options.dropout});
+                                     .dropout = options.dropout,
+                                     .in_channels = options.in_channels.value_or(image_channels(dls))});
   if (options.channels_last) to_channels_last(*model);
   if (!learner_options.splitter) learner_options.splitter = models::body_head_split;
   const bool multi_label = dls.multi_label();

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace fastlearn {
@@ -19,7 +20,14 @@ struct VisionLearnerOptions {
   /// The model in channels-last memory format (models/memory_format.h): the same values, faster
   /// convolutions (bench vision_fine_tune). The batches need no conversion: the first convolution does it.
   bool channels_last = true;
+  /// Channels of the images (grey: 1). Default: image_channels(dls). Pretrained weights for another count
+  /// than 3 are adapted as fastai adapts them (models::first_layer_weights).
+  std::optional<std::int64_t> in_channels;
 };
+
+/// The channels of the training set's images: the first dimension of its first item's input (C, H, W); 3 when
+/// the set is empty or its items are not images.
+std::int64_t image_channels(const DataLoaders& dls);
 
 /// A Learner over vision_model for `dls` (which must name its classes). `learner_options.splitter`, when
 /// empty, becomes body_head_split.

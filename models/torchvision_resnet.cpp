@@ -83,7 +83,11 @@ TorchvisionResNetImpl::TorchvisionResNetImpl(const TorchvisionResNetOptions& opt
       throw ConfigError(fmt::format("models: torchvision ResNet depth {} is not one of 18, 34, 50", options.depth));
   }
   if (options.classes < 1) throw ConfigError(fmt::format("models: {} classes; need at least 1", options.classes));
-  conv1_ = register_module("conv1", Conv2d(nn::Conv2dOptions(3, 64, 7).stride(2).padding(3).bias(false)));
+  if (options.in_channels < 1) {
+    throw ConfigError(fmt::format("models: {} input channels; need at least 1", options.in_channels));
+  }
+  conv1_ =
+      register_module("conv1", Conv2d(nn::Conv2dOptions(options.in_channels, 64, 7).stride(2).padding(3).bias(false)));
   register_module("bn1", nn::BatchNorm2d(64));
   std::int64_t in = 64;
   for (int stage = 0; stage < 4; ++stage) {

@@ -20,13 +20,14 @@ struct TorchvisionResNetOptions {
   std::int64_t classes = 1000;  ///< outputs of fc
   /// false: no avgpool and fc; forward returns the body's feature maps (a body for vision_model's head).
   bool head = true;
+  std::int64_t in_channels = 3;  ///< channels of the images conv1 takes (torchvision's: 3)
 };
 
 class TorchvisionResNetImpl : public torch::nn::Module {
  public:
   explicit TorchvisionResNetImpl(const TorchvisionResNetOptions& options = {});
 
-  /// Logits (N, classes) of images (N, 3, H, W), any H, W >= 32; without the head, features(x).
+  /// Logits (N, classes) of images (N, in_channels, H, W), any H, W >= 32; without the head, features(x).
   at::Tensor forward(const at::Tensor& x);
   /// The body's output, before pooling: (N, features(), H/32, W/32).
   at::Tensor features(const at::Tensor& x);

@@ -6,20 +6,44 @@
 #include <fastlearn/models/torchvision_resnet.h>
 #include <fastlearn/models/weights.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 namespace fastlearn::models {
 
 namespace nn = torch::nn;
 
+at::Tensor first_layer_weights(const at::Tensor& rgb, std::int64_t channels) {
+  if (rgb.dim() != 4 || rgb.size(1) != 3 || channels < 1) {
+    throw ConfigError(
+        fmt::format("first_layer_weights: needs (O, 3, kh, kw) weights and a positive channel count, "
+                    "got {} and {}",
+                    fmt::join(rgb.sizes(), "x"), channels));
+  }
+  if (channels == 1) return rgb.sum(1, /*keepdim=*/true);
+  if (channels == 2) return rgb.narrow(1, 0, 2) * 1.5;
+  if (channels == 3) return rgb.clone();
+  auto adapted = at::zeros({rgb.size(0), channels, rgb.size(2), rgb.size(3)}, rgb.options());
+  adapted.narrow(1, 0, 3).copy_(rgb);
+  return adapted;
+}
+
 nn::Sequential vision_model(const VisionModelOptions& options) {
   if (options.classes < 1 || options.hidden < 1 || options.dropout < 0 || options.dropout >= 1) {
     throw ConfigError(fmt::format("vision_model: classes {} and hidden {} must be positive, dropout {} in [0, 1)",
                                   options.classes, options.hidden, options.dropout));
   }
-  TorchvisionResNet body(TorchvisionResNetOptions{.depth = torchvision_resnet_depth(options.arch), .head = false});
+  TorchvisionResNet body(TorchvisionResNetOptions{
+      .depth = torchvision_resnet_depth(options.arch), .head = false, .in_channels = options.in_channels});
   if (!options.weights.empty()) {
-    const auto content = load_safetensors(options.weights);
+    auto content = load_safetensors(options.weights);
+    if (options.in_channels != 3) {
+      for (auto& [name, tensor] : content.tensors) {
+        if (name == "conv1.weight" && tensor.dim() == 4 && tensor.size(1) == 3) {
+          tensor = first_layer_weights(tensor, options.in_channels);
+        }
+      }
+    }
     copy_weights(match_weights(*body, content.tensors, options.weights.string(), {.ignore_prefixes = {"fc."}}));
   }
   const auto features = 2 * body->feature_channels();  // max and average pooling side by side

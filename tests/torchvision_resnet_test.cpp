@@ -7,13 +7,16 @@
 #include <fastlearn/distributed/sync_batch_norm.h>
 #include <fastlearn/learner/vision_learner.h>
 #include <fastlearn/models/torchvision_resnet.h>
+#include <fastlearn/models/vision_model.h>
 #include <fastlearn/models/weights.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
+#include <map>
 
 #include "support/message_of.h"
 #include "support/python_data.h"
@@ -148,4 +151,46 @@ TEST_F(TorchvisionOracle, VisionLearnerLoadsTheBodyFreezesItAndFineTunes) {
   learn->fine_tune(1);
   EXPECT_TRUE(find("0.conv1.weight").requires_grad()) << "fine_tune unfreezes";
   EXPECT_FALSE(torch::equal(find("0.conv1.weight"), *file.find("conv1.weight"))) << "and trains the body";
+}
+
+// Grey images and pretrained RGB weights: the first convolution adapted as fastai's vision_learner adapts it.
+TEST_F(TorchvisionOracle, OtherChannelCountsAdaptTheFirstConvolutionAsFastaiDoes) {
+  const auto weights = dir_ / "resnet18.safetensors";
+  const auto rgb = *fl::load_safetensors(weights).find("conv1.weight");
+  const auto conv1 = [](const torch::nn::Sequential& model) { return model->named_parameters()["0.conv1.weight"]; };
+  std::map<std::int64_t, torch::nn::Sequential> models;
+  for (const std::int64_t channels : {1, 2, 3, 4}) {
+    torch::manual_seed(0);  // the same head for each
+    models[channels] = fl::models::vision_model({.classes = 3, .weights = weights, .in_channels = channels});
+    models[channels]->eval();
+    EXPECT_EQ(conv1(models[channels]).size(1), channels);
+  }
+  EXPECT_TRUE(torch::equal(conv1(models[1]), rgb.sum(1, true)));
+  EXPECT_TRUE(torch::equal(conv1(models[2]), rgb.narrow(1, 0, 2) * 1.5));
+  EXPECT_TRUE(torch::equal(conv1(models[3]), rgb));
+  EXPECT_TRUE(torch::equal(conv1(models[4]).narrow(1, 0, 3), rgb));
+  EXPECT_EQ(conv1(models[4]).narrow(1, 3, 1).abs().sum().item<float>(), 0.0f);
+  // A grey image gives the features the RGB body gives for that grey in R, G and B (the heads differ: their
+  // initial draws come after conv1's, which have another size).
+  torch::NoGradGuard no_grad;
+  const auto grey = torch::rand({2, 1, 64, 64});
+  const auto body = [&](std::int64_t channels) { return models[channels][0]->as<fl::models::TorchvisionResNetImpl>(); };
+  const auto a = body(1)->forward(grey), b = body(3)->forward(grey.expand({2, 3, 64, 64}).contiguous());
+  EXPECT_LT((a - b).abs().max().item<double>(), 1e-4 * (1 + b.abs().max().item<double>()));
+  EXPECT_THROW(fl::models::first_layer_weights(rgb, 0), fl::ConfigError);
+  EXPECT_THROW(fl::models::first_layer_weights(rgb.narrow(1, 0, 2), 1), fl::ConfigError);
+}
+
+// vision_learner reads the channel count from the data (user trial 4: grey images met a raw torch error).
+TEST_F(TorchvisionOracle, VisionLearnerOnGreyImagesTakesOneChannelFromTheData) {
+  const auto x = torch::rand({16, 1, 32, 32});
+  const auto y = torch::arange(16, torch::kLong) % 2;
+  auto ds = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
+  fl::DataLoaders dls(fl::DataLoader(ds, {.bs = 8, .shuffle = true, .seed = 0}), fl::DataLoader(ds, {.bs = 8}),
+                      std::vector<std::string>{"a", "b"});
+  EXPECT_EQ(fl::image_channels(dls), 1);
+  auto learn = fl::vision_learner(dls, {.weights = dir_ / "resnet18.safetensors"}, {.progress = false});
+  EXPECT_EQ(learn->model().named_parameters()["0.conv1.weight"].size(1), 1);
+  learn->fit(1);
+  EXPECT_TRUE(std::isfinite(learn->recorder().history().back().train_loss));
 }

@@ -141,7 +141,8 @@ torch::nn::Sequential make_model(const TrainConfig& c, DataLoaders& dls) {
   const bool images = is_images(c.data);
   const std::int64_t outputs = dls.c();
   if (is_image_files(c.data)) {
-    return models::vision_model({.arch = m.arch, .classes = outputs, .weights = m.weights});
+    return models::vision_model(
+        {.arch = m.arch, .classes = outputs, .weights = m.weights, .in_channels = image_channels(dls)});
   }
   if (m.arch == "simple_cnn") return models::simple_cnn(outputs);
   if (m.arch == "conv_net") return models::conv_net({.widths = m.widths, .classes = outputs});
