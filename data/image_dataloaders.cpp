@@ -193,7 +193,7 @@ DataLoaders build(Items train, Items valid, bool multi_label, const ImageFilesOp
   std::map<std::string, std::int64_t> index;
   for (std::size_t i = 0; i < vocab.size(); ++i) index[vocab[i]] = static_cast<std::int64_t>(i);
 
-  const auto valid_tfm = resize(options.size, options.method);
+  const auto valid_tfm = resize(options.size, options.method, options.pad_mode);
   const auto train_tfm =
       options.min_scale < 1.0 ? random_resized_crop(options.size, {.min_scale = options.min_scale}) : valid_tfm;
   auto train_ds = std::make_shared<ImageDataset>(

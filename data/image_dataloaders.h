@@ -50,6 +50,7 @@ struct ImageFilesOptions {
   ImageMode mode = ImageMode::rgb;
   std::int64_t size = 224;                   ///< items come out size x size
   ResizeMethod method = ResizeMethod::crop;  ///< Resize(size, method) on every item
+  PadMode pad_mode = PadMode::reflection;    ///< with method pad: what fills the window outside the image
   /// Below 1: training items go through RandomResizedCrop(size, {min_scale}) instead of Resize.
   double min_scale = 1.0;
   double flip_p = 0.5;  ///< training batches: left-right flip probability (0: none)

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 namespace fastlearn {
@@ -50,7 +51,38 @@ ResizeMethod resize_method(std::string_view name) {
   throw DataError(fmt::format("resize method '{}' is not one of crop, pad, squish", name));
 }
 
-at::Tensor resize_image(const at::Tensor& image, std::int64_t size, ResizeMethod method, at::Generator* rng) {
+PadMode pad_mode(std::string_view name) {
+  if (name == "reflection") return PadMode::reflection;
+  if (name == "zeros") return PadMode::zeros;
+  if (name == "border") return PadMode::border;
+  throw DataError(fmt::format("pad mode '{}' is not one of reflection, zeros, border", name));
+}
+
+namespace {
+
+// Pads a (C, H, W) image by {left, right, top, bottom}. Reflection pads of more than the image's side minus one
+// go in rounds, each mirroring what the last made (numpy's 'reflect', which fastai's PIL path uses).
+at::Tensor pad_image(const at::Tensor& image, std::array<std::int64_t, 4> pads, PadMode mode) {
+  if (mode == PadMode::zeros) return at::constant_pad_nd(image, {pads[0], pads[1], pads[2], pads[3]}, 0);
+  auto out = image.unsqueeze(0);
+  if (mode == PadMode::border) return at::replication_pad2d(out, {pads[0], pads[1], pads[2], pads[3]}).squeeze(0);
+  while (pads[0] + pads[1] + pads[2] + pads[3] > 0) {
+    const auto w = out.size(3) - 1, h = out.size(2) - 1;  // the most one reflection can add on a side
+    std::array<std::int64_t, 4> step{std::min(pads[0], w), std::min(pads[1], w), std::min(pads[2], h),
+                                     std::min(pads[3], h)};
+    if (step == std::array<std::int64_t, 4>{}) {  // a side of one pixel: nothing to mirror, so repeat it
+      return at::replication_pad2d(out, {pads[0], pads[1], pads[2], pads[3]}).squeeze(0);
+    }
+    out = at::reflection_pad2d(out, {step[0], step[1], step[2], step[3]});
+    for (std::size_t i = 0; i < 4; ++i) pads[i] -= step[i];
+  }
+  return out.squeeze(0);
+}
+
+}  // namespace
+
+at::Tensor resize_image(const at::Tensor& image, std::int64_t size, ResizeMethod method, at::Generator* rng,
+                        PadMode padding) {
   check_image(image, size, "resize");
   const auto h = image.size(1), w = image.size(2);
   switch (method) {
@@ -68,12 +100,26 @@ at::Tensor resize_image(const at::Tensor& image, std::int64_t size, ResizeMethod
       return resample(image.narrow(1, top, side).narrow(2, left, side), size, size);
     }
     case ResizeMethod::pad: {
-      // The longer side becomes size; the shorter keeps the ratio (at least 1 pixel) and is padded.
-      const auto new_h = h >= w ? size : std::max<std::int64_t>(1, std::llround(double(h) * size / w));
-      const auto new_w = w >= h ? size : std::max<std::int64_t>(1, std::llround(double(w) * size / h));
-      auto scaled = resample(image, new_h, new_w);
-      const auto pad_h = size - new_h, pad_w = size - new_w;
-      return at::constant_pad_nd(scaled, {pad_w / 2, pad_w - pad_w / 2, pad_h / 2, pad_h - pad_h / 2}, 0);
+      // fastai's arithmetic: the window is int(m * size) for the larger ratio m, placed at int(u * (side -
+      // window)) (truncation toward zero, so a window longer than the side starts before it).
+      const double ratio = std::max(double(w) / double(size), double(h) / double(size));
+      const auto window = std::max<std::int64_t>(1, static_cast<std::int64_t>(ratio * double(size)));
+      double u[2] = {0.5, 0.5};
+      if (rng) {
+        auto draws = uniform(*rng, 2);
+        u[0] = draws[0].item<double>();
+        u[1] = draws[1].item<double>();
+      }
+      const auto top = static_cast<std::int64_t>(u[0] * double(h - window));
+      const auto left = static_cast<std::int64_t>(u[1] * double(w - window));
+      const auto row0 = std::max<std::int64_t>(top, 0), col0 = std::max<std::int64_t>(left, 0);
+      const auto inside =
+          image.narrow(1, row0, std::min(top + window, h) - row0).narrow(2, col0, std::min(left + window, w) - col0);
+      const auto padded = pad_image(inside,
+                                    {std::max<std::int64_t>(-left, 0), std::max<std::int64_t>(left + window - w, 0),
+                                     std::max<std::int64_t>(-top, 0), std::max<std::int64_t>(top + window - h, 0)},
+                                    padding);
+      return resample(padded, size, size);
     }
   }
   throw DataError("resize: unknown method");
@@ -112,9 +158,11 @@ at::Tensor random_resized_crop(const at::Tensor& image, std::int64_t size, at::G
   return resample(image.narrow(1, (h - ch) / 2, ch).narrow(2, (w - cw) / 2, cw), size, size);
 }
 
-ItemTransform resize(std::int64_t size, ResizeMethod method) {
+ItemTransform resize(std::int64_t size, ResizeMethod method, PadMode padding) {
   if (size < 1) throw DataError(fmt::format("resize: size {} must be positive", size));
-  return [size, method](const at::Tensor& image, at::Generator* rng) { return resize_image(image, size, method, rng); };
+  return [size, method, padding](const at::Tensor& image, at::Generator* rng) {
+    return resize_image(image, size, method, rng, padding);
+  };
 }
 
 ItemTransform random_resized_crop(std::int64_t size, RandomResizedCropOptions options) {

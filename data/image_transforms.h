@@ -16,18 +16,32 @@ namespace fastlearn {
 /// How Resize makes a square of an image of another shape (fastai's ResizeMethod).
 enum class ResizeMethod {
   crop,    ///< scale the shorter side to size, crop the longer: at a random position in training, centred otherwise
-  pad,     ///< scale the longer side to size, pad the shorter with zeros on both sides
+  pad,     ///< a square window as long as the longer side (the shorter padded, by PadMode), resized to size
   squish,  ///< scale each side to size, changing the aspect ratio
 };
 
 /// "crop", "pad" or "squish"; DataError otherwise.
 ResizeMethod resize_method(std::string_view name);
 
+/// What ResizeMethod::pad fills the window outside the image with (fastai's PadMode).
+enum class PadMode {
+  reflection,  ///< the image mirrored at its edge, the edge pixel not repeated (fastai's default)
+  zeros,
+  border,  ///< the edge pixel repeated
+};
+
+/// "reflection", "zeros" or "border"; DataError otherwise.
+PadMode pad_mode(std::string_view name);
+
 /// A function of (image, generator or null) -> image.
 using ItemTransform = std::function<at::Tensor(const at::Tensor& image, at::Generator* rng)>;
 
-/// Resizes to size x size by `method`.
-at::Tensor resize_image(const at::Tensor& image, std::int64_t size, ResizeMethod method, at::Generator* rng = nullptr);
+/// Resizes to size x size by `method`, as fastai's Resize does (the same pixels for a centred window): crop
+/// and pad place their window at random with a generator (training), at the centre without one. pad takes a
+/// square window of the longer side's length (as fastai computes it: truncated from floats), fills the part
+/// outside the image by `padding`, and resamples it.
+at::Tensor resize_image(const at::Tensor& image, std::int64_t size, ResizeMethod method, at::Generator* rng = nullptr,
+                        PadMode padding = PadMode::reflection);
 
 struct RandomResizedCropOptions {
   double min_scale = 0.08;                            ///< smallest fraction of the image's area to keep
@@ -42,7 +56,8 @@ at::Tensor random_resized_crop(const at::Tensor& image, std::int64_t size, at::G
                                const RandomResizedCropOptions& options = {});
 
 /// Item transform objects for datasets.
-ItemTransform resize(std::int64_t size, ResizeMethod method = ResizeMethod::crop);
+ItemTransform resize(std::int64_t size, ResizeMethod method = ResizeMethod::crop,
+                     PadMode padding = PadMode::reflection);
 ItemTransform random_resized_crop(std::int64_t size, RandomResizedCropOptions options = {});
 
 }  // namespace fastlearn

@@ -304,6 +304,8 @@ const std::vector<Key>& schema() {
       Key("data.transforms.random_flip", in::transforms, &TransformsConfig::random_flip, fraction),
       Key("data.transforms.resize", in::transforms, &TransformsConfig::resize, {.choices = {"crop", "pad", "squish"}},
           {.applies = files_only}),
+      Key("data.transforms.pad_mode", in::transforms, &TransformsConfig::pad_mode,
+          {.choices = {"reflection", "zeros", "border"}}, {.applies = files_only}),
       Key("data.transforms.min_scale", in::transforms, &TransformsConfig::min_scale, {.min = 0.01, .max = 1},
           {.applies = files_only}),
       Key("data.transforms.augment", in::transforms, &TransformsConfig::augment, {}, {.applies = files_only}),

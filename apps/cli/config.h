@@ -21,6 +21,7 @@ struct TransformsConfig {
   std::int64_t random_crop_padding = 0;  ///< fashion_mnist: > 0 pads by this and crops back at random (training)
   double random_flip = 0.0;              ///< probability of a left-right flip (training); 0: off
   std::string resize = "crop";           ///< image files: crop | pad | squish, to data.size
+  std::string pad_mode = "reflection";   ///< image files, resize = pad: reflection | zeros | border
   double min_scale = 1.0;                ///< image files: < 1 uses RandomResizedCrop(size, min_scale) for training
   bool augment = false;                  ///< image files: fastai's aug_transforms() on training batches
   std::string stats = "imagenet";        ///< image files, with normalize: imagenet | computed (up to 1024 images)

@@ -62,6 +62,7 @@ DataLoaders image_files(const TrainConfig& c) {
                                   .seed = static_cast<std::uint64_t>(c.train.seed),
                                   .size = d.size,
                                   .method = resize_method(t.resize),
+                                  .pad_mode = pad_mode(t.pad_mode),
                                   .min_scale = t.min_scale,
                                   .flip_p = t.random_flip,
                                   .normalize = !t.normalize            ? ImageNormalization::none
