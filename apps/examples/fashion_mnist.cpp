@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include <csignal>
 #include <cstdlib>
 #include <iostream>
 
@@ -55,19 +56,21 @@ int main(int argc, char** argv) {
     auto checkpointer =
         std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.every_n_batches = checkpoint_every});
     auto stop = std::make_shared<fl::GracefulStop>();
-    fl::Learner learn(
-        dls, fl::models::simple_cnn(dls.c()), fl::cross_entropy(),
-        {.opt_func = fl::Adam(),
-         .metrics = {fl::accuracy()},
-         .cbs = {std::make_shared<fl::CSVLogger>(), std::make_shared<fl::MetricsJson>(), checkpointer, stop},
-         .path = out});
+    fl::Learner learn(dls, fl::models::simple_cnn(dls.c()), fl::cross_entropy(),
+                      {.opt_func = fl::Adam(),
+                       .metrics = {fl::accuracy()},
+                       // A resumed run keeps the rows of the epochs before the checkpoint in history.csv.
+                       .cbs = {std::make_shared<fl::CSVLogger>(fl::CSVLoggerOptions{.append = !resume.empty()}),
+                               std::make_shared<fl::MetricsJson>(), checkpointer, stop},
+                       .path = out});
     std::filesystem::path resume_from = resume;
     if (resume == "auto") resume_from = fl::latest_checkpoint(checkpointer->dir()).value_or(std::filesystem::path());
     {
       fl::DistribCtx ctx(learn);  // data parallel under `fastlearn launch` / torchrun; nothing with one process
       learn.fit_one_cycle(epochs, lr, {.fit = {.resume_from = resume_from}});
     }
-    if (stop->stopped()) return 128 + fl::stop_signal();
+    // A rank whose peer got the signal stops by agreement without one of its own: it reports SIGTERM.
+    if (stop->stopped()) return 128 + (fl::stop_signal() != 0 ? fl::stop_signal() : SIGTERM);
     if (!fl::is_main()) return 0;  // after the scope every rank holds the same weights: rank 0 reports
     learn.save("fashion_cnn");
     learn.recorder().plot_loss(std::filesystem::path(out) / "loss.svg");
