@@ -278,12 +278,16 @@ TEST(RuntimeInit, ARankWaitingForMissingRanksSaysSoBeforeTheTimeout) {
   const auto said = testing::internal::GetCapturedStderr();
   EXPECT_NE(msg.find("only 1 of WORLD_SIZE=2 ranks joined"), std::string::npos) << msg;
   EXPECT_NE(said.find(fmt::format("rank 0 waits at the rendezvous 127.0.0.1:{}: 1 of WORLD_SIZE=2 ranks have joined "
-                                  "after 0 s (the timeout is 2 s)",
+                                  "after ",
                                   port)),
             std::string::npos)
       << said;
-  // 0.4 s, then 0.8 s later (1.2 s), then 1.6 s later (2.8 s: past the timeout): two notices.
-  EXPECT_EQ(std::count(said.begin(), said.end(), '\n'), 2) << said;
+  EXPECT_NE(said.find("(the timeout is 2 s)"), std::string::npos) << said;
+  // At 0.4 s, then 0.8 s later (1.2 s), then 1.6 s later (2.8 s: past the timeout): two notices, not one every
+  // 0.4 s (a loaded machine may run late, never early).
+  const auto notices = std::count(said.begin(), said.end(), '\n');
+  EXPECT_GE(notices, 1) << said;
+  EXPECT_LE(notices, 2) << said;
   EXPECT_FALSE(fl::is_initialized());
 }
 
@@ -291,14 +295,16 @@ TEST(RuntimeInit, ARankWaitingForRankZerosStoreSaysSoBeforeTheTimeout) {
   const int port = flt::free_tcp_port();  // nobody listens there: rank 0 never started
   testing::internal::CaptureStderr();
   const auto msg = message_of([&] {
-    fl::setup_distrib({.timeout = std::chrono::milliseconds(2500),
+    fl::setup_distrib({.timeout = std::chrono::milliseconds(6000),
                        .env = {.rank = 1, .world_size = 2, .master_port = port, .master_addr = "127.0.0.1"},
                        .waiting_notice_after = std::chrono::milliseconds(400)});
   });
   const auto said = testing::internal::GetCapturedStderr();
   EXPECT_NE(msg.find("rendezvous with the store"), std::string::npos) << msg;
+  // When: after the first connection attempt that runs past 0.4 s. The store's client retries on its own, with
+  // delays of over a second whatever its timeout, hence the 6 s here.
   EXPECT_NE(said.find(fmt::format("rank 1 of 2 waits for the rendezvous store at 127.0.0.1:{}, which rank 0 serves: "
-                                  "no answer after 0 s",
+                                  "no answer after ",
                                   port)),
             std::string::npos)
       << said;
