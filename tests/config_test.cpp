@@ -144,6 +144,11 @@ TEST(Config, CsvTablesNameTheirColumnsAndTakeTheTabularModel) {
                   "need the \"categorify\" proc");
   expect_contains(error_of(csv + "y_names = [\"y\"]\ncont_names = [\"x\"]\nprocs = [\"scale\"]\n").what(),
                   "unknown proc \"scale\"");
+  expect_contains(
+      error_of(csv +
+               "y_names = [\"y\"]\ncont_names = [\"x\"]\nprocs = [\"normalize\", \"fill_missing\", \"normalize\"]\n")
+          .what(),
+      "proc \"normalize\" is listed twice");
   expect_contains(error_of("[data]\ndataset = \"csv\"\ny_names = [\"y\"]\ncont_names = [\"x\"]\n").what(),
                   "data.path: must name the CSV file");
   expect_contains(error_of("[data]\ny_names = [\"y\"]\n").what(), "data.y_names: applies to dataset = \"csv\" only");

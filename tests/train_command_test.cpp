@@ -404,6 +404,20 @@ TEST_F(TrainCommand, AnInvalidConfigWritesNothing) {
   EXPECT_FALSE(fs::exists(out_));
 }
 
+TEST_F(TrainCommand, ARelativeDataPathThatIsNotThereNamesTheWorkingDirectory) {
+  const auto config = dir_ / "images.toml";
+  std::ofstream(config)
+      << "[data]\ndataset = \"image_folder\"\npath = \"no/such/folder\"\n[model]\narch = \"resnet18\"\n";
+  const auto r = run(fmt::format("train '{}' --out '{}'", config.string(), out_.string()));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find(fmt::format("data.path 'no/such/folder' (relative to the working directory {}) "
+                                      "(data.dataset = \"image_folder\") is not a folder",
+                                      fs::current_path().string())),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(out_));
+}
+
 TEST_F(TrainCommand, ResumeContinuesFromTheNewestCheckpointMidEpoch) {
   const std::string sets = "--set train.epochs=3 --set output.checkpoint_every_n_batches=3";
   ASSERT_EQ(run(train(sets)).exit_code, 0);

@@ -229,9 +229,10 @@ std::string decide_y_block(TrainConfig& c, const RegressionProbe& probe) {
 
 std::string known_procs(const TrainConfig& c) {
   static const std::vector<std::string> known{"categorify", "fill_missing", "normalize"};
-  for (const auto& p : c.data.procs) {
-    if (std::find(known.begin(), known.end(), p) == known.end())
-      return fmt::format("unknown proc \"{}\"; expected some of \"{}\"", p, fmt::join(known, "\", \""));
+  for (auto p = c.data.procs.begin(); p != c.data.procs.end(); ++p) {
+    if (std::find(known.begin(), known.end(), *p) == known.end())
+      return fmt::format("unknown proc \"{}\"; expected some of \"{}\"", *p, fmt::join(known, "\", \""));
+    if (std::find(c.data.procs.begin(), p, *p) != p) return fmt::format("proc \"{}\" is listed twice", *p);
   }
   if (!c.data.cat_names.empty() &&
       std::find(c.data.procs.begin(), c.data.procs.end(), "categorify") == c.data.procs.end())

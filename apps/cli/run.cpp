@@ -396,9 +396,15 @@ int run_train(const TrainArgs& args) {
   const fs::path out = args.out.empty() ? fs::path(config.output.dir) : fs::path(args.out);
   config.output.dir = out.string();
   check_backend(config.distributed, args.config_path);
+  // A relative data.path is the working directory's, as for every command-line tool: say which folder that was.
+  const auto relative_to = [](const std::string& path) {
+    return fs::path(path).is_relative()
+               ? fmt::format(" (relative to the working directory {})", fs::current_path().string())
+               : std::string();
+  };
   if (is_tabular(config.data) && !fs::is_regular_file(config.data.path))
-    throw ConfigError(
-        fmt::format("{}: data.path '{}' is not a file; point it at the CSV file", args.config_path, config.data.path));
+    throw ConfigError(fmt::format("{}: data.path '{}'{} is not a file; point it at the CSV file", args.config_path,
+                                  config.data.path, relative_to(config.data.path)));
   if (!is_tabular(config.data) && !config.data.path.empty() && !fs::is_directory(config.data.path)) {
     const char* hint = config.data.dataset == "image_folder" ? "point it at the folder of class folders (or of train/ "
                                                                "and valid/)"
@@ -407,8 +413,8 @@ int run_train(const TrainArgs& args) {
                        : config.data.dataset == "fashion_mnist"
                            ? "point it at an MNIST-format folder, or leave it out to use the default Fashion-MNIST"
                            : "point it at the data's folder";
-    throw ConfigError(fmt::format("{}: data.path '{}' (data.dataset = \"{}\") is not a folder; {}", args.config_path,
-                                  config.data.path, config.data.dataset, hint));
+    throw ConfigError(fmt::format("{}: data.path '{}'{} (data.dataset = \"{}\") is not a folder; {}", args.config_path,
+                                  config.data.path, relative_to(config.data.path), config.data.dataset, hint));
   }
   if (!under_launcher() && (args.nproc_per_node > 1 || args.max_restarts > 0)) return relaunch(args, out.string());
   if (under_launcher() && (args.nproc_per_node > 1 || args.max_restarts > 0)) {
