@@ -1,6 +1,7 @@
 #include <fastlearn/data/image_dataloaders.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/warning.h>
 #include <fastlearn/data/csv.h>
 #include <fastlearn/data/idx.h>
 #include <fastlearn/data/image_dataset.h>
@@ -137,8 +138,8 @@ void drop_bad_images(Items& items, const char* split) {
     bad_files.insert(b.file);
     if (named.size() < 10) named.push_back(fmt::format("{} ({})", b.file.string(), b.error));
   }
-  std::cerr << fmt::format("fastlearn: warning: skipping {} {} image(s) that do not decode: {}{}\n", bad.size(), split,
-                           fmt::join(named, "; "), bad.size() > named.size() ? "; ..." : "");
+  warn(fmt::format("skipping {} {} image(s) that do not decode: {}{}", bad.size(), split, fmt::join(named, "; "),
+                   bad.size() > named.size() ? "; ..." : ""));
   Items kept;
   for (std::size_t i = 0; i < items.files.size(); ++i) {
     if (bad_files.contains(items.files[i])) continue;
@@ -179,16 +180,15 @@ DataLoaders build(Items train, Items valid, bool multi_label, const ImageFilesOp
       if (!names.contains(label)) valid_only.insert(label);
   // Kept in the vocabulary (the validation targets need an index), but no training image teaches them.
   if (!valid_only.empty())
-    std::cerr << fmt::format(
-        "fastlearn: warning: {}: {} class(es) have validation images but no training image, so the model "
-        "cannot learn them: {}\n",
-        origin, valid_only.size(), fmt::join(valid_only, ", "));
+    warn(
+        fmt::format("{}: {} class(es) have validation images but no training image, so the model cannot learn them: {}",
+                    origin, valid_only.size(), fmt::join(valid_only, ", ")));
   names.insert(valid_only.begin(), valid_only.end());
   if (names.size() == 1 && !multi_label)
-    std::cerr << fmt::format(
-        "fastlearn: warning: {}: every image has the label '{}': with one class every prediction "
-        "is right, and the model learns nothing\n",
-        origin, *names.begin());
+    warn(
+        fmt::format("{}: every image has the label '{}': with one class every prediction is right, and the model "
+                    "learns nothing",
+                    origin, *names.begin()));
   std::vector<std::string> vocab(names.begin(), names.end());
   std::map<std::string, std::int64_t> index;
   for (std::size_t i = 0; i < vocab.size(); ++i) index[vocab[i]] = static_cast<std::int64_t>(i);
@@ -256,10 +256,9 @@ Items labelled_by_class_folder(const fs::path& dir) {
     items.files.push_back(std::move(file));
   }
   if (!outside.empty())
-    std::cerr << fmt::format(
-        "fastlearn: warning: '{}': {} image(s) outside any class folder left out: {}{}\n", dir.string(), outside.size(),
-        fmt::join(outside.begin(), outside.begin() + std::min<std::size_t>(outside.size(), 5), ", "),
-        outside.size() > 5 ? ", ..." : "");
+    warn(fmt::format("'{}': {} image(s) outside any class folder left out: {}{}", dir.string(), outside.size(),
+                     fmt::join(outside.begin(), outside.begin() + std::min<std::size_t>(outside.size(), 5), ", "),
+                     outside.size() > 5 ? ", ..." : ""));
   if (items.files.empty())
     throw DataError(fmt::format("no .jpg, .jpeg or .png files in class folders under '{}'", dir.string()));
   // A class folder without an image is no class at all: say so rather than leave it out in silence.
@@ -271,9 +270,8 @@ Items labelled_by_class_folder(const fs::path& dir) {
       empty.push_back(entry.path().filename().string());
   std::sort(empty.begin(), empty.end());
   if (!empty.empty())
-    std::cerr << fmt::format(
-        "fastlearn: warning: '{}': {} folder(s) without a .jpg, .jpeg or .png image left out: {}\n", dir.string(),
-        empty.size(), fmt::join(empty, ", "));
+    warn(fmt::format("'{}': {} folder(s) without a .jpg, .jpeg or .png image left out: {}", dir.string(), empty.size(),
+                     fmt::join(empty, ", ")));
   return items;
 }
 
