@@ -282,6 +282,21 @@ bool parse_flag(const std::string& text, const std::string& origin, std::size_t 
 
 }  // namespace
 
+DataLoader ImageDataLoaders::test_dl(const DataLoaders& dls, std::vector<fs::path> files) {
+  const auto* valid = dynamic_cast<const ImageDataset*>(&dls.valid().dataset());
+  if (valid == nullptr) {
+    throw DataError(
+        "test_dl: the data's validation set is not image files (ImageDataLoaders::from_folder, "
+        "from_lists, from_name_re, from_name_func or from_csv make one)");
+  }
+  if (files.empty()) throw DataError("test_dl: no files");
+  auto options = dls.valid().options();
+  options.shuffle = false;
+  options.drop_last = false;
+  return DataLoader(std::make_shared<ImageDataset>(std::move(files), at::Tensor(), valid->options()),
+                    std::move(options));
+}
+
 DataLoaders ImageDataLoaders::from_folder(const fs::path& path, const ImageFilesOptions& options,
                                           const std::string& train, const std::string& valid) {
   if (fs::is_directory(path / train)) {

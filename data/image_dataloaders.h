@@ -102,6 +102,10 @@ struct ImageDataLoaders {
   static DataLoaders from_name_func(std::vector<std::filesystem::path> files,
                                     const std::function<std::string(const std::filesystem::path&)>& label_of,
                                     const ImageFilesOptions& options = {});
+  /// fastai's dls.test_dl for image files: a loader over `files` through `dls`'s validation pipeline (decoding,
+  /// item transform, batch transforms, validation batch size, device), in the files' order and without targets,
+  /// for Learner::get_preds on new images. DataError when `dls`'s validation set is not image files.
+  static DataLoader test_dl(const DataLoaders& dls, std::vector<std::filesystem::path> files);
   /// A CSV table of file names (relative to the CSV's folder / columns.folder) and labels.
   static DataLoaders from_csv(const std::filesystem::path& csv_file, const ImageCsvColumns& columns = {},
                               const ImageFilesOptions& options = {});

@@ -20,10 +20,9 @@ namespace fastlearn {
 
 ImageDataset::ImageDataset(std::vector<std::filesystem::path> files, at::Tensor targets, ImageDatasetOptions options)
     : files_(std::move(files)), targets_(std::move(targets)), options_(std::move(options)) {
-  if (!targets_.defined() || targets_.dim() < 1 || targets_.size(0) != static_cast<std::int64_t>(files_.size())) {
+  if (targets_.defined() && (targets_.dim() < 1 || targets_.size(0) != static_cast<std::int64_t>(files_.size()))) {
     throw DataError(fmt::format("ImageDataset: {} files but targets shaped [{}]; give one target per file",
-                                files_.size(),
-                                targets_.defined() ? fmt::format("{}", fmt::join(targets_.sizes(), ", ")) : ""));
+                                files_.size(), fmt::join(targets_.sizes(), ", ")));
   }
 }
 
@@ -64,11 +63,15 @@ Batch ImageDataset::load(std::span<const std::int64_t> indices, at::Generator* r
     images[static_cast<std::int64_t>(k)].copy_(image);
   }
   if (!images.defined()) images = torch::empty({0}, torch::kUInt8);
+  if (!targets_.defined()) return {{images}, {}};
   auto index = torch::tensor(std::vector<std::int64_t>(indices.begin(), indices.end()), torch::kLong);
   return {{images}, {targets_.index_select(0, index)}};
 }
 
-Item ImageDataset::get(std::int64_t index) const { return {{load_image(index, nullptr)}, {targets_[index]}}; }
+Item ImageDataset::get(std::int64_t index) const {
+  if (!targets_.defined()) return {{load_image(index, nullptr)}, {}};
+  return {{load_image(index, nullptr)}, {targets_[index]}};
+}
 
 Batch ImageDataset::get_batch(std::span<const std::int64_t> indices) const { return load(indices, nullptr); }
 

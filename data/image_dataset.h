@@ -26,7 +26,8 @@ struct ImageDatasetOptions {
 
 class ImageDataset : public Dataset {
  public:
-  /// `targets`: int64 (N) class indices or float (N, c) multi-hot rows, one per file.
+  /// `targets`: int64 (N) class indices or float (N, c) multi-hot rows, one per file; undefined for files
+  /// without labels (items and batches then have no targets: test_dl's).
   ImageDataset(std::vector<std::filesystem::path> files, at::Tensor targets, ImageDatasetOptions options);
 
   std::int64_t size() const override { return static_cast<std::int64_t>(files_.size()); }

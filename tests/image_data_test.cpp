@@ -7,6 +7,9 @@
 #include <fastlearn/data/image_dataset.h>
 #include <fastlearn/data/image_decode.h>
 #include <fastlearn/data/image_transforms.h>
+#include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/loss.h>
+#include <fastlearn/models/models.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -228,6 +231,37 @@ TEST_F(ImageFiles, FromFolderWithTrainAndValidFoldersLabelsByParentFolderWithASo
   const auto expected = (file - torch::tensor({0.485, 0.456, 0.406}).view({3, 1, 1})) /
                         torch::tensor({0.229, 0.224, 0.225}).view({3, 1, 1});
   EXPECT_TRUE(first.inputs[0][0].allclose(expected.to(torch::kFloat32), 1e-5, 1e-5));
+}
+
+// fastai's dls.test_dl: new files through the validation pipeline, without targets, for get_preds.
+TEST_F(ImageFiles, TestDlGivesTheValidationPipelinesBatchesWithoutTargetsAndGetPredsReadsThem) {
+  auto dls = fl::ImageDataLoaders::from_folder(dir_ / "png", {.bs = 16, .seed = 1, .size = 28});
+  const auto& valid_files = dataset(dls.valid()).files();
+  auto test = fl::ImageDataLoaders::test_dl(dls, valid_files);  // the validation files, as new ones
+  EXPECT_EQ(test.n(), 100);
+  auto valid_batch = dls.valid().begin();
+  std::int64_t seen = 0;
+  for (const auto& batch : test) {
+    EXPECT_TRUE(batch.targets.empty());
+    EXPECT_TRUE(torch::equal(batch.inputs[0], (*valid_batch).inputs[0])) << "batch at item " << seen;
+    seen += batch.size();
+    ++valid_batch;
+  }
+  EXPECT_EQ(seen, 100);
+  torch::manual_seed(0);
+  fl::Learner learn(dls, fl::models::simple_cnn(dls.c(), 3), fl::cross_entropy(), {.progress = false});
+  const auto on_valid = learn.get_preds();
+  const auto on_test = learn.get_preds(&test);
+  EXPECT_FALSE(on_test.targets.defined());
+  ASSERT_EQ(on_test.preds.size(0), 100);
+  EXPECT_TRUE(torch::equal(on_test.preds, on_valid.preds));
+  // Not image files: a clear error.
+  auto x = torch::rand({4, 1, 8, 8});
+  auto ds = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x},
+                                                std::vector<at::Tensor>{torch::zeros({4}, torch::kLong)});
+  fl::DataLoaders tensors(fl::DataLoader(ds), fl::DataLoader(ds), 2);
+  EXPECT_THROW(fl::ImageDataLoaders::test_dl(tensors, valid_files), fl::DataError);
+  EXPECT_THROW(fl::ImageDataLoaders::test_dl(dls, {}), fl::DataError);
 }
 
 TEST_F(ImageFiles, AClassWithValidationImagesOnlyIsKeptWithAWarningNamingIt) {
