@@ -23,6 +23,8 @@ using Clock = std::chrono::steady_clock;
 
 // After the last rank has exited: how long to wait for the end of output still held by stragglers.
 constexpr auto kDrainTimeout = std::chrono::milliseconds(500);
+// How often the launcher looks for stopped ranks.
+constexpr int kStopCheckMs = 1000;
 // Without pidfds (kernels before 5.3) rank exits are polled this often.
 constexpr int kExitPollMs = 20;
 
@@ -130,6 +132,7 @@ Attempt WorkerGroup::wait() {
     if (stopping && !killed) until(kill_at);
     if (drain_until) until(*drain_until);
     if (polling_exits) timeout = timeout < 0 ? kExitPollMs : std::min(timeout, kExitPollMs);
+    if (!stopping) timeout = timeout < 0 ? kStopCheckMs : std::min(timeout, kStopCheckMs);
 
     const int ready = poll(fds.data(), fds.size(), timeout);
     if (ready < 0 && errno != EINTR)
@@ -165,6 +168,25 @@ Attempt WorkerGroup::wait() {
         a.first_failure = r.exit;
         stop(SIGTERM);
       }
+    }
+
+    // A stopped rank (SIGSTOP, or SIGTSTP sent to it alone) holds every other rank at its next collective until
+    // their timeout, 30 minutes by default, without a word: say so, and how to let it go on.
+    for (auto& r : ranks_) {
+      if (r.exited || stopping) continue;
+      const bool stopped = is_stopped(r);
+      if (stopped == r.stop_reported) continue;
+      r.stop_reported = stopped;
+      if (stopped) {
+        std::fprintf(o_.err,
+                     "fastlearn launch: rank %d (local %d, pid %d) is stopped (SIGSTOP or SIGTSTP): the other ranks "
+                     "wait for it at their next collective, until their timeout; `kill -CONT %d` lets it go on\n",
+                     r.exit.rank, r.exit.local_rank, r.exit.pid, r.exit.pid);
+      } else {
+        std::fprintf(o_.err, "fastlearn launch: rank %d (local %d, pid %d) goes on\n", r.exit.rank, r.exit.local_rank,
+                     r.exit.pid);
+      }
+      std::fflush(o_.err);
     }
 
     const bool all_exited = std::all_of(ranks_.begin(), ranks_.end(), [](const RankProcess& r) { return r.exited; });

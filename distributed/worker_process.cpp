@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <string_view>
 #include <thread>
@@ -126,6 +127,14 @@ void start_rank(RankProcess& r, const ExecPlan& plan, pid_t group, int stdin_fd)
   r.streams[0].fd = out[0];
   r.streams[1].fd = err[0];
   for (int fd : {out[0], err[0]}) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+bool is_stopped(const RankProcess& rank) {
+  std::ifstream stat(fmt::format("/proc/{}/stat", rank.exit.pid));
+  std::string text;
+  std::getline(stat, text);
+  const auto name_end = text.rfind(')');  // "pid (name) S ...": the name may hold spaces and parentheses
+  return name_end != std::string::npos && name_end + 2 < text.size() && text[name_end + 2] == 'T';
 }
 
 bool check_exit(RankProcess& rank) {

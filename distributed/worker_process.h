@@ -19,8 +19,12 @@ struct RankProcess {
   std::FILE* log = nullptr;               // <log_dir>/rank<R>.log, when there is a log_dir
   bool exited = false;                    // its exit status is known (it may not be reaped yet)
   bool reaped = false;
+  bool stop_reported = false;  // the launcher said that it is stopped (SIGSTOP, SIGTSTP), and not yet that it goes on
   std::string prefix;
 };
+
+/// True when the rank's process is stopped by a signal (SIGSTOP, SIGTSTP, ...): state T in /proc/<pid>/stat.
+bool is_stopped(const RankProcess& rank);
 
 // Everything a child needs, prepared before fork(): between fork() and execve() only async-signal-safe calls.
 struct ExecPlan {

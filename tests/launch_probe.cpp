@@ -136,6 +136,15 @@ int main(int argc, char** argv) {
       }
     } else if (name == "sleep") {
       sleep_forever();
+    } else if (name == "stop-for-ms") {
+      // Stops itself; a child of its own sends it SIGCONT after `value` ms.
+      const pid_t self = getpid();
+      if (fork() == 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(value.c_str())));
+        kill(self, SIGCONT);
+        _exit(0);
+      }
+      raise(SIGSTOP);
     } else if (name == "bind-master") {
       write_atomically(value, master_port_free() ? "free" : "in use");
     } else {

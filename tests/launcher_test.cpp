@@ -392,6 +392,18 @@ TEST(Launcher, ARankIgnoringSigtermIsKilledAfterTheGracePeriod) {
   expect_all_gone(dir.path, 2);
 }
 
+TEST(Launcher, AStoppedRankIsNamedAndSoIsItsGoingOn) {
+  Capture out, err;
+  const auto result = fl::launch(probe(2, {"r1:stop-for-ms=2500", "sleep-ms=1500", "exit=0"}, out, err));
+  EXPECT_EQ(result.exit_code, 0);
+  const auto said = err.text();
+  EXPECT_NE(said.find("fastlearn launch: rank 1 (local 1, pid "), std::string::npos) << said;
+  EXPECT_NE(said.find(") is stopped (SIGSTOP or SIGTSTP): the other ranks wait for it"), std::string::npos) << said;
+  EXPECT_NE(said.find("`kill -CONT "), std::string::npos) << said;
+  EXPECT_NE(said.find(") goes on\n"), std::string::npos) << said;
+  EXPECT_EQ(said.find("rank 0 (local 0"), std::string::npos) << said;
+}
+
 TEST(Launcher, ARankKilledByASignalIsNamedWithTheSignal) {
   TempDir dir;
   Capture out, err;
