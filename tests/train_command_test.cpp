@@ -371,7 +371,13 @@ seed = 3
   const auto i = run(fmt::format("interpret {} --checkpoint {} --out {}", config_.string(), model.string(),
                                  (dir_ / "interp").string()));
   ASSERT_EQ(i.exit_code, 0) << i.output;
-  EXPECT_NE(i.output.find("top losses"), std::string::npos) << i.output;
+  EXPECT_NE(i.output.find("top losses (validation row, counted from 0: actual, predicted (its probability), loss):\n"),
+            std::string::npos)
+      << i.output;
+  // The columns are headed by the class names, and no row carries an index of its own.
+  EXPECT_NE(i.output.find("(rows: actual, columns: predicted)\n         <50k  >=50k\n"), std::string::npos)
+      << i.output;
+  EXPECT_EQ(i.output.find("  (0)\n"), std::string::npos) << i.output;
   EXPECT_EQ(read(dir_ / "interp" / "confusion_matrix.csv").rfind("actual,<50k,>=50k\n", 0), 0u);
 }
 

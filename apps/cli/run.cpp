@@ -511,17 +511,18 @@ int run_interpret(const TrainArgs& args, const std::string& checkpoint, int top)
   const auto* counts = cm.data_ptr<std::int64_t>();
   const auto c = static_cast<std::int64_t>(vocab.size());
   std::string table = "actual," + fmt::format("{}", fmt::join(vocab, ",")) + "\n";
+  // Columns as wide as the longest class name (at least 6), headed by the predicted class's name.
   std::size_t width = 6;
   for (const auto& name : vocab) width = std::max(width, name.size());
   fmt::print("confusion matrix (rows: actual, columns: predicted)\n{:>{}}", "", width);
-  for (std::int64_t p = 0; p < c; ++p) fmt::print(" {:>6}", p);
+  for (const auto& name : vocab) fmt::print(" {:>{}}", name, width);
   fmt::print("\n");
   for (std::int64_t a = 0; a < c; ++a) {
     const auto& name = vocab[static_cast<std::size_t>(a)];
     std::vector<std::int64_t> row(counts + a * c, counts + (a + 1) * c);
     fmt::print("{:>{}}", name, width);
-    for (auto n : row) fmt::print(" {:>6}", n);
-    fmt::print("  ({})\n", a);
+    for (auto n : row) fmt::print(" {:>{}}", n, width);
+    fmt::print("\n");
     table += fmt::format("{},{}\n", name, fmt::join(row, ","));
   }
   fmt::print("most confused (actual -> predicted: items):\n");
@@ -532,9 +533,10 @@ int run_interpret(const TrainArgs& args, const std::string& checkpoint, int top)
   fs::create_directories(out);
   write_file_atomically(out / "confusion_matrix.csv", table);
   if (!is_images(config.data)) {
-    fmt::print("top losses (item: actual, predicted, loss):\n");
+    fmt::print("top losses (validation row, counted from 0: actual, predicted (its probability), loss):\n");
     for (const auto& item : interp.top_losses(top)) {
-      fmt::print("  {}: {}, {} {:.3f}, {:.3f}\n", item.index, item.actual, item.predicted, item.probability, item.loss);
+      fmt::print("  {}: {}, {} ({:.3f}), {:.3f}\n", item.index, item.actual, item.predicted, item.probability,
+                 item.loss);
     }
     fmt::print("wrote {}\n", (out / "confusion_matrix.csv").string());
     return 0;
