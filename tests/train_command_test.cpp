@@ -375,8 +375,7 @@ seed = 3
             std::string::npos)
       << i.output;
   // The columns are headed by the class names, and no row carries an index of its own.
-  EXPECT_NE(i.output.find("(rows: actual, columns: predicted)\n         <50k  >=50k\n"), std::string::npos)
-      << i.output;
+  EXPECT_NE(i.output.find("(rows: actual, columns: predicted)\n         <50k  >=50k\n"), std::string::npos) << i.output;
   EXPECT_EQ(i.output.find("  (0)\n"), std::string::npos) << i.output;
   EXPECT_EQ(read(dir_ / "interp" / "confusion_matrix.csv").rfind("actual,<50k,>=50k\n", 0), 0u);
 }
