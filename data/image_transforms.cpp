@@ -79,6 +79,14 @@ at::Tensor pad_image(const at::Tensor& image, std::array<std::int64_t, 4> pads, 
   return out.squeeze(0);
 }
 
+// Where crop and pad put their window, as fractions of the room along (height, width): drawn in training,
+// the centre otherwise.
+std::array<double, 2> window_placement(at::Generator* rng) {
+  if (!rng) return {0.5, 0.5};
+  const auto draws = uniform(*rng, 2);
+  return {draws[0].item<double>(), draws[1].item<double>()};
+}
+
 }  // namespace
 
 at::Tensor resize_image(const at::Tensor& image, std::int64_t size, ResizeMethod method, at::Generator* rng,
@@ -90,12 +98,7 @@ at::Tensor resize_image(const at::Tensor& image, std::int64_t size, ResizeMethod
       return resample(image, size, size);
     case ResizeMethod::crop: {
       const auto side = std::min(h, w);
-      double u[2] = {0.5, 0.5};
-      if (rng) {
-        auto draws = uniform(*rng, 2);
-        u[0] = draws[0].item<double>();
-        u[1] = draws[1].item<double>();
-      }
+      const auto u = window_placement(rng);
       const auto top = offset(h, side, u[0], rng != nullptr), left = offset(w, side, u[1], rng != nullptr);
       return resample(image.narrow(1, top, side).narrow(2, left, side), size, size);
     }
@@ -104,12 +107,7 @@ at::Tensor resize_image(const at::Tensor& image, std::int64_t size, ResizeMethod
       // window)) (truncation toward zero, so a window longer than the side starts before it).
       const double ratio = std::max(double(w) / double(size), double(h) / double(size));
       const auto window = std::max<std::int64_t>(1, static_cast<std::int64_t>(ratio * double(size)));
-      double u[2] = {0.5, 0.5};
-      if (rng) {
-        auto draws = uniform(*rng, 2);
-        u[0] = draws[0].item<double>();
-        u[1] = draws[1].item<double>();
-      }
+      const auto u = window_placement(rng);
       const auto top = static_cast<std::int64_t>(u[0] * double(h - window));
       const auto left = static_cast<std::int64_t>(u[1] * double(w - window));
       const auto row0 = std::max<std::int64_t>(top, 0), col0 = std::max<std::int64_t>(left, 0);

@@ -92,6 +92,7 @@ Attempt WorkerGroup::wait() {
   bool killed = false;
   Clock::time_point kill_at{};
   std::optional<Clock::time_point> drain_until;
+  Clock::time_point next_stop_check = Clock::now() + std::chrono::milliseconds(kStopCheckMs);
 
   auto stop = [&](int sig) {
     stopping = true;
@@ -132,7 +133,7 @@ Attempt WorkerGroup::wait() {
     if (stopping && !killed) until(kill_at);
     if (drain_until) until(*drain_until);
     if (polling_exits) timeout = timeout < 0 ? kExitPollMs : std::min(timeout, kExitPollMs);
-    if (!stopping) timeout = timeout < 0 ? kStopCheckMs : std::min(timeout, kStopCheckMs);
+    if (!stopping) until(next_stop_check);
 
     const int ready = poll(fds.data(), fds.size(), timeout);
     if (ready < 0 && errno != EINTR)
@@ -172,8 +173,10 @@ Attempt WorkerGroup::wait() {
 
     // A stopped rank (SIGSTOP, or SIGTSTP sent to it alone) holds every other rank at its next collective until
     // their timeout, 30 minutes by default, without a word: say so, and how to let it go on.
+    const bool check_stops = !stopping && Clock::now() >= next_stop_check;  // not at every line of output
+    if (check_stops) next_stop_check = Clock::now() + std::chrono::milliseconds(kStopCheckMs);
     for (auto& r : ranks_) {
-      if (r.exited || stopping) continue;
+      if (r.exited || !check_stops) continue;
       const bool stopped = is_stopped(r);
       if (stopped == r.stop_reported) continue;
       r.stop_reported = stopped;
