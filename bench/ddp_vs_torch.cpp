@@ -1,9 +1,10 @@
 // ddp_vs_torch: median time of one data parallel training step on 2 ranks (Gloo, this machine), fastlearn
-// (GradReducer + our SGD) vs PyTorch's DistributedDataParallel in Python (torchrun), both on simple_cnn
-// with a fixed batch of 64 images per rank, SGD with momentum, 1 thread per rank. ratio = torch / ours, both in
-// the default (contiguous) layout; ratio_channels_last: both sides with the model and batch in channels-last.
-// The two sides' runs alternate (FASTLEARN_BENCH_REPEATS, default 3); ranges are over the runs' medians.
-// Prints one JSON object.
+// (GradReducer + our SGD) vs PyTorch's DistributedDataParallel in Python (torchrun), with a fixed batch of 64
+// images per rank, SGD with momentum, 1 thread per rank, on simple_cnn (key ddp_vs_torch) and on conv_net
+// (ddp_vs_torch_conv_net: BatchNorm, whose buffers both sides broadcast from rank 0 before each forward, as
+// DDP does by default and DistributedTrainer does). ratio = torch / ours, both in the default (contiguous)
+// layout; ratio_channels_last: both sides with the model and batch in channels-last. The two sides' runs
+// alternate (FASTLEARN_BENCH_REPEATS, default 5); ranges are over the runs' medians. Prints one JSON object.
 #include "support/bench_support.h"
 #include "support/source_dir.h"
 
@@ -18,6 +19,7 @@
 #include <fastlearn/optim/sgd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -34,24 +36,32 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr int kBatch = 64, kSteps = 40;
+const std::vector<std::string> kModels{"simple_cnn", "conv_net_32_64_128_256"};  // bench/python/fashion.py's names
+
+torch::nn::Sequential make_model(const std::string& name) {
+  return name == "simple_cnn" ? fl::models::simple_cnn(10) : fl::models::conv_net({.widths = {32, 64, 128, 256}});
+}
 
 // Median seconds of kSteps steps (after 5 warm-up steps) on a fresh seeded model.
-double measure(bool averaging, bool channels_last) {
+double measure(const std::string& model_name, bool averaging, bool channels_last) {
   torch::manual_seed(0);
-  auto model = fl::models::simple_cnn(10);
+  auto model = make_model(model_name);
   if (channels_last) fl::to_channels_last(*model);
   std::vector<std::pair<std::string, at::Tensor>> params;
   for (const auto& p : model->named_parameters()) params.emplace_back(p.key(), p.value());
+  std::vector<at::Tensor> buffers;
+  for (const auto& b : model->buffers()) buffers.push_back(b);
   auto opt = fl::SGD({.mom = 0.9})({model->parameters()}, 0.01);
   auto x = torch::randn({kBatch, 1, 28, 28});
   if (channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
   auto y = torch::randint(0, 10, {kBatch}, torch::kLong);
   std::optional<fl::GradReducer> reducer;
-  if (averaging) reducer.emplace(params, std::vector<at::Tensor>{}, fl::world_group());
+  if (averaging) reducer.emplace(params, buffers, fl::world_group());
   std::vector<double> times;
   for (int step = 0; step < kSteps + 5; ++step) {
     fl::barrier();
     const auto start = Clock::now();
+    if (reducer && !buffers.empty()) reducer->broadcast_buffers();  // what DistributedTrainer::before_batch does
     torch::nn::functional::cross_entropy(model->forward(x), y).backward();
     opt->step();
     opt->zero_grad();
@@ -61,12 +71,12 @@ double measure(bool averaging, bool channels_last) {
   return times[times.size() / 2];
 }
 
-// One DDP run (torchrun, 2 ranks) in `layout`: its median step, or 0 when it did not report.
-double run_ddp(const char* layout) {
+// One DDP run (torchrun, 2 ranks) of `model_name` in `layout`: its median step, or 0 when it did not report.
+double run_ddp(const std::string& model_name, const char* layout) {
   const auto command = fmt::format(
       "OMP_NUM_THREADS=1 {} -m torch.distributed.run --nproc-per-node 2 --master-port {} "
-      "{}/bench/python/ddp_step.py {} {} {} 2>/dev/null",
-      FASTLEARN_PYTHON, fl::pick_free_port("127.0.0.1"), FASTLEARN_SOURCE_DIR, kBatch, kSteps, layout);
+      "{}/bench/python/ddp_step.py {} {} {} {} 2>/dev/null",
+      FASTLEARN_PYTHON, fl::pick_free_port("127.0.0.1"), FASTLEARN_SOURCE_DIR, kBatch, kSteps, layout, model_name);
   double median = 0, low = 0, high = 0;
   if (FILE* pipe = popen(command.c_str(), "r")) {
     if (std::fscanf(pipe, "%lf %lf %lf", &median, &low, &high) != 3) median = 0;
@@ -77,21 +87,27 @@ double run_ddp(const char* layout) {
 
 // Our runs and DDP's alternate, so that a change in the machine's speed (wide on this VM) falls on both
 // sides alike: after each of our measurements rank 0 runs DDP while rank 1 waits at a barrier. Rank 0
-// writes one line per repeat: ours, ours without averaging, ours channels-last, DDP, DDP channels-last.
+// writes one line per model and repeat: the model's index, ours, ours without averaging, ours channels-last,
+// DDP, DDP channels-last.
 void run_rank(int) {
   at::set_num_threads(1);
   fl::setup_distrib({.timeout = std::chrono::seconds(180)});
   std::ofstream out;
   if (fl::rank() == 0) out.open(std::getenv("FASTLEARN_BENCH_OUT"));
-  for (int r = 0, n = bench::repeats(3); r < n; ++r) {
-    const auto compute_only = measure(false, false);  // the same step without averaging: what communication adds
-    const auto ours = measure(true, false);
-    const auto ours_channels_last = measure(true, true);
-    if (fl::rank() == 0) {
-      const double ddp = run_ddp("contiguous"), ddp_channels_last = run_ddp("channels_last");
-      out << ours << " " << compute_only << " " << ours_channels_last << " " << ddp << " " << ddp_channels_last << "\n";
+  for (int r = 0, n = bench::repeats(5); r < n; ++r) {
+    for (std::size_t m = 0; m < kModels.size(); ++m) {
+      const auto& name = kModels[m];
+      const auto compute_only =
+          measure(name, false, false);  // the same step without averaging: what communication adds
+      const auto ours = measure(name, true, false);
+      const auto ours_channels_last = measure(name, true, true);
+      if (fl::rank() == 0) {
+        const double ddp = run_ddp(name, "contiguous"), ddp_channels_last = run_ddp(name, "channels_last");
+        out << m << " " << ours << " " << compute_only << " " << ours_channels_last << " " << ddp << " "
+            << ddp_channels_last << "\n";
+      }
+      fl::barrier();
     }
-    fl::barrier();
   }
   fl::teardown_distrib();
 }
@@ -104,33 +120,47 @@ int main() {
   // initialised for every core).
   fl::spawn(2, run_rank,
             {.extra_env = {{"FASTLEARN_BENCH_OUT", out.string()}, {"OMP_NUM_THREADS", "1"}}, .prefix_output = false});
-  std::vector<double> ours, compute, ours_cl, anchor, anchor_cl;
+  struct Series {
+    std::vector<double> ours, compute, ours_cl, anchor, anchor_cl;
+  };
+  std::vector<Series> series(kModels.size());
   std::ifstream in(out);
-  for (double o, c, ocl, a, acl; in >> o >> c >> ocl >> a >> acl;) {
+  for (std::size_t m; in >> m;) {
+    double o, c, ocl, a, acl;
+    if (!(in >> o >> c >> ocl >> a >> acl) || m >= kModels.size()) break;
     if (a <= 0 || acl <= 0) {
-      std::cerr << "ddp_vs_torch: the DDP run did not report (python: " << FASTLEARN_PYTHON << ")\n";
+      std::cerr << "ddp_vs_torch: the DDP run of " << kModels[m] << " did not report (python: " << FASTLEARN_PYTHON
+                << ")\n";
       return 1;
     }
-    ours.push_back(o);
-    compute.push_back(c);
-    ours_cl.push_back(ocl);
-    anchor.push_back(a);
-    anchor_cl.push_back(acl);
+    auto& runs = series[m];
+    runs.ours.push_back(o);
+    runs.compute.push_back(c);
+    runs.ours_cl.push_back(ocl);
+    runs.anchor.push_back(a);
+    runs.anchor_cl.push_back(acl);
   }
   std::filesystem::remove(out);
-  if (ours.empty()) {
-    std::cerr << "ddp_vs_torch: no measurement came back from the ranks\n";
-    return 1;
+  std::vector<std::string> entries;
+  for (std::size_t m = 0; m < kModels.size(); ++m) {
+    const auto& runs = series[m];
+    if (runs.ours.empty()) {
+      std::cerr << "ddp_vs_torch: no measurement of " << kModels[m] << " came back from the ranks\n";
+      return 1;
+    }
+    const auto o = bench::summarize(runs.ours), a = bench::summarize(runs.anchor), ocl = bench::summarize(runs.ours_cl),
+               acl = bench::summarize(runs.anchor_cl), c = bench::summarize(runs.compute);
+    entries.push_back(fmt::format(
+        R"("{}": {{"ours": {:.6f}, "anchor": {:.6f}, "ratio": {:.3f}, "unit": "s/step", "higher_is_better": false, )"
+        R"("ours_range": [{:.6f}, {:.6f}], "anchor_range": [{:.6f}, {:.6f}], "ours_without_averaging": {:.6f}, )"
+        R"("ours_channels_last": {:.6f}, "anchor_channels_last": {:.6f}, "ratio_channels_last": {:.3f}, )"
+        R"("ours_channels_last_range": [{:.6f}, {:.6f}], "anchor_channels_last_range": [{:.6f}, {:.6f}], )"
+        R"("model": "{}", "ranks": 2, "batch_per_rank": {}, "steps": {}, "repeats": {}, )"
+        R"("what": "2-rank data parallel step (forward, backward with gradient averaging, SGD momentum) on {}: fastlearn GradReducer vs PyTorch DDP (buffers broadcast before each forward on both sides), Gloo, 1 thread per rank; medians over alternating runs"}})",
+        m == 0 ? "ddp_vs_torch" : "ddp_vs_torch_conv_net", o.median, a.median, a.median / o.median, o.min, o.max, a.min,
+        a.max, c.median, ocl.median, acl.median, acl.median / ocl.median, ocl.min, ocl.max, acl.min, acl.max,
+        kModels[m], kBatch, kSteps, runs.ours.size(), kModels[m]));
   }
-  const auto o = bench::summarize(ours), a = bench::summarize(anchor), ocl = bench::summarize(ours_cl),
-             acl = bench::summarize(anchor_cl), c = bench::summarize(compute);
-  fmt::print(
-      R"({{"ddp_vs_torch": {{"ours": {:.6f}, "anchor": {:.6f}, "ratio": {:.3f}, "unit": "s/step", "higher_is_better": false, )"
-      R"("ours_range": [{:.6f}, {:.6f}], "anchor_range": [{:.6f}, {:.6f}], "ours_without_averaging": {:.6f}, )"
-      R"("ours_channels_last": {:.6f}, "anchor_channels_last": {:.6f}, "ratio_channels_last": {:.3f}, "ranks": 2, "batch_per_rank": {}, "steps": {}, "repeats": {}, )"
-      R"("what": "2-rank data parallel step (forward, backward with gradient averaging, SGD momentum) on simple_cnn: fastlearn GradReducer vs PyTorch DDP, Gloo, 1 thread per rank; medians over alternating runs"}}}})"
-      "\n",
-      o.median, a.median, a.median / o.median, o.min, o.max, a.min, a.max, c.median, ocl.median, acl.median,
-      acl.median / ocl.median, kBatch, kSteps, ours.size());
+  fmt::print("{{{}}}\n", fmt::join(entries, ", "));
   return 0;
 }

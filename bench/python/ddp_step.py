@@ -1,9 +1,11 @@
-"""Anchor of bench/ddp_vs_torch.cpp: median step time of PyTorch DDP (Gloo) on simple_cnn.
+"""Anchor of bench/ddp_vs_torch.cpp: median step time of PyTorch DDP (Gloo) on simple_cnn or conv_net.
 
 Run by torchrun on 2 ranks; each step: forward, cross entropy, backward (DDP averages the gradients),
 SGD step, zero_grad, on a fixed random batch of BS 1x28x28 images per rank. Rank 0 prints the median.
 LAYOUT: contiguous (default) or channels_last (the model and the batch in channels-last memory format).
-usage: torchrun --nproc-per-node 2 ddp_step.py BS STEPS [LAYOUT]
+MODEL: a name of fashion.py's model() (default simple_cnn); DDP's defaults, so BatchNorm buffers are
+broadcast from rank 0 before each forward.
+usage: torchrun --nproc-per-node 2 ddp_step.py BS STEPS [LAYOUT [MODEL]]
 """
 import statistics
 import sys
@@ -12,19 +14,16 @@ import time
 import torch
 import torch.distributed as dist
 
-
-def simple_cnn() -> torch.nn.Module:
-    conv = lambda i, o: torch.nn.Conv2d(i, o, 3, stride=2, padding=1)
-    return torch.nn.Sequential(conv(1, 32), torch.nn.ReLU(), conv(32, 64), torch.nn.ReLU(), conv(64, 64),
-                               torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64 * 4 * 4, 10))
+from fashion import model as fashion_model
 
 
 def main() -> None:
     bs, steps = int(sys.argv[1]), int(sys.argv[2])
     channels_last = len(sys.argv) > 3 and sys.argv[3] == "channels_last"
+    name = sys.argv[4] if len(sys.argv) > 4 else "simple_cnn"
     dist.init_process_group("gloo")
     torch.manual_seed(0)
-    net = simple_cnn()
+    net = fashion_model(name)
     if channels_last:
         net = net.to(memory_format=torch.channels_last)
     model = torch.nn.parallel.DistributedDataParallel(net)
