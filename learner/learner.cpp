@@ -2,6 +2,7 @@
 
 #include <fastlearn/core/cpu_memory_cache.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/mkl_dispatch.h>
 #include <fastlearn/data/sampler.h>
 #include <fastlearn/learner/progress.h>
 #include <fastlearn/learner/recorder.h>
@@ -144,6 +145,7 @@ Learner::Learner(DataLoaders dls, std::shared_ptr<torch::nn::Module> model, Forw
   if (!model_) throw Error("Learner: the model is null");
   if (!loss_func_.fn) throw Error("Learner: the loss function is empty");
   enable_cpu_memory_cache();  // a step's activations would otherwise cost fresh pages every time
+  mkl_chooses_by_features();  // reports a bad FASTLEARN_MKL_BY_FEATURES here, where it can be thrown
   if (auto device = dls_.device()) model_->to(*device);
   add_cb(std::make_shared<TrainEval>());
   add_cb(std::make_shared<Recorder>(options_.metrics, RecorderOptions{.train_metrics = options_.train_metrics}));

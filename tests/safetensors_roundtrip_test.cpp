@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -91,7 +92,10 @@ TEST(SafetensorsRoundTrip, WeightsCrossBetweenFastlearnAndPyTorchBothWays) {
     learn.load("from_torch", {.with_opt = false});
     const auto preds = predict(model, x);
     ASSERT_EQ(preds.sizes(), expected.sizes()) << arch;
-    EXPECT_LE((preds - expected).abs().max().item<double>(), 1e-5) << arch;
+    // Relative to the logits (up to about 200 with torch's initial weights): the two processes' matrix
+    // products may run different MKL kernels (core/mkl_dispatch), whose sums differ in the last bits.
+    const double bound = 1e-5 * std::max(1.0, expected.abs().max().item<double>());
+    EXPECT_LE((preds - expected).abs().max().item<double>(), bound) << arch;
   }
   if (!HasFailure()) fs::remove_all(root);
 }

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-TOLERANCE = 1e-5
+TOLERANCE = 1e-5  # times the largest logit when that is above 1
 
 
 def simple_cnn(classes=3, in_channels=1):
@@ -91,7 +91,9 @@ def check_fastlearn_weights(arch, folder):
     if preds.shape != want.shape:
         return f"predictions have shape {tuple(preds.shape)}, fastlearn's {tuple(want.shape)}"
     diff = (preds - want).abs().max().item()
-    return None if diff <= TOLERANCE else f"predictions differ from fastlearn's by up to {diff}"
+    # Relative: fastlearn's matrix products may run other MKL kernels than this process's (core/mkl_dispatch).
+    bound = TOLERANCE * max(1.0, want.abs().max().item())
+    return None if diff <= bound else f"predictions differ from fastlearn's by up to {diff} (bound {bound})"
 
 
 def write_torch_weights(arch, folder):
