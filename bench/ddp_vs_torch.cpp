@@ -4,11 +4,14 @@
 // (ddp_vs_torch_conv_net: BatchNorm, whose buffers both sides broadcast from rank 0 before each forward, as
 // DDP does by default and DistributedTrainer does). ratio = torch / ours, both in the default (contiguous)
 // layout; ratio_channels_last: both sides with the model and batch in channels-last. The two sides' runs
-// alternate (FASTLEARN_BENCH_REPEATS, default 5); ranges are over the runs' medians. Prints one JSON object.
+// alternate (FASTLEARN_BENCH_REPEATS, default 5); ranges are over the runs' medians. Ours runs with the CPU memory
+// cache and MKL's choice by instruction sets, as under a Learner. Prints one JSON object.
 #include "support/bench_support.h"
 #include "support/source_dir.h"
 
 #include <fastlearn/callbacks/channels_last.h>
+#include <fastlearn/core/cpu_memory_cache.h>
+#include <fastlearn/core/mkl_dispatch.h>
 #include <fastlearn/distributed/collectives.h>
 #include <fastlearn/distributed/grad_reducer.h>
 #include <fastlearn/distributed/launcher.h>
@@ -91,6 +94,11 @@ double run_ddp(const std::string& model_name, const char* layout) {
 // DDP, DDP channels-last.
 void run_rank(int) {
   at::set_num_threads(1);
+  // What every fastlearn training process has (the Learner sets both up): without the cache, glibc's mmap
+  // threshold, raised once conv_net's larger blocks are freed, would make simple_cnn's later repeats faster
+  // than its first (8.9 against 13.1 ms per step in one run).
+  fl::enable_cpu_memory_cache();
+  fl::mkl_chooses_by_features();
   fl::setup_distrib({.timeout = std::chrono::seconds(180)});
   std::ofstream out;
   if (fl::rank() == 0) out.open(std::getenv("FASTLEARN_BENCH_OUT"));
