@@ -7,6 +7,7 @@
 // under "shapes" of the first, with whether the rule takes the patch product there. ratio = torch / ours.
 #include "support/bench_support.h"
 
+#include <fastlearn/core/mkl_dispatch.h>
 #include <fastlearn/models/conv2d.h>
 
 #include <torch/torch.h>
@@ -57,7 +58,8 @@ Timing time_shape(const Shape& s, int threads, int repeats) {
     patch_ms.push_back(ms_per_call(by_patches, calls));
   }
   return {bench::summarize(torch_ms), bench::summarize(patch_ms),
-          fastlearn::models::uses_patch_weight_grad(s.in_channels, s.out_channels, s.kernel, s.kernel)};
+          fastlearn::models::uses_patch_weight_grad(s.in_channels, s.out_channels, s.kernel, s.kernel,
+                                                    out_size * out_size)};
 }
 
 std::string entry(const std::string& name, const Timing& t, int threads, int repeats, const std::string& extra) {
@@ -74,16 +76,19 @@ std::string entry(const std::string& name, const Timing& t, int threads, int rep
 
 int main() {
   try {
+    fastlearn::mkl_chooses_by_features();  // the products run on the MKL kernels a training process gets
     const int repeats = bench::repeats(7);
     torch::manual_seed(0);
     // conv_net's and simple_cnn's layers on Fashion-MNIST (shapes[4]: conv_net's last, the headline), then
-    // larger feature maps and ImageNet-size stages.
+    // larger feature maps, ImageNet-size stages, resnet18's last two stages at 128 px (vision_fine_tune) and a
+    // 2x2 output with fewer channels.
     constexpr std::size_t headline = 4;
     const std::vector<Shape> shapes{{128, 1, 32, 28, 3, 2},   {128, 32, 64, 14, 3, 2},  {128, 64, 64, 7, 3, 2},
                                     {128, 64, 128, 7, 3, 2},  {128, 128, 256, 4, 3, 2}, {128, 64, 64, 8, 3, 1},
                                     {128, 256, 256, 2, 3, 1}, {128, 64, 128, 8, 1, 2},  {16, 64, 64, 56, 3, 1},
                                     {16, 256, 256, 14, 3, 1}, {32, 512, 512, 7, 3, 1},  {128, 3, 32, 32, 3, 1},
-                                    {16, 3, 64, 224, 7, 2},   {16, 64, 128, 56, 3, 2},  {16, 128, 128, 28, 3, 1}};
+                                    {16, 3, 64, 224, 7, 2},   {16, 64, 128, 56, 3, 2},  {16, 128, 128, 28, 3, 1},
+                                    {32, 256, 256, 8, 3, 1},  {32, 512, 512, 4, 3, 1},  {128, 64, 128, 4, 3, 2}};
     std::string listed;
     Timing at_threads[2];  // the headline shape on 1 and 2 threads
     for (const int threads : {1, 2}) {

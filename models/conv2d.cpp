@@ -28,9 +28,9 @@ bool uses_one_channel_kernels(std::int64_t in_channels, std::int64_t out_channel
 }
 
 bool uses_patch_weight_grad(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel_h,
-                            std::int64_t kernel_w, const PatchGradRule& rule) {
+                            std::int64_t kernel_w, std::int64_t output_pixels, const PatchGradRule& rule) {
   return in_channels >= rule.min_in_channels && out_channels >= rule.min_out_channels &&
-         kernel_h * kernel_w >= rule.min_kernel_area;
+         kernel_h * kernel_w >= rule.min_kernel_area && output_pixels <= rule.max_output_pixels;
 }
 
 namespace {
@@ -306,8 +306,10 @@ torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
     return OneChannelConvFunction::run(OneChannelConvFunction::padded_images(input, padding), weight, bias_or_empty,
                                        OneChannelConvFunction::geometry(input, weight.size(0), stride, padding));
   }
-  if (!torch::GradMode::is_enabled() || !weight.requires_grad() ||
-      !uses_patch_weight_grad(input.size(1), weight.size(0), kernel[0], kernel[1]) || !patch_weight_grad_enabled()) {
+  const auto output_side = [&](int d) { return (input.size(d + 2) + 2 * padding[d] - kernel[d]) / stride[d] + 1; };
+  if (!torch::GradMode::is_enabled() || !weight.requires_grad() || stride[0] <= 0 || stride[1] <= 0 ||
+      !uses_patch_weight_grad(input.size(1), weight.size(0), kernel[0], kernel[1], output_side(0) * output_side(1)) ||
+      !patch_weight_grad_enabled()) {
     return torch::nn::Conv2dImpl::forward(input);
   }
   return ConvWithPatchWeightGrad::apply(input, weight, bias_or_empty, stride, padding);

@@ -9,14 +9,16 @@
 
 namespace fastlearn::models {
 
-/// When Conv2dImpl::forward takes the patch-product path (otherwise it is torch::nn::Conv2dImpl::forward): the
-/// shapes where the product was faster in every measurement (bench conv_weight_grad), on 1 and on 2 threads.
-/// Below these channel counts MKL's product runs short rows and oneDNN's own kernel wins; a pointwise (1x1)
-/// convolution's gradient is already a plain product for oneDNN.
+/// When Conv2dImpl::forward takes the patch-product path (otherwise it is torch::nn::Conv2dImpl::forward): deep
+/// layers on small maps, where the product was faster on 1 and on 2 threads in bench conv_weight_grad's 18 shapes
+/// (2026-11-25, MKL choosing by instruction sets): at most a 4x4 output map per image and at least 128 channels.
+/// On larger maps or with fewer channels oneDNN's own kernel won (a 4x4 map with 64 input channels, 7x7 and
+/// larger maps with 256 and 512); a pointwise (1x1) convolution's gradient is already a plain product for oneDNN.
 struct PatchGradRule {
-  std::int64_t min_in_channels = 64;
+  std::int64_t min_in_channels = 128;
   std::int64_t min_out_channels = 128;
-  std::int64_t min_kernel_area = 2;  ///< kernel height x width
+  std::int64_t min_kernel_area = 2;     ///< kernel height x width
+  std::int64_t max_output_pixels = 16;  ///< output height x width, per image
 };
 
 /// False when the environment sets FASTLEARN_CONV_PATCH_GRAD=0: every models::Conv2d then runs torch's
@@ -35,10 +37,10 @@ bool one_channel_kernels_enabled();
 bool uses_one_channel_kernels(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel_h,
                               std::int64_t kernel_w, bool channels_last_weight);
 
-/// True when a convolution with these channel counts and kernel computes its weight gradient as a patch
-/// product under `rule`.
+/// True when a convolution with these channel counts, kernel and output map (height x width per image) computes
+/// its weight gradient as a patch product under `rule`.
 bool uses_patch_weight_grad(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel_h,
-                            std::int64_t kernel_w, const PatchGradRule& rule = {});
+                            std::int64_t kernel_w, std::int64_t output_pixels, const PatchGradRule& rule = {});
 
 /// The weight gradient of a 2-d convolution (groups 1, dilation 1, zero padding) computed as
 /// patches^T x grad_output, the patches of the (zero-padded) input laid out one output pixel per row (im2col).

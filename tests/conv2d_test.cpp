@@ -97,21 +97,23 @@ TEST(Conv2d, SmallFeatureMapsWithManyChannelsGetTheSameGradientsAsTorch) {
 }
 
 TEST(Conv2d, StridesPaddingsAndKernelsOfEitherShapeMatchTorch) {
-  expect_same_as_torch(nn::Conv2dOptions(64, 128, 3).stride(1).padding(0), {5, 64, 5, 6}, true, Path::patches);
-  expect_same_as_torch(nn::Conv2dOptions(64, 128, {3, 1}).stride({2, 1}).padding({1, 0}), {3, 64, 6, 3}, false,
+  expect_same_as_torch(nn::Conv2dOptions(128, 128, 3).stride(1).padding(0), {5, 128, 5, 6}, true, Path::patches);
+  expect_same_as_torch(nn::Conv2dOptions(128, 128, {3, 1}).stride({2, 1}).padding({1, 0}), {3, 128, 6, 3}, false,
                        Path::patches);
-  expect_same_as_torch(nn::Conv2dOptions(64, 128, {1, 2}).stride(2), {4, 64, 7, 7}, true, Path::patches);
-  expect_same_as_torch(nn::Conv2dOptions(96, 128, {2, 3}).stride({1, 2}).padding({0, 2}), {2, 96, 3, 4}, false,
+  expect_same_as_torch(nn::Conv2dOptions(128, 128, {1, 2}).stride(2), {4, 128, 7, 7}, true, Path::patches);
+  expect_same_as_torch(nn::Conv2dOptions(128, 128, {2, 3}).stride({1, 2}).padding({0, 2}), {2, 128, 3, 4}, false,
                        Path::patches);
   // Kernel offsets that fall entirely in the padding for some or all output pixels.
-  expect_same_as_torch(nn::Conv2dOptions(64, 128, 3).stride(2).padding(1), {2, 64, 1, 1}, true, Path::patches);
-  expect_same_as_torch(nn::Conv2dOptions(64, 128, 3).padding(3), {2, 64, 2, 3}, true, Path::patches);
-  expect_same_as_torch(nn::Conv2dOptions(64, 128, 5).stride(3).padding(2), {2, 64, 7, 4}, false, Path::patches);
+  expect_same_as_torch(nn::Conv2dOptions(128, 128, 3).stride(2).padding(1), {2, 128, 1, 1}, true, Path::patches);
+  expect_same_as_torch(nn::Conv2dOptions(128, 128, 3).padding(2), {2, 128, 1, 2}, true, Path::patches);
+  expect_same_as_torch(nn::Conv2dOptions(128, 128, 5).stride(3).padding(2), {2, 128, 7, 4}, false, Path::patches);
 }
 
 TEST(Conv2d, OtherShapesAndTensorsTakeTorchsPath) {
-  // Too few input channels for the rule; too few output channels; a pointwise kernel; groups; dilation; float64.
-  expect_same_as_torch(nn::Conv2dOptions(32, 128, 3).stride(2).padding(1), {4, 32, 8, 8}, false, Path::torch);
+  // Too few input channels for the rule; too few output channels; too large an output map; a pointwise kernel;
+  // groups; dilation; float64.
+  expect_same_as_torch(nn::Conv2dOptions(64, 128, 3).stride(2).padding(1), {4, 64, 8, 8}, false, Path::torch);
+  expect_same_as_torch(nn::Conv2dOptions(128, 128, 3).padding(1), {2, 128, 5, 5}, true, Path::torch);
   expect_same_as_torch(nn::Conv2dOptions(64, 64, 3).padding(1), {2, 64, 5, 5}, true, Path::torch);
   expect_same_as_torch(nn::Conv2dOptions(128, 128, 1), {2, 128, 4, 4}, true, Path::torch);
   expect_same_as_torch(nn::Conv2dOptions(128, 128, 3).groups(2).padding(1), {2, 128, 4, 4}, false, Path::torch);
@@ -363,14 +365,16 @@ TEST(Conv2d, WeightGradientIsTheSameInAnyNumberOfChunks) {
   }
 }
 
-TEST(Conv2d, RuleTakesManyChannelsAndKernelsLargerThanOnePixel) {
-  EXPECT_TRUE(fl::models::uses_patch_weight_grad(128, 256, 3, 3));  // conv_net's last layer
-  EXPECT_TRUE(fl::models::uses_patch_weight_grad(64, 128, 3, 3));
-  EXPECT_TRUE(fl::models::uses_patch_weight_grad(512, 512, 1, 2));
-  EXPECT_FALSE(fl::models::uses_patch_weight_grad(32, 128, 3, 3));   // too few input channels
-  EXPECT_FALSE(fl::models::uses_patch_weight_grad(64, 64, 3, 3));    // too few output channels
-  EXPECT_FALSE(fl::models::uses_patch_weight_grad(256, 256, 1, 1));  // pointwise
-  EXPECT_TRUE(fl::models::uses_patch_weight_grad(64, 64, 3, 3, {.min_out_channels = 64}));
+TEST(Conv2d, RuleTakesDeepLayersOnSmallMapsWithKernelsLargerThanOnePixel) {
+  EXPECT_TRUE(fl::models::uses_patch_weight_grad(128, 256, 3, 3, 4));   // conv_net's last layer: 2x2
+  EXPECT_TRUE(fl::models::uses_patch_weight_grad(512, 512, 3, 3, 16));  // resnet18's last stage at 128 px
+  EXPECT_TRUE(fl::models::uses_patch_weight_grad(512, 512, 1, 2, 1));
+  EXPECT_FALSE(fl::models::uses_patch_weight_grad(64, 128, 3, 3, 16));   // too few input channels
+  EXPECT_FALSE(fl::models::uses_patch_weight_grad(128, 64, 3, 3, 4));    // too few output channels
+  EXPECT_FALSE(fl::models::uses_patch_weight_grad(512, 512, 3, 3, 49));  // too large a map
+  EXPECT_FALSE(fl::models::uses_patch_weight_grad(256, 256, 1, 1, 4));   // pointwise
+  EXPECT_TRUE(fl::models::uses_patch_weight_grad(
+      64, 64, 3, 3, 49, {.min_in_channels = 64, .min_out_channels = 64, .max_output_pixels = 49}));
 }
 
 TEST(Conv2d, CloneStaysAModelsConv2dWithItsOwnCopyOfTheWeights) {
