@@ -114,7 +114,7 @@ TEST(Conv2d, OtherShapesAndTensorsTakeTorchsPath) {
   // groups; dilation; float64.
   expect_same_as_torch(nn::Conv2dOptions(64, 128, 3).stride(2).padding(1), {4, 64, 8, 8}, false, Path::torch);
   expect_same_as_torch(nn::Conv2dOptions(128, 128, 3).padding(1), {2, 128, 5, 5}, true, Path::torch);
-  expect_same_as_torch(nn::Conv2dOptions(64, 64, 3).padding(1), {2, 64, 5, 5}, true, Path::torch);
+  expect_same_as_torch(nn::Conv2dOptions(128, 64, 3).padding(1), {2, 128, 4, 4}, true, Path::torch);
   expect_same_as_torch(nn::Conv2dOptions(128, 128, 1), {2, 128, 4, 4}, true, Path::torch);
   expect_same_as_torch(nn::Conv2dOptions(128, 128, 3).groups(2).padding(1), {2, 128, 4, 4}, false, Path::torch);
   expect_same_as_torch(nn::Conv2dOptions(128, 128, 3).dilation(2).padding(2), {2, 128, 4, 4}, false, Path::torch);
