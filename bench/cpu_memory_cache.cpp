@@ -10,9 +10,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include <cstdio>
 #include <filesystem>
-#include <memory>
 #include <string>
 
 #include "support/bench_support.h"
@@ -41,13 +39,8 @@ int child() {
 }
 
 double run_child(const std::string& self, bool cache) {
-  const auto command = fmt::format("{}'{}' --child", cache ? "" : "FASTLEARN_CPU_MEMORY_CACHE_MB=0 ", self);
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
-  if (!pipe) throw std::runtime_error("bench_cpu_memory_cache: cannot start " + command);
-  double rate = 0;
-  if (std::fscanf(pipe.get(), "%lf", &rate) != 1)
-    throw std::runtime_error("bench_cpu_memory_cache: no figure from " + command);
-  return rate;
+  return bench::command_figures(fmt::format("{}'{}' --child", cache ? "" : "FASTLEARN_CPU_MEMORY_CACHE_MB=0 ", self),
+                                1)[0];
 }
 
 }  // namespace

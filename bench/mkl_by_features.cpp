@@ -17,10 +17,8 @@
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <functional>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -101,14 +99,8 @@ int epoch_child(const std::string& data) {
 
 // A child in `mode` (its arguments) with the switch on or off: its `count` + 1 figures.
 std::vector<double> run_child(const std::string& self, const std::string& mode, bool by_features, std::size_t count) {
-  const auto command = fmt::format("FASTLEARN_MKL_BY_FEATURES={} '{}' {}", by_features ? 1 : 0, self, mode);
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
-  if (!pipe) throw std::runtime_error("bench_mkl_by_features: cannot start " + command);
-  std::vector<double> figures(count + 1);
-  for (auto& f : figures)
-    if (std::fscanf(pipe.get(), "%lf", &f) != 1)
-      throw std::runtime_error("bench_mkl_by_features: no figures from " + command);
-  return figures;
+  return bench::command_figures(fmt::format("FASTLEARN_MKL_BY_FEATURES={} '{}' {}", by_features ? 1 : 0, self, mode),
+                                count + 1);
 }
 
 }  // namespace

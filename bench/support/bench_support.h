@@ -13,6 +13,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -66,6 +67,17 @@ inline std::vector<double> numbers(const std::string& line, std::size_t n) {
     out.push_back(x);
   }
   return out;
+}
+
+/// Runs `command` (a shell command line) and reads the first `n` numbers it prints; throws naming the command
+/// when it cannot start or prints fewer.
+inline std::vector<double> command_figures(const std::string& command, std::size_t n) {
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
+  if (!pipe) throw std::runtime_error("bench: cannot start " + command);
+  std::vector<double> figures(n);
+  for (auto& f : figures)
+    if (std::fscanf(pipe.get(), "%lf", &f) != 1) throw std::runtime_error("bench: no figures from " + command);
+  return figures;
 }
 
 /// A child process we talk to by lines: request() writes one line to its stdin and returns the next line
