@@ -2,6 +2,7 @@
 
 #include <fastlearn/core/env_switch.h>
 #include <fastlearn/core/parallel.h>
+#include <fastlearn/models/direct_conv2d.h>
 #include <fastlearn/models/one_channel_conv.h>
 
 #include <ATen/autocast_mode.h>
@@ -16,6 +17,10 @@ namespace fastlearn::models {
 
 bool patch_weight_grad_enabled() {
   return env_switch_on("FASTLEARN_CONV_PATCH_GRAD", "torch's convolution everywhere");
+}
+
+bool direct_conv_enabled() {
+  return env_switch_on("FASTLEARN_DIRECT_CONV", "oneDNN's kernels for convolutions of 16k channels");
 }
 
 bool one_channel_kernels_enabled() {
@@ -305,6 +310,9 @@ torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
     if (grads) return OneChannelConvFunction::apply(input, weight, bias_or_empty, stride, padding);
     return OneChannelConvFunction::run(OneChannelConvFunction::padded_images(input, padding), weight, bias_or_empty,
                                        OneChannelConvFunction::geometry(input, weight.size(0), stride, padding));
+  }
+  if (direct_conv2d_supports(input, weight, bias, stride, padding) && direct_conv_enabled()) {
+    return direct_conv2d(input, weight, bias, stride, padding);
   }
   const auto output_side = [&](int d) { return (input.size(d + 2) + 2 * padding[d] - kernel[d]) / stride[d] + 1; };
   if (!torch::GradMode::is_enabled() || !weight.requires_grad() || stride[0] <= 0 || stride[1] <= 0 ||

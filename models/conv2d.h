@@ -26,6 +26,11 @@ struct PatchGradRule {
 /// throws ConfigError.
 bool patch_weight_grad_enabled();
 
+/// False when the environment sets FASTLEARN_DIRECT_CONV=0: convolutions whose channel counts are multiples of 16
+/// then run oneDNN's kernels (or the patch product) instead of models/direct_conv2d.h. Read at each forward; any
+/// value but 0 or 1 throws ConfigError.
+bool direct_conv_enabled();
+
 /// False when the environment sets FASTLEARN_ONE_CHANNEL_CONV=0: convolutions with one input channel then run
 /// oneDNN's kernels (to compare, or to rule ours out). Read at each forward; any value but 0 or 1 throws ConfigError.
 bool one_channel_kernels_enabled();

@@ -120,25 +120,6 @@ template <int kWide>
   weight_grad_rows<1>(c, input, grad_output, sums, first, last);
 }
 
-enum class Isa { avx512, avx2, baseline };
-
-// The widest instruction set this CPU runs, asked once.
-Isa best_isa() {
-  static const Isa isa = [] {
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma"))
-      return Isa::avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
-    return Isa::baseline;
-  }();
-  return isa;
-}
-
-// The variant asked for, if this CPU runs it; else the next narrower one.
-Isa pick(KernelIsa asked) {
-  const Isa widest = best_isa();
-  if (asked == KernelIsa::baseline || widest == Isa::baseline) return Isa::baseline;
-  return asked == KernelIsa::avx2 ? Isa::avx2 : widest;
-}
 #endif
 
 }  // namespace
@@ -147,9 +128,9 @@ void one_channel_conv_forward(const OneChannelConv& c, const float* padded_input
                               const float* bias, float* out, std::int64_t first, std::int64_t last,
                               [[maybe_unused]] KernelIsa isa) {
 #ifdef FASTLEARN_X86_VARIANTS
-  const auto chosen = pick(isa);
-  if (chosen == Isa::avx512) return forward_avx512(c, padded_input, weight_taps, bias, out, first, last);
-  if (chosen == Isa::avx2) return forward_avx2(c, padded_input, weight_taps, bias, out, first, last);
+  const auto chosen = resolve_isa(isa);
+  if (chosen == ResolvedIsa::avx512) return forward_avx512(c, padded_input, weight_taps, bias, out, first, last);
+  if (chosen == ResolvedIsa::avx2) return forward_avx2(c, padded_input, weight_taps, bias, out, first, last);
 #endif
   forward_rows<1>(c, padded_input, weight_taps, bias, out, first, last);
 }
@@ -157,9 +138,9 @@ void one_channel_conv_forward(const OneChannelConv& c, const float* padded_input
 void one_channel_conv_weight_grad(const OneChannelConv& c, const float* padded_input, const float* grad_output,
                                   float* sums, std::int64_t first, std::int64_t last, [[maybe_unused]] KernelIsa isa) {
 #ifdef FASTLEARN_X86_VARIANTS
-  const auto chosen = pick(isa);
-  if (chosen == Isa::avx512) return weight_grad_avx512(c, padded_input, grad_output, sums, first, last);
-  if (chosen == Isa::avx2) return weight_grad_avx2(c, padded_input, grad_output, sums, first, last);
+  const auto chosen = resolve_isa(isa);
+  if (chosen == ResolvedIsa::avx512) return weight_grad_avx512(c, padded_input, grad_output, sums, first, last);
+  if (chosen == ResolvedIsa::avx2) return weight_grad_avx2(c, padded_input, grad_output, sums, first, last);
 #endif
   weight_grad_rows<1>(c, padded_input, grad_output, sums, first, last);
 }

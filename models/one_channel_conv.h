@@ -3,6 +3,8 @@
 // channels-last: every output pixel is nine taps times a row of output channels, contiguous in NHWC. oneDNN's
 // kernels for that shape run at a few GFLOP/s (bench one_channel_conv). Plain pointers, no LibTorch:
 // models/conv2d.cpp prepares the tensors and splits the work across threads.
+#include <fastlearn/models/kernel_isa.h>
+
 #include <cstdint>
 
 namespace fastlearn::models {
@@ -15,10 +17,6 @@ struct OneChannelConv {
   std::int64_t out_height = 0, out_width = 0, out_channels = 0;
   std::int64_t stride_h = 1, stride_w = 1;
 };
-
-/// The instruction set the kernels run: the widest this CPU has (AVX-512, AVX2, or plain code), or a narrower
-/// one where the CPU runs it (the tests compare the variants on one machine).
-enum class KernelIsa { widest, avx2, baseline };
 
 /// Output rows [first, last) (row r: image r / out_height, output row r % out_height):
 /// out = bias + the nine taps in kernel order (bias may be null).
