@@ -5,10 +5,12 @@
 // 128 px (vision_fine_tune) and ImageNet-size stages. Entries: direct_conv (the three parts summed over conv_net
 // 32-64-128-256's convolutions after the first, batch 128, 1 thread: what a rank of time_to_accuracy runs) and
 // direct_conv_2_threads (the same on 2 threads); every shape and part is listed under "shapes" of the first.
-// ratio = torch / ours. models::Conv2d's rule (models/conv2d.h) comes from these figures.
+// ratio = torch / ours; "rule_takes_direct": whether models::Conv2d's rule (models/conv2d.h), which comes from
+// these figures, runs the direct kernels for that shape.
 #include "support/bench_support.h"
 
 #include <fastlearn/core/cpu_memory_cache.h>
+#include <fastlearn/models/conv2d.h>
 #include <fastlearn/models/direct_conv2d.h>
 
 #include <torch/torch.h>
@@ -114,13 +116,15 @@ int main() {
     for (const int threads : {1, 2}) {
       for (const auto& s : shapes) {
         const auto t = time_shape(s, threads, repeats);
+        const auto out_side = (s.size + 2 * (s.kernel / 2) - s.kernel) / s.stride + 1;
         for (std::size_t part = 0; part < kParts.size(); ++part) {
           listed += fmt::format(
               R"({}{{"what": "{}", "part": "{}", "batch": {}, "in": {}, "out": {}, "size": {}, "kernel": {}, )"
-              R"("stride": {}, "threads": {}, "torch_ms": {:.3f}, "ours_ms": {:.3f}, "ratio": {:.2f}}})",
+              R"("stride": {}, "threads": {}, "torch_ms": {:.3f}, "ours_ms": {:.3f}, "ratio": {:.2f}, )"
+              R"("rule_takes_direct": {}}})",
               listed.empty() ? "" : ", ", s.what, kParts[part], s.batch, s.in_channels, s.out_channels, s.size,
               s.kernel, s.stride, threads, t.torch[part].median, t.ours[part].median,
-              t.torch[part].median / t.ours[part].median);
+              t.torch[part].median / t.ours[part].median, fastlearn::models::uses_direct_conv(out_side * out_side));
           fmt::print(stderr, "{:48} {:11} {} thread(s): torch {:8.3f} ms, ours {:8.3f} ms, {:.2f}x\n", s.what,
                      kParts[part], threads, t.torch[part].median, t.ours[part].median,
                      t.torch[part].median / t.ours[part].median);

@@ -32,6 +32,10 @@ bool uses_one_channel_kernels(std::int64_t in_channels, std::int64_t out_channel
   return in_channels == 1 && out_channels % 8 == 0 && kernel_h == 3 && kernel_w == 3 && channels_last_weight;
 }
 
+bool uses_direct_conv(std::int64_t output_pixels, const DirectConvRule& rule) {
+  return output_pixels <= rule.max_output_pixels;
+}
+
 bool uses_patch_weight_grad(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel_h,
                             std::int64_t kernel_w, std::int64_t output_pixels, const PatchGradRule& rule) {
   return in_channels >= rule.min_in_channels && out_channels >= rule.min_out_channels &&
@@ -311,10 +315,11 @@ torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
     return OneChannelConvFunction::run(OneChannelConvFunction::padded_images(input, padding), weight, bias_or_empty,
                                        OneChannelConvFunction::geometry(input, weight.size(0), stride, padding));
   }
-  if (direct_conv2d_supports(input, weight, bias, stride, padding) && direct_conv_enabled()) {
+  const auto output_side = [&](int d) { return (input.size(d + 2) + 2 * padding[d] - kernel[d]) / stride[d] + 1; };
+  if (direct_conv2d_supports(input, weight, bias, stride, padding) &&
+      uses_direct_conv(output_side(0) * output_side(1)) && direct_conv_enabled()) {
     return direct_conv2d(input, weight, bias, stride, padding);
   }
-  const auto output_side = [&](int d) { return (input.size(d + 2) + 2 * padding[d] - kernel[d]) / stride[d] + 1; };
   if (!torch::GradMode::is_enabled() || !weight.requires_grad() || stride[0] <= 0 || stride[1] <= 0 ||
       !uses_patch_weight_grad(input.size(1), weight.size(0), kernel[0], kernel[1], output_side(0) * output_side(1)) ||
       !patch_weight_grad_enabled()) {

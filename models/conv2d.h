@@ -1,8 +1,10 @@
 #pragma once
-// models::Conv2d: torch::nn::Conv2d (same options, parameters, names and forward) whose weight gradient is one
-// matrix product over the input's patches where oneDNN's weight-gradient kernel is slower: 3x3 (and larger)
-// convolutions with many channels, from the deep end of a CNN on small images to ImageNet-size stages
-// (bench/README.md "Convolution weight gradients" has the measurements that set the rule).
+// models::Conv2d: torch::nn::Conv2d (same options, parameters, names and forward) that runs fastlearn's own
+// kernels where oneDNN's are slower: on small output maps with channel counts of 16s, its channels-last direct
+// kernels for the forward and both gradients (models/direct_conv2d.h); for the first layer of a channels-last
+// model on grey images, its one-input-channel kernels (models/one_channel_conv.h); for other deep layers on small
+// maps, the weight gradient as one matrix product over the input's patches (bench/README.md "Convolution weight
+// gradients" and "fastlearn's own convolution kernels" have the measurements that set the rules).
 #include <torch/nn/modules/conv.h>
 
 #include <cstdint>
@@ -25,6 +27,19 @@ struct PatchGradRule {
 /// convolution (to compare, or to rule the patch product out). Read at each forward; any value but 0 or 1
 /// throws ConfigError.
 bool patch_weight_grad_enabled();
+
+/// When Conv2dImpl::forward runs fastlearn's direct kernels (models/direct_conv2d.h): output maps of at most 7x7
+/// pixels per image. There they beat oneDNN in every part on 1 and 2 threads in bench direct_conv (2026-11-26,
+/// one thread: forward 1.02-2.16x, input gradient 1.30-2.52x, weight gradient 1.11-2.43x on simple_cnn's,
+/// conv_net's and resnet18's small maps); on larger maps (resnet18's 8x8 to 32x32 stages at 128 px, ImageNet's
+/// 14x14 and 56x56) oneDNN's kernels ran as fast or faster (0.84-1.05x in the parts ours lost or tied).
+struct DirectConvRule {
+  std::int64_t max_output_pixels = 49;  ///< output height x width, per image
+};
+
+/// True when a convolution with this output map (height x width per image) runs the direct kernels under `rule`
+/// (its tensors must also suit them: direct_conv2d_supports).
+bool uses_direct_conv(std::int64_t output_pixels, const DirectConvRule& rule = {});
 
 /// False when the environment sets FASTLEARN_DIRECT_CONV=0: convolutions whose channel counts are multiples of 16
 /// then run oneDNN's kernels (or the patch product) instead of models/direct_conv2d.h. Read at each forward; any
@@ -60,8 +75,9 @@ class Conv2dImpl : public torch::nn::Conv2dImpl {
   explicit Conv2dImpl(const torch::nn::Conv2dOptions& options);
   /// The same convolution as torch::nn::Conv2dImpl::forward. With float32 CPU tensors outside autocast, groups
   /// 1, dilation 1 and zero padding: where uses_one_channel_kernels accepts, forward and the weight and bias
-  /// gradients run fastlearn's one-channel kernels; where uses_patch_weight_grad accepts, backward computes the
-  /// weight gradient with conv2d_weight_grad_by_patches (the input and bias gradients as torch does).
+  /// gradients run fastlearn's one-channel kernels; where direct_conv2d_supports and uses_direct_conv accept, the
+  /// forward and every gradient run the direct kernels; where uses_patch_weight_grad accepts, backward computes
+  /// the weight gradient with conv2d_weight_grad_by_patches (the input and bias gradients as torch does).
   torch::Tensor forward(const torch::Tensor& input);
   /// A deep copy that stays a models::Conv2d (torch's clone would return its base class).
   std::shared_ptr<torch::nn::Module> clone(const std::optional<torch::Device>& device = std::nullopt) const override;

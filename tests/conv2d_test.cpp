@@ -410,7 +410,7 @@ TEST(Conv2d, ChannelCountsOfSixteensRunTheDirectKernelsAndMatchTorch) {
                            Path::direct);
       expect_same_as_torch(nn::Conv2dOptions(128, 256, 3).stride(2).padding(1).bias(bias), {2, 128, 4, 4},
                            channels_last, Path::direct);
-      expect_same_as_torch(nn::Conv2dOptions(16, 48, 3).padding(1).bias(bias), {2, 16, 9, 7}, channels_last,
+      expect_same_as_torch(nn::Conv2dOptions(16, 48, 3).padding(1).bias(bias), {2, 16, 7, 7}, channels_last,
                            Path::direct);
       expect_same_as_torch(nn::Conv2dOptions(48, 32, 3).padding(1).bias(bias), {2, 48, 5, 6}, channels_last,
                            Path::direct);
@@ -435,7 +435,9 @@ TEST(Conv2d, DirectKernelsTakeAnyStridePaddingAndKernelShape) {
 }
 
 TEST(Conv2d, DirectKernelsLeaveWhatTheyDoNotTakeToTorch) {
-  // Channel counts that are not multiples of 16, groups, dilation, padding as large as the kernel, float64.
+  // An output map larger than 7x7 (the rule), channel counts that are not multiples of 16, groups, dilation,
+  // padding as large as the kernel, float64.
+  expect_same_as_torch(nn::Conv2dOptions(32, 32, 3).padding(1), {2, 32, 8, 8}, true, Path::torch);
   expect_same_as_torch(nn::Conv2dOptions(24, 32, 3).padding(1), {2, 24, 6, 6}, true, Path::torch);
   expect_same_as_torch(nn::Conv2dOptions(32, 40, 3).padding(1), {2, 32, 6, 6}, true, Path::torch);
   expect_same_as_torch(nn::Conv2dOptions(32, 32, 3).groups(2).padding(1), {2, 32, 6, 6}, false, Path::torch);
@@ -610,6 +612,13 @@ TEST(Conv2d, DirectKernelsOfEveryInstructionSetAgree) {
       EXPECT_LT(relative_error(grad_weight, expected_weight.permute({2, 3, 1, 0})), 1e-5);
     }
   }
+}
+
+TEST(Conv2d, DirectRuleTakesOutputMapsOfAtMostSevenBySevenPixels) {
+  EXPECT_TRUE(fl::models::uses_direct_conv(49));  // simple_cnn's second layer: 14x14 -> 7x7
+  EXPECT_TRUE(fl::models::uses_direct_conv(1));
+  EXPECT_FALSE(fl::models::uses_direct_conv(64));  // resnet18's 8x8 stage at 128 px
+  EXPECT_TRUE(fl::models::uses_direct_conv(64, {.max_output_pixels = 64}));
 }
 
 TEST(Conv2d, DirectKernelsTakeSixteensOfChannelsAndKernelsOfAtMostFortyNineTaps) {
