@@ -21,8 +21,9 @@ configure: deps $(BUILD_DIR)/build.ninja
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# Each TEST is its own ctest entry; select an area with `make test CTEST_ARGS="-L distributed"`. Each test runs
-# pinned to a pair of CPUs, two tests per pair (scripts/ctest-resources), however many cores the machine has.
+# Each TEST is its own ctest entry, but a quick module's binary is one (tests/CMakeLists.txt, WHOLE); select an
+# area with `make test CTEST_ARGS="-L distributed"`. Each test runs pinned to a pair of CPUs, two tests per pair
+# (scripts/ctest-resources), however many cores the machine has.
 test: build
 	scripts/ctest-resources > $(BUILD_DIR)/ctest-resources.json
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --resource-spec-file ctest-resources.json $(CTEST_ARGS)
