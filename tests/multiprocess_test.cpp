@@ -63,7 +63,9 @@ TEST(MultiProcess, ACrashIsReportedWithTheSignal) {
 
 TEST(MultiProcess, AHungRankIsKilledAtTheTimeoutWithItsChildren) {
   MultiProcessOptions options;
-  options.timeout = std::chrono::seconds(3);
+  // Long enough for rank 0 to start, connect and finish on a loaded 2-core machine (with 3 s it once did not,
+  // beside another multi-process test): the timeout ends every rank still running, the healthy one too.
+  options.timeout = std::chrono::seconds(10);
   const auto start = std::chrono::steady_clock::now();
   const auto results = run_ranks(
       2,
@@ -78,8 +80,8 @@ TEST(MultiProcess, AHungRankIsKilledAtTheTimeoutWithItsChildren) {
       },
       options);
   const auto elapsed = std::chrono::steady_clock::now() - start;
-  EXPECT_LT(elapsed, std::chrono::seconds(10));
-  EXPECT_TRUE(results[0].passed) << results[0].output;
+  EXPECT_LT(elapsed, std::chrono::seconds(30));
+  EXPECT_TRUE(results[0].passed) << results[0].summary() << "\n" << results[0].output;
   EXPECT_TRUE(results[1].timed_out);
   EXPECT_NE(results[1].summary().find("timed out"), std::string::npos);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
