@@ -1,43 +1,42 @@
 #include <fastlearn/distributed/launch_store.h>
 
 #include <fastlearn/core/error.h>
-#include <fastlearn/distributed/process_group.h>
-#include <fastlearn/distributed/tcp_listen.h>
 #include <fmt/format.h>
 #include <unistd.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-namespace fastlearn::detail {
+namespace fastlearn {
 
-struct LaunchStore::Server {
+namespace detail {
+
+namespace {
+
+struct TcpStoreServer : StoreServer {
   c10::intrusive_ptr<c10d::TCPStore> store;
 };
 
-LaunchStore::LaunchStore(const std::string& addr) : server_(std::make_unique<Server>()) {
-  ListeningSocket socket;
-  try {
-    socket = listen_tcp(addr, 0);
-  } catch (const std::exception& e) {
-    throw ConfigError(
-        fmt::format("launch: cannot serve the rendezvous store on master_addr '{}' ({}); use an "
-                    "address of this machine or pass master_port",
-                    addr, e.what()));
-  }
+}  // namespace
+
+std::unique_ptr<StoreServer> serve_store_here(const std::string& addr, ListeningSocket socket) {
   c10d::TCPStoreOptions options;
   options.port = static_cast<std::uint16_t>(socket.port);
   options.isServer = true;
   options.waitWorkers = false;
   options.masterListenFd = socket.fd;  // the store owns it from here
+  auto server = std::make_unique<TcpStoreServer>();
   try {
-    server_->store = c10::make_intrusive<c10d::TCPStore>(addr, options);
+    server->store = c10::make_intrusive<c10d::TCPStore>(addr, options);
   } catch (const std::exception& e) {
     close(socket.fd);
-    throw DistributedError(
-        fmt::format("launch: cannot start the rendezvous store on {}:{}: {}", addr, socket.port, error_text(e)));
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    throw DistributedError(fmt::format("launch: cannot start the rendezvous store on {}:{}: {}", addr, socket.port,
+                                       c10_error ? c10_error->what_without_backtrace() : e.what()));
   }
-  port_ = socket.port;
+  return server;
 }
 
-LaunchStore::~LaunchStore() = default;
+}  // namespace detail
 
-}  // namespace fastlearn::detail
+LaunchResult launch(const LaunchOptions& options) { return detail::launch_serving(options, detail::serve_store_here); }
+
+}  // namespace fastlearn

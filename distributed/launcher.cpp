@@ -7,6 +7,7 @@
 #include <fastlearn/distributed/tcp_listen.h>
 #include <fastlearn/distributed/worker_group.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -51,14 +52,16 @@ int pick_free_port(const std::string& addr) {
   }
 }
 
-LaunchResult launch(const LaunchOptions& given) {
-  detail::validate_options(given);
+namespace detail {
+
+LaunchResult launch_serving(const LaunchOptions& given, const ServeStore& serve) {
+  validate_options(given);
   LaunchOptions options = given;
   if (options.run_id.empty() && options.nnodes == 1) {
     std::random_device entropy;  // one node: a fresh id per launch keeps its ranks out of any other run's store
     options.run_id = fmt::format("{:08x}{:08x}", entropy(), entropy());
   }
-  const fs::path program = detail::resolve_program(options.command.front());
+  const fs::path program = resolve_program(options.command.front());
   if (options.log_dir) {
     std::error_code ec;
     fs::create_directories(*options.log_dir, ec);
@@ -68,22 +71,44 @@ LaunchResult launch(const LaunchOptions& given) {
   }
   // No port given: the launcher serves the store itself, on a port it holds from now on (a bad address is an option
   // error, up front).
-  std::optional<detail::LaunchStore> store;
-  if (options.master_port == 0) store.emplace(options.master_addr);
+  std::optional<ListeningSocket> store_socket;
+  if (options.master_port == 0) {
+    try {
+      store_socket = listen_tcp(options.master_addr, 0);
+    } catch (const std::exception& e) {
+      throw ConfigError(
+          fmt::format("launch: cannot serve the rendezvous store on master_addr '{}' ({}); use an "
+                      "address of this machine or pass master_port",
+                      options.master_addr, e.what()));
+    }
+  }
+  struct CloseUnserved {  // until the store takes the socket over
+    std::optional<ListeningSocket>& socket;
+    ~CloseUnserved() {
+      if (socket) close(socket->fd);
+    }
+  } close_unserved{store_socket};
+  std::unique_ptr<StoreServer> store;
+  const int port = store_socket ? store_socket->port : options.master_port;
+  const bool launcher_store = store_socket.has_value();
 
   if (g_launch_running.exchange(true))
     throw DistributedError("launch: another launch() is running in this process; run them one after the other");
   struct Release {
     ~Release() { g_launch_running = false; }
   } release;
-  detail::SignalCatcher signals;
+  SignalCatcher signals;
 
   const int nranks = options.nproc_per_node;
   for (int restart = 0;; ++restart) {
-    const int port = store ? store->port() : options.master_port;
-    detail::Attempt a;
+    Attempt a;
     {
-      detail::WorkerGroup group(options, signals, program, restart, port, store.has_value());
+      WorkerGroup group(options, signals, program, restart, port, launcher_store);
+      if (store_socket) {  // the first start: the ranks load their libraries meanwhile
+        auto socket = *store_socket;
+        store_socket.reset();
+        store = serve(options.master_addr, socket);
+      }
       a = group.wait();
     }
     LaunchResult result;
@@ -129,5 +154,7 @@ LaunchResult launch(const LaunchOptions& given) {
     return result;
   }
 }
+
+}  // namespace detail
 
 }  // namespace fastlearn

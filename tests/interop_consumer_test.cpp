@@ -59,7 +59,8 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
        {"include/fastlearn/fastlearn.h", "include/fastlearn/learner/learner.h",
         "include/fastlearn/callbacks/tensorboard.h", "include/fastlearn/distributed/runtime.h", "lib/libfastlearn.a",
         "lib/cmake/fastlearn/fastlearnConfig.cmake", "lib/cmake/fastlearn/fastlearnConfigVersion.cmake",
-        "lib/cmake/fastlearn/fastlearnTargets.cmake", "bin/fastlearn"}) {
+        "lib/cmake/fastlearn/fastlearnTargets.cmake", "bin/fastlearn", "libexec/fastlearn/fastlearn-torch",
+        "libexec/fastlearn/fastlearn-store"}) {
     EXPECT_TRUE(fs::exists(prefix / file)) << file;
   }
   EXPECT_FALSE(fs::exists(prefix / "include/fastlearn/learner/learner.cpp")) << "sources are not headers";
@@ -88,6 +89,9 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
   std::tie(status, out) = run_shell((prefix / "bin/fastlearn").string() + " --version");
   EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("fastlearn"), std::string::npos) << out;
+  // ... and its launch starts the rendezvous store from libexec/fastlearn.
+  std::tie(status, out) = run_shell((prefix / "bin/fastlearn").string() + " launch --nproc-per-node 2 -- /bin/true");
+  EXPECT_EQ(status, 0) << out;
 
   // find_package(fastlearn 9.0) does not accept this 0.x package.
   const auto src = kWork / "version-src", version_build = kWork / "version-build";

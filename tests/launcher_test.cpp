@@ -527,8 +527,8 @@ struct Cli {
   fs::path out() const { return dir.path / "stdout"; }
   fs::path err() const { return dir.path / "stderr"; }
 
-  explicit Cli(const std::vector<std::string>& args) {
-    std::vector<std::string> all{FASTLEARN_CLI};
+  explicit Cli(const std::vector<std::string>& args, const std::string& program = FASTLEARN_CLI) {
+    std::vector<std::string> all{program};
     all.insert(all.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& a : all) argv.push_back(a.data());
@@ -615,6 +615,60 @@ TEST(LaunchCli, ProgramArgumentsThatLookLikeOptionsReachTheProgram) {
   Cli cli({"launch", "--no-prefix", "--", FASTLEARN_LAUNCH_PROBE, "print=--nproc-per-node"});
   EXPECT_EQ(cli.wait_exit_code(), 0) << read_text(cli.err());
   EXPECT_EQ(read_text(cli.out()), "--nproc-per-node\n");
+}
+
+// `fastlearn` runs the launch without LibTorch (its start-up would delay every rank by a second or two); the ranks
+// meet on the store it starts beside them (the example apps' tests train through it).
+TEST(LaunchCli, TheLauncherLoadsNoLibTorch) {
+  Cli cli({"launch", "--nproc-per-node", "2", "--no-prefix", "--", "/bin/sh", "-c",
+           "echo libtorch in the launcher: $(grep -c libtorch /proc/$PPID/maps)"});
+  EXPECT_EQ(cli.wait_exit_code(), 0) << read_text(cli.err());
+  EXPECT_EQ(read_text(cli.out()), "libtorch in the launcher: 0\nlibtorch in the launcher: 0\n");
+}
+
+// A copy of `fastlearn` alone in a folder, with `store` as its fastlearn-store when given.
+fs::path lone_cli(const TempDir& dir, const std::string& store = "") {
+  const auto cli = dir.path / "fastlearn";
+  fs::copy_file(FASTLEARN_CLI, cli);
+  if (!store.empty()) {
+    std::ofstream(dir.path / "fastlearn-store") << store;
+    fs::permissions(dir.path / "fastlearn-store", fs::perms::owner_all);
+  }
+  return cli;
+}
+
+TEST(LaunchCli, MissingHelperProgramsAreNamed) {
+  TempDir dir;
+  const auto cli = lone_cli(dir);
+  Cli launch({"launch", "--", FASTLEARN_LAUNCH_PROBE}, cli);
+  EXPECT_EQ(launch.wait_exit_code(), 1);
+  EXPECT_NE(read_text(launch.err()).find("cannot find fastlearn-store beside " + cli.string()), std::string::npos)
+      << read_text(launch.err());
+  Cli version({"--version"}, cli);
+  EXPECT_EQ(version.wait_exit_code(), 127);
+  EXPECT_NE(read_text(version.err()).find("cannot find fastlearn-torch beside"), std::string::npos)
+      << read_text(version.err());
+}
+
+TEST(LaunchCli, AStoreThatFailsToStartStopsTheRanks) {
+  TempDir dir, ranks;
+  // It fails once both ranks run (and have written their records, whose pids must be gone after).
+  const auto cli = lone_cli(dir, fmt::format("#!/bin/sh\nwhile [ $(ls {} | wc -l) -lt 2 ]; do sleep 0.05; done\n"
+                                             "echo the store broke >&2\nexit 3\n",
+                                             ranks.path.string()));
+  const auto start = Clock::now();
+  Cli launch({"launch", "--nproc-per-node", "2", "--grace-period", "1", "--", FASTLEARN_LAUNCH_PROBE,
+              "record=" + ranks.path.string(), "sleep"},
+             cli);
+  EXPECT_EQ(launch.wait_exit_code(), 1);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
+  const auto err = read_text(launch.err());
+  EXPECT_NE(err.find("the store broke"), std::string::npos) << err;
+  EXPECT_NE(
+      err.find("the rendezvous store (" + (dir.path / "fastlearn-store").string() + ") failed to start (exit code 3)"),
+      std::string::npos)
+      << err;
+  expect_all_gone(ranks.path, 2);
 }
 
 TEST(LaunchCli, HelpDescribesEveryOption) {
