@@ -1,7 +1,7 @@
 // The fastlearn side of time_to_accuracy: trains on Fashion-MNIST with fit_one_cycle under DistribCtx
 // (data parallel when started by `fastlearn launch`) and stops after the first epoch whose test accuracy
 // reaches --target. Rank 0 prints one line: {"reached": .., "epochs": .., "accuracy": .., "train_seconds": ..,
-// "history": [..]}.
+// "history": [..], "epoch_seconds": [..]}.
 //   tta_train --model NAME --epochs E --lr LR --bs B --target 0.92 [--data DIR] [--seed S] [--channels-last]
 // NAME: simple_cnn, conv_net_<width>_<width>... (models::conv_net with those widths), or
 // resnet_<width>_<width>..._s<stem> (models::resnet with those stage widths and stem).
@@ -51,19 +51,25 @@ class StopAtAccuracy : public fl::Callback {
     const auto& rec = learn().recorder();
     accuracy = rec.value(rec.history().back(), "accuracy");
     history.push_back(accuracy);
+    const auto now = std::chrono::steady_clock::now();
+    epoch_seconds.push_back(std::chrono::duration<double>(now - last_).count());
+    last_ = now;
     epochs = static_cast<int>(rec.history().size());
     if (accuracy >= target_) {
       reached = true;
       throw fl::CancelFitException();
     }
   }
+  void before_fit() override { last_ = std::chrono::steady_clock::now(); }
   double accuracy = 0;
-  std::vector<double> history;  // test accuracy after each epoch
+  std::vector<double> history;        // test accuracy after each epoch
+  std::vector<double> epoch_seconds;  // wall seconds of each epoch (training and validation)
   int epochs = 0;
   bool reached = false;
 
  private:
   double target_;
+  std::chrono::steady_clock::time_point last_;
 };
 
 }  // namespace
@@ -102,8 +108,9 @@ int main(int argc, char** argv) {
     if (fl::is_main()) {
       fmt::print(
           "{{\"reached\": {}, \"epochs\": {}, \"accuracy\": {:.4f}, \"train_seconds\": {:.2f}, \"history\": "
-          "[{:.4f}]}}\n",
-          stop->reached, stop->epochs, stop->accuracy, seconds, fmt::join(stop->history, ", "));
+          "[{:.4f}], \"epoch_seconds\": [{:.2f}]}}\n",
+          stop->reached, stop->epochs, stop->accuracy, seconds, fmt::join(stop->history, ", "),
+          fmt::join(stop->epoch_seconds, ", "));
     }
     return 0;
   } catch (const std::exception& e) {

@@ -90,14 +90,15 @@ std::vector<AxisClass> input_grad_axis(std::int64_t phase, std::int64_t in_size,
   return classes;
 }
 
-// acc[r] = start + sum over taps t < tap_count and k < depth of (base[r] + offset[t])[k] * weight(t)[k * ldb, +
-// kChannels): kR pixels that share their taps. start is out[r] itself when `accumulate` (a later slice of the
-// depth), else init (or zeros where init is null). out[r] receives pixel r's sums.
-template <class B, class TapWeights>
+// acc[r] = start + sum over taps t < tap_count and k < depth of (base[r] + offset[t])[k * step] * weight(t)[k * ldb,
+// + kChannels): kR pixels that share their taps. start is out[r] itself when `accumulate` (a later slice of the
+// depth), else init (or zeros where init is null). out[r] receives pixel r's sums. step is 1 unless kStrided (an
+// NCHW input: its channels are step apart).
+template <class B, bool kStrided, class TapWeights>
 [[gnu::always_inline]] inline void window_product(const float* const* base, const std::int64_t* offset,
                                                   std::int64_t tap_count, const TapWeights& weight, std::int64_t depth,
-                                                  std::int64_t ldb, bool accumulate, const float* init,
-                                                  float* const* out) {
+                                                  std::int64_t ldb, std::int64_t step, bool accumulate,
+                                                  const float* init, float* const* out) {
   using L = typename B::Lanes;
   using Vec = typename L::Vec;
   Vec acc[B::kR][B::kV];
@@ -119,7 +120,7 @@ template <class B, class TapWeights>
       Vec bv[B::kV];
       for (int v = 0; v < B::kV; ++v) bv[v] = load<L>(b + k * ldb + v * L::kWidth);
       for (int r = 0; r < B::kR; ++r) {
-        const float x = a[r][k];
+        const float x = a[r][kStrided ? k * step : k];
         for (int v = 0; v < B::kV; ++v) acc[r][v] += x * bv[v];
       }
     }
@@ -170,8 +171,8 @@ std::int64_t depth_slice(std::int64_t depth, std::int64_t taps) {
 }
 
 // Forward: for every block of B::kChannels output channels and slice of the input channels, blocks of B::kR
-// output pixels.
-template <class B>
+// output pixels. kStrided: the input is NCHW (c.input_nchw).
+template <class B, bool kStrided>
 [[gnu::always_inline]] inline void forward_pixels(const DirectConv& c, const float* input, const float* weight_hwio,
                                                   const float* bias, float* out, std::int64_t first,
                                                   std::int64_t last) {
@@ -190,7 +191,7 @@ template <class B>
             std::int64_t taps = 0;
             for (std::int64_t a = 0; a < row_class.tap_count; ++a) {
               for (std::int64_t b = 0; b < col_class.tap_count; ++b, ++taps) {
-                offset[taps] = (a * c.in_width + b) * c.in_channels + ch;
+                offset[taps] = a * c.in_row_stride() + b * c.in_column_stride() + ch * c.in_channel_stride();
                 tap_index[taps] = (row_class.first_tap + a) * c.kernel_w + col_class.first_tap + b;
               }
             }
@@ -200,15 +201,17 @@ template <class B>
               const auto top = y[r] * c.stride_h - c.pad_h + row_class.first_tap;
               const auto left = x[r] * c.stride_w - c.pad_w + col_class.first_tap;
               // A pixel that no tap reaches (a kernel over padding alone) gets the bias and reads nothing.
-              base[r] = taps > 0 ? input + ((n[r] * c.in_height + top) * c.in_width + left) * c.in_channels : input;
+              base[r] = taps > 0
+                            ? input + n[r] * c.in_image_stride() + top * c.in_row_stride() + left * c.in_column_stride()
+                            : input;
               outs[r] = r < pixels ? out + ((n[r] * c.out_height + y[r]) * c.out_width + x[r]) * c.out_channels + o
                                    : scratch.data() + o;
             }
             const auto weight = [&](std::int64_t t) {
               return weight_hwio + (tap_index[t] * c.in_channels + ch) * c.out_channels + o;
             };
-            window_product<B>(base, offset, taps, weight, depth, c.out_channels, ch > 0, bias ? bias + o : nullptr,
-                              outs);
+            window_product<B, kStrided>(base, offset, taps, weight, depth, c.out_channels, c.in_channel_stride(),
+                                        ch > 0, bias ? bias + o : nullptr, outs);
           });
     }
   }
@@ -256,7 +259,7 @@ template <class B>
             const auto weight = [&](std::int64_t t) {
               return weight_ohwi + o * ldb + tap_index[t] * c.in_channels + ch;
             };
-            window_product<B>(base, offset, taps, weight, depth, ldb, o > 0, nullptr, outs);
+            window_product<B, false>(base, offset, taps, weight, depth, ldb, 1, o > 0, nullptr, outs);
           });
     }
   }
@@ -272,8 +275,8 @@ struct TapPairs {
 
 // Weight gradient sums of input channels [ch, ch + kRows) and output channels [o, o + kChannels) under tap t,
 // over the tap's pairs: acc (in grad_weight_hwio) += input[pixel under t, ch + r] * grad_output[pixel, o...].
-// The kRows input values of a pixel are adjacent: one pointer serves them all.
-template <class B, int kRows>
+// The kRows input values of a pixel are adjacent (kStrided: c.in_channel_stride() apart): one pointer serves them.
+template <class B, bool kStrided, int kRows>
 [[gnu::always_inline]] inline void weight_grad_tile(const DirectConv& c, const float* input, const float* grad_output,
                                                     const TapPairs& pairs, std::int64_t t, std::int64_t ch,
                                                     std::int64_t o, float* grad_weight_hwio) {
@@ -286,7 +289,8 @@ template <class B, int kRows>
   }
   const std::int64_t* in_offset = pairs.input_offset.data() + t * pairs.capacity;
   const std::int64_t* grad_offset = pairs.grad_offset.data() + t * pairs.capacity;
-  const float* in = input + ch;
+  const auto step = c.in_channel_stride();
+  const float* in = input + ch * step;
   const float* grad = grad_output + o;
   for (std::int64_t k = 0; k < pairs.count[t]; ++k) {
     const float* __restrict x = in + in_offset[k];
@@ -294,7 +298,7 @@ template <class B, int kRows>
     Vec gv[B::kV];
     for (int v = 0; v < B::kV; ++v) gv[v] = load<L>(g + v * L::kWidth);
     for (int r = 0; r < kRows; ++r) {
-      const float xr = x[r];
+      const float xr = x[kStrided ? r * step : r];
       for (int v = 0; v < B::kV; ++v) acc[r][v] += xr * gv[v];
     }
   }
@@ -304,19 +308,21 @@ template <class B, int kRows>
 }
 
 // The weight gradient's remainder rows (fewer than B::kR input channels), one instantiation per count.
-template <class B, int kRows = B::kR - 1>
+template <class B, bool kStrided, int kRows = B::kR - 1>
 [[gnu::always_inline]] inline void weight_grad_rest(int rows, const DirectConv& c, const float* input,
                                                     const float* grad_output, const TapPairs& pairs, std::int64_t t,
                                                     std::int64_t ch, std::int64_t o, float* grad_weight_hwio) {
   if constexpr (kRows > 0) {
-    if (rows == kRows) return weight_grad_tile<B, kRows>(c, input, grad_output, pairs, t, ch, o, grad_weight_hwio);
-    weight_grad_rest<B, kRows - 1>(rows, c, input, grad_output, pairs, t, ch, o, grad_weight_hwio);
+    if (rows == kRows) {
+      return weight_grad_tile<B, kStrided, kRows>(c, input, grad_output, pairs, t, ch, o, grad_weight_hwio);
+    }
+    weight_grad_rest<B, kStrided, kRows - 1>(rows, c, input, grad_output, pairs, t, ch, o, grad_weight_hwio);
   }
 }
 
 // Weight gradient: runs of output pixels small enough that their input and output gradients stay in cache while
-// every tile of the gradient takes its sums over them.
-template <class B>
+// every tile of the gradient takes its sums over them. kStrided: the input is NCHW (c.input_nchw).
+template <class B, bool kStrided>
 [[gnu::always_inline]] inline void weight_grad_pixels(const DirectConv& c, const float* input, const float* grad_output,
                                                       float* grad_weight_hwio, std::int64_t first, std::int64_t last) {
   std::fill(grad_weight_hwio, grad_weight_hwio + c.out_channels * c.taps() * c.in_channels, 0.0f);
@@ -341,7 +347,7 @@ template <class B>
           if (x < 0 || x >= c.in_width) continue;
           const auto t = i * c.kernel_w + j;
           const auto k = pairs.count[t]++;
-          pairs.input_offset[t * kRun + k] = ((n * c.in_height + y) * c.in_width + x) * c.in_channels;
+          pairs.input_offset[t * kRun + k] = n * c.in_image_stride() + y * c.in_row_stride() + x * c.in_column_stride();
           pairs.grad_offset[t * kRun + k] = q * c.out_channels;
         }
       }
@@ -350,11 +356,11 @@ template <class B>
       for (std::int64_t o = 0; o < c.out_channels; o += B::kChannels) {
         std::int64_t ch = 0;
         for (; ch + B::kR <= c.in_channels; ch += B::kR) {
-          weight_grad_tile<B, B::kR>(c, input, grad_output, pairs, t, ch, o, grad_weight_hwio);
+          weight_grad_tile<B, kStrided, B::kR>(c, input, grad_output, pairs, t, ch, o, grad_weight_hwio);
         }
         if (ch < c.in_channels) {
-          weight_grad_rest<B>(static_cast<int>(c.in_channels - ch), c, input, grad_output, pairs, t, ch, o,
-                              grad_weight_hwio);
+          weight_grad_rest<B, kStrided>(static_cast<int>(c.in_channels - ch), c, input, grad_output, pairs, t, ch, o,
+                                        grad_weight_hwio);
         }
       }
     }
@@ -379,8 +385,10 @@ struct Kernels {
   }
   [[gnu::always_inline]] static void forward(const DirectConv& c, const float* input, const float* weight_hwio,
                                              const float* bias, float* out, std::int64_t first, std::int64_t last) {
-    by_width(c.out_channels, false,
-             [&](auto block) { forward_pixels<decltype(block)>(c, input, weight_hwio, bias, out, first, last); });
+    by_width(c.out_channels, false, [&](auto block) {
+      if (c.input_nchw) return forward_pixels<decltype(block), true>(c, input, weight_hwio, bias, out, first, last);
+      forward_pixels<decltype(block), false>(c, input, weight_hwio, bias, out, first, last);
+    });
   }
   [[gnu::always_inline]] static void input_grad(const DirectConv& c, const float* grad_output, const float* weight_ohwi,
                                                 float* grad_input, std::int64_t phase, std::int64_t first,
@@ -392,7 +400,10 @@ struct Kernels {
   [[gnu::always_inline]] static void weight_grad(const DirectConv& c, const float* input, const float* grad_output,
                                                  float* grad_weight_hwio, std::int64_t first, std::int64_t last) {
     by_width(c.out_channels, true, [&](auto block) {
-      weight_grad_pixels<decltype(block)>(c, input, grad_output, grad_weight_hwio, first, last);
+      if (c.input_nchw) {
+        return weight_grad_pixels<decltype(block), true>(c, input, grad_output, grad_weight_hwio, first, last);
+      }
+      weight_grad_pixels<decltype(block), false>(c, input, grad_output, grad_weight_hwio, first, last);
     });
   }
 };

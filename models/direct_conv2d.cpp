@@ -31,6 +31,21 @@ DirectConv geometry(const at::Tensor& input, const at::Tensor& weight, at::IntAr
   return c;
 }
 
+// The input as the kernels read it: as it is when contiguous in either format (NCHW through input_nchw), else a
+// channels-last copy.
+at::Tensor kernel_input(const at::Tensor& input) {
+  if (input.is_contiguous(at::MemoryFormat::ChannelsLast) || input.is_contiguous()) return input;
+  return input.contiguous(at::MemoryFormat::ChannelsLast);
+}
+
+// The geometry of the kernels' call on kernel_input(input).
+DirectConv kernel_geometry(const at::Tensor& kernel_in, const at::Tensor& weight, at::IntArrayRef stride,
+                           at::IntArrayRef padding) {
+  auto c = geometry(kernel_in, weight, stride, padding);
+  c.input_nchw = !kernel_in.is_contiguous(at::MemoryFormat::ChannelsLast);
+  return c;
+}
+
 // Work items of about this many multiply-adds per thread share at least: smaller convolutions stay on one thread.
 constexpr std::int64_t kGrainMacs = std::int64_t{1} << 18;
 
@@ -38,15 +53,15 @@ std::int64_t grain(std::int64_t items, std::int64_t macs) {
   return std::max<std::int64_t>(1, kGrainMacs * items / std::max<std::int64_t>(1, macs));
 }
 
-at::Tensor forward_output(const at::Tensor& input_nhwc, const at::Tensor& weight_ohwi, const at::Tensor& bias,
+at::Tensor forward_output(const at::Tensor& input, const at::Tensor& weight_ohwi, const at::Tensor& bias,
                           const DirectConv& c) {
   // (O, kh, kw, C) -> (kh, kw, C, O): one 2-d transpose, ATen's blocked copy.
   const auto packed =
       weight_ohwi.permute({0, 2, 3, 1}).reshape({c.out_channels, c.taps() * c.in_channels}).t().contiguous();
   auto out = at::empty({c.images, c.out_channels, c.out_height, c.out_width},
-                       input_nhwc.options().memory_format(at::MemoryFormat::ChannelsLast));
+                       input.options().memory_format(at::MemoryFormat::ChannelsLast));
   const auto bias_values = bias.defined() ? bias.contiguous() : at::Tensor();
-  const float* input_data = input_nhwc.const_data_ptr<float>();
+  const float* input_data = input.const_data_ptr<float>();
   const float* weight_data = packed.const_data_ptr<float>();
   const float* bias_data = bias_values.defined() ? bias_values.const_data_ptr<float>() : nullptr;
   float* out_data = out.mutable_data_ptr<float>();
@@ -77,13 +92,13 @@ at::Tensor input_gradient(const at::Tensor& grad_nhwc, const at::Tensor& weight_
 
 // The weight gradient (kh, kw, C, O) summed over fixed slices of the output pixels, each slice's sums added in
 // slice order: the slices do not depend on the thread count, so neither do the bits.
-at::Tensor weight_gradient_hwio(const at::Tensor& input_nhwc, const at::Tensor& grad_nhwc, const DirectConv& c) {
+at::Tensor weight_gradient_hwio(const at::Tensor& input, const at::Tensor& grad_nhwc, const DirectConv& c) {
   const auto weight_size = c.taps() * c.in_channels * c.out_channels;
   const auto pixels = c.out_pixels();
   // A slice sums at least 256 pixels; at most 8 slices keep the partial sums' memory small.
   const auto slices = std::clamp<std::int64_t>(pixels / 256, 1, 8);
   auto partial = at::empty({slices, weight_size}, grad_nhwc.options().memory_format(at::MemoryFormat::Contiguous));
-  const float* input_data = input_nhwc.const_data_ptr<float>();
+  const float* input_data = input.const_data_ptr<float>();
   const float* grad_data = grad_nhwc.const_data_ptr<float>();
   float* partial_data = partial.mutable_data_ptr<float>();
   parallel_for(0, slices, 1, [&](std::int64_t first, std::int64_t last) {
@@ -115,14 +130,14 @@ struct DirectConvFunction : torch::autograd::Function<DirectConvFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
                             const at::Tensor& bias, std::vector<std::int64_t> stride,
                             std::vector<std::int64_t> padding) {
-    const auto c = geometry(input, weight, stride, padding);
-    const auto input_nhwc = input.contiguous(at::MemoryFormat::ChannelsLast);
+    const auto kernel_in = kernel_input(input);
+    const auto c = kernel_geometry(kernel_in, weight, stride, padding);
     const auto weight_ohwi = weight.contiguous(at::MemoryFormat::ChannelsLast);
-    ctx->save_for_backward({input, weight, input_nhwc, weight_ohwi});  // the same tensors where already channels-last
+    ctx->save_for_backward({input, weight, kernel_in, weight_ohwi});  // the same tensors where already as needed
     ctx->saved_data["stride"] = stride;
     ctx->saved_data["padding"] = padding;
     ctx->saved_data["has_bias"] = bias.numel() > 0;
-    const auto out = forward_output(input_nhwc, weight_ohwi, bias.numel() > 0 ? bias : at::Tensor(), c);
+    const auto out = forward_output(kernel_in, weight_ohwi, bias.numel() > 0 ? bias : at::Tensor(), c);
     return out.contiguous(input.suggest_memory_format());
   }
 
@@ -131,7 +146,7 @@ struct DirectConvFunction : torch::autograd::Function<DirectConvFunction> {
     const auto saved = ctx->get_saved_variables();
     const auto& input = saved[0];
     const auto& weight = saved[1];
-    const auto& input_nhwc = saved[2];
+    const auto& kernel_in = saved[2];
     const auto& weight_ohwi = saved[3];
     const auto stride = ctx->saved_data["stride"].toIntVector();
     const auto padding = ctx->saved_data["padding"].toIntVector();
@@ -147,10 +162,10 @@ struct DirectConvFunction : torch::autograd::Function<DirectConvFunction> {
       return {grad_input, grad_weight, has_bias ? grad_bias : at::Tensor(), at::Tensor(), at::Tensor()};
     }
     const auto grad = grads[0].contiguous(at::MemoryFormat::ChannelsLast);
-    const auto c = geometry(input_nhwc, weight_ohwi, stride, padding);
+    const auto c = kernel_geometry(kernel_in, weight_ohwi, stride, padding);
     at::Tensor grad_input, grad_weight, grad_bias;
     if (wanted[0]) grad_input = input_gradient(grad, weight_ohwi, c).contiguous(input_format);
-    if (wanted[1]) grad_weight = in_weight_layout(weight_gradient_hwio(input_nhwc, grad, c), weight);
+    if (wanted[1]) grad_weight = in_weight_layout(weight_gradient_hwio(kernel_in, grad, c), weight);
     if (wanted[2]) grad_bias = grad.sum({0, 2, 3});
     return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor()};
   }
@@ -188,9 +203,10 @@ at::Tensor direct_conv2d(const at::Tensor& input, const at::Tensor& weight, cons
 at::Tensor direct_conv2d_output(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
                                 at::IntArrayRef stride, at::IntArrayRef padding) {
   TORCH_CHECK(direct_conv2d_supports(input, weight, bias, stride, padding), "direct_conv2d_output: not supported");
-  return forward_output(
-      input.contiguous(at::MemoryFormat::ChannelsLast), weight.contiguous(at::MemoryFormat::ChannelsLast),
-      bias.defined() && bias.numel() > 0 ? bias : at::Tensor(), geometry(input, weight, stride, padding));
+  const auto kernel_in = kernel_input(input);
+  return forward_output(kernel_in, weight.contiguous(at::MemoryFormat::ChannelsLast),
+                        bias.defined() && bias.numel() > 0 ? bias : at::Tensor(),
+                        kernel_geometry(kernel_in, weight, stride, padding));
 }
 
 at::Tensor direct_conv2d_input_grad(const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
@@ -205,9 +221,9 @@ at::Tensor direct_conv2d_weight_grad(const at::Tensor& grad_output, const at::Te
                                      at::IntArrayRef stride, at::IntArrayRef padding) {
   TORCH_CHECK(direct_conv2d_supports(input, weight, at::Tensor(), stride, padding),
               "direct_conv2d_weight_grad: not supported");
-  return in_weight_layout(weight_gradient_hwio(input.contiguous(at::MemoryFormat::ChannelsLast),
-                                               grad_output.contiguous(at::MemoryFormat::ChannelsLast),
-                                               geometry(input, weight, stride, padding)),
+  const auto kernel_in = kernel_input(input);
+  return in_weight_layout(weight_gradient_hwio(kernel_in, grad_output.contiguous(at::MemoryFormat::ChannelsLast),
+                                               kernel_geometry(kernel_in, weight, stride, padding)),
                           weight);
 }
 

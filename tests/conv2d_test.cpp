@@ -610,6 +610,20 @@ TEST(Conv2d, DirectKernelsOfEveryInstructionSetAgree) {
       EXPECT_LT(relative_error(out, expected), 1e-6);
       EXPECT_LT(relative_error(grad_input, expected_input.permute({0, 2, 3, 1})), 1e-6);
       EXPECT_LT(relative_error(grad_weight, expected_weight.permute({2, 3, 1, 0})), 1e-5);
+      // The forward and the weight gradient read an NCHW input as it is.
+      auto nchw = c;
+      nchw.input_nchw = true;
+      const auto input_cf = input_nchw.contiguous();
+      auto out_cf = torch::empty_like(out);
+      auto grad_weight_cf = torch::empty_like(grad_weight);
+      for (const auto& [first, last] : {std::pair{std::int64_t{0}, pixels / 3}, std::pair{pixels / 3, pixels}}) {
+        m::direct_conv_forward(nchw, input_cf.data_ptr<float>(), packed.data_ptr<float>(), bias.data_ptr<float>(),
+                               out_cf.data_ptr<float>(), first, last, isa);
+      }
+      m::direct_conv_weight_grad(nchw, input_cf.data_ptr<float>(), grad.data_ptr<float>(),
+                                 grad_weight_cf.data_ptr<float>(), 0, pixels, isa);
+      EXPECT_TRUE(torch::equal(out_cf, out)) << "the same sums in the same order";
+      EXPECT_TRUE(torch::equal(grad_weight_cf, grad_weight));
     }
   }
 }
