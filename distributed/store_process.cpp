@@ -1,6 +1,7 @@
 #include <fastlearn/distributed/store_process.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/distributed/worker_process.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
@@ -93,13 +94,7 @@ std::unique_ptr<StoreServer> serve_store_in_child(const std::filesystem::path& p
     close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);  // nothing else of the launcher's leaks into the store
     for (int fd : {socket.fd, ready[1], lifeline[0]}) fcntl(fd, F_SETFD, 0);
     execve(argv[0], argv.data(), environ);
-    const char* parts[] = {"fastlearn launch: execve() of the rendezvous store '", argv[0],
-                           "' failed: ", strerrordesc_np(errno), "\n"};
-    for (const char* part : parts) {
-      if (part) [[maybe_unused]]
-        auto n = write(STDERR_FILENO, part, std::strlen(part));
-    }
-    _exit(127);
+    exit_after_failed_exec("the rendezvous store", argv[0]);
   }
   const int fork_errno = errno;
   pthread_sigmask(SIG_SETMASK, &old, nullptr);

@@ -68,6 +68,17 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
   return env;
 }
 
+void exit_after_failed_exec(const char* what, const char* program) {
+  // Only async-signal-safe calls after fork: strerrordesc_np reads a static table (strerror may allocate).
+  const char* parts[] = {
+      "fastlearn launch: execve() of ", what, " '", program, "' failed: ", strerrordesc_np(errno), "\n"};
+  for (const char* part : parts) {
+    if (part) [[maybe_unused]]
+      auto n = write(STDERR_FILENO, part, std::strlen(part));
+  }
+  _exit(127);
+}
+
 void start_rank(RankProcess& r, const ExecPlan& plan, pid_t group, int stdin_fd) {
   std::array<int, 2> out{-1, -1};
   std::array<int, 2> err{-1, -1};
@@ -100,14 +111,7 @@ void start_rank(RankProcess& r, const ExecPlan& plan, pid_t group, int stdin_fd)
     sigprocmask(SIG_SETMASK, &none, nullptr);
     close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);  // no descriptor of the launcher's process leaks into a rank
     execve(plan.path.c_str(), plan.argv.data(), plan.envp.data());
-    // Only async-signal-safe calls after fork: strerrordesc_np reads a static table (strerror may allocate).
-    const char* parts[] = {"fastlearn launch: execve() of the rank's program '", plan.path.c_str(),
-                           "' failed: ", strerrordesc_np(errno), "\n"};
-    for (const char* part : parts) {
-      if (part) [[maybe_unused]]
-        auto n = write(STDERR_FILENO, part, std::strlen(part));
-    }
-    _exit(127);
+    exit_after_failed_exec("the rank's program", plan.path.c_str());
   }
   const int fork_errno = errno;
   if (pid > 0) setpgid(pid, group == 0 ? pid : group);  // also here: no race with the first kill of the group

@@ -53,6 +53,10 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
 /// throws DistributedError when the pipes or fork() fail.
 void start_rank(RankProcess& r, const ExecPlan& plan, pid_t group, int stdin_fd);
 
+/// In a child after fork(), when execve() of `program` failed: says so on stderr ("fastlearn launch: execve() of
+/// <what> '<program>' failed: <reason>") with async-signal-safe calls only, and exits with 127.
+[[noreturn]] void exit_after_failed_exec(const char* what, const char* program);
+
 /// Records the rank's exit if it has ended, leaving it a zombie: its pid (and with rank 0 the group's id)
 /// stays reserved until the final reap, so signals to the group can never reach a recycled id.
 bool check_exit(RankProcess& rank);
