@@ -90,6 +90,8 @@ int main(int argc, char** argv) {
   app.add_option("--target", target, "test accuracy to reach")->capture_default_str();
   app.add_option("--seed", seed)->capture_default_str();
   app.add_flag("--channels-last", channels_last, "train with the ChannelsLast callback");
+  bool local_batch_norm = false;
+  app.add_flag("--no-sync-bn", local_batch_norm, "keep BatchNorm statistics per rank (DistribCtx's sync_bn = false)");
   CLI11_PARSE(app, argc, argv);
   try {
     fl::set_seed(seed);
@@ -99,7 +101,7 @@ int main(int argc, char** argv) {
     auto stop = std::make_shared<StopAtAccuracy>(target);
     const auto start = std::chrono::steady_clock::now();
     {
-      fl::DistribCtx ctx(learn);
+      fl::DistribCtx ctx(learn, {.sync_bn = !local_batch_norm});
       std::vector<fl::CallbackPtr> cbs{stop};
       if (channels_last) cbs.push_back(std::make_shared<fl::ChannelsLast>());
       learn.fit_one_cycle(epochs, lr, {.fit = {.cbs = cbs}});

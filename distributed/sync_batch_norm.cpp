@@ -3,6 +3,7 @@
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/collectives.h>
 #include <fastlearn/distributed/runtime.h>
+#include <fastlearn/distributed/sync_batch_norm_math.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -22,13 +23,6 @@ namespace nn = torch::nn;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// (1, C, 1, ...): a per-channel vector broadcast against an input of `dim` dimensions.
-std::vector<std::int64_t> channel_shape(std::int64_t dim, std::int64_t channels) {
-  std::vector<std::int64_t> shape(static_cast<std::size_t>(dim), 1);
-  shape[1] = channels;
-  return shape;
-}
-
 // Normalizes with the global statistics; backward all-reduces the two per-channel sums the input gradient
 // needs, so every rank's input gradient is that of one BatchNorm over the global batch.
 struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> {
@@ -39,16 +33,9 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const std::optional<at::Tensor>& weight,
                             const std::optional<at::Tensor>& bias, const at::Tensor& mean, const at::Tensor& invstd,
                             const at::Tensor& count, std::int64_t group) {
-    const auto shape = channel_shape(input.dim(), mean.size(0));
-    const auto dtype = mean.scalar_type();
-    // y = (x - mean) * scale + bias as one pass per element: x * scale + (bias - mean * scale).
-    auto scale = weight ? invstd * weight->to(dtype) : invstd;
-    auto shift = -mean * scale;
-    if (bias) shift = shift + bias->to(dtype);
-    auto y = at::addcmul(shift.view(shape), input.to(dtype), scale.view(shape));
     ctx->save_for_backward({input, weight.value_or(at::Tensor()), mean, invstd, count});
     ctx->saved_data["group"] = group;
-    return y.to(input.scalar_type());
+    return detail::normalize(input, mean, invstd, weight.value_or(at::Tensor()), bias.value_or(at::Tensor()));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -59,19 +46,8 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
     const auto& invstd = saved[3];
     const auto& count = saved[4];
     auto* group = reinterpret_cast<Group*>(static_cast<std::intptr_t>(ctx->saved_data["group"].toInt()));
-    const auto dtype = mean.scalar_type();
-    const auto shape = channel_shape(input.dim(), mean.size(0));
-
-    const auto dy = grad_outputs[0].to(dtype);
-    const auto x = input.to(dtype);
-    // sum(dy) and sum(dy * (x - mean)) per channel in one fused pass of ATen's BatchNorm backward (with a unit
-    // weight and invstd its weight and bias gradients are exactly these sums); zeros for a rank without items.
-    const auto ones = at::ones_like(mean);
-    at::Tensor sum_dy = at::zeros_like(mean), sum_dy_xmu = at::zeros_like(mean);
-    if (x.numel() > 0) {
-      std::tie(std::ignore, sum_dy_xmu, sum_dy) = at::native_batch_norm_backward(
-          dy, x, ones, /*running_mean=*/{}, /*running_var=*/{}, mean, ones, /*train=*/true, 0.0, {false, true, true});
-    }
+    const auto& dy = grad_outputs[0];
+    const auto [sum_dy, sum_dy_xmu] = detail::gradient_sums(dy, input, mean);
 
     at::Tensor grad_input, grad_weight, grad_bias;
     if (weight.defined() && ctx->needs_input_grad(1)) grad_weight = (sum_dy_xmu * invstd).to(weight.scalar_type());
@@ -79,16 +55,9 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
     if (ctx->needs_input_grad(0)) {
       // One all_reduce of both sums, in float64; every rank joins, also one without items. (Skipped when the
       // input needs no gradient: the graph, hence that answer, is the same on every rank.)
-      auto packed = torch::cat({sum_dy, sum_dy_xmu}).to(torch::kDouble);
-      all_reduce(packed, ReduceOp::sum, group);
-      const auto channels = mean.size(0);
-      const auto mean_dy = (packed.narrow(0, 0, channels) / count).to(dtype);
-      const auto mean_dy_xmu = (packed.narrow(0, channels, channels) / count).to(dtype);
-      // scale * (dy - mean_dy - (x - mean) * invstd^2 * mean_dy_xmu), as dy * scale + x * b + c: two passes.
-      const auto scale = weight.defined() ? invstd * weight.to(dtype) : invstd;
-      const auto b = -scale * invstd * invstd * mean_dy_xmu;
-      const auto c = -scale * mean_dy - mean * b;
-      grad_input = at::addcmul(c.view(shape), dy, scale.view(shape)).addcmul_(x, b.view(shape)).to(input.scalar_type());
+      auto sums = torch::cat({sum_dy, sum_dy_xmu}).to(torch::kDouble);
+      all_reduce(sums, ReduceOp::sum, group);
+      grad_input = detail::input_gradient(dy, input, mean, invstd, weight, sums, count);
     }
     return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -237,52 +206,27 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
 
 at::Tensor SyncBatchNormImpl::forward_distributed(const at::Tensor& input, Group& group, double factor) {
   const auto channels = options.num_features;
-  const auto f64 = torch::TensorOptions().dtype(torch::kDouble).device(input.device());
   // float64 inputs are computed in float64, every other floating type in float32 (as BatchNorm's kernels).
   const auto compute = input.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
   const auto local = input.numel() / channels;  // values per channel on this rank
-  if (!shift_.defined()) shift_ = torch::zeros({channels}, f64);
+  if (!shift_.defined()) shift_ = torch::zeros({channels}, torch::TensorOptions().dtype(torch::kDouble));
   shift_ = shift_.to(input.device());
 
-  // float64 sums of (x-K), (x-K)^2 with K = previous global mean (same on all ranks): no cancellation if |mean| >> std
-  // (from a local two-pass mean/variance). One all_reduce of [sum (x-K) | sum (x-K)^2 | count].
-  auto packed = torch::zeros({2 * channels + 1}, f64);
-  if (local > 0) {
-    torch::NoGradGuard no_grad;
-    // ATen's BatchNorm statistics kernel (one vectorized pass per channel, contiguous or channels-last input):
-    // several times faster than var_mean's float64 Welford reduction, which took 11% of a 2-rank conv_net run.
-    const auto [mean, var] = at::batch_norm_update_stats(input.to(compute), {}, {}, 0.0);
-    const auto d = mean.to(torch::kDouble) - shift_;
-    const auto n = static_cast<double>(local);
-    packed.narrow(0, 0, channels).copy_(d * n);
-    packed.narrow(0, channels, channels).copy_((var.to(torch::kDouble) + d * d) * n);
-    packed.narrow(0, 2 * channels, 1).fill_(n);
-  }
-  all_reduce(packed, ReduceOp::sum, &group);
-
-  const auto count = packed.narrow(0, 2 * channels, 1);
+  // One all_reduce of [sum (x-K) | sum (x-K)^2 | count], K the previous global mean (the same on all ranks).
+  auto moments = detail::local_moments(input, shift_, compute);
+  all_reduce(moments, ReduceOp::sum, &group);
   // With 2 values here the global count is at least 2: only a rank with fewer reads the sum on the host.
-  if (local < 2 && packed[2 * channels].item<double>() < 2) {
+  if (local < 2 && moments[2 * channels].item<double>() < 2) {
     throw ConfigError(
         fmt::format("{}: expected more than 1 value per channel when training, got {} over the {} ranks "
                     "of group '{}' (input [{}] on rank {}); use larger batches",
-                    describe(options), packed[2 * channels].item<double>(), group.size(), group.name(),
+                    describe(options), moments[2 * channels].item<double>(), group.size(), group.name(),
                     fmt::join(input.sizes(), ", "), rank()));
   }
-  const auto s1 = packed.narrow(0, 0, channels);
-  const auto s2 = packed.narrow(0, channels, channels);
-  const auto mean = shift_ + s1 / count;
-  const auto m2 = (s2 - s1 * s1 / count).clamp_min(0);
-  const auto var = m2 / count;
-  shift_ = mean;
-  if (running_mean.defined()) {
-    torch::NoGradGuard no_grad;
-    running_mean.copy_(running_mean.to(torch::kDouble) * (1 - factor) + mean * factor);
-    running_var.copy_(running_var.to(torch::kDouble) * (1 - factor) + m2 / (count - 1) * factor);
-  }
-  const auto invstd = (var + options.eps).rsqrt();
+  auto stats = detail::global_statistics(moments, shift_, options.eps, factor, running_mean, running_var, compute);
+  shift_ = stats.shift;
   auto maybe = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
-  return SyncBatchNormFunction::apply(input, maybe(weight), maybe(bias), mean.to(compute), invstd.to(compute), count,
+  return SyncBatchNormFunction::apply(input, maybe(weight), maybe(bias), stats.mean, stats.invstd, stats.count,
                                       static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(&group)));
 }
 

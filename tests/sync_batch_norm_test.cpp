@@ -56,7 +56,10 @@ using fastlearn::testing::message_of;
   return ::testing::AssertionFailure() << "max |difference| " << error << " > " << rtol << " * scale " << scale;
 }
 
-double tolerance(torch::Dtype dtype) { return dtype == torch::kDouble ? 1e-10 : 1e-5; }
+double tolerance(torch::Dtype dtype) {
+  if (dtype == torch::kHalf) return 1e-2;  // both round their float32 results to 11 bits
+  return dtype == torch::kDouble ? 1e-10 : 1e-5;
+}
 
 void set_affine(at::Tensor& weight, at::Tensor& bias) {
   torch::NoGradGuard no_grad;
@@ -169,7 +172,8 @@ struct GlobalCase {
   torch::Dtype dtype = torch::kFloat;
   std::optional<double> momentum = 0.1;
   int steps = 2;
-  double offset = 2;  // the inputs' mean
+  double offset = 2;           // the inputs' mean
+  bool channels_last = false;  // inputs and output gradients in channels-last memory (4-d items only)
 };
 
 // Every rank draws the same seeded global batch, runs the reference BatchNorm on all of it and the
@@ -201,8 +205,12 @@ void expect_global_batch_norm(const GlobalCase& c) {
     sync->bias.copy_(ref->bias);
   }
   for (int step = 0; step < c.steps; ++step) {
-    const auto x = torch::randn(shape, c.dtype) * 3 + c.offset;
-    const auto g = torch::randn(shape, c.dtype);
+    auto x = torch::randn(shape, c.dtype) * 3 + c.offset;
+    auto g = torch::randn(shape, c.dtype);
+    if (c.channels_last) {
+      x = x.contiguous(at::MemoryFormat::ChannelsLast);
+      g = g.contiguous(at::MemoryFormat::ChannelsLast);
+    }
     auto xr = x.clone().requires_grad_();
     const auto yr = ref->forward(xr);
     ((yr * g).sum() / total).backward();
@@ -210,6 +218,10 @@ void expect_global_batch_norm(const GlobalCase& c) {
     auto xs = x.narrow(0, offset, mine).clone().requires_grad_();
     const auto ys = sync->forward(xs);
     ((ys * g.narrow(0, offset, mine)).sum() / total).backward();
+    if (c.channels_last && mine > 0) {
+      EXPECT_TRUE(ys.is_contiguous(at::MemoryFormat::ChannelsLast)) << "output layout, step " << step;
+      EXPECT_TRUE(xs.grad().is_contiguous(at::MemoryFormat::ChannelsLast)) << "input gradient layout, step " << step;
+    }
 
     EXPECT_TRUE(close(ys, yr.narrow(0, offset, mine), rtol)) << "output, step " << step;
     EXPECT_TRUE(close(xs.grad(), xr.grad().narrow(0, offset, mine), rtol)) << "input gradient, step " << step;
@@ -254,6 +266,12 @@ TEST_P(SyncBatchNormRanks, UnequalBatchesMatchOneBatchNormOverTheConcatenatedBat
               {.sizes = sizes, .item_shape = {4, 3, 2}, .dtype = dtype, .momentum = std::nullopt, .steps = 3});
         }
         expect_global_batch_norm<nn::BatchNorm1d>({.sizes = sizes, .item_shape = {5}, .dtype = torch::kDouble});
+        for (const auto dtype : {torch::kFloat, torch::kDouble}) {
+          expect_global_batch_norm<nn::BatchNorm2d>(
+              {.sizes = sizes, .item_shape = {16, 3, 2}, .dtype = dtype, .channels_last = true});
+        }
+        // float16 takes the tensor-op path (statistics and passes in float32) on every device.
+        expect_global_batch_norm<nn::BatchNorm2d>({.sizes = sizes, .item_shape = {4, 3, 2}, .dtype = torch::kHalf});
       },
       torchrun(n));
 }
