@@ -132,13 +132,14 @@ void channel_pass(const ChannelRows& l, T* out, const T* a, const T* sa, const T
 // A CPU tensor's values as float64 on the host (a copy only where it is not float64 and contiguous already).
 at::Tensor host_doubles(const at::Tensor& t) { return t.to(at::kDouble).contiguous(); }
 
-// r = r * (1 - factor) + value * factor, computed in float64, for a CPU buffer of any floating dtype.
-void update_running(const at::Tensor& running, const std::vector<double>& values, double factor) {
+// r = r * (1 - factor) + value * factor, computed in float64, for a CPU buffer of any floating dtype (values: one
+// per element of running).
+void update_running(const at::Tensor& running, const double* values, double factor) {
   if (!running.defined()) return;
   if (running.is_contiguous() && (running.scalar_type() == at::kFloat || running.scalar_type() == at::kDouble)) {
     AT_DISPATCH_FLOATING_TYPES(running.scalar_type(), "update_running", [&] {
       auto* r = running.mutable_data_ptr<scalar_t>();
-      for (std::size_t c = 0; c < values.size(); ++c) {
+      for (std::int64_t c = 0; c < running.numel(); ++c) {
         r[c] = static_cast<scalar_t>(static_cast<double>(r[c]) * (1 - factor) + values[c] * factor);
       }
     });
@@ -146,8 +147,8 @@ void update_running(const at::Tensor& running, const std::vector<double>& values
     return;
   }
   at::NoGradGuard no_grad;
-  const auto given = at::from_blob(const_cast<double*>(values.data()), {static_cast<std::int64_t>(values.size())},
-                                   at::TensorOptions().dtype(at::kDouble));
+  const auto given =
+      at::from_blob(const_cast<double*>(values), {running.numel()}, at::TensorOptions().dtype(at::kDouble));
   running.copy_(running.to(at::kDouble) * (1 - factor) + given * factor);
 }
 
@@ -162,9 +163,9 @@ at::Tensor local_moments(const at::Tensor& input, const at::Tensor& shift, at::S
   // times faster than var_mean's float64 Welford reduction. var is the biased variance.
   const auto [mean, var] = at::batch_norm_update_stats(input.to(compute), {}, {}, 0.0);
   const auto count = static_cast<double>(n);
+  auto moments = at::empty({2 * channels + 1}, shift.options());
   if (input.is_cpu()) {
     const auto m = host_doubles(mean), v = host_doubles(var), k = host_doubles(shift);
-    auto moments = at::empty({2 * channels + 1}, shift.options());
     const double *mp = m.const_data_ptr<double>(), *vp = v.const_data_ptr<double>(), *kp = k.const_data_ptr<double>();
     double* out = moments.mutable_data_ptr<double>();
     for (std::int64_t c = 0; c < channels; ++c) {
@@ -175,7 +176,6 @@ at::Tensor local_moments(const at::Tensor& input, const at::Tensor& shift, at::S
     out[2 * channels] = count;
     return moments;
   }
-  auto moments = at::empty({2 * channels + 1}, shift.options());
   const auto d = mean.to(at::kDouble) - shift;
   moments.narrow(0, 0, channels).copy_(d * count);
   moments.narrow(0, channels, channels).copy_((var.to(at::kDouble) + d * d) * count);
@@ -205,8 +205,8 @@ GlobalStatistics global_statistics(const at::Tensor& total, const at::Tensor& sh
       ip[c] = 1 / std::sqrt(m2 / n + eps);
       unbiased[static_cast<std::size_t>(c)] = m2 / (n - 1);
     }
-    update_running(running_mean, std::vector<double>(mp, mp + channels), factor);
-    update_running(running_var, unbiased, factor);
+    update_running(running_mean, mp, factor);
+    update_running(running_var, unbiased.data(), factor);
     return {mean.to(compute), invstd.to(compute), mean, count};
   }
   const auto s1 = total.narrow(0, 0, channels);
