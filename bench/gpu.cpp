@@ -1,4 +1,4 @@
-// bench_gpu: the GPU benchmarks (scripts/device-check runs it on the GPU machine; results go to
+// bench_gpu: the GPU benchmarks (the GPU kit runs it on the GPU machine, scripts/device-kit; results go to
 // bench/results/gpu.json, the format of latest.json plus "device"). Every comparison trains on one GPU
 // with both sides in bf16 autocast and channels-last memory format, the data held on the GPU by both,
 // the same model, batch size and Adam settings (betas 0.9/0.99, eps 1e-5, decoupled wd 0.01); each side
@@ -252,7 +252,7 @@ int main(int argc, char** argv) {
     }
   }
   if (!torch::cuda::is_available()) {
-    std::cerr << "bench_gpu: no CUDA device visible; these benchmarks run on a GPU machine (scripts/device-check)\n";
+    std::cerr << "bench_gpu: no CUDA device visible; these benchmarks run on a GPU machine (scripts/device-kit)\n";
     return 1;
   }
   try {

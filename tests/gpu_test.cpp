@@ -1,4 +1,4 @@
-// The GPU checks (ctest label `gpu`; scripts/device-check runs them on the GPU machine). Each test needs
+// The GPU checks (ctest label `gpu`; the GPU kit runs them on the GPU machine: scripts/device-kit). Each test needs
 // a CUDA device and skips with the reason where there is none, as on the development machine and CI.
 //   - data: batches through pinned memory to the GPU, datasets held on the GPU, CUDA tensors to safetensors;
 //   - one process: conv_net trains on CUDA to >= 91% Fashion-MNIST accuracy; fp16 with dynamic loss
@@ -57,7 +57,7 @@ const fs::path kFashion = "/usr/share/datasets/fashion-mnist";
 #define SKIP_WITHOUT_CUDA()                                                   \
   if (!torch::cuda::is_available())                                           \
   GTEST_SKIP() << "no CUDA device visible: this check runs on a GPU machine " \
-                  "(scripts/device-check)"
+                  "(scripts/device-kit)"
 
 const torch::Device kGpu(torch::kCUDA, 0);
 
@@ -549,7 +549,7 @@ TEST(GlooCudaTensors, ADeadPeerMakesTheSurvivorFailWithinTheTimeout) {
 TEST(NcclTwoGpus, ADeadPeerMakesTheSurvivorFailWithinTheTimeout) {
   SKIP_WITHOUT_CUDA();
   if (torch::cuda::device_count() < 2)
-    GTEST_SKIP() << "NCCL needs one GPU per rank: 2 needed, " << torch::cuda::device_count() << " visible";
+    GTEST_SKIP() << "NCCL needs one GPU per rank: 2 needed, " << int{torch::cuda::device_count()} << " visible";
   flt::run_on_ranks(2,
                     [](const flt::RankContext&) {
                       fl::setup_distrib({.backend = fl::BackendKind::nccl, .timeout = std::chrono::seconds(20)});

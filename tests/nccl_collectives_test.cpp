@@ -15,7 +15,7 @@ namespace {
 
 TEST(NcclCollectives, AllreduceAndBroadcastOnTwoGpus) {
   if (!fl::backend_compiled_in(fl::BackendKind::nccl)) GTEST_SKIP() << "this build has no NCCL backend";
-  const auto devices = torch::cuda::device_count();
+  const int devices = torch::cuda::device_count();  // an int8 DeviceIndex, which a stream would print as a char
   if (devices < 2) GTEST_SKIP() << "NCCL needs one GPU per rank: 2 needed, " << devices << " visible";
 
   fastlearn::testing::run_on_ranks(2, [](const RankContext& ctx) {

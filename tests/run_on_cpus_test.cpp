@@ -20,7 +20,7 @@ namespace {
 using fastlearn::testing::run_shell;
 namespace build_paths = fastlearn::testing::build_paths;
 
-std::string script(const std::string& relative) { return std::string(build_paths::source_dir) + "/" + relative; }
+std::string script(const std::string& relative) { return std::string(build_paths::source_dir()) + "/" + relative; }
 
 std::set<int> cpus_of_this_process() {
   cpu_set_t set;
