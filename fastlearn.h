@@ -12,6 +12,7 @@
 #include <fastlearn/callbacks/tracker.h>
 #include <fastlearn/core/build_info.h>
 #include <fastlearn/core/cpu_memory_cache.h>
+#include <fastlearn/core/device.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/random.h>
 #include <fastlearn/data/aug_transforms.h>

@@ -75,23 +75,48 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
-// Waits for `work` (call `call` of the group), turning any failure into an error that names the operation,
-// the ranks that never reached it, and the likely cause.
-void wait_for(const c10::intrusive_ptr<c10d::Work>& work, Group& g, const std::string& what, std::int64_t call = -1) {
+std::string failure_message(Group& g, const std::string& what, const std::string& reason, std::int64_t call) {
+  return fmt::format(
+      "{} on rank {} (group '{}' of {} ranks) failed: {}.{} A rank that died, hangs or never made the same call "
+      "causes this; the collective timeout is {} ms",
+      what, rank(), g.name(), g.size(), reason, call >= 0 ? silent_ranks(g, call) : std::string(), g.timeout().count());
+}
+
+std::string describe(c10d::ErrorType error) {
+  switch (error) {
+    case c10d::ErrorType::SUCCESS:
+      return {};
+    case c10d::ErrorType::TIMEOUT:
+      return "NCCL's watchdog found a collective of this group past the timeout and aborted the communicator";
+    case c10d::ErrorType::COMM_ERROR:
+      return "NCCL reported an error on this group's communicator";
+    case c10d::ErrorType::REMOTE_ERROR:
+      return "another rank reported an NCCL error in this group";
+  }
+  return "NCCL reported an error";
+}
+
+// Waits for `work` (call `call` of the group) as wait_mode says: on the host, turning any failure into an error
+// that names the operation, the ranks that never reached it, and the likely cause; or, for NCCL, by making the
+// current stream wait and leaving the check to check_pending.
+void wait_for(const c10::intrusive_ptr<c10d::Work>& work, Group& g, const std::string& what, std::int64_t call = -1,
+              bool barrier = false) {
   try {
+    if (wait_mode(g.kind(), barrier) == WaitMode::stream) {
+      work->wait();  // no timeout: ProcessGroupNCCL then only makes the current stream wait
+      g.pending().add(work, what, call);
+      return;
+    }
     work->wait(g.timeout());
   } catch (const std::exception& e) {
-    throw DistributedError(fmt::format(
-        "{} on rank {} (group '{}' of {} ranks) failed: {}.{} A rank that died, hangs or never made the same call "
-        "causes this; the collective timeout is {} ms",
-        what, rank(), g.name(), g.size(), error_text(e), call >= 0 ? silent_ranks(g, call) : std::string(),
-        g.timeout().count()));
+    throw DistributedError(failure_message(g, what, error_text(e), call));
   }
 }
 
 // Runs `launch` (which starts the c10d operation) and waits; errors raised while launching are named too.
 template <typename Launch>
-void run(Group& g, const std::string& what, Launch&& launch) {
+void run(Group& g, const std::string& what, Launch&& launch, bool barrier = false) {
+  check_pending(g);
   c10::intrusive_ptr<c10d::Work> work;
   const auto call = g.next_call();
   try {
@@ -102,7 +127,7 @@ void run(Group& g, const std::string& what, Launch&& launch) {
     throw DistributedError(
         fmt::format("{} on rank {} (group '{}') could not start: {}", what, rank(), g.name(), error_text(e)));
   }
-  wait_for(work, g, what, call);
+  wait_for(work, g, what, call, barrier);
 }
 
 // Debug mode: every rank shares a fingerprint of its call (sequence number, op, dtype, shape, root, reduce
@@ -294,7 +319,8 @@ void barrier(Group* group) {
   Group* g = group_or_world(group);
   if (!g) return;
   check_same_call(*g, Op::barrier, at::Tensor());
-  run(*g, "barrier", [&] { return g->backend().barrier(); });
+  run(
+      *g, "barrier", [&] { return g->backend().barrier(); }, /*barrier=*/true);
 }
 
 std::string silent_ranks(Group& group, std::int64_t call) {
@@ -320,6 +346,19 @@ std::string silent_ranks(Group& group, std::int64_t call) {
   } catch (const std::exception&) {
     return "";  // the store went away with its rank 0: nothing more to learn
   }
+}
+
+void check_pending(Group& group) {
+  if (group.pending().size() == 0) return;
+  std::string backend_error;
+  if (group.kind() == BackendKind::nccl && group.is_member()) {
+    try {
+      backend_error = describe(group.backend().getError());
+    } catch (const std::exception&) {  // a backend without getError: the works' own state tells
+    }
+  }
+  if (const auto failure = group.pending().check(group.timeout(), PendingWorks::Clock::now(), backend_error))
+    throw DistributedError(failure_message(group, failure->what, failure->reason, failure->call));
 }
 
 void debug_check_all_reduce(const at::Tensor& tensor, Group& group) {

@@ -2,6 +2,8 @@
 // Collectives over a process group (the world group when `group` is null); point-to-point messages are in
 // distributed/p2p.h. Ranks are global ranks. Tensors are changed in place. Every failure (a
 // timeout, a dead peer) is a DistributedError naming the operation, the tensor, this rank and the timeout.
+// On Gloo a call returns with its result; on NCCL it returns once the current CUDA stream waits for the result,
+// without the host waiting for the GPU (distributed/pending_works.h), and a failure shows at a later call.
 // With one process and nothing set up, the collectives are no-ops (the tensor is already the result).
 #include <fastlearn/distributed/group.h>
 
@@ -26,6 +28,11 @@ std::string describe_tensor(const at::Tensor& t);
 /// briefly for theirs, and returns " Rank(s) R never reached this call (...)" naming the members that did not
 /// fail in it too (they hang elsewhere or died), or "" when every member reached it.
 std::string silent_ranks(Group& group, std::int64_t call);
+
+/// DistributedError naming the first of `group`'s collectives that only the GPU waited for (NCCL: see
+/// distributed/pending_works.h) and that failed or outlived the timeout since; forgets those that finished. Never
+/// blocks. Every collective calls it before it starts, the gradient reducer at the end of every backward.
+void check_pending(Group& group);
 
 /// Debug mode (debug_checks_enabled()): checks that every rank of `group` makes an all_reduce of a tensor like
 /// `tensor` as its next collective, else a DistributedError naming each rank's call. For code that calls the

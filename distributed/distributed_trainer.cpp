@@ -7,6 +7,7 @@
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/learner.h>
 
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 namespace fastlearn {
@@ -104,10 +105,18 @@ void to_distributed(Learner& learn, DistributedTrainerOptions options) {
     convert_sync_batchnorm(learn.model(), options.group);
     if (learn.has_opt()) learn.create_opt();  // the converted layers have new parameter tensors
   }
-  const auto device = distrib_device();
-  if (device.is_cuda()) {
-    learn.model().to(device);
-    learn.dls().to(device);
+  // NCCL computes on the rank's own GPU: a learner whose device was left to fastlearn goes there (model, batches,
+  // and the optimizer's state at its next step); one given another device cannot train over NCCL. Gloo takes the
+  // tensors where the learner has them.
+  const auto device = device_of(options.group ? *options.group : world_group());
+  if (device.is_cuda() && learn.device() != device) {
+    if (!learn.device_is_auto()) {
+      throw DistributedError(fmt::format(
+          "to_distributed: the learner computes on {} (LearnerOptions::device), but NCCL runs rank {} on {}: leave "
+          "the device to fastlearn (it then moves there), give {}, or use the gloo backend",
+          learn.device().str(), rank(), device.str(), device.str()));
+    }
+    learn.to(device);
   }
   auto trainer = std::make_shared<DistributedTrainer>(std::move(options));
   learn.add_cb(trainer);

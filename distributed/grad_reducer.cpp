@@ -317,16 +317,32 @@ class GradReducer::Impl {
       --buckets_[p.bucket].pending;
     }
     launch_ready();
+    // NCCL: the step's kernels wait for the buckets on the GPU, and this host goes on; a bucket of an earlier step
+    // that failed since, or outlived the timeout, shows here (check_pending). Gloo: the host waits.
+    const auto mode = wait_mode(group_.kind());
+    try {
+      if (mode == WaitMode::stream) check_pending(group_);
+    } catch (...) {
+      in_backward_ = false;
+      throw;
+    }
     for (std::size_t k = 0; k < buckets_.size(); ++k) {
+      const auto what = fmt::format("gradient all_reduce of bucket {} of {} ({} parameters, {} bytes)", k,
+                                    buckets_.size(), buckets_[k].params.size(), stats.bucket_bytes[k]);
       try {
-        buckets_[k].work->wait(group_.timeout());
+        if (mode == WaitMode::stream) {
+          buckets_[k].work->wait();  // no timeout: only the current stream waits
+          group_.pending().add(buckets_[k].work, what, buckets_[k].call);
+        } else {
+          buckets_[k].work->wait(group_.timeout());
+        }
       } catch (const std::exception& e) {
         in_backward_ = false;
         throw DistributedError(fmt::format(
-            "gradient all_reduce of bucket {} of {} ({} parameters, {} bytes) failed on rank {}: {}.{} A rank that "
-            "died, hangs, or runs a different model or backward causes this; the timeout is {} ms",
-            k, buckets_.size(), buckets_[k].params.size(), stats.bucket_bytes[k], group_.ranks()[group_.rank()],
-            error_text(e), silent_ranks(group_, buckets_[k].call), group_.timeout().count()));
+            "{} failed on rank {}: {}.{} A rank that died, hangs, or runs a different model or backward causes this; "
+            "the timeout is {} ms",
+            what, group_.ranks()[group_.rank()], error_text(e), silent_ranks(group_, buckets_[k].call),
+            group_.timeout().count()));
       }
     }
     {

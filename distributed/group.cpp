@@ -28,6 +28,7 @@ void Group::close(bool abort) {
   if (closed_) return;
   closed_ = true;
   if (backend_) close_backend(*backend_, abort);
+  pending_.clear();
 }
 
 int Group::group_rank_of(int global) const {

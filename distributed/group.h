@@ -1,6 +1,7 @@
 #pragma once
 // A process group: some ranks of the job (all of them for the world group) and the c10d backend that
 // connects them. Collectives name ranks by their global rank; the group maps them to its own.
+#include <fastlearn/distributed/pending_works.h>
 #include <fastlearn/distributed/process_group.h>
 
 #include <c10/util/intrusive_ptr.h>
@@ -47,6 +48,9 @@ class Group {
   /// Numbers every collective this process starts in the group (the same sequence on every member), so
   /// that after a failure the members can tell which of them never reached a call.
   std::int64_t next_call() { return calls_++; }
+  /// The group's collectives that only the GPU waits for (NCCL), checked without blocking at the next collective
+  /// (collectives.h: check_pending).
+  PendingWorks& pending() { return pending_; }
 
  private:
   std::string name_;
@@ -57,6 +61,7 @@ class Group {
   std::chrono::milliseconds timeout_;
   std::int64_t sequence_ = 0;
   std::atomic<std::int64_t> calls_{0};
+  PendingWorks pending_;
   bool closed_ = false;
 };
 

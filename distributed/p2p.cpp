@@ -21,13 +21,30 @@ namespace {
 constexpr int kFingerprintTag = 1 << 30;  // debug mode: a send's fingerprint goes on tag + this
 constexpr int kFingerprintDims = 8;
 
-// dtype, dimensions, then up to 8 sizes: what a receive must match.
-at::Tensor fingerprint_of(const at::Tensor& t) {
+// dtype, dimensions, then up to 8 sizes: what a receive must match; on `device`, where the backend moves it.
+at::Tensor fingerprint_of(const at::Tensor& t, const c10::Device& device) {
   std::vector<std::int64_t> fp(2 + kFingerprintDims, -1);
   fp[0] = static_cast<std::int64_t>(t.scalar_type());
   fp[1] = t.dim();
   for (int d = 0; d < std::min<int>(kFingerprintDims, static_cast<int>(t.dim())); ++d) fp[2 + d] = t.size(d);
-  return torch::tensor(fp, torch::kLong).to(t.device());
+  return torch::tensor(fp, torch::kLong).to(device);
+}
+
+// Where `g`'s backend moves a tensor of `t`'s device: Gloo only from host memory, NCCL only from a GPU.
+c10::Device transport_device(const Group& g, const at::Tensor& t, const std::string& what) {
+  if (g.kind() == BackendKind::gloo) return c10::Device(c10::kCPU);
+  if (!t.is_cuda()) {
+    throw DistributedError(
+        fmt::format("{}: the nccl backend moves CUDA tensors only, and this one is on the {}; put it "
+                    "on this rank's GPU ({}), or use a gloo group",
+                    what, t.device().str(), device_of(g).str()));
+  }
+  return t.device();
+}
+
+// A pinned host tensor like `t`, for Gloo to move a CUDA tensor through.
+at::Tensor host_stage(const at::Tensor& t) {
+  return at::empty(t.sizes(), t.options().device(c10::kCPU).pinned_memory(true));
 }
 
 std::string describe_fingerprint(const at::Tensor& fp) {
@@ -56,14 +73,14 @@ void Request::check_fingerprint() {
   }
   if (!tensor_.defined()) return;  // a send: its fingerprint is on its way
   if (source_ < 0) source_ = group_->ranks()[static_cast<std::size_t>(work->sourceRank())];
-  const auto mine = fingerprint_of(tensor_);
+  const auto mine = fingerprint_of(tensor_, fingerprint_.device());
   if (!torch::equal(mine, fingerprint_)) {
     throw DistributedError(fmt::format(
         "mismatched point-to-point calls (debug mode): rank {} sends {} (tag {}) but rank {} receives into {}", source_,
         describe_fingerprint(fingerprint_), tag_, rank(), describe_fingerprint(mine)));
   }
   if (!work_) {  // the fingerprint matched (and names the sender): now receive the data
-    std::vector<at::Tensor> tensors{tensor_};
+    std::vector<at::Tensor> tensors{transfer_};
     work_ = group_->backend().recv(tensors, group_->group_rank_of(source_), tag_);
   }
 }
@@ -78,6 +95,10 @@ void Request::wait() {
         fmt::format("{} on rank {} failed: {}. A peer that died, hangs or never made the matching "
                     "call causes this; the timeout is {} ms",
                     what_, rank(), error_text(e), timeout_.count()));
+  }
+  if (copy_back_) {
+    tensor_.copy_(transfer_);
+    copy_back_ = false;
   }
 }
 
@@ -101,16 +122,20 @@ Group& p2p_group(Group* group, const char* what) {
 
 Request isend(const at::Tensor& tensor, int dst, int tag, Group* group) {
   auto& g = p2p_group(group, "isend");
-  std::vector<at::Tensor> tensors{tensor.contiguous()};
   const auto what = fmt::format("send of {} to rank {} (tag {})", describe_tensor(tensor), dst, tag);
+  const auto device = transport_device(g, tensor, what);
+  // A host copy for Gloo is made now (the copy waits for the tensor's stream): the tensor may change after isend.
+  auto transfer = tensor.device() == device ? tensor.contiguous() : host_stage(tensor).copy_(tensor);
+  std::vector<at::Tensor> tensors{transfer};
   try {
     c10::intrusive_ptr<c10d::Work> fingerprint;
     if (debug_checks_enabled()) {
-      std::vector<at::Tensor> fp{fingerprint_of(tensor)};
+      std::vector<at::Tensor> fp{fingerprint_of(tensor, device)};
       fingerprint = g.backend().send(fp, g.group_rank_of(dst), tag + kFingerprintTag);
     }
     Request request(g.backend().send(tensors, g.group_rank_of(dst), tag), what, g.timeout());
     request.fingerprint_work_ = std::move(fingerprint);
+    request.transfer_ = std::move(transfer);  // alive until the send is done
     return request;
   } catch (const DistributedError&) {
     throw;
@@ -122,18 +147,23 @@ Request isend(const at::Tensor& tensor, int dst, int tag, Group* group) {
 Request irecv(const at::Tensor& tensor, std::optional<int> src, int tag, Group* group) {
   auto& g = p2p_group(group, "irecv");
   if (!tensor.is_contiguous()) throw DistributedError("irecv: the receiving tensor must be contiguous");
-  std::vector<at::Tensor> tensors{tensor};
   const auto what = src ? fmt::format("recv of {} from rank {} (tag {})", describe_tensor(tensor), *src, tag)
                         : fmt::format("recv of {} from any rank (tag {})", describe_tensor(tensor), tag);
+  const auto device = transport_device(g, tensor, what);
+  const bool staged = tensor.device() != device;
+  const auto transfer = staged ? host_stage(tensor) : tensor;
+  std::vector<at::Tensor> tensors{transfer};
   try {
     if (debug_checks_enabled()) {
       Request request({}, what, g.timeout());
       request.group_ranks_ = g.ranks();
       request.group_ = &g;
       request.tensor_ = tensor;
+      request.transfer_ = transfer;
+      request.copy_back_ = staged;
       request.tag_ = tag;
       request.fingerprint_ =
-          torch::empty({2 + kFingerprintDims}, torch::TensorOptions().dtype(torch::kLong).device(tensor.device()));
+          torch::empty({2 + kFingerprintDims}, torch::TensorOptions().dtype(torch::kLong).device(device));
       std::vector<at::Tensor> fp{request.fingerprint_};
       // The data's receive is posted once the fingerprint matched (check_fingerprint), so that a mismatched
       // message is never received into the wrong tensor.
@@ -148,6 +178,9 @@ Request irecv(const at::Tensor& tensor, std::optional<int> src, int tag, Group* 
     auto work = src ? g.backend().recv(tensors, g.group_rank_of(*src), tag) : g.backend().recvAnysource(tensors, tag);
     Request request(std::move(work), what, g.timeout());
     request.group_ranks_ = g.ranks();
+    request.tensor_ = tensor;
+    request.transfer_ = transfer;
+    request.copy_back_ = staged;
     return request;
   } catch (const DistributedError&) {
     throw;

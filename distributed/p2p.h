@@ -1,7 +1,9 @@
 #pragma once
 // Point-to-point messages between ranks of a process group (the world group when `group` is null), blocking
 // unless named i*. Ranks are global ranks. Every failure (a timeout, a dead peer) is a DistributedError naming
-// the operation, the tensor, this rank and the timeout.
+// the operation, the tensor, this rank and the timeout. NCCL sends CUDA tensors only. Gloo has no CUDA transport:
+// a CUDA tensor goes through a pinned host copy (a send copies it when it starts; a receive copies into it when
+// its wait() returns).
 #include <fastlearn/distributed/group.h>
 
 #include <ATen/core/Tensor.h>
@@ -42,6 +44,10 @@ class Request {
   // posted once the fingerprint names the sender.
   c10::intrusive_ptr<c10d::Work> fingerprint_work_;
   at::Tensor fingerprint_, tensor_;
+  // What the backend reads or writes: tensor_ itself, or its host copy when Gloo moves a CUDA tensor (a receive
+  // then copies it into tensor_ once done).
+  at::Tensor transfer_;
+  bool copy_back_ = false;
   Group* group_ = nullptr;
   int tag_ = 0;
   int source_ = -1;  // global rank, once known

@@ -11,6 +11,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <cstdlib>
+
 namespace fastlearn {
 
 std::string_view to_string(BackendKind kind) {
@@ -64,6 +66,11 @@ c10::intrusive_ptr<c10d::Backend> make_nccl([[maybe_unused]] const c10::intrusiv
                                             [[maybe_unused]] int rank, [[maybe_unused]] int world_size,
                                             [[maybe_unused]] const BackendOptions& options) {
 #ifdef FASTLEARN_WITH_NCCL
+  // After a failure or a timeout NCCL's watchdog aborts the communicator and leaves the process alive, so that the
+  // error reaches fastlearn's checks (collectives.h: check_pending) and ends as a DistributedError naming the
+  // operation and the silent ranks. Torch's default (3) ends the process from the watchdog's thread instead. A value
+  // the user set stays.
+  ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/0);
   auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
   nccl_options->timeout = options.timeout;
   const int index = options.cuda_device >= 0 ? options.cuda_device : static_cast<int>(c10::cuda::current_device());

@@ -1,6 +1,7 @@
 #include <fastlearn/distributed/runtime.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/warning.h>
 #include <fastlearn/distributed/process_group.h>
 #include <fastlearn/distributed/rendezvous.h>
 
@@ -88,7 +89,8 @@ std::string transport_address(const std::string& master_addr) {
   return address;
 }
 
-BackendKind choose_backend(const SetupOptions& options) {
+// The backend the options or FASTLEARN_BACKEND name; nothing when "auto" is left to decide.
+std::optional<BackendKind> named_backend(const SetupOptions& options) {
   if (options.backend) return *options.backend;
   if (const char* forced = std::getenv("FASTLEARN_BACKEND"); forced && *forced) {
     try {
@@ -97,20 +99,46 @@ BackendKind choose_backend(const SetupOptions& options) {
       throw DistributedError(std::string("FASTLEARN_BACKEND: ") + error_text(e));
     }
   }
-  return torch::cuda::is_available() ? BackendKind::nccl : BackendKind::gloo;
+  return std::nullopt;
+}
+
+int visible_gpus() { return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0; }
+
+// Checks that the local rank has a GPU of its own, for NCCL; `what` names the group.
+void check_local_gpu(const DistEnv& env, const std::string& what) {
+  const int gpus = visible_gpus();
+  if (env.local_rank >= gpus) {
+    throw DistributedError(
+        fmt::format("rank {}: {} needs a GPU for every rank, and local rank {} has none: this host has {} GPU(s) and "
+                    "{} local rank(s). Start at most {} rank(s) per host, or use the gloo backend",
+                    env.rank, what, env.local_rank, gpus, env.local_world_size, gpus));
+  }
 }
 
 void bind_local_gpu([[maybe_unused]] const DistEnv& env) {
 #ifdef FASTLEARN_WITH_CUDA
-  const auto devices = static_cast<int>(torch::cuda::device_count());
-  if (env.local_rank >= devices) {
-    throw DistributedError(
-        fmt::format("rank {}: local rank {} has no GPU (this node has {}); start at most {} ranks "
-                    "per node with NCCL, or use the gloo backend",
-                    env.rank, env.local_rank, devices, devices));
-  }
+  check_local_gpu(env, "the nccl backend");
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));
 #endif
+}
+
+// Backend "auto" over the whole job: NCCL only when every host's ranks each have a GPU, so that hosts that decide
+// alone cannot pick different backends. Each rank that cannot use NCCL says so in the store before it counts itself
+// in at the rendezvous (wait_for_every_rank), so that once every rank has joined, the count is final.
+constexpr const char* kCannotUseNccl = "fastlearn/auto_backend/cannot_use_nccl";
+
+void announce_auto_backend(c10d::Store& store, BackendKind local_choice) {
+  if (local_choice != BackendKind::nccl) store.add(kCannotUseNccl, 1);
+}
+
+BackendKind agreed_auto_backend(c10d::Store& store, const DistEnv& env, BackendKind local_choice) {
+  if (local_choice != BackendKind::nccl) return local_choice;
+  if (store.add(kCannotUseNccl, 0) == 0) return BackendKind::nccl;
+  warn(
+      fmt::format("backend \"auto\": some host of this job has fewer GPUs than ranks, so every rank trains on the "
+                  "CPU over Gloo (this host has {} GPU(s) for its {} rank(s))",
+                  visible_gpus(), env.local_world_size));
+  return BackendKind::gloo;
 }
 
 // Every rank checks in at the store before the backend connects them, so that a WORLD_SIZE larger than the
@@ -154,14 +182,15 @@ void wait_for_every_rank(c10d::Store& store, const DistEnv& env, std::chrono::mi
   }
 }
 
-BackendOptions backend_options(const State& s) {
+// The options of a `kind` backend (the world's, or a group's of another kind): NCCL on the local rank's GPU.
+BackendOptions backend_options(const State& s, BackendKind kind) {
   BackendOptions options;
   options.timeout = s.options.timeout;
   options.hostname = transport_address(s.env.master_addr);
   options.gloo_threads = s.options.gloo_threads;
-  options.shared_memory = s.kind == BackendKind::gloo && s.env.local_world_size == s.env.world_size &&
+  options.shared_memory = kind == BackendKind::gloo && s.env.local_world_size == s.env.world_size &&
                           s.options.shared_memory.value_or(env_shared_memory());
-  if (s.kind == BackendKind::nccl) options.cuda_device = s.env.local_rank;
+  if (kind == BackendKind::nccl) options.cuda_device = s.env.local_rank;
   return options;
 }
 
@@ -178,9 +207,12 @@ void setup_distrib(const SetupOptions& options) {
   auto s = std::make_unique<State>();
   s->options = options;
   s->env = resolve_env(options.env);
-  s->kind = choose_backend(options);
+  const auto named = named_backend(options);
+  s->kind = named ? *named : auto_backend(s->env.local_world_size, visible_gpus());
   if (!backend_compiled_in(s->kind)) {
-    throw DistributedError(fmt::format("the {} backend is not compiled into this build", to_string(s->kind)));
+    if (named)
+      throw DistributedError(fmt::format("the {} backend is not compiled into this build", to_string(s->kind)));
+    s->kind = BackendKind::gloo;  // a build without NCCL on a GPU machine: "auto" is Gloo
   }
   if (s->kind == BackendKind::nccl && !torch::cuda::is_available()) {
     throw DistributedError(
@@ -188,12 +220,21 @@ void setup_distrib(const SetupOptions& options) {
                     "backend (or leave the backend unset: NCCL is picked only when there is a GPU)",
                     s->env.rank, options.backend ? "" : " (FASTLEARN_BACKEND=nccl)"));
   }
-  if (s->kind == BackendKind::nccl) bind_local_gpu(s->env);
+  if (named && s->kind == BackendKind::nccl) check_local_gpu(s->env, "the nccl backend");
+  if (!named && s->kind == BackendKind::gloo && visible_gpus() > 0 && s->env.world_size > 1) {
+    warn(
+        fmt::format("backend \"auto\": {} rank(s) on this host and {} GPU(s), so the ranks train on the CPU over "
+                    "Gloo (NCCL needs a GPU for every rank); start at most {} rank(s) per host to train on the GPUs",
+                    s->env.local_world_size, visible_gpus(), visible_gpus()));
+  }
   s->debug = options.debug.value_or(env_debug());
   s->store = rendezvous(s->env, parse_init_method(options.init_method), options.timeout, options.waiting_notice_after);
+  if (!named) announce_auto_backend(*s->store, s->kind);
   wait_for_every_rank(*s->store, s->env, options.timeout, options.waiting_notice_after);
+  if (!named) s->kind = agreed_auto_backend(*s->store, s->env, s->kind);
+  if (s->kind == BackendKind::nccl) bind_local_gpu(s->env);
   auto world_store = c10::make_intrusive<c10d::PrefixStore>("world/", s->store);
-  auto backend = make_backend(s->kind, world_store, s->env.rank, s->env.world_size, backend_options(*s));
+  auto backend = make_backend(s->kind, world_store, s->env.rank, s->env.world_size, backend_options(*s, s->kind));
   std::vector<int> ranks(static_cast<std::size_t>(s->env.world_size));
   std::iota(ranks.begin(), ranks.end(), 0);
   s->world =
@@ -258,7 +299,12 @@ c10::Device distrib_device() {
 }
 
 c10::Device device_of(const Group& group) {
-  return group.kind() == BackendKind::nccl ? distrib_device() : c10::Device(c10::kCPU);
+  if (group.kind() != BackendKind::nccl) return c10::Device(c10::kCPU);
+  return {c10::kCUDA, static_cast<c10::DeviceIndex>(dist_env().local_rank)};
+}
+
+BackendKind auto_backend(int local_ranks, int gpus) {
+  return gpus > 0 && local_ranks <= gpus ? BackendKind::nccl : BackendKind::gloo;
 }
 
 GroupPtr new_group(std::vector<int> ranks, std::optional<BackendKind> backend) {
@@ -275,9 +321,11 @@ GroupPtr new_group(std::vector<int> ranks, std::optional<BackendKind> backend) {
   c10::intrusive_ptr<c10d::Backend> group_backend;
   auto it = std::find(ranks.begin(), ranks.end(), s.env.rank);
   if (it != ranks.end()) {
+    // An NCCL group under a Gloo world still runs on the rank's own GPU.
+    if (kind == BackendKind::nccl) check_local_gpu(s.env, fmt::format("the nccl group {}", name));
     auto store = c10::make_intrusive<c10d::PrefixStore>(name + "/", s.store);
     group_backend = make_backend(kind, store, static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()),
-                                 backend_options(s));
+                                 backend_options(s, kind));
   }
   auto group =
       std::make_shared<Group>(name, std::move(ranks), s.env.rank, std::move(group_backend), kind, s.options.timeout);

@@ -24,8 +24,8 @@ namespace fastlearn {
 
 struct SetupOptions {
   std::string init_method = "env://";  ///< env://, tcp://HOST:PORT or file:///PATH
-  /// Default: FASTLEARN_BACKEND (gloo or nccl) if set, else NCCL when CUDA is available (binding the local
-  /// rank's GPU), else Gloo.
+  /// Default ("auto"): FASTLEARN_BACKEND (gloo or nccl) if set, else NCCL when every rank of the job has a GPU of its
+  /// own (each binds its local rank's), else Gloo with a line on stderr saying why (auto_backend).
   std::optional<BackendKind> backend;
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  ///< rendezvous and every collective
   EnvOptions env;                                                ///< overrides of the environment
@@ -72,8 +72,13 @@ GroupPtr new_group(std::vector<int> ranks, std::optional<BackendKind> backend = 
 bool debug_checks_enabled();
 /// The device this rank computes on: cuda:<local rank> with NCCL, CPU otherwise.
 c10::Device distrib_device();
-/// The device of the tensors `group`'s collectives take: distrib_device() for NCCL, CPU for Gloo.
+/// The device of the tensors `group`'s collectives take: cuda:<local rank> for NCCL (also a group of a Gloo
+/// world), CPU for Gloo.
 c10::Device device_of(const Group& group);
+/// What backend "auto" picks for `local_ranks` ranks on a host with `gpus` visible GPUs: NCCL when each rank can have
+/// a GPU of its own, else Gloo (the ranks then train on the CPU). setup_distrib takes NCCL only when this says NCCL
+/// on every host of the job.
+BackendKind auto_backend(int local_ranks, int gpus);
 
 namespace detail {
 /// For DistribCtx: takes ownership of a setup made implicitly by rank0_first (true if there was one).

@@ -1,6 +1,7 @@
 #include <fastlearn/learner/learner.h>
 
 #include <fastlearn/core/cpu_memory_cache.h>
+#include <fastlearn/core/device.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/mkl_dispatch.h>
 #include <fastlearn/data/sampler.h>
@@ -146,11 +147,31 @@ Learner::Learner(DataLoaders dls, std::shared_ptr<torch::nn::Module> model, Forw
   if (!loss_func_.fn) throw Error("Learner: the loss function is empty");
   enable_cpu_memory_cache();  // a step's activations would otherwise cost fresh pages every time
   mkl_chooses_by_features();  // reports a bad FASTLEARN_MKL_BY_FEATURES here, where it can be thrown
-  if (auto device = dls_.device()) model_->to(*device);
+  to(initial_device());
   add_cb(std::make_shared<TrainEval>());
   add_cb(std::make_shared<Recorder>(options_.metrics, RecorderOptions{.train_metrics = options_.train_metrics}));
   if (options_.progress) add_cb(std::make_shared<Progress>());
   add_cbs(options_.cbs);
+}
+
+// LearnerOptions::device resolved: the one given, else the loaders', else the model's when it is not on the CPU,
+// else fastai's default (a GPU when one is visible).
+c10::Device Learner::initial_device() const {
+  if (options_.device) return resolve_device(*options_.device, "LearnerOptions::device");
+  if (const auto loaders = dls_.device()) return resolve_device(*loaders, "the DataLoaders' device");
+  for (const auto& p : model_->parameters())
+    if (!p.device().is_cpu()) return p.device();
+  for (const auto& b : model_->buffers())
+    if (!b.device().is_cpu()) return b.device();
+  return default_device();
+}
+
+void Learner::to(const c10::Device& device) {
+  check_not_in_fit("to");
+  model_->to(device);
+  // A loader without a device hands out batches where its dataset holds them: on the CPU that is the same.
+  if (!device.is_cpu() || dls_.device()) dls_.to(device);
+  device_ = device;
 }
 
 Learner::~Learner() {

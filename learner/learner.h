@@ -86,6 +86,10 @@ struct LearnerOptions {
   std::array<double, 3> moms{0.95, 0.85, 0.95};  ///< one-cycle momentum: start, middle, end
   bool progress = true;        ///< attach the Progress callback (bars on a TTY, epoch lines otherwise)
   bool train_metrics = false;  ///< also compute the metrics on the training set
+  /// Where the model, its optimizer state and the batches are. Default (auto, as fastai): the loaders' device when
+  /// they have one, else the model's when it is not on the CPU, else default_device() (core/device.h: a GPU when
+  /// one is visible). "cuda" without an index is the GPU default_device() picks.
+  std::optional<c10::Device> device;
 };
 
 struct FitOptions {
@@ -241,6 +245,13 @@ class Learner {
   /// Replaces how the model is run (for wrappers such as data parallel); returns the previous one.
   Forward set_forward(Forward forward);
   DataLoaders& dls() { return dls_; }
+  /// Where this learner computes: LearnerOptions::device, resolved.
+  const c10::Device& device() const { return device_; }
+  /// Whether LearnerOptions::device was left to fastlearn (data parallel training then moves the learner to its
+  /// rank's GPU under NCCL).
+  bool device_is_auto() const { return !options_.device; }
+  /// Moves the model and the loaders' batches to `device`; the optimizer's state follows at its next step.
+  void to(const c10::Device& device);
   const Loss& loss_func() const { return loss_func_; }
   const std::vector<MetricPtr>& metrics() const { return options_.metrics; }
   const LearnerOptions& options() const { return options_; }
@@ -342,6 +353,7 @@ class Learner {
   void do_grad_opt();
   void sort_cbs();
   void check_not_in_fit(const char* what) const;
+  c10::Device initial_device() const;
 
   DataLoaders dls_;
   std::shared_ptr<torch::nn::Module> model_;
@@ -349,6 +361,7 @@ class Learner {
   Loss loss_func_;
   LearnerOptions options_;
   std::unique_ptr<Optimizer> opt_;
+  c10::Device device_{c10::kCPU};
   std::vector<CallbackPtr> cbs_;  // sorted by order
   int epochs_completed_ = 0;
   bool in_fit_ = false;

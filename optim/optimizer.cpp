@@ -218,7 +218,7 @@ void Optimizer::step() {
     float* steps_f = st.step_tensor.data_ptr<float>();
     for (const auto i : active) steps_f[i] = static_cast<float>(++st.steps[i]);
     st.device_step_views.clear();  // last step's counts
-    follow_param_layouts(params, st, active);
+    follow_params(params, st, active);
     try {
       step_group_with_exemptions(g, active);
     } catch (...) {
@@ -231,16 +231,22 @@ void Optimizer::step() {
 }
 
 // State loaded from a checkpoint takes its parameter's layout at load time; a callback may restride the model
-// afterwards (ChannelsLast at before_fit). Each state tensor follows its parameter again, values unchanged, so
-// that a resumed run takes the same fused kernels, and so gets the same bits, as one never interrupted.
-void Optimizer::follow_param_layouts(const std::vector<at::Tensor>& params, GroupState& state,
-                                     const std::vector<std::size_t>& active) {
+// afterwards (ChannelsLast at before_fit), and a model may move to another device after its first steps (a
+// Learner moved to the GPU, data parallel training moving it to the rank's GPU). Each state tensor follows its
+// parameter again, values unchanged: a resumed run takes the same fused kernels, and so gets the same bits, as one
+// never interrupted, and no step mixes devices.
+void Optimizer::follow_params(const std::vector<at::Tensor>& params, GroupState& state,
+                              const std::vector<std::size_t>& active) {
   for (auto& [name, tensors] : state.tensors) {
     for (const auto i : active) {
       if (i >= tensors.size() || !tensors[i].defined()) continue;
       const auto& p = params[i];
-      if (p.is_non_overlapping_and_dense() && tensors[i].sizes() == p.sizes() && !same_layout(tensors[i], p))
-        tensors[i] = at::empty_like(p, at::MemoryFormat::Preserve).copy_(tensors[i]);
+      auto& s = tensors[i];
+      const bool restride = p.is_non_overlapping_and_dense() && s.sizes() == p.sizes() && !same_layout(s, p);
+      if (restride)
+        s = at::empty_like(p, at::MemoryFormat::Preserve).copy_(s);
+      else if (s.device() != p.device())
+        s = s.to(p.device());
     }
   }
 }

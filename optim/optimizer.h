@@ -123,9 +123,10 @@ class Optimizer {
   /// Subclasses update the params of `group` listed in `active` (those with a gradient), whose step
   /// counts in `state.steps` already include this update. Runs under a NoGradGuard.
   virtual void step_group(ParamGroup& group, GroupState& state, const std::vector<std::size_t>& active) = 0;
-  /// Lays each state tensor of the `active` parameters out like its parameter where it differs (values kept).
-  static void follow_param_layouts(const std::vector<at::Tensor>& params, GroupState& state,
-                                   const std::vector<std::size_t>& active);
+  /// Puts each state tensor of the `active` parameters on its parameter's device and lays it out like its parameter,
+  /// where either differs (values kept).
+  static void follow_params(const std::vector<at::Tensor>& params, GroupState& state,
+                            const std::vector<std::size_t>& active);
   /// Names of the per-parameter state tensors the algorithm keeps, each shaped like its parameter.
   virtual std::vector<std::string> state_names() const = 0;
 

@@ -50,7 +50,7 @@ TEST(Config, AnUnknownKeyIsNamedWithItsLineAndTheClosestValidKey) {
   expect_contains(e.what(), "did you mean train.");
   const auto typo = error_of("[train]\nepoch = 3\n");
   expect_contains(typo.what(), "run.toml:2:1: unknown key train.epoch; did you mean train.epochs?");
-  expect_contains(typo.what(), "valid keys in [train]: channels_last, epochs, ");
+  expect_contains(typo.what(), "valid keys in [train]: channels_last, device, epochs, ");
 }
 
 TEST(Config, AKeyInTheWrongSectionSuggestsItsSection) {
@@ -190,6 +190,21 @@ TEST(Config, ChannelsLastIsTrueFalseOrAutoWhichPicksTheConvModels) {
   expect_contains(e.what(), "train.channels_last must be true, false or \"auto\", not the string");
   expect_contains(error_of("[train]\nchannels_last = 1\n").what(), "must be true, false or \"auto\"");
   expect_contains(to_toml(parse_config("", "run.toml")), "\nchannels_last = \"auto\"\n");
+}
+
+TEST(Config, TheDeviceIsAutoCpuCudaOrOneGpu) {
+  EXPECT_EQ(parse_config("", "run.toml").train.device, "auto");
+  for (const char* device : {"auto", "cpu", "cuda", "cuda:0", "cuda:7"}) {
+    const std::vector<std::string> sets{std::string("train.device=") + device};
+    EXPECT_EQ(parse_config("", "run.toml", sets).train.device, device);
+  }
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "CUDA", "cuda:12345", "mps"}) {
+    const auto e = error_of(std::string("[train]\ndevice = \"") + bad + "\"\n");
+    EXPECT_EQ(e.key(), "train.device") << bad;
+    expect_contains(e.what(),
+                    R"(must be "auto", "cpu", "cuda" or "cuda:N" (N: a GPU's index), got ")" + std::string(bad) + "\"");
+  }
+  expect_contains(to_toml(parse_config("", "run.toml")), "\ndevice = \"auto\"\n");
 }
 
 TEST(Config, ASyntaxErrorGivesLineAndColumn) {

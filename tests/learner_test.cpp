@@ -1,16 +1,20 @@
 // The Learner loop: the order of every event, each Cancel* effect, callback ordering and filtering,
 // callbacks added and removed at run time, evaluation helpers, freezing, and bit-for-bit determinism.
+#include <fastlearn/core/device.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/models/models.h>
+#include <fastlearn/optim/adam.h>
 #include <fastlearn/optim/sgd.h>
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 #include <algorithm>
 #include <cmath>
 
+#include "support/message_of.h"
 #include "support/tiny_tasks.h"
 
 namespace fl = fastlearn;
@@ -668,4 +672,47 @@ TEST(Learner, ASharedWeightIsOneParameter) {
   const auto before = model->w.clone();
   learn.fit(1, 1e-2);  // no "parameter appears twice" from the optimizer
   EXPECT_FALSE(model->w.equal(before));
+}
+
+TEST(LearnerDevice, LeftToFastlearnItIsDefaultDeviceAndAGivenOneIsChecked) {
+  // On this machine (no GPU, or GPUs hidden from the CPU tests) the default is the CPU, and the loaders stay as
+  // they are: batches where the dataset holds them.
+  auto learn = flt::regression_learner(two_batches(), {.opt_func = fl::SGD()});
+  EXPECT_TRUE(learn->device().is_cpu());
+  EXPECT_TRUE(learn->device_is_auto());
+  EXPECT_EQ(learn->device(), fl::default_device());
+  EXPECT_FALSE(learn->dls().device()) << "a loader without a device keeps none on the CPU";
+
+  auto cpu = flt::regression_learner(two_batches(), {.opt_func = fl::SGD(), .device = c10::Device(c10::kCPU)});
+  EXPECT_FALSE(cpu->device_is_auto());
+  cpu->fit(1, 0.01);
+  EXPECT_TRUE(cpu->model().parameters().front().is_cpu());
+
+  if (!torch::cuda::is_available()) {
+    const auto msg =
+        flt::message_of([] { flt::regression_learner(two_batches(), {.device = c10::Device(c10::kCUDA)}); });
+    EXPECT_NE(msg.find("LearnerOptions::device: 'cuda' needs a CUDA GPU and none is visible"), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("\"cpu\""), std::string::npos) << "says what to use instead: " << msg;
+    EXPECT_NE(flt::message_of([] { fl::resolve_device(c10::Device("cuda:3")); }).find("needs a CUDA GPU"),
+              std::string::npos);
+  }
+  EXPECT_NE(flt::message_of([] { fl::resolve_device(c10::Device(c10::kMeta)); }).find("is not supported"),
+            std::string::npos);
+}
+
+TEST(LearnerDevice, OptimizerStateFollowsItsParameterWhereItWasMovedOrRestrided) {
+  // A learner moved after its optimizer holds state (data parallel training moving it to the rank's GPU) must not
+  // step with state left behind. On the CPU the same path carries a state tensor to its parameter's layout.
+  auto param = torch::randn({4, 3, 2, 2}).requires_grad_(true);
+  auto opt = fl::Adam()({{param}}, 1e-2);
+  param.mutable_grad() = torch::ones_like(param);
+  opt->step();
+  param.set_data(param.detach().contiguous(at::MemoryFormat::ChannelsLast));
+  param.mutable_grad() = torch::ones_like(param);
+  opt->step();
+  for (const auto& [name, state] : opt->state_tensors()) {
+    EXPECT_EQ(state.device(), param.device()) << name;
+    EXPECT_TRUE(state.is_contiguous(at::MemoryFormat::ChannelsLast)) << name << " follows the parameter's layout";
+  }
 }

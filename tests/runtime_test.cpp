@@ -6,6 +6,7 @@
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/grad_reducer.h>
 #include <fastlearn/distributed/p2p.h>
+#include <fastlearn/distributed/pending_works.h>
 #include <fastlearn/distributed/runtime.h>
 
 #include <fmt/format.h>
@@ -15,6 +16,7 @@
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -629,4 +631,76 @@ TEST(RuntimeLaunch, UnderTorchrun) {
   std::string text((std::istreambuf_iterator<char>(log)), {});
   EXPECT_EQ(rc, 0) << text;
   EXPECT_NE(text.find("[  PASSED  ] 1 test"), std::string::npos) << text;
+}
+
+// ---- how collectives wait (distributed/pending_works.h), without a GPU ---------------------------------------
+
+namespace {
+
+// A Work whose state the test sets: as NCCL work is, complete or not, with or without an exception.
+class FakeWork : public c10d::Work {
+ public:
+  bool isCompleted() override { return completed; }
+  std::exception_ptr exception() const override { return failure; }
+  bool completed = false;
+  std::exception_ptr failure;
+};
+
+c10::intrusive_ptr<FakeWork> fake_work() { return c10::make_intrusive<FakeWork>(); }
+
+}  // namespace
+
+TEST(RuntimeWaits, NcclWorkIsLeftToTheStreamAndEveryOtherWaitBlocksTheHost) {
+  EXPECT_EQ(fl::wait_mode(fl::BackendKind::nccl), fl::WaitMode::stream);
+  EXPECT_EQ(fl::wait_mode(fl::BackendKind::gloo), fl::WaitMode::host);
+  EXPECT_EQ(fl::wait_mode(fl::BackendKind::nccl, /*barrier=*/true), fl::WaitMode::host) << "a barrier makes hosts meet";
+  EXPECT_EQ(fl::wait_mode(fl::BackendKind::gloo, /*barrier=*/true), fl::WaitMode::host);
+}
+
+TEST(RuntimeWaits, PendingWorkFailsByItsExceptionTheBackendsErrorOrTheTimeoutAndIsForgottenWhenDone) {
+  using namespace std::chrono_literals;
+  const auto t0 = fl::PendingWorks::Clock::now();
+  fl::PendingWorks pending;
+  auto done = fake_work(), running = fake_work(), failed = fake_work();
+  done->completed = true;
+  pending.add(done, "all_reduce(sum) of Float [4]", 7, t0);
+  pending.add(running, "broadcast of Float [2] from rank 0", 8, t0);
+  EXPECT_FALSE(pending.check(1000ms, t0 + 10ms)) << "nothing failed, nothing is late";
+  EXPECT_EQ(pending.size(), 1u) << "the finished work is forgotten, the running one kept";
+
+  // Late: named with how long it has been running.
+  const auto late = pending.check(1000ms, t0 + 1500ms);
+  ASSERT_TRUE(late);
+  EXPECT_EQ(late->what, "broadcast of Float [2] from rank 0");
+  EXPECT_EQ(late->call, 8);
+  EXPECT_NE(late->reason.find("not done after 1500 ms (the timeout is 1000 ms)"), std::string::npos) << late->reason;
+
+  // The backend's error (NCCL's watchdog aborted the communicator) fails the work that is not done.
+  const auto aborted = pending.check(1000ms, t0 + 20ms, "the communicator was aborted");
+  ASSERT_TRUE(aborted);
+  EXPECT_EQ(aborted->reason, "the communicator was aborted");
+
+  // The work's own exception, also once it counts as complete.
+  failed->completed = true;
+  failed->failure = std::make_exception_ptr(std::runtime_error("NCCL error: remote process exited"));
+  pending.add(failed, "gradient all_reduce of bucket 0 of 1 (3 parameters, 48 bytes)", 9, t0);
+  running->completed = true;
+  const auto error = pending.check(1000ms, t0 + 20ms);
+  ASSERT_TRUE(error);
+  EXPECT_EQ(error->call, 9);
+  EXPECT_EQ(error->reason, "NCCL error: remote process exited");
+
+  pending.clear();
+  EXPECT_EQ(pending.size(), 0u);
+  EXPECT_FALSE(pending.check(1000ms, t0 + 1h));
+}
+
+TEST(RuntimeWaits, AutoBackendIsNcclOnlyWhenEveryLocalRankHasAGpu) {
+  EXPECT_EQ(fl::auto_backend(1, 0), fl::BackendKind::gloo) << "no GPU";
+  EXPECT_EQ(fl::auto_backend(2, 0), fl::BackendKind::gloo);
+  EXPECT_EQ(fl::auto_backend(1, 1), fl::BackendKind::nccl);
+  EXPECT_EQ(fl::auto_backend(2, 1), fl::BackendKind::gloo) << "two ranks, one GPU: make demo on a one-GPU machine";
+  EXPECT_EQ(fl::auto_backend(8, 8), fl::BackendKind::nccl);
+  EXPECT_EQ(fl::auto_backend(4, 8), fl::BackendKind::nccl);
+  EXPECT_EQ(fl::auto_backend(9, 8), fl::BackendKind::gloo);
 }

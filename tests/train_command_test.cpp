@@ -648,6 +648,27 @@ TEST_F(TrainCommand, NcclWithoutAGpuIsRefusedByName) {
   EXPECT_FALSE(fs::exists(out_)) << "nothing written";
 }
 
+TEST_F(TrainCommand, AGpuDeviceWithoutAGpuOrMoreRanksThanGpusIsRefusedBeforeLaunch) {
+  // The CPU tests hide every GPU from the CLI (support/cpu_only.cpp).
+  for (const char* device : {"cuda", "cuda:1"}) {
+    const auto r = run(train(std::string("--set train.device=") + device));
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(
+        r.output.find(fmt::format("train.device = \"{}\" needs a CUDA GPU and none is visible; use \"cpu\"", device)),
+        std::string::npos)
+        << r.output;
+    EXPECT_FALSE(fs::exists(out_)) << "nothing written";
+  }
+  // Before any rank starts: no launcher output, no rank prefix.
+  const auto r = run(train("--nproc-per-node 2 --set distributed.backend=nccl"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("distributed.backend = \"nccl\" needs a CUDA GPU"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("[rank"), std::string::npos) << "refused before launch: " << r.output;
+  const auto lr_find = run("lr-find " + config_.string() + " --set train.device=cuda --out " + out_.string());
+  EXPECT_NE(lr_find.exit_code, 0);
+  EXPECT_NE(lr_find.output.find("train.device = \"cuda\" needs a CUDA GPU"), std::string::npos) << lr_find.output;
+}
+
 // Ranks started by hand (as a scheduler would), with the given RANK / WORLD_SIZE and a 3 s timeout.
 std::vector<fastlearn::testing::CommandResult> start_ranks(const fs::path& config, const fs::path& out,
                                                            const std::vector<int>& ranks, int world_size, int port) {

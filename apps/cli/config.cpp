@@ -269,6 +269,20 @@ std::string save_best_monitor_recorded(const TrainConfig& c) {
 
 std::string dir_not_empty(const TrainConfig& c) { return c.output.dir.empty() ? "must not be empty" : ""; }
 
+// "auto", "cpu", "cuda" or "cuda:N" (N a GPU index).
+std::string device_spelled(const TrainConfig& c) {
+  const std::string_view d = c.train.device;
+  if (d == "auto" || d == "cpu" || d == "cuda") return {};
+  if (d.starts_with("cuda:")) {
+    const auto index = d.substr(5);
+    if (!index.empty() && index.size() <= 4 &&
+        std::all_of(index.begin(), index.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+      return {};
+  }
+  return fmt::format(R"(must be "auto", "cpu", "cuda" or "cuda:N" (N: a GPU's index), got "{}{}")", d.substr(0, 40),
+                     d.size() > 40 ? "..." : "");
+}
+
 // Every key, in the order they are read and written: the data first, since it decides which losses, metrics
 // and models fit. A sub-table may come before its table's plain keys: the writer groups keys by table.
 const std::vector<Key>& schema() {
@@ -348,6 +362,7 @@ const std::vector<Key>& schema() {
       Key("train.metrics", in::train, &TrainSectionConfig::metrics, {},
           {.choices = metrics_for, .check = known_metrics, .needs_task = true}),
       Key("train.top_k", in::train, &TrainSectionConfig::top_k, {.min = 1}, {.applies = top_k_metric}),
+      Key("train.device", in::train, &TrainSectionConfig::device, {}, {.check = device_spelled}),
 
       Key("distributed.backend", in::distributed, &DistributedConfig::backend, {.choices = {"auto", "gloo", "nccl"}}),
       Key("distributed.sync_bn", in::distributed, &DistributedConfig::sync_bn),

@@ -101,11 +101,14 @@ struct TrainSectionConfig {
   /// (default: accuracy); regression: rmse, mse, mae (default: rmse).
   std::vector<std::string> metrics;
   std::int64_t top_k = 5;  ///< k of top_k_accuracy (fastai's default); at most the number of classes
+  /// Where to train: auto (a GPU when one is visible, as fastai; with several ranks per host, each rank's own GPU
+  /// when there is one for every rank, else the CPU) | cpu | cuda (the rank's GPU) | cuda:N (one process only)
+  std::string device = "auto";
   bool operator==(const TrainSectionConfig&) const = default;
 };
 
 struct DistributedConfig {
-  std::string backend = "auto";  ///< auto (NCCL on CUDA, else Gloo) | gloo | nccl
+  std::string backend = "auto";  ///< auto (NCCL when every rank has a GPU of its own, else Gloo) | gloo | nccl
   bool sync_bn = true;
   double bucket_cap_mb = 25.0;
   double first_bucket_mb = 1.0;

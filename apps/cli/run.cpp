@@ -113,8 +113,50 @@ std::optional<bool> regression_of_data(const TrainConfig& c) {
 }
 
 // The config of every command, data.y_block decided from the data when it is not given.
+// train.device and distributed.backend against this host's GPUs, for `local_ranks` ranks on it: refused before
+// anything is launched, loaded or written, naming the numbers and the ways out.
+void check_devices(const TrainConfig& c, int local_ranks, const std::string& origin) {
+  const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  const auto& device = c.train.device;
+  const auto& backend = c.distributed.backend;
+  const bool one_gpu = device.starts_with("cuda:");
+  if (backend == "nccl" && gpus == 0)
+    throw ConfigError(
+        fmt::format("{}: distributed.backend = \"nccl\" needs a CUDA GPU and none is visible; use "
+                    "\"gloo\", or \"auto\" (NCCL when every rank has a GPU, Gloo otherwise)",
+                    origin));
+  if (device != "auto" && device != "cpu" && gpus == 0)
+    throw ConfigError(
+        fmt::format("{}: train.device = \"{}\" needs a CUDA GPU and none is visible; use \"cpu\", or "
+                    "\"auto\" (a GPU when there is one)",
+                    origin, device));
+  if (one_gpu && std::stoi(device.substr(5)) >= gpus)
+    throw ConfigError(fmt::format("{}: train.device = \"{}\": this host has {} GPU(s), cuda:0{}", origin, device, gpus,
+                                  gpus > 1 ? fmt::format(" to cuda:{}", gpus - 1) : ""));
+  if (local_ranks <= 1) return;
+  if (one_gpu)
+    throw ConfigError(
+        fmt::format("{}: train.device = \"{}\" names one GPU, and {} ranks train on this host: use "
+                    "\"cuda\" (each rank its own GPU) or \"auto\"",
+                    origin, device, local_ranks));
+  if (backend == "nccl" && device == "cpu")
+    throw ConfigError(
+        fmt::format("{}: distributed.backend = \"nccl\" trains on GPUs, and train.device = \"cpu\": "
+                    "use the gloo backend (or \"auto\") to train on the CPU",
+                    origin));
+  if ((device == "cuda" || backend == "nccl") && local_ranks > gpus)
+    throw ConfigError(fmt::format(
+        "{}: {} needs a GPU for each of the {} ranks on this host, and it has {}: start at most {} rank(s) per host "
+        "(--nproc-per-node {}), or leave train.device and distributed.backend at \"auto\" (with fewer GPUs than "
+        "ranks the ranks then train on the CPU over Gloo), or set train.device = \"cpu\"",
+        origin, device == "cuda" ? "train.device = \"cuda\"" : "distributed.backend = \"nccl\"", local_ranks, gpus,
+        std::max(gpus, 1), std::max(gpus, 1)));
+}
+
 TrainConfig read_config_file(const TrainArgs& args) {
-  return load_config(args.config_path, args.sets, regression_of_data);
+  auto config = load_config(args.config_path, args.sets, regression_of_data);
+  check_devices(config, local_world_size(), args.config_path);
+  return config;
 }
 
 DataLoaders make_data(const TrainConfig& c) {
@@ -228,6 +270,7 @@ LearnerOptions learner_options(const TrainConfig& c, const fs::path& out, bool w
                    .model_dir = "checkpoints"};
   const auto& t = c.train;
   o.wd_bn_bias = t.wd_bn_bias;
+  if (t.device != "auto") o.device = c10::Device(t.device);  // "cuda" without an index: the rank's GPU
   if (t.grad_accumulation > 0) o.cbs.push_back(std::make_shared<GradientAccumulation>(t.grad_accumulation));
   if (t.grad_clip > 0) o.cbs.push_back(std::make_shared<GradientClip>(GradientClipOptions{.max_norm = t.grad_clip}));
   if (t.mixed_precision) o.cbs.push_back(std::make_shared<MixedPrecision>());
@@ -341,16 +384,6 @@ void fit(Learner& learn, const TrainSectionConfig& t, const std::optional<fs::pa
     learn.fit(epochs, t.lr, options);
 }
 
-// distributed.backend = "nccl" on a machine without a visible GPU: refused before anything runs or is written.
-void check_backend(const DistributedConfig& d, const std::string& origin) {
-  if (d.backend == "nccl" && !torch::cuda::is_available()) {
-    throw ConfigError(
-        fmt::format("{}: distributed.backend = \"nccl\" needs a CUDA GPU and none is visible; use "
-                    "\"gloo\", or \"auto\" (NCCL when there is a GPU, Gloo otherwise)",
-                    origin));
-  }
-}
-
 SetupOptions setup_options(const DistributedConfig& d) {
   SetupOptions o{.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(d.timeout_seconds * 1000))};
   if (d.backend == "gloo") o.backend = BackendKind::gloo;
@@ -395,7 +428,8 @@ int run_train(const TrainArgs& args) {
   auto config = read_config_file(args);  // throws before anything is written
   const fs::path out = args.out.empty() ? fs::path(config.output.dir) : fs::path(args.out);
   config.output.dir = out.string();
-  check_backend(config.distributed, args.config_path);
+  // The ranks on this host: the launch about to start them, or the job this process is one of.
+  check_devices(config, under_launcher() ? local_world_size() : std::max(args.nproc_per_node, 1), args.config_path);
   // A relative data.path is the working directory's, as for every command-line tool: say which folder that was.
   const auto relative_to = [](const std::string& path) {
     return fs::path(path).is_relative()
@@ -441,6 +475,15 @@ int run_train(const TrainArgs& args) {
   try {
     learn = make_learner(config, out, /*with_run_callbacks=*/true, resume);
     DistribCtx ctx(*learn, trainer_options(config.distributed), setup_options(config.distributed));
+    if (is_main()) {
+      const auto where = describe_device(learn->device());
+      if (world_size() > 1)
+        fmt::print("training on {} ranks over {}; rank 0 on {}\n", world_size(), to_string(world_group().kind()),
+                   where);
+      else
+        fmt::print("training on {}\n", where);
+      std::fflush(stdout);
+    }
     // A fresh run looks for no checkpoint, and only rank 0 writes them: its RunFolder sets the older run's aside.
     fit(*learn, config.train, resume ? checkpoint_to_resume(out) : std::nullopt,
         {std::make_shared<RunFolder>(out, to_toml(config), /*fresh=*/!resume)});

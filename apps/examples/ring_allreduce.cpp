@@ -17,6 +17,20 @@
 
 namespace fl = fastlearn;
 
+// Sends `out` to the right neighbour and receives `in` from the left one. Even ranks send first, odd ranks receive
+// first, so that every send meets a receive already posted: where a send waits for its receive (NCCL above its
+// eager size, whose sends and receives between two ranks also share one stream), two ranks that both send first
+// would wait for each other for ever.
+void pass_right(const at::Tensor& out, int right, const at::Tensor& in, int left, int tag) {
+  if (fl::rank() % 2 == 0) {
+    fl::send(out, right, tag);
+    fl::recv(in, left, tag);
+  } else {
+    fl::recv(in, left, tag);
+    fl::send(out, right, tag);
+  }
+}
+
 // Sums `tensor` over every rank, in place.
 void ring_allreduce(const at::Tensor& tensor) {
   const int n = fl::world_size(), r = fl::rank();
@@ -29,9 +43,7 @@ void ring_allreduce(const at::Tensor& tensor) {
     const auto& out = chunks[static_cast<std::size_t>((r - s + n) % n)];
     const auto& into = chunks[static_cast<std::size_t>((r - s - 1 + n) % n)];
     auto buffer = incoming.narrow(0, 0, into.numel());
-    auto sent = fl::isend(out.contiguous(), right, s);
-    fl::recv(buffer, left, s);
-    sent.wait();
+    pass_right(out.contiguous(), right, buffer, left, s);
     into.add_(buffer);
   }
   // All-gather: rank r now holds the full sum of chunk (r + 1); pass finished chunks around the ring.
@@ -39,9 +51,7 @@ void ring_allreduce(const at::Tensor& tensor) {
     const auto& out = chunks[static_cast<std::size_t>((r + 1 - s + n) % n)];
     const auto& into = chunks[static_cast<std::size_t>((r - s + n) % n)];
     auto buffer = incoming.narrow(0, 0, into.numel());
-    auto sent = fl::isend(out.contiguous(), right, n + s);
-    fl::recv(buffer, left, n + s);
-    sent.wait();
+    pass_right(out.contiguous(), right, buffer, left, n + s);
     into.copy_(buffer);
   }
 }
