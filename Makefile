@@ -23,10 +23,13 @@ build: configure
 
 # Each TEST is its own ctest entry, but a quick module's binary is one (tests/CMakeLists.txt, WHOLE); select an
 # area with `make test CTEST_ARGS="-L distributed"`. Each test runs pinned to a pair of CPUs, two tests per pair
-# (scripts/ctest-resources), however many cores the machine has.
+# (scripts/ctest-resources), however many cores the machine has. A test that skips without being allowed to
+# (tests/allowed_skips.txt: the GPU tests, the root-only ones) fails the run (scripts/check-skips).
 test: build
 	scripts/ctest-resources > $(BUILD_DIR)/ctest-resources.json
-	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --resource-spec-file ctest-resources.json $(CTEST_ARGS)
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --resource-spec-file ctest-resources.json \
+	  --output-junit ctest-junit.xml $(CTEST_ARGS)
+	scripts/check-skips $(BUILD_DIR)
 
 # clang-format on every C++ file, clang-tidy on the sources the last commit changed (scripts/lint).
 lint: configure
