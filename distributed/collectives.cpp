@@ -143,7 +143,7 @@ void check_same_call(Group& g, Op op, const at::Tensor& t, int root = -1, Reduce
   fp[4] = root;
   fp[5] = static_cast<std::int64_t>(rop);
   for (int d = 0; t.defined() && d < std::min<int>(kDims, static_cast<int>(t.dim())); ++d) fp[6 + d] = t.size(d);
-  const auto device = t.defined() ? t.device() : distrib_device();
+  const auto device = t.defined() ? t.device() : device_of(g);  // a barrier: where the group's backend takes tensors
   auto mine = torch::tensor(fp, torch::kLong).to(device);
   std::vector<std::vector<at::Tensor>> all(1);
   for (int r = 0; r < g.size(); ++r) all[0].push_back(torch::empty_like(mine));
@@ -349,7 +349,7 @@ std::string silent_ranks(Group& group, std::int64_t call) {
 }
 
 void check_pending(Group& group) {
-  if (group.pending().size() == 0) return;
+  if (wait_mode(group.kind()) == WaitMode::host) return;  // nothing is left to the stream
   std::string backend_error;
   if (group.kind() == BackendKind::nccl && group.is_member()) {
     try {

@@ -299,7 +299,13 @@ class GradReducer::Impl {
       std::vector<at::Tensor> tensors{b.in_place ? flat_alias(params_[b.params.front()].tensor.grad()) : b.flat};
       if (debug_) debug_check_all_reduce(tensors.front(), group_);  // FASTLEARN_DISTRIBUTED_DEBUG=1
       b.call = group_.next_call();
-      b.work = group_.backend().allreduce(tensors);
+      try {
+        b.work = group_.backend().allreduce(tensors);
+      } catch (const std::exception& e) {  // e.g. a communicator NCCL's watchdog aborted since the last step
+        throw DistributedError(fmt::format("gradient all_reduce of bucket {} of {} could not start on rank {}: {}",
+                                           next_launch_, buckets_.size(), group_.ranks()[group_.rank()],
+                                           error_text(e)));
+      }
       stats.launched_after.push_back(stats.hooks);
       ++next_launch_;
     }

@@ -46,16 +46,27 @@ std::size_t PendingWorks::size() const {
 std::optional<PendingWorks::Failure> PendingWorks::check(std::chrono::milliseconds timeout, Clock::time_point now,
                                                          const std::string& backend_error) {
   std::lock_guard lock(mutex_);
+  // The backend's error first: after NCCL's watchdog aborted the communicator, the aborted works count as complete
+  // and hold no exception (the watchdog marked its own copy of them), so only the backend still tells.
+  if (!backend_error.empty()) {
+    if (entries_.empty()) return Failure{.what = "a collective of this group", .call = -1, .reason = backend_error};
+    return Failure{.what = entries_.front().what, .call = entries_.front().call, .reason = backend_error};
+  }
   for (auto it = entries_.begin(); it != entries_.end();) {
     auto& e = *it;
-    const bool completed = e.work->isCompleted();
-    if (const auto failure = e.work->exception())
-      return Failure{.what = e.what, .call = e.call, .reason = reason_of(failure)};
+    bool completed = false;
+    std::exception_ptr failure;
+    try {
+      completed = e.work->isCompleted();  // a CUDA error on the device makes its event query throw
+      failure = e.work->exception();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    if (failure) return Failure{.what = e.what, .call = e.call, .reason = reason_of(failure)};
     if (completed) {
       it = entries_.erase(it);
       continue;
     }
-    if (!backend_error.empty()) return Failure{.what = e.what, .call = e.call, .reason = backend_error};
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - e.started);
     if (waited > timeout)
       return Failure{

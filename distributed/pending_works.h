@@ -46,9 +46,10 @@ class PendingWorks {
   /// Remembers `work` (already made the stream's business), named `what`, started at `started`.
   void add(c10::intrusive_ptr<c10d::Work> work, std::string what, std::int64_t call,
            Clock::time_point started = Clock::now());
-  /// Forgets the completed operations, oldest first, and returns the first one that failed: its work holds an
-  /// exception, or it is not complete and either the backend reports an error (`backend_error`, e.g. the NCCL
-  /// watchdog aborted the communicator) or it started more than `timeout` before `now`. Never blocks.
+  /// The first failure, never blocking: with `backend_error` (e.g. NCCL's watchdog aborted the communicator, after
+  /// which the aborted works look complete) the oldest operation still remembered, done or not, or the group as a
+  /// whole when none is; else the first operation whose work holds an exception (or whose state cannot be read), or
+  /// that is not complete and started more than `timeout` before `now`. The completed ones before it are forgotten.
   std::optional<Failure> check(std::chrono::milliseconds timeout, Clock::time_point now = Clock::now(),
                                const std::string& backend_error = {});
   /// Drops everything (the group is closing).

@@ -62,15 +62,25 @@ c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store
   return with_shared_memory(std::move(gloo), *store, rank, world_size, options.timeout);
 }
 
+#ifdef FASTLEARN_WITH_NCCL
+// What ProcessGroupNCCL reads when it is made, so that a failure or a timeout ends as fastlearn's DistributedError
+// naming the operation and the silent ranks (collectives.h: check_pending) instead of ending the process: its
+// watchdog aborts the communicator and leaves the process alive (error handling 2; torch's default, 3, ends the
+// process from the watchdog's thread), without first dumping its flight recorder and waiting 4 x 15 s for the
+// other ranks' dumps (after which its heartbeat monitor may end the process anyway). Values the user set stay.
+void report_nccl_failures_as_errors() {
+  if (!std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING") && !std::getenv("NCCL_ASYNC_ERROR_HANDLING"))
+    ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/0);
+  ::setenv("TORCH_NCCL_DUMP_ON_TIMEOUT", "0", /*overwrite=*/0);
+  ::setenv("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "1000", /*overwrite=*/0);
+}
+#endif
+
 c10::intrusive_ptr<c10d::Backend> make_nccl([[maybe_unused]] const c10::intrusive_ptr<c10d::Store>& store,
                                             [[maybe_unused]] int rank, [[maybe_unused]] int world_size,
                                             [[maybe_unused]] const BackendOptions& options) {
 #ifdef FASTLEARN_WITH_NCCL
-  // After a failure or a timeout NCCL's watchdog aborts the communicator and leaves the process alive, so that the
-  // error reaches fastlearn's checks (collectives.h: check_pending) and ends as a DistributedError naming the
-  // operation and the silent ranks. Torch's default (3) ends the process from the watchdog's thread instead. A value
-  // the user set stays.
-  ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/0);
+  report_nccl_failures_as_errors();
   auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
   nccl_options->timeout = options.timeout;
   const int index = options.cuda_device >= 0 ? options.cuda_device : static_cast<int>(c10::cuda::current_device());

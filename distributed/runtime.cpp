@@ -135,8 +135,9 @@ BackendKind agreed_auto_backend(c10d::Store& store, const DistEnv& env, BackendK
   if (local_choice != BackendKind::nccl) return local_choice;
   if (store.add(kCannotUseNccl, 0) == 0) return BackendKind::nccl;
   warn(
-      fmt::format("backend \"auto\": some host of this job has fewer GPUs than ranks, so every rank trains on the "
-                  "CPU over Gloo (this host has {} GPU(s) for its {} rank(s))",
+      fmt::format("backend \"auto\": some host of this job has fewer GPUs than ranks, so every rank uses Gloo (this "
+                  "host has {} GPU(s) for its {} rank(s); a learner on a GPU stays there, and Gloo moves its tensors "
+                  "through the host)",
                   visible_gpus(), env.local_world_size));
   return BackendKind::gloo;
 }

@@ -411,8 +411,15 @@ TEST(NcclWorldOfOne, DistribCtxRunsTheReducerStopVotesAndGathersOnNccl) {
               {.backend = fl::BackendKind::nccl, .timeout = std::chrono::seconds(60), .env = {.world_size = 1}});
           ASSERT_EQ(fl::world_group().kind(), fl::BackendKind::nccl);
           ASSERT_NE(learn.cb<fl::DistributedTrainer>(), nullptr);
-          EXPECT_TRUE(learn.model().parameters().front().is_cuda())
-              << "to_distributed moves the model to the NCCL device";
+          EXPECT_EQ(learn.device(), fl::distrib_device()) << "the learner computes on the NCCL device";
+          {  // one told to compute elsewhere cannot train over NCCL, and says so
+            fl::Learner on_cpu(image_loaders(64, 32), small_conv_net(), fl::cross_entropy(),
+                               {.progress = false, .device = c10::Device(c10::kCPU)});
+            const auto msg = message_of([&] { fl::to_distributed(on_cpu, {.with_one_process = true}); });
+            EXPECT_NE(msg.find("the learner computes on cpu (LearnerOptions::device), but NCCL runs rank 0 on cuda:0"),
+                      std::string::npos)
+                << msg;
+          }
           learn.fit(1, 1e-2);  // validation metrics from the gathered predictions
           EXPECT_GT(learn.recorder().history().back().metrics.at(0), 0.5);
           learn.fit(2, 1e-2, {.cbs = {stop, signal}});
@@ -588,12 +595,14 @@ TEST(NcclTwoGpus, ADeadPeerMakesTheSurvivorFailWithinTheTimeout) {
                       const auto start = Clock::now();
                       const auto msg = message_of([] {
                         auto t = torch::ones({1024}, torch::TensorOptions().device(fl::distrib_device()));
-                        fl::all_reduce(t);
-                        torch::cuda::synchronize();
+                        fl::all_reduce(t);           // returns at once: only the stream waits (NCCL)
+                        torch::cuda::synchronize();  // returns once the watchdog aborted the communicator
+                        fl::all_reduce(t);           // checks the pending one first: the DistributedError
                       });
-                      EXPECT_NE(msg, "no error");
-                      EXPECT_LT(Clock::now() - start, std::chrono::seconds(40))
-                          << "within the timeout (and the watchdog's abort)";
+                      EXPECT_NE(msg.find("all_reduce(sum) of Float [1024]"), std::string::npos) << msg;
+                      EXPECT_NE(msg.find("Rank 1 never reached this call"), std::string::npos) << msg;
+                      EXPECT_LT(Clock::now() - start, std::chrono::seconds(60))
+                          << "within the timeout and the watchdog's abort";
                       fl::abort_distrib();
                     },
                     {.timeout = std::chrono::seconds(180), .env = flt::torchrun_env(2)});

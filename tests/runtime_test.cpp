@@ -675,16 +675,22 @@ TEST(RuntimeWaits, PendingWorkFailsByItsExceptionTheBackendsErrorOrTheTimeoutAnd
   EXPECT_EQ(late->call, 8);
   EXPECT_NE(late->reason.find("not done after 1500 ms (the timeout is 1000 ms)"), std::string::npos) << late->reason;
 
-  // The backend's error (NCCL's watchdog aborted the communicator) fails the work that is not done.
+  // The backend's error (NCCL's watchdog aborted the communicator) fails the oldest work remembered, also once the
+  // abort made it look complete (the watchdog marks only its own copy of the work).
+  running->completed = true;
   const auto aborted = pending.check(1000ms, t0 + 20ms, "the communicator was aborted");
   ASSERT_TRUE(aborted);
+  EXPECT_EQ(aborted->what, "broadcast of Float [2] from rank 0");
   EXPECT_EQ(aborted->reason, "the communicator was aborted");
+  fl::PendingWorks none;
+  const auto group_error = none.check(1000ms, t0, "the communicator was aborted");
+  ASSERT_TRUE(group_error) << "with nothing remembered the group's error still shows";
+  EXPECT_EQ(group_error->what, "a collective of this group");
 
   // The work's own exception, also once it counts as complete.
   failed->completed = true;
   failed->failure = std::make_exception_ptr(std::runtime_error("NCCL error: remote process exited"));
   pending.add(failed, "gradient all_reduce of bucket 0 of 1 (3 parameters, 48 bytes)", 9, t0);
-  running->completed = true;
   const auto error = pending.check(1000ms, t0 + 20ms);
   ASSERT_TRUE(error);
   EXPECT_EQ(error->call, 9);
