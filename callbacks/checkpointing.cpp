@@ -2,6 +2,7 @@
 
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/safetensors.h>
+#include <fastlearn/core/text.h>
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/checkpoint.h>
 #include <fastlearn/learner/learner.h>
@@ -67,10 +68,10 @@ std::optional<fs::path> latest_checkpoint(const fs::path& dir, LatestCheckpointO
         throw CheckpointError(
             fmt::format("the newest checkpoint in '{}' is torn or corrupt: {}\nDelete '{}' to "
                         "resume from the one before it",
-                        dir.string(), e.what(), candidate.file.string()));
+                        excerpt(dir.string(), 256), e.what(), excerpt(candidate.file.string(), 256)));
       }
       std::fprintf(stderr, "fastlearn: skipping checkpoint '%s', it is torn or corrupt: %s\n",
-                   candidate.file.string().c_str(), e.what());
+                   excerpt(candidate.file.string(), 256).c_str(), e.what());
     }
   }
   return std::nullopt;

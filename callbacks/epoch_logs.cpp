@@ -2,6 +2,7 @@
 
 #include <fastlearn/core/atomic_file.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/lr_finder.h>
@@ -61,7 +62,8 @@ void CSVLogger::before_fit() {
   out_.close();
   out_.open(path_, keep ? std::ios::app : std::ios::trunc);
   if (!out_)
-    throw Error(fmt::format("CSVLogger: cannot open '{}' for writing: {}", path_.string(), std::strerror(errno)));
+    throw Error(
+        fmt::format("CSVLogger: cannot open '{}' for writing: {}", excerpt(path_.string(), 256), std::strerror(errno)));
   if (!keep) {
     const auto cols = l.recorder().columns();
     for (std::size_t i = 0; i < cols.size(); ++i) out_ << (i ? "," : "") << cols[i];
@@ -76,7 +78,8 @@ void CSVLogger::after_epoch() {
   out_ << r.epoch << ',' << csv_number(r.train_loss) << ',' << csv_number(r.valid_loss);
   for (double m : r.metrics) out_ << ',' << csv_number(m);
   out_ << ',' << fmt::format("{:.3f}", r.seconds) << '\n' << std::flush;
-  if (!out_) throw Error(fmt::format("CSVLogger: writing '{}' failed: {}", path_.string(), std::strerror(errno)));
+  if (!out_)
+    throw Error(fmt::format("CSVLogger: writing '{}' failed: {}", excerpt(path_.string(), 256), std::strerror(errno)));
 }
 
 void CSVLogger::after_fit() { out_.close(); }

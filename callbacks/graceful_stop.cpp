@@ -2,6 +2,7 @@
 
 #include <fastlearn/callbacks/checkpointing.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/learner.h>
 
@@ -99,7 +100,8 @@ void GracefulStop::check(bool epoch_end) {
   l.stop_training();  // the whole run: fine_tune does not go on to its unfrozen fit
   if (auto checkpointer = l.cb<Checkpointer>()) {
     const auto file = checkpointer->save_now(epoch_end);
-    if (l.coordination().is_main()) std::fprintf(stderr, "fastlearn: stopped; checkpoint '%s'\n", file.c_str());
+    if (l.coordination().is_main())
+      std::fprintf(stderr, "fastlearn: stopped; checkpoint '%s'\n", excerpt(file.string(), 256).c_str());
   }
   throw CancelFitException();
 }

@@ -1,6 +1,7 @@
 #include <fastlearn/callbacks/tracker.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/lr_finder.h>
@@ -76,7 +77,7 @@ void EarlyStopping::after_epoch() {
   wait_ = new_best() ? 0 : wait_ + 1;
   if (wait_ >= patience_) {
     stopped_after_ = learn().epoch;
-    fmt::print("No improvement of {} since epoch {}: early stopping\n", tracker_options().monitor,
+    fmt::print("No improvement of {} since epoch {}: early stopping\n", excerpt(tracker_options().monitor),
                learn().epoch - wait_);
     throw CancelFitException();
   }

@@ -1,6 +1,7 @@
 #include <fastlearn/core/atomic_file.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -19,7 +20,7 @@ namespace fastlearn {
 namespace {
 
 [[noreturn]] void fail(const std::filesystem::path& path, std::string_view step, int error) {
-  throw Error(fmt::format("cannot write '{}': {}: {}", path.string(), step, std::strerror(error)));
+  throw Error(fmt::format("cannot write '{}': {}: {}", excerpt(path.string(), 256), step, std::strerror(error)));
 }
 
 // Writes all of [data, data + size) to `fd`; returns 0 or the errno of the failed write().
@@ -88,7 +89,7 @@ class TempFile {
       if (fd_ >= 0) return;
       const int error = errno;
       if (error != EEXIST || attempt == 100) {
-        fail(target, fmt::format("creating the temporary '{}'", path_.string()), error);
+        fail(target, fmt::format("creating the temporary '{}'", excerpt(path_.string(), 256)), error);
       }
     }
   }
@@ -119,7 +120,8 @@ class TempFile {
 }  // namespace
 
 void write_file_atomically(const std::filesystem::path& path, const std::function<void(std::ostream&)>& write) {
-  if (!path.has_filename()) throw Error(fmt::format("cannot write '{}': the path has no file name", path.string()));
+  if (!path.has_filename())
+    throw Error(fmt::format("cannot write '{}': the path has no file name", excerpt(path.string(), 256)));
   const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   TempFile temp(path, dir);
   {
@@ -130,23 +132,27 @@ void write_file_atomically(const std::filesystem::path& path, const std::functio
       write(out);
       out.flush();
     } catch (const std::ios_base::failure&) {
-      if (buffer.error() != 0) fail(path, fmt::format("writing '{}'", temp.path().string()), buffer.error());
+      if (buffer.error() != 0)
+        fail(path, fmt::format("writing '{}'", excerpt(temp.path().string(), 256)), buffer.error());
       throw;
     }
-    if (buffer.error() != 0) fail(path, fmt::format("writing '{}'", temp.path().string()), buffer.error());
+    if (buffer.error() != 0)
+      fail(path, fmt::format("writing '{}'", excerpt(temp.path().string(), 256)), buffer.error());
     // A stream in a failed state ignores further output and flushes: what reached the file may be partial.
     if (!out) {
-      throw Error(fmt::format("cannot write '{}': the writer left the output stream in a failed state", path.string()));
+      throw Error(fmt::format("cannot write '{}': the writer left the output stream in a failed state",
+                              excerpt(path.string(), 256)));
     }
   }
   if (::fsync(temp.fd()) != 0) {
     const int error = errno;  // read before fmt::format can change it
-    fail(path, fmt::format("fsync of '{}'", temp.path().string()), error);
+    fail(path, fmt::format("fsync of '{}'", excerpt(temp.path().string(), 256)), error);
   }
-  if (const int error = temp.close(); error != 0) fail(path, fmt::format("closing '{}'", temp.path().string()), error);
+  if (const int error = temp.close(); error != 0)
+    fail(path, fmt::format("closing '{}'", excerpt(temp.path().string(), 256)), error);
   if (::rename(temp.path().c_str(), path.c_str()) != 0) {
     const int error = errno;
-    fail(path, fmt::format("renaming '{}' over it", temp.path().string()), error);
+    fail(path, fmt::format("renaming '{}' over it", excerpt(temp.path().string(), 256)), error);
   }
   temp.committed();
 
@@ -156,7 +162,9 @@ void write_file_atomically(const std::filesystem::path& path, const std::functio
   const int error = dir_fd < 0 || ::fsync(dir_fd) != 0 ? errno : 0;
   if (dir_fd >= 0) ::close(dir_fd);
   if (error != 0 && error != EINVAL) {
-    fail(path, fmt::format("the new file is in place, but syncing its directory '{}' failed", dir.string()), error);
+    fail(path,
+         fmt::format("the new file is in place, but syncing its directory '{}' failed", excerpt(dir.string(), 256)),
+         error);
   }
 }
 

@@ -1,6 +1,7 @@
 #include <fastlearn/core/event_file.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 
 #include <fmt/format.h>
 
@@ -86,13 +87,16 @@ EventFileWriter::EventFileWriter(const std::filesystem::path& dir) {
   static std::atomic<int> files_made{0};  // two writers in one second of one process get distinct names
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) throw Error(fmt::format("TensorBoard: cannot create the log directory '{}': {}", dir.string(), ec.message()));
+  if (ec)
+    throw Error(
+        fmt::format("TensorBoard: cannot create the log directory '{}': {}", excerpt(dir.string(), 256), ec.message()));
   const auto seconds =
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   path_ = dir / fmt::format("events.out.tfevents.{}.{}.{}.{}", seconds, host_name(), getpid(), files_made++);
   out_.open(path_, std::ios::binary | std::ios::trunc);
   if (!out_) {
-    throw Error(fmt::format("TensorBoard: cannot open '{}' for writing: {}", path_.string(), std::strerror(errno)));
+    throw Error(fmt::format("TensorBoard: cannot open '{}' for writing: {}", excerpt(path_.string(), 256),
+                            std::strerror(errno)));
   }
   auto e = event_header(0);
   put_bytes(e, 3, "brain.Event:2");
@@ -121,12 +125,16 @@ void EventFileWriter::write_record(std::string_view event) {
   record.append(event);
   put_fixed(record, masked_crc32c(event));
   out_.write(record.data(), static_cast<std::streamsize>(record.size()));
-  if (!out_) throw Error(fmt::format("TensorBoard: writing '{}' failed: {}", path_.string(), std::strerror(errno)));
+  if (!out_)
+    throw Error(
+        fmt::format("TensorBoard: writing '{}' failed: {}", excerpt(path_.string(), 256), std::strerror(errno)));
 }
 
 void EventFileWriter::flush() {
   out_.flush();
-  if (!out_) throw Error(fmt::format("TensorBoard: writing '{}' failed: {}", path_.string(), std::strerror(errno)));
+  if (!out_)
+    throw Error(
+        fmt::format("TensorBoard: writing '{}' failed: {}", excerpt(path_.string(), 256), std::strerror(errno)));
 }
 
 }  // namespace fastlearn

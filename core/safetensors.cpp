@@ -4,6 +4,7 @@
 
 #include <fastlearn/core/atomic_file.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -55,8 +56,8 @@ std::string make_header(const NamedTensors& tensors, const Metadata& metadata, s
     auto& meta = header[std::string(kMetadataKey)];
     meta = nlohmann::ordered_json::object();
     for (const auto& [key, value] : metadata) {
-      check_utf8(key, origin, fmt::format("metadata key '{}'", key));
-      check_utf8(value, origin, fmt::format("the value of metadata key '{}'", key));
+      check_utf8(key, origin, fmt::format("metadata key '{}'", excerpt(key)));
+      check_utf8(value, origin, fmt::format("the value of metadata key '{}'", excerpt(key)));
       meta[key] = value;
     }
   }
@@ -65,20 +66,20 @@ std::string make_header(const NamedTensors& tensors, const Metadata& metadata, s
   for (const auto& [name, tensor] : tensors) {
     if (name == kMetadataKey)
       fail(origin, "the name '__metadata__' is reserved for the metadata; no tensor may have it");
-    if (!names.insert(name).second) fail(origin, fmt::format("duplicate tensor name '{}'", name));
-    check_utf8(name, origin, fmt::format("tensor name '{}'", name));
-    if (!tensor.defined()) fail(origin, fmt::format("tensor '{}' is undefined", name));
+    if (!names.insert(name).second) fail(origin, fmt::format("duplicate tensor name '{}'", excerpt(name)));
+    check_utf8(name, origin, fmt::format("tensor name '{}'", excerpt(name)));
+    if (!tensor.defined()) fail(origin, fmt::format("tensor '{}' is undefined", excerpt(name)));
     if (tensor.layout() != at::kStrided) {
       std::ostringstream layout;
       layout << tensor.layout();
-      fail(origin,
-           fmt::format("tensor '{}' has layout {}; only dense (strided) tensors can be saved", name, layout.str()));
+      fail(origin, fmt::format("tensor '{}' has layout {}; only dense (strided) tensors can be saved", excerpt(name),
+                               layout.str()));
     }
     const DType* dtype = dtype_by_type(tensor.scalar_type());
     if (!dtype) {
       fail(origin,
-           fmt::format("tensor '{}' has dtype {}, which fastlearn does not store in safetensors (supported: {})", name,
-                       c10::toString(tensor.scalar_type()), dtype_names()));
+           fmt::format("tensor '{}' has dtype {}, which fastlearn does not store in safetensors (supported: {})",
+                       excerpt(name), c10::toString(tensor.scalar_type()), dtype_names()));
     }
     const std::uint64_t bytes = static_cast<std::uint64_t>(tensor.numel()) * dtype->size;
     header[name] = {{"dtype", std::string(dtype->name)},
@@ -99,7 +100,7 @@ at::Tensor host_contiguous(const std::string& name, const at::Tensor& tensor, st
     // resolve_neg/resolve_conj: a lazily negated view's memory holds the un-negated values.
     return tensor.detach().resolve_conj().resolve_neg().contiguous().to(at::kCPU).contiguous();
   } catch (const c10::Error& e) {
-    fail(origin, fmt::format("copying tensor '{}' to the CPU failed: {}", name, e.what_without_backtrace()));
+    fail(origin, fmt::format("copying tensor '{}' to the CPU failed: {}", excerpt(name), e.what_without_backtrace()));
   }
 }
 
@@ -135,7 +136,7 @@ std::optional<std::vector<std::uint32_t>> listed_checksums(const Header& header,
     std::uint32_t value = 0;
     const auto [end, error] = std::from_chars(word.data(), word.data() + word.size(), value, 16);
     if (error != std::errc() || end != word.data() + word.size() || word.size() != 8)
-      fail(origin, fmt::format("metadata {}: '{}' is not a checksum of 8 hex digits", kChecksumKey, word));
+      fail(origin, fmt::format("metadata {}: '{}' is not a checksum of 8 hex digits", kChecksumKey, excerpt(word)));
     sums.push_back(value);
   }
   if (sums.size() != header.entries.size())
@@ -158,7 +159,7 @@ SafetensorsContent materialize(const Header& header, std::string_view origin, Re
     try {
       tensor = torch::empty(entry.shape, torch::TensorOptions().dtype(entry.dtype->type));
     } catch (const c10::Error& e) {
-      fail(origin, fmt::format("cannot allocate tensor '{}' of shape [{}]: {}", entry.name,
+      fail(origin, fmt::format("cannot allocate tensor '{}' of shape [{}]: {}", excerpt(entry.name),
                                fmt::join(entry.shape, ", "), e.what_without_backtrace()));
     }
     const std::uint64_t bytes = entry.end - entry.begin;
@@ -166,7 +167,7 @@ SafetensorsContent materialize(const Header& header, std::string_view origin, Re
     if (checksums && crc32_of(tensor.const_data_ptr(), bytes) != (*checksums)[k]) {
       fail(origin, fmt::format("tensor '{}' (bytes {} to {} of the file) does not match its checksum: the file is "
                                "corrupt",
-                               entry.name, header.data_start + entry.begin, header.data_start + entry.end));
+                               excerpt(entry.name), header.data_start + entry.begin, header.data_start + entry.end));
     }
     if (entry.dtype->type == at::kBool) {
       // Any byte but 0 or 1 in a bool is undefined behaviour in torch's kernels.
@@ -175,7 +176,7 @@ SafetensorsContent materialize(const Header& header, std::string_view origin, Re
       if (bad != data + bytes) {
         fail(origin,
              fmt::format("BOOL tensor '{}' holds the byte {} at byte offset {} in the file; booleans are 0 or 1",
-                         entry.name, *bad, header.data_start + entry.begin + (bad - data)));
+                         excerpt(entry.name), *bad, header.data_start + entry.begin + (bad - data)));
       }
     }
     swap_to_little_endian(tensor.data_ptr(), tensor.numel(), entry.dtype->size);
@@ -322,7 +323,7 @@ SafetensorsContent load_safetensors(const std::filesystem::path& path) {
   const std::string& origin = file.origin();
   const Header header = read_header(file);
   return materialize(header, origin, [&](void* out, std::uint64_t offset, std::uint64_t size, const std::string& name) {
-    file.read(out, offset, size, fmt::format("the data of tensor '{}'", name));
+    file.read(out, offset, size, fmt::format("the data of tensor '{}'", excerpt(name)));
   });
 }
 

@@ -1,6 +1,7 @@
 #include <fastlearn/core/safetensors_header.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -46,11 +47,11 @@ Json parse_json(std::string_view text, std::string_view origin) {
       if (depth == 1) entry_keys.clear();
     } else if (event == Json::parse_event_t::key && depth == 1) {
       entry = parsed.get<std::string>();
-      if (!keys.insert(entry).second) fail(origin, fmt::format("the header has the key '{}' twice", entry));
+      if (!keys.insert(entry).second) fail(origin, fmt::format("the header has the key '{}' twice", excerpt(entry)));
     } else if (event == Json::parse_event_t::key && depth == 2) {
       const auto& key = parsed.get_ref<const std::string&>();
       if (!entry_keys.insert(key).second) {
-        fail(origin, fmt::format("the header entry '{}' has the key '{}' twice", entry, key));
+        fail(origin, fmt::format("the header entry '{}' has the key '{}' twice", excerpt(entry), excerpt(key)));
       }
     }
     return true;
@@ -60,9 +61,9 @@ Json parse_json(std::string_view text, std::string_view origin) {
   } catch (const Json::parse_error& e) {
     const std::uint64_t at = e.byte > 0 ? e.byte - 1 : 0;  // nlohmann counts from 1
     fail(origin, fmt::format("invalid JSON header at byte {} of the file (byte {} of the header): {}",
-                             kLengthBytes + at, at, e.what()));
+                             kLengthBytes + at, at, excerpt(e.what(), 256)));
   } catch (const Json::exception& e) {
-    fail(origin, fmt::format("invalid JSON header: {}", e.what()));
+    fail(origin, fmt::format("invalid JSON header: {}", excerpt(e.what(), 256)));
   }
 }
 
@@ -80,7 +81,7 @@ std::optional<std::uint64_t> as_size(const Json& value) {
 
 const Json& field(const Json& entry, const std::string& tensor, const char* key, std::string_view origin) {
   const auto it = entry.find(key);
-  if (it == entry.end()) fail(origin, fmt::format("header entry for tensor '{}' has no \"{}\"", tensor, key));
+  if (it == entry.end()) fail(origin, fmt::format("header entry for tensor '{}' has no \"{}\"", excerpt(tensor), key));
   return *it;
 }
 
@@ -88,22 +89,22 @@ Entry parse_entry(const std::string& name, const Json& value, const Header& head
   if (!value.is_object()) {
     fail(origin, fmt::format("header entry for tensor '{}' is a JSON {}, not an object with dtype, shape and "
                              "data_offsets",
-                             name, value.type_name()));
+                             excerpt(name), value.type_name()));
   }
   Entry entry{.name = name};
   const Json& dtype = field(value, name, "dtype", origin);
   if (!dtype.is_string()) {
-    fail(origin, fmt::format("dtype of tensor '{}' is a JSON {}, not a string", name, dtype.type_name()));
+    fail(origin, fmt::format("dtype of tensor '{}' is a JSON {}, not a string", excerpt(name), dtype.type_name()));
   }
   entry.dtype = dtype_by_name(dtype.get_ref<const std::string&>());
   if (!entry.dtype) {
-    fail(origin, fmt::format("unknown dtype '{}' for tensor '{}' (supported: {})", dtype.get_ref<const std::string&>(),
-                             name, dtype_names()));
+    fail(origin, fmt::format("unknown dtype '{}' for tensor '{}' (supported: {})",
+                             excerpt(dtype.get_ref<const std::string&>()), excerpt(name), dtype_names()));
   }
 
   const Json& shape = field(value, name, "shape", origin);
   if (!shape.is_array()) {
-    fail(origin, fmt::format("shape of tensor '{}' is a JSON {}, not an array", name, shape.type_name()));
+    fail(origin, fmt::format("shape of tensor '{}' is a JSON {}, not an array", excerpt(name), shape.type_name()));
   }
   // `extent` counts zero dimensions as one: bounding it also keeps torch's strides from overflowing.
   std::uint64_t extent = entry.dtype->size;
@@ -112,10 +113,11 @@ Entry parse_entry(const std::string& name, const Json& value, const Header& head
     const auto dim = as_size(shape[i]);
     if (!dim) {
       fail(origin, fmt::format("shape {} of tensor '{}' has {} at index {}; dimensions are integers from 0 to 2^63-1",
-                               shape.dump(), name, shape[i].dump(), i));
+                               excerpt(shape.dump()), excerpt(name), excerpt(shape[i].dump()), i));
     }
     if (*dim > 1 && extent > kMaxInt64 / *dim) {
-      fail(origin, fmt::format("shape {} of tensor '{}' describes more than 2^63 bytes", shape.dump(), name));
+      fail(origin,
+           fmt::format("shape {} of tensor '{}' describes more than 2^63 bytes", excerpt(shape.dump()), excerpt(name)));
     }
     extent *= std::max<std::uint64_t>(*dim, 1);
     numel *= *dim;
@@ -128,23 +130,24 @@ Entry parse_entry(const std::string& name, const Json& value, const Header& head
   const auto end = offsets.is_array() && offsets.size() == 2 ? as_size(offsets[1]) : std::nullopt;
   if (!begin || !end) {
     fail(origin, fmt::format("data_offsets of tensor '{}' are {}, not [begin, end] with integers from 0 to 2^63-1",
-                             name, offsets.dump()));
+                             excerpt(name), excerpt(offsets.dump())));
   }
   entry.begin = *begin;
   entry.end = *end;
   if (entry.begin > entry.end) {
-    fail(origin, fmt::format("tensor '{}' data_offsets [{}, {}] end before they begin", name, entry.begin, entry.end));
+    fail(origin,
+         fmt::format("tensor '{}' data_offsets [{}, {}] end before they begin", excerpt(name), entry.begin, entry.end));
   }
   if (entry.end > header.data_size) {
     fail(origin, fmt::format("tensor '{}' data_offsets [{}, {}] exceed the data buffer of {} bytes (byte offset {} in "
                              "the file, which has {} bytes); the file is truncated or its header is corrupt",
-                             name, entry.begin, entry.end, header.data_size, file_offset(header, entry.end),
+                             excerpt(name), entry.begin, entry.end, header.data_size, file_offset(header, entry.end),
                              header.data_start + header.data_size));
   }
   if (entry.end - entry.begin != bytes) {
-    fail(origin,
-         fmt::format("shape {} of tensor '{}' ({}) needs {} bytes but data_offsets [{}, {}] span {}", shape.dump(),
-                     name, entry.dtype->name, bytes, entry.begin, entry.end, entry.end - entry.begin));
+    fail(origin, fmt::format("shape {} of tensor '{}' ({}) needs {} bytes but data_offsets [{}, {}] span {}",
+                             excerpt(shape.dump()), excerpt(name), entry.dtype->name, bytes, entry.begin, entry.end,
+                             entry.end - entry.begin));
   }
   return entry;
 }
@@ -156,8 +159,8 @@ Metadata parse_metadata(const Json& value, std::string_view origin) {
   Metadata metadata;
   for (const auto& [key, item] : value.items()) {
     if (!item.is_string()) {
-      fail(origin, fmt::format("__metadata__ key '{}' has a JSON {} value; metadata values must be strings", key,
-                               item.type_name()));
+      fail(origin, fmt::format("__metadata__ key '{}' has a JSON {} value; metadata values must be strings",
+                               excerpt(key), item.type_name()));
     }
     metadata.emplace(key, item.get<std::string>());
   }
@@ -181,7 +184,7 @@ const DType* dtype_by_type(at::ScalarType type) {
 }
 
 [[noreturn]] void fail(std::string_view origin, std::string_view message) {
-  throw CheckpointError(fmt::format("{}: {}", origin, message));
+  throw CheckpointError(fmt::format("{}: {}", excerpt(origin, 256), message));
 }
 
 // safetensors data is little-endian: reverse each element's bytes on big-endian hosts.
@@ -239,28 +242,29 @@ Header parse_header(std::string_view text, std::uint64_t file_size, std::string_
     if (entry.begin > covered && previous) {
       fail(origin, fmt::format("gap of {} bytes in the data buffer between tensor '{}' (data_offsets [{}, {}]) and "
                                "tensor '{}' (data_offsets [{}, {}]), at byte offset {} in the file",
-                               entry.begin - covered, previous->name, previous->begin, previous->end, entry.name,
-                               entry.begin, entry.end, file_offset(header, covered)));
+                               entry.begin - covered, excerpt(previous->name), previous->begin, previous->end,
+                               excerpt(entry.name), entry.begin, entry.end, file_offset(header, covered)));
     }
     if (entry.begin > covered) {
       fail(origin, fmt::format("gap of {} bytes at the start of the data buffer, before tensor '{}' (data_offsets "
                                "[{}, {}]), at byte offset {} in the file",
-                               entry.begin, entry.name, entry.begin, entry.end, file_offset(header, 0)));
+                               entry.begin, excerpt(entry.name), entry.begin, entry.end, file_offset(header, 0)));
     }
     if (entry.begin < covered) {
       fail(origin, fmt::format("tensor '{}' (data_offsets [{}, {}]) overlaps tensor '{}' (data_offsets [{}, {}]) at "
                                "byte offset {} in the file",
-                               entry.name, entry.begin, entry.end, previous->name, previous->begin, previous->end,
-                               file_offset(header, entry.begin)));
+                               excerpt(entry.name), entry.begin, entry.end, excerpt(previous->name), previous->begin,
+                               previous->end, file_offset(header, entry.begin)));
     }
     covered = entry.end;
     previous = &entry;
   }
   if (covered != header.data_size) {
-    fail(origin, fmt::format("the last {} byte(s) of the data buffer, from byte offset {} in the file, belong to no "
-                             "tensor{}",
-                             header.data_size - covered, file_offset(header, covered),
-                             previous ? fmt::format("; the last tensor is '{}'", previous->name) : std::string()));
+    fail(origin,
+         fmt::format("the last {} byte(s) of the data buffer, from byte offset {} in the file, belong to no "
+                     "tensor{}",
+                     header.data_size - covered, file_offset(header, covered),
+                     previous ? fmt::format("; the last tensor is '{}'", excerpt(previous->name)) : std::string()));
   }
   return header;
 }

@@ -3,6 +3,7 @@
 #include <archive.h>
 #include <archive_entry.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -42,8 +43,8 @@ void check_entry(const fs::path& archive, struct archive_entry* entry) {
   const char* raw = archive_entry_pathname(entry);
   const std::string name = raw ? raw : "";
   auto refuse = [&](const std::string& why) {
-    throw DataError(
-        fmt::format("unsafe archive '{}': entry '{}' {}; nothing was extracted", archive.string(), name, why));
+    throw DataError(fmt::format("unsafe archive '{}': entry '{}' {}; nothing was extracted",
+                                excerpt(archive.string(), 256), excerpt(name, 256), why));
   };
   const fs::path path(name);
   if (name.empty()) refuse("has no name");
@@ -58,14 +59,14 @@ void check_entry(const fs::path& archive, struct archive_entry* entry) {
       const char* target = archive_entry_symlink(entry);
       const fs::path link = target ? target : "";
       if (!stays_inside(path.parent_path() / link))
-        refuse(fmt::format("is a symlink to '{}', outside the destination", link.string()));
+        refuse(fmt::format("is a symlink to '{}', outside the destination", excerpt(link.string(), 256)));
       break;
     }
     default:
       refuse("is a device file, FIFO or socket");
   }
   if (const char* hard = archive_entry_hardlink(entry); hard && !stays_inside(hard))
-    refuse(fmt::format("is a hard link to '{}', outside the destination", hard));
+    refuse(fmt::format("is a hard link to '{}', outside the destination", excerpt(hard, 256)));
 }
 
 void copy_data(struct archive* in, struct archive* out, const fs::path& archive) {
@@ -76,9 +77,11 @@ void copy_data(struct archive* in, struct archive* out, const fs::path& archive)
     const int r = archive_read_data_block(in, &buffer, &size, &offset);
     if (r == ARCHIVE_EOF) return;
     if (r < ARCHIVE_WARN)
-      throw DataError(fmt::format("archive '{}' is corrupt: {}", archive.string(), archive_error_string(in)));
+      throw DataError(
+          fmt::format("archive '{}' is corrupt: {}", excerpt(archive.string(), 256), archive_error_string(in)));
     if (archive_write_data_block(out, buffer, size, offset) < ARCHIVE_WARN)
-      throw DataError(fmt::format("extracting '{}' failed: {}", archive.string(), archive_error_string(out)));
+      throw DataError(
+          fmt::format("extracting '{}' failed: {}", excerpt(archive.string(), 256), archive_error_string(out)));
   }
 }
 
@@ -86,14 +89,16 @@ void copy_data(struct archive* in, struct archive* out, const fs::path& archive)
 
 void extract_archive(const fs::path& archive, const fs::path& dest) {
   if (fs::exists(dest))
-    throw DataError(fmt::format("cannot extract '{}': '{}' exists already", archive.string(), dest.string()));
+    throw DataError(fmt::format("cannot extract '{}': '{}' exists already", excerpt(archive.string(), 256),
+                                excerpt(dest.string(), 256)));
   Reader reader(archive_read_new(), &archive_read_free);
   archive_read_support_filter_all(reader.get());
   archive_read_support_format_tar(reader.get());
   archive_read_support_format_gnutar(reader.get());
   archive_read_support_format_zip(reader.get());
   if (archive_read_open_filename(reader.get(), archive.c_str(), 1 << 16) != ARCHIVE_OK)
-    throw DataError(fmt::format("cannot open archive '{}': {}", archive.string(), archive_error_string(reader.get())));
+    throw DataError(fmt::format("cannot open archive '{}': {}", excerpt(archive.string(), 256),
+                                archive_error_string(reader.get())));
 
   const fs::path temp = fs::path(dest) += fmt::format(".partial.{}", getpid());
   fs::remove_all(temp);
@@ -109,19 +114,19 @@ void extract_archive(const fs::path& archive, const fs::path& dest) {
       const int r = archive_read_next_header(reader.get(), &entry);
       if (r == ARCHIVE_EOF) break;
       if (r < ARCHIVE_WARN)
-        throw DataError(
-            fmt::format("archive '{}' is corrupt: {}", archive.string(), archive_error_string(reader.get())));
+        throw DataError(fmt::format("archive '{}' is corrupt: {}", excerpt(archive.string(), 256),
+                                    archive_error_string(reader.get())));
       check_entry(archive, entry);
       const fs::path out = temp / archive_entry_pathname(entry);
       archive_entry_set_pathname(entry, out.c_str());
       if (const char* hard = archive_entry_hardlink(entry)) archive_entry_set_hardlink(entry, (temp / hard).c_str());
       if (archive_write_header(writer.get(), entry) < ARCHIVE_WARN)
-        throw DataError(
-            fmt::format("extracting '{}' failed: {}", archive.string(), archive_error_string(writer.get())));
+        throw DataError(fmt::format("extracting '{}' failed: {}", excerpt(archive.string(), 256),
+                                    archive_error_string(writer.get())));
       if (archive_entry_size(entry) > 0) copy_data(reader.get(), writer.get(), archive);
       if (archive_write_finish_entry(writer.get()) < ARCHIVE_WARN)
-        throw DataError(
-            fmt::format("extracting '{}' failed: {}", archive.string(), archive_error_string(writer.get())));
+        throw DataError(fmt::format("extracting '{}' failed: {}", excerpt(archive.string(), 256),
+                                    archive_error_string(writer.get())));
     }
   } catch (...) {
     fs::remove_all(temp);

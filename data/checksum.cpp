@@ -1,6 +1,7 @@
 #include <fastlearn/data/checksum.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 #include <openssl/evp.h>
 
@@ -12,7 +13,7 @@ namespace fastlearn {
 
 std::string file_digest(const std::filesystem::path& path, DigestKind kind) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError(fmt::format("cannot read '{}' to compute its checksum", path.string()));
+  if (!in) throw DataError(fmt::format("cannot read '{}' to compute its checksum", excerpt(path.string(), 256)));
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), &EVP_MD_CTX_free);
   const EVP_MD* md = kind == DigestKind::md5 ? EVP_md5() : EVP_sha256();
   if (!ctx || EVP_DigestInit_ex(ctx.get(), md, nullptr) != 1) throw DataError("OpenSSL digest initialisation failed");
@@ -21,7 +22,8 @@ std::string file_digest(const std::filesystem::path& path, DigestKind kind) {
     in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
     if (in.gcount() > 0) EVP_DigestUpdate(ctx.get(), buffer.data(), static_cast<std::size_t>(in.gcount()));
   }
-  if (in.bad()) throw DataError(fmt::format("reading '{}' failed while computing its checksum", path.string()));
+  if (in.bad())
+    throw DataError(fmt::format("reading '{}' failed while computing its checksum", excerpt(path.string(), 256)));
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
   EVP_DigestFinal_ex(ctx.get(), digest, &length);

@@ -2,6 +2,7 @@
 
 #include <csv.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -12,39 +13,6 @@
 
 namespace fastlearn {
 namespace {
-
-// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points above U+10FFFF).
-bool is_utf8(std::string_view text) {
-  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
-  const auto* end = p + text.size();
-  while (p < end) {
-    const unsigned char c = *p;
-    int more = 0;
-    unsigned char lo = 0x80, hi = 0xBF;  // the range of the first continuation byte
-    if (c < 0x80) {
-      ++p;
-      continue;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-      more = 1;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      more = 2;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      more = 3;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    } else {
-      return false;
-    }
-    if (end - p <= more || p[1] < lo || p[1] > hi) return false;
-    for (int k = 2; k <= more; ++k) {
-      if (p[k] < 0x80 || p[k] > 0xBF) return false;
-    }
-    p += more + 1;
-  }
-  return true;
-}
 
 struct Reader {
   CsvTable table;
@@ -65,11 +33,11 @@ struct Reader {
     std::size_t breaks = 0;  // counted before the row is moved into the table
     for (const auto& field : row) breaks += static_cast<std::size_t>(std::count(field.begin(), field.end(), '\n'));
     for (std::size_t k = 0; k < row.size() && error.empty(); ++k) {
-      if (!is_utf8(row[k])) {
+      if (const auto at = invalid_utf8_at(row[k])) {
         error = fmt::format(
-            "{}: {}, field {} is not UTF-8 text (CSV files are read as UTF-8, as pandas reads "
-            "them; convert it first, e.g. iconv -f latin1 -t utf-8)",
-            origin, where(), k + 1);
+            "{}: {}, field {} ('{}') is not UTF-8 text (byte 0x{:02X} at offset {}; CSV files are read as UTF-8, as "
+            "pandas reads them; convert it first, e.g. iconv -f latin1 -t utf-8)",
+            excerpt(origin, 256), where(), k + 1, excerpt(row[k]), static_cast<unsigned char>(row[k][*at]), *at);
       }
     }
     if (rows_seen == 1) {
@@ -81,7 +49,7 @@ struct Reader {
       }
     } else if (row.size() != table.columns.size()) {
       if (error.empty()) {
-        error = fmt::format("{}: {} has {} field(s), the first row has {}", origin, where(), row.size(),
+        error = fmt::format("{}: {} has {} field(s), the first row has {}", excerpt(origin, 256), where(), row.size(),
                             table.columns.size());
       }
     } else {
@@ -103,7 +71,8 @@ std::size_t CsvTable::column(const std::string& name, const std::string& origin)
   for (std::size_t i = 0; i < columns.size(); ++i) {
     if (columns[i] == name) return i;
   }
-  throw DataError(fmt::format("{}: no column '{}'; the columns are {}", origin, name, fmt::join(columns, ", ")));
+  throw DataError(fmt::format("{}: no column '{}'; the columns are {}", excerpt(origin, 256), excerpt(name),
+                              fmt::join(excerpts(columns), ", ")));
 }
 
 namespace {
@@ -113,7 +82,7 @@ template <typename Next>
 CsvTable parse(const std::string& origin, const CsvOptions& options, Next next) {
   csv_parser parser;
   if (csv_init(&parser, CSV_STRICT | CSV_STRICT_FINI) != 0) {
-    throw DataError(fmt::format("{}: cannot set up the CSV parser", origin));
+    throw DataError(fmt::format("{}: cannot set up the CSV parser", excerpt(origin, 256)));
   }
   std::unique_ptr<csv_parser, void (*)(csv_parser*)> guard(&parser, csv_free);
   csv_set_delim(&parser, static_cast<unsigned char>(options.delimiter));
@@ -127,17 +96,17 @@ CsvTable parse(const std::string& origin, const CsvOptions& options, Next next) 
     if (first && chunk.starts_with("\xEF\xBB\xBF")) chunk.remove_prefix(3);  // a UTF-8 byte order mark
     first = false;
     if (csv_parse(&parser, chunk.data(), chunk.size(), on_field, on_row, &reader) != chunk.size()) {
-      throw DataError(fmt::format("{}: malformed CSV near row {}: {}", origin, reader.rows_seen + 1,
+      throw DataError(fmt::format("{}: malformed CSV near row {}: {}", excerpt(origin, 256), reader.rows_seen + 1,
                                   csv_strerror(csv_error(&parser))));
     }
     if (!reader.error.empty()) throw DataError(reader.error);
   }
   if (csv_fini(&parser, on_field, on_row, &reader) != 0) {
-    throw DataError(fmt::format("{}: malformed CSV at the end (row {}): {}", origin, reader.rows_seen + 1,
+    throw DataError(fmt::format("{}: malformed CSV at the end (row {}): {}", excerpt(origin, 256), reader.rows_seen + 1,
                                 csv_strerror(csv_error(&parser))));
   }
   if (!reader.error.empty()) throw DataError(reader.error);
-  if (reader.rows_seen == 0) throw DataError(fmt::format("{}: the file is empty", origin));
+  if (reader.rows_seen == 0) throw DataError(fmt::format("{}: the file is empty", excerpt(origin, 256)));
   return std::move(reader.table);
 }
 
@@ -155,12 +124,12 @@ CsvTable parse_csv(std::string_view text, std::string_view origin, const CsvOpti
 CsvTable read_csv(const std::filesystem::path& file, const CsvOptions& options) {
   const std::string origin = file.string();
   std::ifstream in(file, std::ios::binary);
-  if (!in) throw DataError(fmt::format("{}: cannot open", origin));
+  if (!in) throw DataError(fmt::format("{}: cannot open", excerpt(origin, 256)));
   std::vector<char> buffer(std::size_t{1} << 16);
   return parse(origin, options, [&]() -> std::string_view {
     if (!in) return {};
     in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    if (in.bad()) throw DataError(fmt::format("{}: read error", origin));
+    if (in.bad()) throw DataError(fmt::format("{}: read error", excerpt(origin, 256)));
     return {buffer.data(), static_cast<std::size_t>(in.gcount())};
   });
 }

@@ -1,5 +1,9 @@
 #include <fastlearn/data/dataloaders.h>
 
+#include <fastlearn/core/text.h>
+
+#include <fmt/format.h>
+
 namespace fastlearn {
 
 DataLoaders::DataLoaders(DataLoader train, DataLoader valid, std::int64_t c)
@@ -10,7 +14,12 @@ DataLoaders::DataLoaders(DataLoader train, DataLoader valid, std::vector<std::st
       valid_(std::move(valid)),
       c_(static_cast<std::int64_t>(vocab.size())),
       vocab_(std::move(vocab)),
-      multi_label_(multi_label) {}
+      multi_label_(multi_label) {
+  // Every source of class names comes through here (folders, CSV labels, lists, a table's target): a name that is
+  // not UTF-8 is refused now, not when the first checkpoint is written an epoch later.
+  for (std::size_t i = 0; i < vocab_.size(); ++i)
+    require_utf8(vocab_[i], fmt::format("class #{}", i), "rename it (its folder, or its label in the data)");
+}
 
 void DataLoaders::to(const c10::Device& device) {
   train_.set_device(device);

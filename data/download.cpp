@@ -2,6 +2,7 @@
 
 #include <curl/curl.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fastlearn/data/checksum.h>
 #include <fastlearn/data/file_lock.h>
 #include <fmt/format.h>
@@ -27,7 +28,8 @@ std::string url_filename(const std::string& url) {
   const auto slash = path.find_last_of('/');
   auto name = slash == std::string::npos ? path : path.substr(slash + 1);
   if (name.empty() || name == "." || name == "..")
-    throw DataError(fmt::format("cannot derive a file name from URL '{}'; pass DownloadOptions::filename", url));
+    throw DataError(
+        fmt::format("cannot derive a file name from URL '{}'; pass DownloadOptions::filename", excerpt(url, 256)));
   return name;
 }
 
@@ -56,7 +58,7 @@ int draw_progress(void* user, curl_off_t total, curl_off_t done, curl_off_t, cur
   t->last_draw = now;
   constexpr int kWidth = 30;
   const int filled = static_cast<int>(kWidth * done / std::max<curl_off_t>(total, 1));
-  std::fprintf(stderr, "\r%s [%s%s] %5.1f%% of %.1f MiB", url_filename(t->url).c_str(),
+  std::fprintf(stderr, "\r%s [%s%s] %5.1f%% of %.1f MiB", excerpt(url_filename(t->url), 256).c_str(),
                std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(), 100.0 * done / total,
                total / 1048576.0);
   if (done >= total) std::fprintf(stderr, "\n");
@@ -76,7 +78,7 @@ Attempt fetch_once(const std::string& url, const fs::path& target, const Downloa
   Transfer transfer{
       .out = std::fopen(target.c_str(), "wb"), .url = url, .show_progress = options.progress && isatty(STDERR_FILENO)};
   if (!transfer.out)
-    return {Outcome::fatal, fmt::format("cannot write '{}': {}", target.string(), std::strerror(errno))};
+    return {Outcome::fatal, fmt::format("cannot write '{}': {}", excerpt(target.string(), 256), std::strerror(errno))};
   char error[CURL_ERROR_SIZE] = {0};
   curl_easy_setopt(curl.get(), CURLOPT_URL, url.c_str());
   curl_easy_setopt(curl.get(), CURLOPT_PROTOCOLS_STR, "http,https,file");
@@ -99,7 +101,8 @@ Attempt fetch_once(const std::string& url, const fs::path& target, const Downloa
   std::fclose(transfer.out);
   if (code == CURLE_OK) {
     if (!written)
-      return {Outcome::fatal, fmt::format("writing '{}' failed: {}", target.string(), std::strerror(errno))};
+      return {Outcome::fatal,
+              fmt::format("writing '{}' failed: {}", excerpt(target.string(), 256), std::strerror(errno))};
     return {Outcome::ok, ""};
   }
   long status = 0;
@@ -129,11 +132,11 @@ std::string verify(const fs::path& file, const DownloadOptions& options) {
   if (options.size && size != *options.size) return fmt::format("size {} bytes, expected {}", size, *options.size);
   if (!options.md5.empty()) {
     const auto got = file_digest(file, DigestKind::md5);
-    if (got != options.md5) return fmt::format("md5 {}, expected {}", got, options.md5);
+    if (got != options.md5) return fmt::format("md5 {}, expected {}", got, excerpt(options.md5));
   }
   if (!options.sha256.empty()) {
     const auto got = file_digest(file, DigestKind::sha256);
-    if (got != options.sha256) return fmt::format("sha256 {}, expected {}", got, options.sha256);
+    if (got != options.sha256) return fmt::format("sha256 {}, expected {}", got, excerpt(options.sha256));
   }
   return "";
 }
@@ -158,7 +161,8 @@ fs::path download(const std::string& url, const DownloadOptions& options) {
     if (result.outcome == Outcome::ok) break;
     fs::remove(temp);
     if (result.outcome == Outcome::fatal || attempt >= options.retries) {
-      throw DataError(fmt::format("download of '{}' failed after {} attempt(s): {}", url, attempt + 1, result.error));
+      throw DataError(
+          fmt::format("download of '{}' failed after {} attempt(s): {}", excerpt(url, 256), attempt + 1, result.error));
     }
     std::this_thread::sleep_for(delay);
     delay *= 2;
@@ -168,7 +172,7 @@ fs::path download(const std::string& url, const DownloadOptions& options) {
     throw DataError(
         fmt::format("download of '{}' is corrupt: {}; the file was removed. If the source changed, "
                     "update the expected checksum",
-                    url, problem));
+                    excerpt(url, 256), problem));
   }
   fs::rename(temp, dest);
   return dest;

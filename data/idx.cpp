@@ -1,6 +1,7 @@
 #include <fastlearn/data/idx.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -73,7 +74,8 @@ class GzFileSource : public ByteSource {
  public:
   GzFileSource(const std::filesystem::path& path, std::string_view name)
       : name_(name), file_(gzopen(path.c_str(), "rb")) {
-    if (!file_) throw DataError(fmt::format("cannot open IDX file '{}': {}", name_, std::strerror(errno)));
+    if (!file_)
+      throw DataError(fmt::format("cannot open IDX file '{}': {}", excerpt(name_, 256), std::strerror(errno)));
     gzbuffer(file_.get(), 1 << 20);
   }
   std::int64_t read(std::uint8_t* out, std::int64_t n, std::int64_t offset) override {
@@ -81,7 +83,7 @@ class GzFileSource : public ByteSource {
     if (got < 0) {
       int code = Z_OK;
       const char* message = gzerror(file_.get(), &code);
-      throw DataError(fmt::format("IDX file '{}' is corrupt near byte offset {}: {}", name_, offset,
+      throw DataError(fmt::format("IDX file '{}' is corrupt near byte offset {}: {}", excerpt(name_, 256), offset,
                                   message ? message : "decompression failed"));
     }
     return got;
@@ -99,7 +101,8 @@ class MemorySource : public ByteSource {
     gzip_ = bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x1f &&
             static_cast<unsigned char>(bytes[1]) == 0x8b;
     if (!gzip_) return;
-    if (inflateInit2(&stream_, 15 + 16) != Z_OK) throw DataError(fmt::format("IDX '{}': zlib init failed", name_));
+    if (inflateInit2(&stream_, 15 + 16) != Z_OK)
+      throw DataError(fmt::format("IDX '{}': zlib init failed", excerpt(name_, 256)));
     stream_.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
     stream_.avail_in = static_cast<uInt>(std::min<std::size_t>(bytes.size(), std::numeric_limits<uInt>::max()));
   }
@@ -128,7 +131,7 @@ class MemorySource : public ByteSource {
       }
       if (code == Z_BUF_ERROR && stream_.avail_in == 0) break;  // the input ended early: the caller reports it
       if (code != Z_OK) {
-        throw DataError(fmt::format("IDX '{}' is corrupt near byte offset {}: {}", name_, offset,
+        throw DataError(fmt::format("IDX '{}' is corrupt near byte offset {}: {}", excerpt(name_, 256), offset,
                                     stream_.msg ? stream_.msg : "decompression failed"));
       }
       if (stream_.avail_in == 0 && stream_.avail_out == before) break;
@@ -158,7 +161,7 @@ class IdxReader {
       const auto got = source_.read(dst + done, n - done, offset_ + done);
       if (got == 0) {
         throw DataError(fmt::format("IDX file '{}' is truncated at byte offset {}: expected {} more byte(s) of {}",
-                                    name_, offset_ + done, n - done, what));
+                                    excerpt(name_, 256), offset_ + done, n - done, what));
       }
       done += got;
     }
@@ -168,8 +171,8 @@ class IdxReader {
   void expect_end() {
     std::uint8_t extra = 0;
     if (source_.read(&extra, 1, offset_) > 0) {
-      throw DataError(
-          fmt::format("IDX file '{}' has unexpected bytes after the data, at byte offset {}", name_, offset_));
+      throw DataError(fmt::format("IDX file '{}' has unexpected bytes after the data, at byte offset {}",
+                                  excerpt(name_, 256), offset_));
     }
   }
 
@@ -190,12 +193,12 @@ at::Tensor parse_idx_from(ByteSource& input, const std::string& name) {
     throw DataError(
         fmt::format("'{}' is not an IDX file: bad magic {:02x} {:02x} {:02x} {:02x} at byte offset 0 "
                     "(expected 00 00, then a type of 08/09/0b/0c/0d/0e, then the rank)",
-                    name, magic[0], magic[1], magic[2], magic[3]));
+                    excerpt(name, 256), magic[0], magic[1], magic[2], magic[3]));
   }
   const int rank = magic[3];
   if (rank < 1 || rank > kMaxRank) {
-    throw DataError(
-        fmt::format("IDX file '{}' declares rank {} at byte offset 3; expected 1 to {}", name, rank, kMaxRank));
+    throw DataError(fmt::format("IDX file '{}' declares rank {} at byte offset 3; expected 1 to {}", excerpt(name, 256),
+                                rank, kMaxRank));
   }
   std::vector<std::int64_t> shape(rank);
   std::int64_t bytes = type->size;
@@ -208,7 +211,7 @@ at::Tensor parse_idx_from(ByteSource& input, const std::string& name) {
                               (std::uint32_t{be[2]} << 8) | std::uint32_t{be[3]};
     if (dim > static_cast<std::uint32_t>(std::numeric_limits<std::int32_t>::max())) {
       throw DataError(fmt::format("IDX file '{}': dimension {} at byte offset {} is {}, which is negative as int32",
-                                  name, d, at, dim));
+                                  excerpt(name, 256), d, at, dim));
     }
     shape[d] = dim;
     // The extent ignores zero dimensions: torch rejects a shape whose other dimensions overflow even when
@@ -218,7 +221,7 @@ at::Tensor parse_idx_from(ByteSource& input, const std::string& name) {
       throw DataError(
           fmt::format("IDX file '{}': dimensions up to offset {} describe more than {} bytes; the header "
                       "is corrupt",
-                      name, at, kMaxBytes));
+                      excerpt(name, 256), at, kMaxBytes));
     }
     extent *= factor;
     bytes *= dim;
@@ -265,10 +268,11 @@ void write_idx(const std::filesystem::path& path, const at::Tensor& tensor) {
     throw DataError(
         fmt::format("write_idx('{}'): dtype {} has no IDX code; use uint8, int8, int16, int32, float32 "
                     "or float64",
-                    path.string(), c10::toString(tensor.scalar_type())));
+                    excerpt(path.string(), 256), c10::toString(tensor.scalar_type())));
   }
   if (tensor.dim() < 1 || tensor.dim() > 255) {
-    throw DataError(fmt::format("write_idx('{}'): rank {} is outside 1..255", path.string(), tensor.dim()));
+    throw DataError(
+        fmt::format("write_idx('{}'): rank {} is outside 1..255", excerpt(path.string(), 256), tensor.dim()));
   }
   std::vector<std::uint8_t> out{0, 0, type->code, static_cast<std::uint8_t>(tensor.dim())};
   for (auto dim : tensor.sizes()) {
@@ -287,19 +291,19 @@ void write_idx(const std::filesystem::path& path, const at::Tensor& tensor) {
   temp += ".partial";
   {
     GzFile file(gzopen(temp.c_str(), gzip ? "wb6" : "wbT"));  // "T": plain, uncompressed output
-    if (!file) throw DataError(fmt::format("cannot write '{}': {}", temp.string(), std::strerror(errno)));
+    if (!file) throw DataError(fmt::format("cannot write '{}': {}", excerpt(temp.string(), 256), std::strerror(errno)));
     std::int64_t done = 0;
     while (done < static_cast<std::int64_t>(out.size())) {
       const auto chunk = static_cast<unsigned>(std::min<std::int64_t>(out.size() - done, 1 << 30));
       if (gzwrite(file.get(), out.data() + done, chunk) != static_cast<int>(chunk)) {
         std::filesystem::remove(temp);
-        throw DataError(fmt::format("writing '{}' failed at byte offset {}", temp.string(), done));
+        throw DataError(fmt::format("writing '{}' failed at byte offset {}", excerpt(temp.string(), 256), done));
       }
       done += chunk;
     }
     if (gzclose(file.release()) != Z_OK) {
       std::filesystem::remove(temp);
-      throw DataError(fmt::format("writing '{}' failed when closing it", temp.string()));
+      throw DataError(fmt::format("writing '{}' failed when closing it", excerpt(temp.string(), 256)));
     }
   }
   std::filesystem::rename(temp, path);

@@ -1,6 +1,7 @@
 #include <fastlearn/data/image_dataloaders.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fastlearn/core/warning.h>
 #include <fastlearn/data/csv.h>
 #include <fastlearn/data/idx.h>
@@ -30,15 +31,16 @@ std::filesystem::path find_idx(const std::filesystem::path& dir, const std::stri
       fmt::format("ImageDataLoaders::from_idx: '{}' has no {}[.gz]; an MNIST-format folder holds "
                   "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and "
                   "t10k-labels-idx1-ubyte (gzipped or raw)",
-                  dir.string(), stem));
+                  excerpt(dir.string(), 256), stem));
 }
 
 std::shared_ptr<TensorDataset> load_split(const std::filesystem::path& dir, const std::string& prefix) {
   auto images = read_idx(find_idx(dir, prefix + "-images-idx3-ubyte"));
   auto labels = read_idx(find_idx(dir, prefix + "-labels-idx1-ubyte"));
   if (images.dim() != 3 || labels.dim() != 1 || images.size(0) != labels.size(0)) {
-    throw DataError(fmt::format("ImageDataLoaders::from_idx: '{}' {} images {} do not match labels {}", dir.string(),
-                                prefix, fmt::join(images.sizes(), "x"), fmt::join(labels.sizes(), "x")));
+    throw DataError(fmt::format("ImageDataLoaders::from_idx: '{}' {} images {} do not match labels {}",
+                                excerpt(dir.string(), 256), prefix, fmt::join(images.sizes(), "x"),
+                                fmt::join(labels.sizes(), "x")));
   }
   return std::make_shared<TensorDataset>(std::vector<at::Tensor>{images.unsqueeze(1)},
                                          std::vector<at::Tensor>{labels.to(torch::kLong)});
@@ -136,7 +138,7 @@ void drop_bad_images(Items& items, const char* split) {
   std::vector<std::string> named;
   for (const auto& b : bad) {
     bad_files.insert(b.file);
-    if (named.size() < 10) named.push_back(fmt::format("{} ({})", b.file.string(), b.error));
+    if (named.size() < 10) named.push_back(fmt::format("{} ({})", excerpt(b.file.string(), 256), b.error));
   }
   warn(fmt::format("skipping {} {} image(s) that do not decode: {}{}", bad.size(), split, fmt::join(named, "; "),
                    bad.size() > named.size() ? "; ..." : ""));
@@ -166,13 +168,14 @@ at::Tensor targets_of(const Items& items, const std::map<std::string, std::int64
 }
 
 DataLoaders build(Items train, Items valid, bool multi_label, const ImageFilesOptions& options, const char* origin) {
-  if (options.size < 1) throw DataError(fmt::format("{}: size {} must be positive", origin, options.size));
+  if (options.size < 1)
+    throw DataError(fmt::format("{}: size {} must be positive", excerpt(origin, 256), options.size));
   if (options.skip_bad_images) {
     drop_bad_images(train, "training");
     drop_bad_images(valid, "validation");
   }
-  if (train.files.empty()) throw DataError(fmt::format("{}: no training images", origin));
-  if (valid.files.empty()) throw DataError(fmt::format("{}: no validation images", origin));
+  if (train.files.empty()) throw DataError(fmt::format("{}: no training images", excerpt(origin, 256)));
+  if (valid.files.empty()) throw DataError(fmt::format("{}: no validation images", excerpt(origin, 256)));
   std::set<std::string> names, valid_only;
   for (const auto& labels : train.labels) names.insert(labels.begin(), labels.end());
   for (const auto& labels : valid.labels)
@@ -182,13 +185,14 @@ DataLoaders build(Items train, Items valid, bool multi_label, const ImageFilesOp
   if (!valid_only.empty())
     warn(
         fmt::format("{}: {} class(es) have validation images but no training image, so the model cannot learn them: {}",
-                    origin, valid_only.size(), fmt::join(valid_only, ", ")));
+                    excerpt(origin, 256), valid_only.size(),
+                    fmt::join(excerpts(std::vector<std::string>(valid_only.begin(), valid_only.end())), ", ")));
   names.insert(valid_only.begin(), valid_only.end());
   if (names.size() == 1 && !multi_label)
     warn(
         fmt::format("{}: every image has the label '{}': with one class every prediction is right, and the model "
                     "learns nothing",
-                    origin, *names.begin()));
+                    excerpt(origin, 256), excerpt(*names.begin())));
   std::vector<std::string> vocab(names.begin(), names.end());
   std::map<std::string, std::int64_t> index;
   for (std::size_t i = 0; i < vocab.size(); ++i) index[vocab[i]] = static_cast<std::int64_t>(i);
@@ -252,15 +256,24 @@ Items labelled_by_class_folder(const fs::path& dir) {
       outside.push_back(relative.string());
       continue;
     }
-    items.labels.push_back({relative.begin()->string()});
+    auto label = relative.begin()->string();
+    require_utf8(label,
+                 fmt::format("the class folder '{}' of '{}': its name", excerpt(label), excerpt(dir.string(), 256)),
+                 "rename the folder");
+    items.labels.push_back({std::move(label)});
     items.files.push_back(std::move(file));
   }
   if (!outside.empty())
-    warn(fmt::format("'{}': {} image(s) outside any class folder left out: {}{}", dir.string(), outside.size(),
-                     fmt::join(outside.begin(), outside.begin() + std::min<std::size_t>(outside.size(), 5), ", "),
-                     outside.size() > 5 ? ", ..." : ""));
+    warn(fmt::format(
+        "'{}': {} image(s) outside any class folder left out: {}{}", excerpt(dir.string(), 256), outside.size(),
+        fmt::join(excerpts(std::vector<std::string>(outside.begin(),
+                                                    outside.begin() + std::min<std::size_t>(outside.size(), 5)),
+                           256),
+                  ", "),
+        outside.size() > 5 ? ", ..." : ""));
   if (items.files.empty())
-    throw DataError(fmt::format("no .jpg, .jpeg or .png files in class folders under '{}'", dir.string()));
+    throw DataError(
+        fmt::format("no .jpg, .jpeg or .png files in class folders under '{}'", excerpt(dir.string(), 256)));
   // A class folder without an image is no class at all: say so rather than leave it out in silence.
   std::set<std::string> holding;
   for (const auto& file : items.files) holding.insert(file.lexically_relative(dir).begin()->string());
@@ -270,14 +283,15 @@ Items labelled_by_class_folder(const fs::path& dir) {
       empty.push_back(entry.path().filename().string());
   std::sort(empty.begin(), empty.end());
   if (!empty.empty())
-    warn(fmt::format("'{}': {} folder(s) without a .jpg, .jpeg or .png image left out: {}", dir.string(), empty.size(),
-                     fmt::join(empty, ", ")));
+    warn(fmt::format("'{}': {} folder(s) without a .jpg, .jpeg or .png image left out: {}", excerpt(dir.string(), 256),
+                     empty.size(), fmt::join(excerpts(empty), ", ")));
   return items;
 }
 
 bool parse_flag(const std::string& text, const std::string& origin, std::size_t row, const std::string& column) {
   if (const auto flag = csv_flag(text)) return *flag;
-  throw DataError(fmt::format("{}: row {}: column '{}' holds '{}', not {}", origin, row, column, text, kCsvFlagValues));
+  throw DataError(fmt::format("{}: row {}: column '{}' holds '{}', not {}", excerpt(origin, 256), row, excerpt(column),
+                              excerpt(text), kCsvFlagValues));
 }
 
 }  // namespace
@@ -302,7 +316,7 @@ DataLoaders ImageDataLoaders::from_folder(const fs::path& path, const ImageFiles
   if (fs::is_directory(path / train)) {
     if (!fs::is_directory(path / valid)) {
       throw DataError(fmt::format("ImageDataLoaders::from_folder: '{}' has a '{}' folder but no '{}' folder",
-                                  path.string(), train, valid));
+                                  excerpt(path.string(), 256), excerpt(train), excerpt(valid)));
     }
     return build(labelled_by_class_folder(path / train), labelled_by_class_folder(path / valid), false, options,
                  "ImageDataLoaders::from_folder");
@@ -339,12 +353,12 @@ DataLoaders ImageDataLoaders::from_name_re(std::vector<fs::path> files, const st
   try {
     re = std::regex(pattern);
   } catch (const std::regex_error& e) {
-    throw DataError(
-        fmt::format("ImageDataLoaders::from_name_re: pattern '{}' is not a regular expression: {}", pattern, e.what()));
+    throw DataError(fmt::format("ImageDataLoaders::from_name_re: pattern '{}' is not a regular expression: {}",
+                                excerpt(pattern), e.what()));
   }
   if (re.mark_count() < 1) {
-    throw DataError(
-        fmt::format("ImageDataLoaders::from_name_re: pattern '{}' has no capture group for the label", pattern));
+    throw DataError(fmt::format("ImageDataLoaders::from_name_re: pattern '{}' has no capture group for the label",
+                                excerpt(pattern)));
   }
   return from_name_func(
       std::move(files),
@@ -352,8 +366,8 @@ DataLoaders ImageDataLoaders::from_name_re(std::vector<fs::path> files, const st
         const auto name = file.filename().string();
         std::smatch match;
         if (!std::regex_match(name, match, re)) {
-          throw DataError(
-              fmt::format("ImageDataLoaders::from_name_re: '{}' does not match '{}'", file.string(), pattern));
+          throw DataError(fmt::format("ImageDataLoaders::from_name_re: '{}' does not match '{}'",
+                                      excerpt(file.string(), 256), excerpt(pattern)));
         }
         return match[1].str();
       },
@@ -365,8 +379,8 @@ DataLoaders ImageDataLoaders::from_csv(const fs::path& csv_file, const ImageCsvC
   const auto table = read_csv(csv_file, {.delimiter = columns.delimiter});
   const std::string origin = csv_file.string();
   if (table.columns.size() < 2 && (columns.fn_col.empty() || columns.label_col.empty())) {
-    throw DataError(
-        fmt::format("{}: needs a file name and a label column, has {} column(s)", origin, table.columns.size()));
+    throw DataError(fmt::format("{}: needs a file name and a label column, has {} column(s)", excerpt(origin, 256),
+                                table.columns.size()));
   }
   const auto fn = columns.fn_col.empty() ? 0 : table.column(columns.fn_col, origin);
   const auto label = columns.label_col.empty() ? 1 : table.column(columns.label_col, origin);
@@ -388,7 +402,8 @@ DataLoaders ImageDataLoaders::from_csv(const fs::path& csv_file, const ImageCsvC
         start = end + columns.label_delim.size();
       }
     } else {
-      if (row[label].empty()) throw DataError(fmt::format("{}: row {} has an empty label", origin, r + 2));
+      if (row[label].empty())
+        throw DataError(fmt::format("{}: row {} has an empty label", excerpt(origin, 256), r + 2));
       labels.push_back(row[label]);
     }
     auto& part = !has_valid_col ? all : parse_flag(row[valid_col], origin, r + 2, columns.valid_col) ? valid : train;
@@ -399,7 +414,8 @@ DataLoaders ImageDataLoaders::from_csv(const fs::path& csv_file, const ImageCsvC
       const auto why = status.type() == fs::file_type::not_found ? std::string("does not exist")
                        : error                                   ? "cannot be read: " + error.message()
                                                                  : std::string("is not a file");
-      throw DataError(fmt::format("{}: row {} names '{}', which {}", origin, r + 2, file.string(), why));
+      throw DataError(fmt::format("{}: row {} names '{}', which {}", excerpt(origin, 256), r + 2,
+                                  excerpt(file.string(), 256), why));
     }
     part.files.push_back(std::move(file));
     part.labels.push_back(std::move(labels));

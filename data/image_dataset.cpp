@@ -1,6 +1,7 @@
 #include <fastlearn/data/image_dataset.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fastlearn/data/buffer_pool.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -41,7 +42,7 @@ at::Tensor ImageDataset::load_image(std::int64_t index, at::Generator* rng) cons
     // A transform that hands back (a view of) its input would hand back memory the next image overwrites.
     return item.is_alias_of(image) ? item.clone() : item;
   } catch (const DataError& e) {
-    throw DataError(fmt::format("{}: {}", file.string(), e.what()));
+    throw DataError(fmt::format("{}: {}", excerpt(file.string(), 256), e.what()));
   }
 }
 
@@ -57,8 +58,9 @@ Batch ImageDataset::load(std::span<const std::int64_t> indices, at::Generator* r
       throw DataError(fmt::format(
           "ImageDataset: '{}' comes out [{}] but '{}' [{}]; give an item transform "
           "(resize) that makes every image the same size",
-          files_[static_cast<std::size_t>(indices[k])].string(), fmt::join(image.sizes(), ", "),
-          files_[static_cast<std::size_t>(indices.front())].string(), fmt::join(images.sizes().slice(1), ", ")));
+          excerpt(files_[static_cast<std::size_t>(indices[k])].string(), 256), fmt::join(image.sizes(), ", "),
+          excerpt(files_[static_cast<std::size_t>(indices.front())].string(), 256),
+          fmt::join(images.sizes().slice(1), ", ")));
     }
     images[static_cast<std::int64_t>(k)].copy_(image);
   }
@@ -83,14 +85,14 @@ std::vector<std::filesystem::path> get_image_files(const std::filesystem::path& 
   namespace fs = std::filesystem;
   std::error_code error;
   if (!fs::is_directory(dir, error)) {
-    throw DataError(
-        fmt::format("'{}' is not a folder of images{}", dir.string(), error ? ": " + error.message() : std::string()));
+    throw DataError(fmt::format("'{}' is not a folder of images{}", excerpt(dir.string(), 256),
+                                error ? ": " + error.message() : std::string()));
   }
   std::vector<fs::path> files;
   auto it = fs::recursive_directory_iterator(dir, fs::directory_options::none, error);
-  if (error) throw DataError(fmt::format("cannot list '{}': {}", dir.string(), error.message()));
+  if (error) throw DataError(fmt::format("cannot list '{}': {}", excerpt(dir.string(), 256), error.message()));
   for (const auto& end = fs::recursive_directory_iterator(); it != end; it.increment(error)) {
-    if (error) throw DataError(fmt::format("cannot list '{}': {}", dir.string(), error.message()));
+    if (error) throw DataError(fmt::format("cannot list '{}': {}", excerpt(dir.string(), 256), error.message()));
     if (!it->is_regular_file(error)) continue;
     auto ext = it->path().extension().string();
     std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });

@@ -1,6 +1,7 @@
 #include <fastlearn/data/image_decode.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 #include <spng.h>
 #include <torch/torch.h>
@@ -21,7 +22,7 @@ namespace fastlearn {
 namespace {
 
 [[noreturn]] void fail(std::string_view origin, std::string_view what) {
-  throw DataError(fmt::format("{}: {}", origin, what));
+  throw DataError(fmt::format("{}: {}", excerpt(origin, 256), what));
 }
 
 void check_pixels(std::int64_t width, std::int64_t height, const DecodeOptions& options, std::string_view origin) {

@@ -1,6 +1,7 @@
 #include <fastlearn/data/image_transforms.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -48,14 +49,14 @@ ResizeMethod resize_method(std::string_view name) {
   if (name == "crop") return ResizeMethod::crop;
   if (name == "pad") return ResizeMethod::pad;
   if (name == "squish") return ResizeMethod::squish;
-  throw DataError(fmt::format("resize method '{}' is not one of crop, pad, squish", name));
+  throw DataError(fmt::format("resize method '{}' is not one of crop, pad, squish", excerpt(name)));
 }
 
 PadMode pad_mode(std::string_view name) {
   if (name == "reflection") return PadMode::reflection;
   if (name == "zeros") return PadMode::zeros;
   if (name == "border") return PadMode::border;
-  throw DataError(fmt::format("pad mode '{}' is not one of reflection, zeros, border", name));
+  throw DataError(fmt::format("pad mode '{}' is not one of reflection, zeros, border", excerpt(name)));
 }
 
 namespace {

@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -11,7 +12,7 @@ namespace fastlearn {
 
 std::vector<bool> random_valid_mask(std::int64_t n, double valid_pct, std::uint64_t seed, std::string_view origin) {
   if (!(valid_pct > 0 && valid_pct < 1)) {
-    throw DataError(fmt::format("{}: valid_pct {} must lie in (0, 1)", origin, valid_pct));
+    throw DataError(fmt::format("{}: valid_pct {} must lie in (0, 1)", excerpt(origin, 256), valid_pct));
   }
   auto gen = at::detail::createCPUGenerator(seed);
   const auto order = at::randperm(n, gen, at::TensorOptions().dtype(at::kLong));

@@ -1,6 +1,7 @@
 #include <fastlearn/data/tabular_dataloaders.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fastlearn/data/random_splitter.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -34,8 +35,8 @@ std::vector<bool> valid_rows(const CsvTable& table, const TabularOptions& o, con
     for (std::size_t r = 0; r < table.rows.size(); ++r) {
       const auto flag = csv_flag(table.rows[r][col]);
       if (!flag) {
-        throw DataError(fmt::format("{}: row {}, column '{}': '{}' is not {}", origin, r + 2, o.valid_col,
-                                    table.rows[r][col], kCsvFlagValues));
+        throw DataError(fmt::format("{}: row {}, column '{}': '{}' is not {}", excerpt(origin, 256), r + 2,
+                                    excerpt(o.valid_col), excerpt(table.rows[r][col]), kCsvFlagValues));
       }
       valid.push_back(*flag);
     }
@@ -44,7 +45,8 @@ std::vector<bool> valid_rows(const CsvTable& table, const TabularOptions& o, con
   if (!o.valid_idx.empty()) {
     std::vector<bool> valid(static_cast<std::size_t>(n), false);
     for (auto i : o.valid_idx) {
-      if (i < 0 || i >= n) throw DataError(fmt::format("{}: valid_idx {} is outside the {} data rows", origin, i, n));
+      if (i < 0 || i >= n)
+        throw DataError(fmt::format("{}: valid_idx {} is outside the {} data rows", excerpt(origin, 256), i, n));
       valid[static_cast<std::size_t>(i)] = true;
     }
     return valid;
@@ -55,9 +57,9 @@ std::vector<bool> valid_rows(const CsvTable& table, const TabularOptions& o, con
 // Up to 10 of a list, and how many there are when that is not all: "a, b, c" or "a, b, ... (250 classes)".
 std::string some_of(const std::vector<std::string>& classes) {
   constexpr std::size_t kShown = 10;
-  if (classes.size() <= kShown) return fmt::format("{}", fmt::join(classes, ", "));
-  return fmt::format("{}, ... ({} classes)", fmt::join(classes.begin(), classes.begin() + kShown, ", "),
-                     classes.size());
+  if (classes.size() <= kShown) return fmt::format("{}", fmt::join(excerpts(classes), ", "));
+  const std::vector<std::string> shown(classes.begin(), classes.begin() + kShown);
+  return fmt::format("{}, ... ({} classes)", fmt::join(excerpts(shown), ", "), classes.size());
 }
 
 // A class missing from the training rows, when every class is a number, most likely means that the target is a
@@ -108,8 +110,8 @@ Targets encode_targets(const CsvTable& table, const TabularOptions& o, bool regr
           const auto& cell = table.rows[static_cast<std::size_t>(rows[i])][cols[j]];
           const auto x = parse_number(cell);
           if (!x) {
-            throw DataError(fmt::format("{}: row {}, target '{}': '{}' is not a number (a regression target)", origin,
-                                        rows[i] + 2, o.y_names[j], cell));
+            throw DataError(fmt::format("{}: row {}, target '{}': '{}' is not a number (a regression target)",
+                                        excerpt(origin, 256), rows[i] + 2, excerpt(o.y_names[j]), excerpt(cell)));
           }
           out[i * cols.size() + j] = static_cast<float>(*x);
         }
@@ -125,7 +127,8 @@ Targets encode_targets(const CsvTable& table, const TabularOptions& o, bool regr
   for (auto r : train) {
     const auto& cell = table.rows[static_cast<std::size_t>(r)][col];
     if (is_missing_cell(cell)) {
-      throw DataError(fmt::format("{}: row {}, target '{}': the cell is missing", origin, r + 2, o.y_names.front()));
+      throw DataError(fmt::format("{}: row {}, target '{}': the cell is missing", excerpt(origin, 256), r + 2,
+                                  excerpt(o.y_names.front())));
     }
     classes.insert(cell);
   }
@@ -139,9 +142,9 @@ Targets encode_targets(const CsvTable& table, const TabularOptions& o, bool regr
       const auto& cell = table.rows[static_cast<std::size_t>(rows[i])][col];
       const auto it = index.find(cell);
       if (it == index.end()) {
-        throw DataError(
-            fmt::format("{}: row {}, target '{}': class '{}' is not among the training rows' classes ({}){}", origin,
-                        rows[i] + 2, o.y_names.front(), cell, some_of(t.vocab), regression_hint(t.vocab, cell)));
+        throw DataError(fmt::format(
+            "{}: row {}, target '{}': class '{}' is not among the training rows' classes ({}){}", excerpt(origin, 256),
+            rows[i] + 2, excerpt(o.y_names.front()), excerpt(cell), some_of(t.vocab), regression_hint(t.vocab, cell)));
       }
       out[i] = it->second;
     }
@@ -166,14 +169,15 @@ DataLoaders TabularDataLoaders::from_csv(const std::filesystem::path& path, cons
 }
 
 DataLoaders TabularDataLoaders::from_table(const CsvTable& table, const TabularOptions& o, const std::string& origin) {
-  if (o.y_names.empty()) throw ConfigError(fmt::format("{}: no target column given (y_names)", origin));
+  if (o.y_names.empty()) throw ConfigError(fmt::format("{}: no target column given (y_names)", excerpt(origin, 256)));
   if (o.cat_names.empty() && o.cont_names.empty()) {
-    throw ConfigError(fmt::format("{}: no input column given (cat_names, cont_names)", origin));
+    throw ConfigError(fmt::format("{}: no input column given (cat_names, cont_names)", excerpt(origin, 256)));
   }
   for (const auto& y : o.y_names) {
     for (const auto& names : {o.cat_names, o.cont_names}) {
       if (std::find(names.begin(), names.end(), y) != names.end()) {
-        throw ConfigError(fmt::format("{}: column '{}' is both a target and an input", origin, y));
+        throw ConfigError(
+            fmt::format("{}: column '{}' is both a target and an input", excerpt(origin, 256), excerpt(y)));
       }
     }
   }
@@ -182,13 +186,13 @@ DataLoaders TabularDataLoaders::from_table(const CsvTable& table, const TabularO
   for (std::size_t r = 0; r < is_valid.size(); ++r)
     (is_valid[r] ? valid : train).push_back(static_cast<std::int64_t>(r));
   if (train.empty() || valid.empty()) {
-    throw DataError(fmt::format("{}: the split leaves {} training and {} validation rows; both need some", origin,
-                                train.size(), valid.size()));
+    throw DataError(fmt::format("{}: the split leaves {} training and {} validation rows; both need some",
+                                excerpt(origin, 256), train.size(), valid.size()));
   }
   const bool regression = o.regression ? *o.regression : regression_by_default(table, o, train, origin);
   if (!regression && o.y_names.size() > 1) {
-    throw ConfigError(fmt::format("{}: {} targets ({}) make a regression; one categorical target at most", origin,
-                                  o.y_names.size(), fmt::join(o.y_names, ", ")));
+    throw ConfigError(fmt::format("{}: {} targets ({}) make a regression; one categorical target at most",
+                                  excerpt(origin, 256), o.y_names.size(), fmt::join(excerpts(o.y_names), ", ")));
   }
   auto procs = std::make_shared<const TabularProcs>(TabularProcs::fit(
       table, train, {.cat_names = o.cat_names, .cont_names = o.cont_names, .procs = o.procs}, origin));
@@ -222,8 +226,8 @@ DataLoaders TabularDataLoaders::from_columns(const std::map<std::string, std::ve
   std::size_t n = 0;
   for (const auto& [name, cells] : columns) {
     if (!table.columns.empty() && cells.size() != n) {
-      throw DataError(fmt::format("TabularDataLoaders::from_columns: column '{}' has {} cells, '{}' has {}", name,
-                                  cells.size(), table.columns.front(), n));
+      throw DataError(fmt::format("TabularDataLoaders::from_columns: column '{}' has {} cells, '{}' has {}",
+                                  excerpt(name), cells.size(), excerpt(table.columns.front()), n));
     }
     n = cells.size();
     table.columns.push_back(name);

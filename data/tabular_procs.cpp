@@ -2,6 +2,7 @@
 
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/suggest.h>
+#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -131,23 +132,26 @@ TabularProcs TabularProcs::fit(const CsvTable& table, std::span<const std::int64
   static const std::array<std::string, 3> kOrder{"categorify", "fill_missing", "normalize"};
   for (const auto& p : options.procs) {
     if (std::find(kOrder.begin(), kOrder.end(), p) == kOrder.end()) {
-      throw ConfigError(
-          fmt::format("{}: unknown tabular proc '{}'; the procs are {}", origin, p, fmt::join(kOrder, ", ")));
+      throw ConfigError(fmt::format("{}: unknown tabular proc '{}'; the procs are {}", excerpt(origin, 256), excerpt(p),
+                                    fmt::join(kOrder, ", ")));
     }
   }
   TabularProcs t;
   for (const auto& p : kOrder)
     if (has(options.procs, p)) t.procs_.push_back(p);
   if (!options.cat_names.empty() && !has(t.procs_, "categorify")) {
-    throw ConfigError(fmt::format("{}: categorical columns ({}) need the categorify proc", origin,
-                                  fmt::join(options.cat_names, ", ")));
+    throw ConfigError(fmt::format("{}: categorical columns ({}) need the categorify proc", excerpt(origin, 256),
+                                  fmt::join(excerpts(options.cat_names), ", ")));
   }
-  if (train.empty()) throw DataError(fmt::format("{}: no training rows to fit the tabular procs on", origin));
+  if (train.empty())
+    throw DataError(fmt::format("{}: no training rows to fit the tabular procs on", excerpt(origin, 256)));
   std::set<std::string> seen;
   for (const auto& name : options.cat_names)
-    if (!seen.insert(name).second) throw ConfigError(fmt::format("{}: column '{}' is named twice", origin, name));
+    if (!seen.insert(name).second)
+      throw ConfigError(fmt::format("{}: column '{}' is named twice", excerpt(origin, 256), excerpt(name)));
   for (const auto& name : options.cont_names)
-    if (!seen.insert(name).second) throw ConfigError(fmt::format("{}: column '{}' is named twice", origin, name));
+    if (!seen.insert(name).second)
+      throw ConfigError(fmt::format("{}: column '{}' is named twice", excerpt(origin, 256), excerpt(name)));
 
   t.cat_columns_ = options.cat_names;
   t.cat_names_ = options.cat_names;
@@ -168,23 +172,25 @@ TabularProcs TabularProcs::fit(const CsvTable& table, std::span<const std::int64
       const auto& cell = table.rows[static_cast<std::size_t>(r)][col];
       const auto x = number(cell);
       if (x && std::isinf(*x)) {
-        throw DataError(fmt::format("{}: row {}, column '{}': '{}' is not a finite number", origin, r + 2, name, cell));
+        throw DataError(fmt::format("{}: row {}, column '{}': '{}' is not a finite number", excerpt(origin, 256), r + 2,
+                                    excerpt(name), excerpt(cell)));
       }
       if (x && !std::isnan(*x)) {
         present.push_back(*x);
       } else if (is_missing_cell(cell) || (x && std::isnan(*x))) {
         if (!fill) {
           throw DataError(fmt::format("{}: row {}, column '{}': a missing value, and the procs have no fill_missing",
-                                      origin, r + 2, name));
+                                      excerpt(origin, 256), r + 2, excerpt(name)));
         }
         missing = true;
       } else {
-        throw DataError(fmt::format("{}: row {}, column '{}': '{}' is not a number (a continuous column)", origin,
-                                    r + 2, name, cell));
+        throw DataError(fmt::format("{}: row {}, column '{}': '{}' is not a number (a continuous column)",
+                                    excerpt(origin, 256), r + 2, excerpt(name), excerpt(cell)));
       }
     }
     if (present.empty() && fill) {
-      throw DataError(fmt::format("{}: column '{}' has no value in the training rows to fill with", origin, name));
+      throw DataError(fmt::format("{}: column '{}' has no value in the training rows to fill with",
+                                  excerpt(origin, 256), excerpt(name)));
     }
     t.fill_.push_back(present.empty() ? 0.0 : median(present));
     t.has_na_col_.push_back(missing);
@@ -212,8 +218,8 @@ TabularProcs TabularProcs::fit(const CsvTable& table, std::span<const std::int64
   }
   for (std::size_t j = 0; j < t.cont_names_.size(); ++j) {
     if (!std::isfinite(t.means_[j]) || !std::isfinite(t.stds_[j]) || !std::isfinite(t.fill_[j])) {
-      throw DataError(fmt::format("{}: column '{}': its values are too large for double precision statistics", origin,
-                                  t.cont_names_[j]));
+      throw DataError(fmt::format("{}: column '{}': its values are too large for double precision statistics",
+                                  excerpt(origin, 256), excerpt(t.cont_names_[j])));
     }
   }
   return t;
@@ -229,8 +235,8 @@ TabularProcs::Encoded TabularProcs::encode(const CsvTable& table, std::span<cons
   // Where a cell is, in errors: "t.csv: row 3, column 'x'" (the header is row 1), or "<origin>: column 'x'" for a
   // row given alone, which has no row number of its own.
   const auto cell_at = [&](std::int64_t r, const std::string& name) {
-    return one_row ? fmt::format("{}: column '{}'", origin, name)
-                   : fmt::format("{}: row {}, column '{}'", origin, r + 2, name);
+    return one_row ? fmt::format("{}: column '{}'", excerpt(origin, 256), excerpt(name))
+                   : fmt::format("{}: row {}, column '{}'", excerpt(origin, 256), r + 2, excerpt(name));
   };
   const auto n = static_cast<std::int64_t>(rows.size());
   const auto n_cat = static_cast<std::int64_t>(cat_names_.size()),
@@ -257,12 +263,12 @@ TabularProcs::Encoded TabularProcs::encode(const CsvTable& table, std::span<cons
       const auto& cell = table.rows[static_cast<std::size_t>(r)][col];
       auto value = number(cell);
       if (value && std::isinf(*value)) {
-        throw DataError(fmt::format("{}: '{}' is not a finite number", cell_at(r, cont_names_[j]), cell));
+        throw DataError(fmt::format("{}: '{}' is not a finite number", cell_at(r, cont_names_[j]), excerpt(cell)));
       }
       const bool missing = !value || std::isnan(*value);
       if (missing && !is_missing_cell(cell) && !value) {
         throw DataError(
-            fmt::format("{}: '{}' is not a number (a continuous column)", cell_at(r, cont_names_[j]), cell));
+            fmt::format("{}: '{}' is not a number (a continuous column)", cell_at(r, cont_names_[j]), excerpt(cell)));
       }
       if (missing && !has(procs_, "fill_missing")) {
         throw DataError(
@@ -286,11 +292,11 @@ TabularProcs::Encoded TabularProcs::encode_row(const std::map<std::string, std::
   std::vector<std::string> unknown;
   for (const auto& [name, cell] : row) {
     if (std::find(known.begin(), known.end(), name) == known.end())
-      unknown.push_back(fmt::format("'{}' (did you mean '{}'?)", name, closest(name, known)));
+      unknown.push_back(fmt::format("'{}' (did you mean '{}'?)", excerpt(name), excerpt(closest(name, known))));
   }
   if (!unknown.empty()) {
-    throw DataError(fmt::format("{}: no input column {}; the inputs are {}", origin, fmt::join(unknown, ", "),
-                                fmt::join(known, ", ")));
+    throw DataError(fmt::format("{}: no input column {}; the inputs are {}", excerpt(origin, 256),
+                                fmt::join(unknown, ", "), fmt::join(excerpts(known), ", ")));
   }
   CsvTable table;
   table.rows.emplace_back();
@@ -341,9 +347,10 @@ TabularProcs TabularProcs::from_json(std::string_view json, const std::string& o
     }
     return t;
   } catch (const nlohmann::json::exception& e) {
-    throw DataError(fmt::format("{}: the tabular procs are not valid JSON of TabularProcs: {}", origin, e.what()));
+    throw DataError(fmt::format("{}: the tabular procs are not valid JSON of TabularProcs: {}", excerpt(origin, 256),
+                                excerpt(e.what(), 256)));
   } catch (const DataError& e) {
-    throw DataError(fmt::format("{}: the tabular procs are inconsistent: {}", origin, e.what()));
+    throw DataError(fmt::format("{}: the tabular procs are inconsistent: {}", excerpt(origin, 256), e.what()));
   }
 }
 

@@ -1,6 +1,7 @@
 #include <fastlearn/data/untar_data.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fastlearn/data/archive.h>
 #include <fastlearn/data/download.h>
 #include <fastlearn/data/file_lock.h>
@@ -35,9 +36,11 @@ fs::path single_top_folder(const fs::path& dir) {
 fs::path untar_data(const DataSource& source, const UntarOptions& options) {
   if (source.name.empty() || !fs::path(source.name).has_filename() || source.name.find('/') != std::string::npos ||
       source.name == "." || source.name == "..") {
-    throw DataError(fmt::format("untar_data: invalid data source name '{}': use a plain folder name", source.name));
+    throw DataError(
+        fmt::format("untar_data: invalid data source name '{}': use a plain folder name", excerpt(source.name)));
   }
-  if (source.files.empty()) throw DataError(fmt::format("untar_data: data source '{}' lists no files", source.name));
+  if (source.files.empty())
+    throw DataError(fmt::format("untar_data: data source '{}' lists no files", excerpt(source.name)));
   const fs::path home = options.cache_dir.empty() ? fastlearn_home() : options.cache_dir;
   const fs::path data_dir = home / "data";
   const fs::path dest = data_dir / source.name;

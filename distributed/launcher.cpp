@@ -6,7 +6,9 @@
 #include <fastlearn/distributed/launch_store.h>
 #include <fastlearn/distributed/tcp_listen.h>
 #include <fastlearn/distributed/worker_group.h>
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -28,6 +30,41 @@ std::atomic<bool> g_launch_running{false};
 int exit_code_of(const RankExit& e) { return e.signal != 0 ? 128 + e.signal : e.exit_code; }
 
 std::string plural(int n, std::string_view word) { return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s"); }
+
+// Descriptors 0, 1 and 2 open (on /dev/null where the caller closed them), so that no pipe the launcher makes takes
+// one of them: a rank's pipe end there would keep its close-on-exec flag through dup2() and vanish at exec.
+void open_standard_descriptors() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF) continue;
+    const int opened = open("/dev/null", O_RDWR);  // the lowest free descriptor: this one
+    if (opened == fd) continue;
+    if (opened >= 0) close(opened);
+    throw DistributedError(fmt::format("launch: descriptor {} is closed and /dev/null cannot take its place", fd));
+  }
+}
+
+// With SIGCHLD ignored (inherited from whoever started the launcher) the kernel reaps the ranks itself and their exit
+// statuses are lost: for the launch, children are waited for as by default.
+class ChildrenWaitable {
+ public:
+  ChildrenWaitable() {
+    sigaction(SIGCHLD, nullptr, &previous_);
+    if (previous_.sa_handler != SIG_IGN && !(previous_.sa_flags & SA_NOCLDWAIT)) return;
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    changed_ = sigaction(SIGCHLD, &dfl, nullptr) == 0;
+  }
+  ~ChildrenWaitable() {
+    if (changed_) sigaction(SIGCHLD, &previous_, nullptr);
+  }
+  ChildrenWaitable(const ChildrenWaitable&) = delete;
+  ChildrenWaitable& operator=(const ChildrenWaitable&) = delete;
+
+ private:
+  struct sigaction previous_ {};
+  bool changed_ = false;
+};
 
 }  // namespace
 
@@ -56,6 +93,7 @@ namespace detail {
 
 LaunchResult launch_serving(const LaunchOptions& given, const ServeStore& serve) {
   validate_options(given);
+  open_standard_descriptors();  // before the launcher makes any descriptor of its own
   LaunchOptions options = given;
   if (options.run_id.empty() && options.nnodes == 1) {
     std::random_device entropy;  // one node: a fresh id per launch keeps its ranks out of any other run's store
@@ -98,6 +136,7 @@ LaunchResult launch_serving(const LaunchOptions& given, const ServeStore& serve)
     ~Release() { g_launch_running = false; }
   } release;
   SignalCatcher signals;
+  ChildrenWaitable waitable;
 
   const int nranks = options.nproc_per_node;
   for (int restart = 0;; ++restart) {

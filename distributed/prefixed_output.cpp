@@ -68,14 +68,17 @@ void finish(PrefixedStream& s, const std::string& prefix) {
   s.fd = -1;
 }
 
-bool pump(PrefixedStream& s, const std::string& prefix, std::FILE* log) {
+bool pump(PrefixedStream& s, const std::string& prefix, std::FILE* log, int* log_errno) {
   char buffer[16384];
   for (int round = 0; round < 8; ++round) {
     const ssize_t n = read(s.fd, buffer, sizeof buffer);
     if (n > 0) {
       if (log) {
-        std::fwrite(buffer, 1, static_cast<std::size_t>(n), log);
-        std::fflush(log);
+        errno = 0;
+        const bool written = std::fwrite(buffer, 1, static_cast<std::size_t>(n), log) == static_cast<std::size_t>(n) &&
+                             std::fflush(log) == 0;
+        if (!written && log_errno) *log_errno = errno != 0 ? errno : EIO;
+        if (!written) log = nullptr;  // the rest of this read goes to the terminal only
       }
       consume(s, prefix, buffer, static_cast<std::size_t>(n));
       continue;

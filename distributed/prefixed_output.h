@@ -15,8 +15,9 @@ struct PrefixedStream {
 };
 
 /// Reads what the stream has now (bounded, so one chatty rank cannot starve the loop), copying the raw bytes
-/// to `log` when it is not null. False at its end (EOF, or an error that ends it all the same).
-bool pump(PrefixedStream& s, const std::string& prefix, std::FILE* log);
+/// to `log` when it is not null; a failed write to `log` sets `*log_errno` (when given) and stops copying to it.
+/// False at its end (EOF, or an error that ends it all the same).
+bool pump(PrefixedStream& s, const std::string& prefix, std::FILE* log, int* log_errno = nullptr);
 
 /// The end of a stream: what is still held is written as a last line, and the pipe is closed.
 void finish(PrefixedStream& s, const std::string& prefix);

@@ -46,6 +46,8 @@ WorkerGroup::WorkerGroup(const LaunchOptions& o, SignalCatcher& signals, const f
           fmt::format("launch: cannot create the log folder '{}': {}", log_dir->string(), ec.message()));
   }
   devnull_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (devnull_ < 0)
+    throw DistributedError(fmt::format("launch: cannot open /dev/null for the ranks' stdin: {}", std::strerror(errno)));
   ranks_.resize(static_cast<std::size_t>(o.nproc_per_node));
   try {
     for (int local = 0; local < o.nproc_per_node; ++local) {
@@ -58,6 +60,7 @@ WorkerGroup::WorkerGroup(const LaunchOptions& o, SignalCatcher& signals, const f
       if (log_dir) {
         const auto path = *log_dir / fmt::format("rank{}.log", r.exit.rank);
         r.log = std::fopen(path.c_str(), "wb");
+        r.log_path = path.string();
         if (!r.log)
           throw DistributedError(
               fmt::format("launch: cannot write the log file '{}': {}", path.string(), std::strerror(errno)));
@@ -87,7 +90,6 @@ WorkerGroup::~WorkerGroup() {
 
 Attempt WorkerGroup::wait() {
   Attempt a;
-  a.nranks = static_cast<int>(ranks_.size());
   bool stopping = false;
   bool killed = false;
   Clock::time_point kill_at{};
@@ -157,7 +159,16 @@ Attempt WorkerGroup::wait() {
       auto [rank, s] = owners[i];
       if (s >= 0) {
         PrefixedStream& stream = rank->streams[static_cast<std::size_t>(s)];
-        if (!pump(stream, rank->prefix, rank->log)) finish(stream, rank->prefix);
+        int log_errno = 0;
+        if (!pump(stream, rank->prefix, rank->log, &log_errno)) finish(stream, rank->prefix);
+        if (log_errno != 0) {  // a full disk, say: the run goes on, its output on the terminal only
+          std::fprintf(o_.err,
+                       "fastlearn launch: cannot write rank %d's log '%s' (%s): its output goes on to the "
+                       "terminal only\n",
+                       rank->exit.rank, rank->log_path.c_str(), std::strerror(log_errno));
+          std::fclose(rank->log);
+          rank->log = nullptr;
+        }
       }
     }
     std::fflush(o_.out);
@@ -210,6 +221,12 @@ Attempt WorkerGroup::wait() {
       });
       if (!streams_open || Clock::now() >= *drain_until) break;
     }
+  }
+  // A signal that came after the last poll: every rank has ended, but it still counts (no restart after it).
+  for (int sig : signals_.take()) {
+    if (a.forwarded_signal) continue;
+    a.forwarded_signal = sig;
+    a.forwarded_first = !a.first_failure;
   }
   reap_and_close();
   return a;

@@ -17,7 +17,6 @@ struct Attempt {
   int forwarded_signal = 0;             // a SIGINT/SIGTERM the launcher received and passed on
   bool forwarded_first = false;         // ... before any rank failed
   std::vector<int> killed_after_grace;  // ranks still alive when the grace period ended
-  int nranks = 0;
 };
 
 // The local ranks of one attempt, all in one process group (led by local rank 0) and their output tailed to `out`

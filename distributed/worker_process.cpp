@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -68,6 +69,24 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
   return env;
 }
 
+void ExecPlan::seal() {
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  rlimit files{};
+  fd_limit = getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY
+                 ? static_cast<int>(std::min<rlim_t>(files.rlim_cur, 1 << 20))
+                 : 1 << 16;
+}
+
+void mark_cloexec_from(int first, int limit) {
+  for (int fd = first; fd < limit; ++fd) {
+    const int flags = fcntl(fd, F_GETFD);
+    if (flags >= 0 && !(flags & FD_CLOEXEC)) fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+  }
+}
+
 void exit_after_failed_exec(const char* what, const char* program) {
   // Only async-signal-safe calls after fork: strerrordesc_np reads a static table (strerror may allocate).
   const char* parts[] = {
@@ -109,7 +128,8 @@ void start_rank(RankProcess& r, const ExecPlan& plan, pid_t group, int stdin_fd)
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);  // no descriptor of the launcher's process leaks into a rank
+    // No descriptor of the launcher's process leaks into a rank (close_range's flag needs Linux 5.11).
+    if (close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0) mark_cloexec_from(3, plan.fd_limit);
     execve(plan.path.c_str(), plan.argv.data(), plan.envp.data());
     exit_after_failed_exec("the rank's program", plan.path.c_str());
   }

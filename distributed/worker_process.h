@@ -14,6 +14,7 @@ namespace fastlearn::detail {
 // A rank's process and the launcher's ends of its output.
 struct RankProcess {
   RankExit exit;
+  std::string log_path;                   // of `log`, for the message when writing it fails
   int pidfd = -1;                         // -1 before Linux 5.3: its exit is then polled
   std::array<PrefixedStream, 2> streams;  // stdout, stderr
   std::FILE* log = nullptr;               // <log_dir>/rank<R>.log, when there is a log_dir
@@ -33,14 +34,14 @@ struct ExecPlan {
   std::vector<std::string> env;
   std::vector<char*> argv;
   std::vector<char*> envp;
+  int fd_limit = 0;  ///< descriptors run below this (RLIMIT_NOFILE), for mark_cloexec_from
   /// Fills argv and envp from args and env; call once, after they are final.
-  void seal() {
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    for (auto& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-  }
+  void seal();
 };
+
+/// Sets FD_CLOEXEC on every descriptor from `first` up to `limit`, one fcntl() each (async-signal-safe): what
+/// close_range(CLOSE_RANGE_CLOEXEC) does in one call from Linux 5.11 on, for older kernels.
+void mark_cloexec_from(int first, int limit);
 
 /// The environment of local rank `local_rank`: the launcher's own, with torchrun's variables (and extra_env) set.
 /// `launcher_store`: the launcher serves the store on `port` (TORCHELASTIC_USE_AGENT_STORE=True). `live`: `out` is

@@ -1,6 +1,7 @@
 #include <fastlearn/learner/checkpoint.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fastlearn/data/tabular_dataloaders.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/models/weights.h>
@@ -52,14 +53,15 @@ std::string rng_name_in(const std::map<std::string, const at::Tensor*>& in_file,
 
 std::int64_t metadata_int(const Metadata& meta, const std::string& key, std::string_view origin) {
   auto it = meta.find(key);
-  if (it == meta.end()) throw CheckpointError(fmt::format("{}: the metadata has no '{}'", origin, key));
+  if (it == meta.end()) throw CheckpointError(fmt::format("{}: the metadata has no '{}'", excerpt(origin, 256), key));
   try {
     std::size_t used = 0;
     const auto value = std::stoll(it->second, &used);
     if (used != it->second.size()) throw std::invalid_argument(it->second);
     return value;
   } catch (const std::exception&) {
-    throw CheckpointError(fmt::format("{}: metadata '{}' is '{}', not an integer", origin, key, it->second));
+    throw CheckpointError(
+        fmt::format("{}: metadata '{}' is '{}', not an integer", excerpt(origin, 256), key, excerpt(it->second)));
   }
 }
 
@@ -75,7 +77,7 @@ std::vector<std::string> checkpoint_vocab(const CheckpointState& state, std::str
   try {
     return nlohmann::json::parse(it->second).get<std::vector<std::string>>();
   } catch (const std::exception&) {
-    throw CheckpointError(fmt::format("{}: metadata 'vocab' is not a JSON list of class names", origin));
+    throw CheckpointError(fmt::format("{}: metadata 'vocab' is not a JSON list of class names", excerpt(origin, 256)));
   }
 }
 
@@ -171,18 +173,19 @@ std::optional<FitPosition> fit_position(const CheckpointState& state, std::strin
     }
     return p;
   } catch (const std::exception& e) {
-    throw CheckpointError(
-        fmt::format("{}: metadata 'fit_position' is malformed ({}): {}", origin, e.what(), it->second));
+    throw CheckpointError(fmt::format("{}: metadata 'fit_position' is malformed ({}): {}", excerpt(origin, 256),
+                                      excerpt(e.what(), 256), excerpt(it->second)));
   }
 }
 
 void restore_state(Learner& learn, const CheckpointState& state, LoadOptions options, std::string_view origin) {
   if (auto it = state.metadata.find("format"); it != state.metadata.end() && it->second != kFormat) {
-    throw CheckpointError(fmt::format("{}: format '{}' is not a fastlearn checkpoint", origin, it->second));
+    throw CheckpointError(
+        fmt::format("{}: format '{}' is not a fastlearn checkpoint", excerpt(origin, 256), excerpt(it->second)));
   }
   if (auto it = state.metadata.find("format_version"); it != state.metadata.end() && it->second != kFormatVersion) {
-    throw CheckpointError(fmt::format("{}: checkpoint format version {} is not supported (this build reads {})", origin,
-                                      it->second, kFormatVersion));
+    throw CheckpointError(fmt::format("{}: checkpoint format version {} is not supported (this build reads {})",
+                                      excerpt(origin, 256), excerpt(it->second), kFormatVersion));
   }
   std::map<std::string, const at::Tensor*> in_file;
   for (const auto& [name, t] : state.tensors) in_file[name] = &t;
@@ -190,13 +193,14 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
   if (auto it = state.metadata.find("vocab"); it != state.metadata.end() && !learn.dls().vocab().empty()) {
     const auto saved = checkpoint_vocab(state, origin);
     if (saved != learn.dls().vocab()) {
-      throw CheckpointError(fmt::format("{}: the model was saved for the classes [{}], the data has [{}]", origin,
-                                        fmt::join(saved, ", "), fmt::join(learn.dls().vocab(), ", ")));
+      throw CheckpointError(fmt::format("{}: the model was saved for the classes [{}], the data has [{}]",
+                                        excerpt(origin, 256), fmt::join(excerpts(saved), ", "),
+                                        fmt::join(excerpts(learn.dls().vocab()), ", ")));
     }
     if (auto multi = state.metadata.find("multi_label");
         multi != state.metadata.end() && (multi->second == "true") != learn.dls().multi_label()) {
       const auto kind = [](bool m) { return m ? "multi-label (several classes per item)" : "single-label"; };
-      throw CheckpointError(fmt::format("{}: the model was trained on {} data; this data is {}", origin,
+      throw CheckpointError(fmt::format("{}: the model was trained on {} data; this data is {}", excerpt(origin, 256),
                                         kind(multi->second == "true"), kind(learn.dls().multi_label())));
     }
   }
@@ -207,7 +211,7 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
         throw CheckpointError(
             fmt::format("{}: the model was saved with other tabular procs (columns, vocabularies "
                         "or statistics) than the data's: it was trained on other data",
-                        origin));
+                        excerpt(origin, 256)));
       }
     }
   }
@@ -230,8 +234,8 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
         train_dl_seed = std::stoull(it->second, &used);
         if (used != it->second.size()) throw std::invalid_argument(it->second);
       } catch (const std::exception&) {
-        throw CheckpointError(
-            fmt::format("{}: metadata 'train_dl_seed' is '{}', not an unsigned integer", origin, it->second));
+        throw CheckpointError(fmt::format("{}: metadata 'train_dl_seed' is '{}', not an unsigned integer",
+                                          excerpt(origin, 256), excerpt(it->second)));
       }
     }
     // RNG states are checked here too, so that setting them below cannot fail.
@@ -242,7 +246,7 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
       const auto expected = gens[i].get_state();
       if (it->second->scalar_type() != at::kByte || it->second->numel() != expected.numel()) {
         throw CheckpointError(fmt::format("{}: tensor '{}' is {} of {} elements but a generator state is Byte of {}",
-                                          origin, it->first, c10::toString(it->second->scalar_type()),
+                                          excerpt(origin, 256), it->first, c10::toString(it->second->scalar_type()),
                                           it->second->numel(), expected.numel()));
       }
     }
@@ -257,7 +261,7 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
       ensure_opt(learn).load_state(opt_tensors, state.metadata.at("optimizer"));
     } catch (const CheckpointError& e) {
       if (!had_opt) learn.drop_opt();  // leave the learner as it was
-      throw CheckpointError(fmt::format("{}: optimizer state: {}", origin, e.what()));
+      throw CheckpointError(fmt::format("{}: optimizer state: {}", excerpt(origin, 256), e.what()));
     }
   }
 
@@ -285,7 +289,7 @@ void save_checkpoint(Learner& learn, const std::filesystem::path& file, SaveOpti
 
 void load_checkpoint(Learner& learn, const std::filesystem::path& file, LoadOptions options) {
   if (!std::filesystem::exists(file)) {
-    throw CheckpointError(fmt::format("checkpoint '{}' does not exist", file.string()));
+    throw CheckpointError(fmt::format("checkpoint '{}' does not exist", excerpt(file.string(), 256)));
   }
   restore_state(learn, load_safetensors(file), options, file.string());
 }
@@ -331,18 +335,18 @@ void Learner::load(const std::string& name, LoadOptions options) {
 int Learner::load_resume_point(const std::filesystem::path& file, int n_epoch_) {
   if (coordination_.barrier) coordination_.barrier();  // a checkpoint being written is complete first
   if (!std::filesystem::exists(file)) {
-    throw CheckpointError(fmt::format("resume: checkpoint '{}' does not exist", file.string()));
+    throw CheckpointError(fmt::format("resume: checkpoint '{}' does not exist", excerpt(file.string(), 256)));
   }
   const auto state = load_safetensors(file);
   const auto position = fit_position(state, file.string());
   const auto part = [](const std::string& p) {
-    return p.empty() ? std::string("a plain fit") : fmt::format("the '{}' fit of a fine_tune", p);
+    return p.empty() ? std::string("a plain fit") : fmt::format("the '{}' fit of a fine_tune", excerpt(p));
   };
   if (position && position->phase != phase) {
     throw ConfigError(
         fmt::format("resume: checkpoint '{}' was taken in {} but this fit is {}; resume with the same "
                     "schedule (train.schedule){}",
-                    file.string(), part(position->phase), part(phase),
+                    excerpt(file.string(), 256), part(position->phase), part(phase),
                     position->phase.empty() ? " (a fine_tune checkpoint written before fastlearn recorded its phases "
                                               "reads as a plain fit's: start that fine_tune over)"
                                             : ""));
@@ -351,13 +355,13 @@ int Learner::load_resume_point(const std::filesystem::path& file, int n_epoch_) 
     throw ConfigError(
         fmt::format("resume: checkpoint '{}' was taken in a fit that followed {} epoch(s) but this fit follows {}; "
                     "resume with the same number of frozen epochs (freeze_epochs)",
-                    file.string(), position->epoch_offset, epoch_offset));
+                    excerpt(file.string(), 256), position->epoch_offset, epoch_offset));
   }
   if (position && position->n_epoch != n_epoch_) {
     throw ConfigError(
         fmt::format("resume: checkpoint '{}' was taken in a fit of {} epochs but this fit has {}; "
                     "resume with the same number of epochs (the schedules depend on it)",
-                    file.string(), position->n_epoch, n_epoch_));
+                    excerpt(file.string(), 256), position->n_epoch, n_epoch_));
   }
   restore_state(*this, state, {}, file.string());
   if (!position) return std::clamp(epochs_completed_, 0, n_epoch_);

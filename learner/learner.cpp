@@ -4,6 +4,7 @@
 #include <fastlearn/core/device.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/mkl_dispatch.h>
+#include <fastlearn/core/text.h>
 #include <fastlearn/data/sampler.h>
 #include <fastlearn/learner/progress.h>
 #include <fastlearn/learner/recorder.h>
@@ -26,7 +27,7 @@ double ValidationResult::metric(const std::string& name) const {
   }
   std::string known;
   for (const auto& [n, v] : metrics) known += (known.empty() ? "" : ", ") + n;
-  throw Error(fmt::format("ValidationResult: no metric '{}' (the learner's metrics are: {})", name,
+  throw Error(fmt::format("ValidationResult: no metric '{}' (the learner's metrics are: {})", excerpt(name),
                           known.empty() ? "none" : known));
 }
 

@@ -1,6 +1,7 @@
 #include <fastlearn/learner/multi_label_metrics.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -15,7 +16,7 @@ MetricPtr accuracy_multi(double thresh) {
 MetricPtr fbeta_multi(double beta, double thresh, const std::string& average) {
   if (!(beta > 0)) throw ConfigError(fmt::format("fbeta_multi: beta {} must be positive", beta));
   if (average != "samples" && average != "macro") {
-    throw ConfigError(fmt::format("fbeta_multi: average '{}' is not 'samples' or 'macro'", average));
+    throw ConfigError(fmt::format("fbeta_multi: average '{}' is not 'samples' or 'macro'", excerpt(average)));
   }
   const int dim = average == "samples" ? 1 : 0;  // sum over classes per item, or over items per class
   return std::make_shared<AccumMetric>(

@@ -1,6 +1,7 @@
 #include <fastlearn/learner/predict_image.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fastlearn/data/image_dataset.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -17,7 +18,7 @@ ImagePrediction predict_image(Learner& learn, const std::filesystem::path& file,
     throw ConfigError(
         fmt::format("predict_image('{}'): the learner's data is not image files with named classes "
                     "(make it with ImageDataLoaders::from_folder, from_csv, ...)",
-                    file.string()));
+                    excerpt(file.string(), 256)));
   }
   const auto& options = images->options();
   auto image = read_image(file, {.mode = options.mode, .min_side = options.decode_min_side});

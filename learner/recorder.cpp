@@ -2,6 +2,7 @@
 
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/svg_plot.h>
+#include <fastlearn/core/text.h>
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/learner.h>
 
@@ -70,7 +71,7 @@ double Recorder::value(const EpochRecord& record, const std::string& name) const
   }
   std::string known = "train_loss, valid_loss";
   for (const auto& n : names) known.append(", ").append(n);
-  throw Error("Recorder: no value called '" + name + "'; the recorded values are: " + known);
+  throw Error("Recorder: no value called '" + excerpt(name) + "'; the recorded values are: " + known);
 }
 
 void Recorder::before_fit() {

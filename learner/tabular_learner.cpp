@@ -1,6 +1,7 @@
 #include <fastlearn/learner/tabular_learner.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fastlearn/learner/loss.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -14,8 +15,8 @@ models::TabularModel tabular_model(const DataLoaders& dls, const TabularLearnerO
   const auto& procs = table->procs();
   for (const auto& [name, width] : options.emb_szs) {
     if (std::find(procs.cat_names().begin(), procs.cat_names().end(), name) == procs.cat_names().end()) {
-      throw ConfigError(fmt::format("tabular_model: emb_szs names '{}', which is not a categorical input ({})", name,
-                                    fmt::join(procs.cat_names(), ", ")));
+      throw ConfigError(fmt::format("tabular_model: emb_szs names '{}', which is not a categorical input ({})",
+                                    excerpt(name), fmt::join(excerpts(procs.cat_names()), ", ")));
     }
   }
   std::vector<std::pair<std::int64_t, std::int64_t>> emb_szs;

@@ -1,6 +1,7 @@
 #include <fastlearn/models/torchvision_resnet.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fastlearn/models/norm_layer.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -134,7 +135,7 @@ int torchvision_resnet_depth(const std::string& arch) {
   if (arch == "resnet18") return 18;
   if (arch == "resnet34") return 34;
   if (arch == "resnet50") return 50;
-  throw ConfigError(fmt::format("models: architecture '{}' is not one of resnet18, resnet34, resnet50", arch));
+  throw ConfigError(fmt::format("models: architecture '{}' is not one of resnet18, resnet34, resnet50", excerpt(arch)));
 }
 
 TorchvisionResNet torchvision_resnet(const std::string& arch, std::int64_t classes) {

@@ -2,6 +2,7 @@
 
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/safetensors.h>
+#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -34,16 +35,18 @@ std::vector<std::pair<at::Tensor, const at::Tensor*>> match_weights(torch::nn::M
       throw CheckpointError(
           fmt::format("{}: no tensor '{}', which the model has; the file was saved from another "
                       "model (load with strict = false to load the tensors that match)",
-                      origin, name));
+                      excerpt(origin, 256), excerpt(name)));
     }
     const auto& source = *it->second;
     if (source.sizes() != target.sizes()) {
-      throw CheckpointError(fmt::format("{}: tensor '{}' has shape [{}] in the file but [{}] in the model", origin,
-                                        name, fmt::join(source.sizes(), ", "), fmt::join(target.sizes(), ", ")));
+      throw CheckpointError(fmt::format("{}: tensor '{}' has shape [{}] in the file but [{}] in the model",
+                                        excerpt(origin, 256), excerpt(name), fmt::join(source.sizes(), ", "),
+                                        fmt::join(target.sizes(), ", ")));
     }
     if (source.scalar_type() != target.scalar_type()) {
-      throw CheckpointError(fmt::format("{}: tensor '{}' is {} in the file but {} in the model", origin, name,
-                                        c10::toString(source.scalar_type()), c10::toString(target.scalar_type())));
+      throw CheckpointError(fmt::format("{}: tensor '{}' is {} in the file but {} in the model", excerpt(origin, 256),
+                                        excerpt(name), c10::toString(source.scalar_type()),
+                                        c10::toString(target.scalar_type())));
     }
     copies.emplace_back(target, &source);
   }
@@ -56,7 +59,7 @@ std::vector<std::pair<at::Tensor, const at::Tensor*>> match_weights(torch::nn::M
       // A Learner checkpoint also holds the optimizer's and the random generators' state beside the model.
       const bool learner_state = name.starts_with("optimizer/") || name.starts_with("rng/");
       throw CheckpointError(fmt::format(
-          "{}: tensor '{}' is not in the model; {}", origin, name,
+          "{}: tensor '{}' is not in the model; {}", excerpt(origin, 256), excerpt(name),
           learner_state ? "the file is a Learner checkpoint: load it with Learner::load, or ignore the prefixes "
                           "\"optimizer/\" and \"rng/\" (ignore_prefixes)"
                         : "the file was saved from another model (load with strict = false to ignore it)"));

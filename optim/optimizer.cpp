@@ -1,6 +1,7 @@
 #include <fastlearn/optim/optimizer.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -274,13 +275,13 @@ void Optimizer::zero_grad(bool set_to_none) {
 
 double Optimizer::hyper(const std::string& name, std::size_t group) const {
   if (group >= groups_.size())
-    throw ConfigError(
-        fmt::format("Optimizer::hyper('{}', {}): there are only {} parameter groups", name, group, groups_.size()));
+    throw ConfigError(fmt::format("Optimizer::hyper('{}', {}): there are only {} parameter groups", excerpt(name),
+                                  group, groups_.size()));
   const auto& hypers = groups_[group].hypers;
   const auto it = hypers.find(name);
   if (it == hypers.end())
     throw ConfigError(fmt::format("Optimizer::hyper: parameter group {} has no hyper-parameter '{}' (it has: {})",
-                                  group, name, fmt::join(keys_of(hypers), ", ")));
+                                  group, excerpt(name), fmt::join(keys_of(hypers), ", ")));
   return it->second;
 }
 
@@ -291,11 +292,11 @@ void Optimizer::set_hyper(const std::string& name, const std::vector<double>& pe
     throw ConfigError(
         fmt::format("Optimizer::set_hyper('{}'): got {} values for {} parameter groups; pass one value "
                     "for all groups or one per group",
-                    name, per_group.size(), groups_.size()));
+                    excerpt(name), per_group.size(), groups_.size()));
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (!groups_[g].hypers.contains(name))
       throw ConfigError(fmt::format("Optimizer::set_hyper: {} has no hyper-parameter '{}' (group {} has: {})", type(),
-                                    name, g, fmt::join(keys_of(groups_[g].hypers), ", ")));
+                                    excerpt(name), g, fmt::join(keys_of(groups_[g].hypers), ", ")));
     check_finite(name, per_group.size() == 1 ? per_group[0] : per_group[g], fmt::format("set_hyper, group {}", g));
   }
   for (std::size_t g = 0; g < groups_.size(); ++g)
@@ -330,7 +331,8 @@ void Optimizer::load_state(const NamedTensors& tensors, const std::string& json)
   try {
     j = nlohmann::json::parse(json);
   } catch (const nlohmann::json::exception& e) {
-    load_fail(fmt::format("the state JSON does not parse ({}); pass the string state_json() returned", e.what()));
+    load_fail(fmt::format("the state JSON does not parse ({}); pass the string state_json() returned",
+                          excerpt(e.what(), 256)));
   }
   if (!j.is_object() || !j.contains("type") || !j.contains("step_count") || !j.contains("groups") ||
       !j["type"].is_string() || !j["step_count"].is_number_integer() || !j["groups"].is_array())
@@ -339,7 +341,7 @@ void Optimizer::load_state(const NamedTensors& tensors, const std::string& json)
     load_fail(
         fmt::format("the checkpoint holds the state of {} but this optimizer is {}; create the optimizer the "
                     "checkpoint was made with",
-                    j["type"].get<std::string>(), type()));
+                    excerpt(j["type"].get<std::string>()), type()));
   const auto step_count = j["step_count"].get<std::int64_t>();
   if (step_count < 0) load_fail(fmt::format("step_count is {}", step_count));
   const auto& jgroups = j["groups"];
@@ -363,12 +365,13 @@ void Optimizer::load_state(const NamedTensors& tensors, const std::string& json)
       load_fail(fmt::format("group {} has {} parameters in the checkpoint but {} here; build the same model and groups",
                             g, jg["steps"].size(), n));
     for (const auto& [k, v] : jg["hypers"].items()) {
-      if (!v.is_number()) load_fail(fmt::format("hyper-parameter '{}' of group {} is not a number", k, g));
+      if (!v.is_number()) load_fail(fmt::format("hyper-parameter '{}' of group {} is not a number", excerpt(k), g));
       hypers[g][k] = v.get<double>();
     }
     if (keys_of(hypers[g]) != keys_of(groups_[g].hypers))
       load_fail(fmt::format("group {} has hyper-parameters [{}] in the checkpoint but [{}] here", g,
-                            fmt::join(keys_of(hypers[g]), ", "), fmt::join(keys_of(groups_[g].hypers), ", ")));
+                            fmt::join(excerpts(keys_of(hypers[g])), ", "),
+                            fmt::join(keys_of(groups_[g].hypers), ", ")));
     auto& st = states[g];
     for (std::size_t i = 0; i < n; ++i) {
       const auto& s = jg["steps"][i];
@@ -400,18 +403,18 @@ void Optimizer::load_state(const NamedTensors& tensors, const std::string& json)
       load_fail(
           fmt::format("unexpected state tensor '{}': {} keeps [{}] per updated parameter, named "
                       "\"<group>.<index>.<state>\"; the checkpoint was made by a different optimizer or model",
-                      name, type(), fmt::join(names, ", ")));
-    if (!loaded.insert(name).second) load_fail(fmt::format("state tensor '{}' appears twice", name));
+                      excerpt(name), type(), fmt::join(names, ", ")));
+    if (!loaded.insert(name).second) load_fail(fmt::format("state tensor '{}' appears twice", excerpt(name)));
     const auto& p = groups_[*g].params[*i];
-    if (!t.defined()) load_fail(fmt::format("state tensor '{}' is undefined", name));
+    if (!t.defined()) load_fail(fmt::format("state tensor '{}' is undefined", excerpt(name)));
     if (t.scalar_type() != p.scalar_type())
       load_fail(
           fmt::format("state tensor '{}' has dtype {} but its parameter has {}; convert the model to the dtype it "
                       "was trained with before loading",
-                      name, c10::toString(t.scalar_type()), c10::toString(p.scalar_type())));
+                      excerpt(name), c10::toString(t.scalar_type()), c10::toString(p.scalar_type())));
     if (t.sizes() != p.sizes())
-      load_fail(
-          fmt::format("state tensor '{}' has shape {} but its parameter has shape {}", name, shape_of(t), shape_of(p)));
+      load_fail(fmt::format("state tensor '{}' has shape {} but its parameter has shape {}", excerpt(name), shape_of(t),
+                            shape_of(p)));
     states[*g].tensors[what][*i] = at::empty_like(p, at::MemoryFormat::Preserve).copy_(t.detach());
   }
   for (std::size_t g = 0; g < groups_.size(); ++g)

@@ -2,6 +2,7 @@
 // ImageDataLoaders built from class folders, lists, names and CSV tables. The files are Fashion-MNIST
 // written out by scripts/make-image-folders (with odd and bad files), made once per run of this binary.
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fastlearn/data/aug_transforms.h>
 #include <fastlearn/data/image_dataloaders.h>
 #include <fastlearn/data/image_dataset.h>
@@ -335,6 +336,43 @@ TEST_F(ImageFiles, AnEmptyClassFolderAndASingleClassAreNamedInWarnings) {
   EXPECT_NE(warning.find("every image has the label 'Bag': with one class every prediction is right"),
             std::string::npos)
       << warning;
+}
+
+// A class name goes into checkpoints (JSON), logs and SVG, all UTF-8: a class folder whose name is not UTF-8 is
+// refused when the data is made, naming the folder, instead of an epoch later when the first checkpoint is written.
+TEST_F(ImageFiles, AClassFolderWhoseNameIsNotUtf8IsRefusedNamingIt) {
+  const auto root = dir_ / "latin1";
+  const auto bags = first_bags(4);
+  for (const auto& folder : {std::string("Bag"), std::string("Caf\xE9")}) {
+    fs::create_directories(root / folder);
+    for (const auto& bag : bags)
+      fs::copy_file(bag, root / folder / bag.filename(), fs::copy_options::overwrite_existing);
+  }
+  const auto msg = fl::testing::message_of([&] { fl::ImageDataLoaders::from_folder(root, {.bs = 2, .size = 16}); });
+  EXPECT_NE(msg.find("the class folder 'Caf\\xE9' of '" + root.string() +
+                     "': its name 'Caf\\xE9' is not valid UTF-8 (byte 0xE9 at offset 3)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("rename the folder"), std::string::npos) << msg;
+  // Every other source of class names (here a list of labels) is held to the same.
+  const auto files = fl::get_image_files(root / "Bag");
+  const auto from_lists = fl::testing::message_of([&] {
+    fl::ImageDataLoaders::from_lists(files, {"ok", "ok", std::string("bad\xFF"), "ok"}, {.bs = 2, .size = 16, .valid_pct = 0.5});
+  });
+  EXPECT_NE(from_lists.find("'bad\\xFF' is not valid UTF-8 (byte 0xFF at offset 3)"), std::string::npos) << from_lists;
+}
+
+TEST(Text, ExcerptsAreBoundedAndEscapedAndUtf8IsCheckedExactly) {
+  EXPECT_EQ(fl::excerpt("short"), "short");
+  EXPECT_EQ(fl::excerpt(std::string(100, 'a'), 10), "aaaaaaaaaa... (100 bytes)");
+  EXPECT_EQ(fl::excerpt("line\nbreak\t\xE9t\xC3\xA9"), "line\\x0Abreak\\x09\\xE9t\xC3\xA9")
+      << "é stays, a lone 0xE9 does not";
+  EXPECT_EQ(fl::excerpt("\xE2\x82\xAC\xE2\x82\xAC", 1), "\xE2\x82\xAC... (6 bytes)") << "characters, not bytes";
+  EXPECT_FALSE(fl::invalid_utf8_at("plain, caf\xC3\xA9, \xF0\x9F\x98\x80"));
+  EXPECT_EQ(fl::invalid_utf8_at("\xC0\xAF"), 0u) << "an overlong '/'";
+  EXPECT_EQ(fl::invalid_utf8_at("ab\xED\xA0\x80"), 2u) << "a surrogate";
+  EXPECT_EQ(fl::invalid_utf8_at("\xF4\x90\x80\x80"), 0u) << "above U+10FFFF";
+  EXPECT_EQ(fl::invalid_utf8_at("abc\xE2\x82"), 3u) << "cut short";
 }
 
 TEST_F(ImageFiles, ACmykJpegFromPilDecodesToPilsRgbBitForBit) {

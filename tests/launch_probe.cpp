@@ -8,6 +8,8 @@
 //   wait=DIR:N            wait until DIR holds N records of this restart
 //   grandchild            fork a process that sleeps forever (it stays in the rank's process group)
 //   stamp=FILE            write the monotonic clock (ns since boot, as std::chrono::steady_clock) to FILE
+//   launcher-fds=FILE     write what the parent's (the launcher's) descriptors 0, 1 and 2 are, one a line
+//                         ("pipe:[...]", "/dev/null", "closed", ...)
 //   ignore-sigterm        from now on SIGTERM does nothing
 //   sigkill               kill this process with SIGKILL
 //   exit=N                exit with code N
@@ -121,6 +123,14 @@ int main(int argc, char** argv) {
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
               .count();
       write_atomically(value, std::to_string(ns));
+    } else if (name == "launcher-fds") {
+      std::string text;
+      for (int fd = 0; fd <= 2; ++fd) {
+        std::error_code ec;
+        const auto target = fs::read_symlink("/proc/" + std::to_string(getppid()) + "/fd/" + std::to_string(fd), ec);
+        text += (ec ? std::string("closed") : target.string()) + "\n";
+      }
+      write_atomically(value, text);
     } else if (name == "ignore-sigterm") {
       std::signal(SIGTERM, SIG_IGN);
     } else if (name == "sigkill") {

@@ -2,6 +2,7 @@
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/launcher.h>
 #include <fastlearn/distributed/spawn.h>
+#include <fastlearn/distributed/worker_process.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "support/build_paths.h"
+#include "support/processes.h"
 
 extern char** environ;
 
@@ -353,6 +355,49 @@ TEST(Launcher, LogDirHoldsEachRanksOutputPerRestart) {
   EXPECT_FALSE(fs::exists(dir.path / "logs" / "restart_2"));
 }
 
+TEST(Launcher, ALogThatCannotBeWrittenIsNamedAndTheOutputGoesOn) {
+  TempDir dir;
+  Capture out, err;
+  auto o = probe(1, {"print=hello", "print=again"}, out, err);
+  o.log_dir = dir.path / "logs";
+  fs::create_directories(*o.log_dir);
+  fs::create_symlink("/dev/full", *o.log_dir / "rank0.log");  // every write fails with ENOSPC
+  const auto result = fl::launch(o);
+  EXPECT_EQ(result.exit_code, 0) << result.summary;
+  EXPECT_NE(err.text().find("fastlearn launch: cannot write rank 0's log '" + (*o.log_dir / "rank0.log").string() +
+                            "' (No space left on device): its output goes on to the terminal only"),
+            std::string::npos)
+      << err.text();
+  EXPECT_NE(out.text().find("[rank 0] again\n"), std::string::npos) << out.text();
+}
+
+// A shell or service manager may start the launcher with SIGCHLD ignored: the kernel would then reap the ranks and
+// every exit would read as "code 255".
+TEST(Launcher, ARanksExitCodeIsKeptWhenTheLauncherStartsWithSigchldIgnored) {
+  Capture out, err;
+  struct sigaction ignore {
+  }, previous{};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(SIGCHLD, &ignore, &previous);
+  const auto result = fl::launch(probe(1, {"exit=3"}, out, err));
+  struct sigaction after {};
+  sigaction(SIGCHLD, &previous, &after);
+  EXPECT_EQ(after.sa_handler, SIG_IGN) << "the launcher puts SIGCHLD back as it found it";
+  EXPECT_EQ(result.exit_code, 3) << result.summary;
+  EXPECT_NE(result.summary.find("exited with code 3"), std::string::npos) << result.summary;
+}
+
+TEST(Launcher, WithoutCloseRangeEveryDescriptorIsStillMarkedCloseOnExec) {
+  // Linux before 5.11 refuses close_range(CLOSE_RANGE_CLOEXEC): the child marks each descriptor instead.
+  const int fd = open("/dev/null", O_RDONLY);  // not close-on-exec
+  ASSERT_GE(fd, 3);
+  ASSERT_EQ(fcntl(fd, F_GETFD) & FD_CLOEXEC, 0);
+  fl::detail::mark_cloexec_from(3, fd + 1);
+  EXPECT_NE(fcntl(fd, F_GETFD) & FD_CLOEXEC, 0);
+  close(fd);
+}
+
 // ---- failures -------------------------------------------------------------------------------------------
 
 TEST(Launcher, AFailingRankStopsTheOthersAndIsNamed) {
@@ -609,6 +654,21 @@ TEST(LaunchCli, AFailingRankSetsTheExitCodeAndTheSummaryGoesToStderr) {
   const auto err = read_text(cli.err());
   EXPECT_NE(err.find("fastlearn launch: rank 1 (local 1, pid "), std::string::npos) << err;
   EXPECT_NE(err.find(") exited with code 5"), std::string::npos) << err;
+}
+
+// Started with stdin and stdout closed (as by a careless daemon), the launcher's first pipe would take descriptor 0 or
+// 1: its own output would then go into its signal pipe (read back as signals) or fail, and a rank's pipe end there
+// would not survive the rank's exec. They are held by /dev/null instead, and the ranks' output reaches the log.
+TEST(LaunchCli, ClosedStandardDescriptorsAreHeldByDevNullNotByThePipes) {
+  TempDir dir;
+  const auto [code, output] = fl::testing::run_shell(
+      fmt::format("sh -c \"exec <&- >&- 2>'{}' '{}' launch --log-dir '{}' -- '{}' launcher-fds='{}' print=through\"",
+                  (dir.path / "err").string(), FASTLEARN_CLI, (dir.path / "logs").string(), FASTLEARN_LAUNCH_PROBE,
+                  (dir.path / "fds").string()));
+  EXPECT_EQ(code, 0) << output << read_text(dir.path / "err");
+  EXPECT_EQ(read_text(dir.path / "fds"), "/dev/null\n/dev/null\n" + (dir.path / "err").string() + "\n")
+      << "the launcher's descriptors 0, 1 and 2";
+  EXPECT_EQ(read_text(dir.path / "logs" / "rank0.log"), "through\n") << read_text(dir.path / "err");
 }
 
 TEST(LaunchCli, ProgramArgumentsThatLookLikeOptionsReachTheProgram) {

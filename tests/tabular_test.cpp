@@ -67,7 +67,9 @@ TEST(Csv, QuotedFieldsEmbeddedLineBreaksSpacesAndOtherDelimiters) {
   EXPECT_NE(quote.find("open.csv: malformed CSV"), std::string::npos) << quote;
   EXPECT_THROW(fl::parse_csv("", "empty.csv"), fl::DataError);
   const auto latin1 = flt::message_of([] { fl::parse_csv("city\nTroms\xF8\n", "latin1.csv"); });
-  EXPECT_NE(latin1.find("latin1.csv: row 2, field 1 is not UTF-8 text"), std::string::npos) << latin1;
+  EXPECT_NE(latin1.find("latin1.csv: row 2, field 1 ('Troms\\xF8') is not UTF-8 text (byte 0xF8 at offset 5"),
+            std::string::npos)
+      << latin1;
   EXPECT_EQ(fl::parse_csv("city\nTroms\xC3\xB8\n", "utf8.csv").rows[0][0], "Troms\xC3\xB8");
 }
 
@@ -264,6 +266,25 @@ TEST(TabularDataLoaders, AValidColumnTakesTheSameFlagsAsTheImageCsv) {
   EXPECT_EQ(fl::csv_flag("Yes"), std::optional<bool>(true));
   EXPECT_EQ(fl::csv_flag(""), std::optional<bool>(false));
   EXPECT_EQ(fl::csv_flag("2"), std::nullopt);
+}
+
+// A continuous cell of 8 MiB that is not a number: the error names the row and the column and quotes a bounded
+// excerpt of the cell (its first 80 characters and its length), not the whole cell on one line.
+TEST(TabularDataLoaders, AnOversizedCellIsQuotedAsAnExcerpt) {
+  std::string big(std::size_t{8} << 20, ' ');
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = "0123456789abcdefghij"[i % 20];
+  const auto file = fs::temp_directory_path() / ("fastlearn-tabular-" + std::to_string(::getpid()) + "-big.csv");
+  {
+    std::ofstream out(file, std::ios::binary);
+    out << "x,y\n1,a\n2,b\n" << big << ",a\n4,b\n5,a\n6,b\n";
+  }
+  const auto text = flt::message_of(
+      [&] { fl::TabularDataLoaders::from_csv(file, {.y_names = {"y"}, .cont_names = {"x"}, .valid_idx = {5}}); });
+  fs::remove(file);
+  EXPECT_NE(text.find("row 4, column 'x': '" + big.substr(0, 80) + "... (8388608 bytes)' is not a number"),
+            std::string::npos)
+      << text.substr(0, 1000);
+  EXPECT_LT(text.size(), 400u) << text.substr(0, 1000);
 }
 
 TEST(TabularModel, FastaiLayoutNamesAndEmbeddingSizes) {

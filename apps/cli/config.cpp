@@ -1,5 +1,7 @@
 #include "cli/config.h"
 
+#include <fastlearn/core/text.h>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -162,7 +164,7 @@ std::string known_metrics(const TrainConfig& c) {
   for (const auto& m : c.train.metrics) {
     if (std::find(known.begin(), known.end(), m) != known.end()) continue;
     if (!is_tabular(c.data))
-      return fmt::format("unknown metric \"{}\" for {}; expected some of \"{}\"", m, c.data.dataset,
+      return fmt::format("unknown metric \"{}\" for {}; expected some of \"{}\"", excerpt(m), c.data.dataset,
                          fmt::join(known, "\", \""));
     // A table's task is data.y_block's: a metric of the other task says which y_block it needs.
     auto other = c;
@@ -170,8 +172,8 @@ std::string known_metrics(const TrainConfig& c) {
     const auto theirs = metrics_for(other);
     const auto hint = std::find(theirs.begin(), theirs.end(), m) == theirs.end()
                           ? std::string()
-                          : fmt::format(" (\"{}\" needs data.y_block = \"{}\")", m, other.data.y_block);
-    return fmt::format("unknown metric \"{}\" for csv with y_block = \"{}\"; expected some of \"{}\"{}", m,
+                          : fmt::format(" (\"{}\" needs data.y_block = \"{}\")", excerpt(m), other.data.y_block);
+    return fmt::format("unknown metric \"{}\" for csv with y_block = \"{}\"; expected some of \"{}\"{}", excerpt(m),
                        c.data.y_block, fmt::join(known, "\", \""), hint);
   }
   return {};
@@ -220,19 +222,19 @@ std::string decide_y_block(TrainConfig& c, const RegressionProbe& probe) {
   return *regression ? fmt::format(
                            "data.y_block is not set, and the training values of the target '{}' are all "
                            "numbers, so it is a regression",
-                           target)
+                           excerpt(target))
                      : fmt::format(
                            "data.y_block is not set, and the target '{}' has training values that are not "
                            "numbers, so it is a category",
-                           target);
+                           excerpt(target));
 }
 
 std::string known_procs(const TrainConfig& c) {
   static const std::vector<std::string> known{"categorify", "fill_missing", "normalize"};
   for (auto p = c.data.procs.begin(); p != c.data.procs.end(); ++p) {
     if (std::find(known.begin(), known.end(), *p) == known.end())
-      return fmt::format("unknown proc \"{}\"; expected some of \"{}\"", *p, fmt::join(known, "\", \""));
-    if (std::find(c.data.procs.begin(), p, *p) != p) return fmt::format("proc \"{}\" is listed twice", *p);
+      return fmt::format("unknown proc \"{}\"; expected some of \"{}\"", excerpt(*p), fmt::join(known, "\", \""));
+    if (std::find(c.data.procs.begin(), p, *p) != p) return fmt::format("proc \"{}\" is listed twice", excerpt(*p));
   }
   if (!c.data.cat_names.empty() &&
       std::find(c.data.procs.begin(), c.data.procs.end(), "categorify") == c.data.procs.end())
@@ -242,7 +244,8 @@ std::string known_procs(const TrainConfig& c) {
 
 std::string one_field_delimiter(const TrainConfig& c) {
   const auto& d = c.data.delimiter;
-  if (d.size() != 1) return fmt::format("must be one character (\",\", \";\", \"\\t\" or \"|\"), got \"{}\"", d);
+  if (d.size() != 1)
+    return fmt::format("must be one character (\",\", \";\", \"\\t\" or \"|\"), got \"{}\"", excerpt(d));
   if (d == "\"" || d == "\n" || d == "\r") return "cannot be a quote or a line break";
   return {};
 }
@@ -256,7 +259,7 @@ std::string recorded(const std::string& monitor, const TrainSectionConfig& train
   if (monitor == "valid_loss" || monitor == "train_loss") return {};
   if (std::find(train.metrics.begin(), train.metrics.end(), monitor) != train.metrics.end()) return {};
   return fmt::format("\"{}\" is not recorded; expected \"valid_loss\", \"train_loss\" or one of train.metrics (\"{}\")",
-                     monitor, fmt::join(train.metrics, "\", \""));
+                     excerpt(monitor), fmt::join(train.metrics, "\", \""));
 }
 
 std::string early_stopping_monitor_recorded(const TrainConfig& c) {
@@ -279,8 +282,8 @@ std::string device_spelled(const TrainConfig& c) {
         std::all_of(index.begin(), index.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
       return {};
   }
-  return fmt::format(R"(must be "auto", "cpu", "cuda" or "cuda:N" (N: a GPU's index), got "{}{}")", d.substr(0, 40),
-                     d.size() > 40 ? "..." : "");
+  return fmt::format(R"(must be "auto", "cpu", "cuda" or "cuda:N" (N: a GPU's index), got "{}{}")",
+                     excerpt(d.substr(0, 40)), d.size() > 40 ? "..." : "");
 }
 
 // Every key, in the order they are read and written: the data first, since it decides which losses, metrics
@@ -515,7 +518,8 @@ TrainConfig parse_config(std::string_view toml_text, std::string_view source_nam
 TrainConfig load_config(const std::string& path, std::span<const std::string> overrides, const RegressionProbe& probe) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
-    throw ConfigFileError(fmt::format("{}: cannot read the configuration file (does it exist?)", path), "", 0, 0);
+    throw ConfigFileError(fmt::format("{}: cannot read the configuration file (does it exist?)", excerpt(path, 256)),
+                          "", 0, 0);
   std::ostringstream text;
   text << in.rdbuf();
   return parse_config(text.str(), path, overrides, probe);

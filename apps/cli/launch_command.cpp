@@ -2,6 +2,7 @@
 
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/suggest.h>
+#include <fastlearn/core/text.h>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -113,7 +114,7 @@ int run_launch(CLI::App& launch, LaunchArgs& a, const LaunchFunction& launch_fun
     throw ConfigError(fmt::format(
         "launch: unknown option '{}'{}; the nearest option of fastlearn launch is {} (fastlearn launch --help lists "
         "them). Put the program after `--`",
-        flag, why.empty() ? "" : " (a torchrun option: " + why + ")",
+        excerpt(flag), why.empty() ? "" : " (a torchrun option: " + why + ")",
         closest(flag.substr(0, flag.find('=')), option_names(launch))));
   }
   if (a.standalone) {

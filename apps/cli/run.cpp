@@ -3,6 +3,7 @@
 #include "cli/run_folder.h"
 
 #include <fastlearn/core/atomic_file.h>
+#include <fastlearn/core/text.h>
 #include <fastlearn/data/file_lock.h>
 #include <fastlearn/fastlearn.h>
 
@@ -124,33 +125,33 @@ void check_devices(const TrainConfig& c, int local_ranks, const std::string& ori
     throw ConfigError(
         fmt::format("{}: distributed.backend = \"nccl\" needs a CUDA GPU and none is visible; use "
                     "\"gloo\", or \"auto\" (NCCL when every rank has a GPU, Gloo otherwise)",
-                    origin));
+                    excerpt(origin, 256)));
   if (device != "auto" && device != "cpu" && gpus == 0)
     throw ConfigError(
         fmt::format("{}: train.device = \"{}\" needs a CUDA GPU and none is visible; use \"cpu\", or "
                     "\"auto\" (a GPU when there is one)",
-                    origin, device));
+                    excerpt(origin, 256), device));
   if (one_gpu && std::stoi(device.substr(5)) >= gpus)
-    throw ConfigError(fmt::format("{}: train.device = \"{}\": this host has {} GPU(s), cuda:0{}", origin, device, gpus,
-                                  gpus > 1 ? fmt::format(" to cuda:{}", gpus - 1) : ""));
+    throw ConfigError(fmt::format("{}: train.device = \"{}\": this host has {} GPU(s), cuda:0{}", excerpt(origin, 256),
+                                  device, gpus, gpus > 1 ? fmt::format(" to cuda:{}", gpus - 1) : ""));
   if (local_ranks <= 1) return;
   if (one_gpu)
     throw ConfigError(
         fmt::format("{}: train.device = \"{}\" names one GPU, and {} ranks train on this host: use "
                     "\"cuda\" (each rank its own GPU) or \"auto\"",
-                    origin, device, local_ranks));
+                    excerpt(origin, 256), device, local_ranks));
   if (backend == "nccl" && device == "cpu")
     throw ConfigError(
         fmt::format("{}: distributed.backend = \"nccl\" trains on GPUs, and train.device = \"cpu\": "
                     "use the gloo backend (or \"auto\") to train on the CPU",
-                    origin));
+                    excerpt(origin, 256)));
   if ((device == "cuda" || backend == "nccl") && local_ranks > gpus)
     throw ConfigError(fmt::format(
         "{}: {} needs a GPU for each of the {} ranks on this host, and it has {}: start at most {} rank(s) per host "
         "(--nproc-per-node {}), or leave train.device and distributed.backend at \"auto\" (with fewer GPUs than "
         "ranks the ranks then train on the CPU over Gloo), or set train.device = \"cpu\"",
-        origin, device == "cuda" ? "train.device = \"cuda\"" : "distributed.backend = \"nccl\"", local_ranks, gpus,
-        std::max(gpus, 1), std::max(gpus, 1)));
+        excerpt(origin, 256), device == "cuda" ? "train.device = \"cuda\"" : "distributed.backend = \"nccl\"",
+        local_ranks, gpus, std::max(gpus, 1), std::max(gpus, 1)));
 }
 
 TrainConfig read_config_file(const TrainArgs& args) {
@@ -244,9 +245,9 @@ std::optional<fs::path> checkpoint_to_resume(const fs::path& out) {
   auto found = latest_checkpoint(dir);
   if (!is_main()) return found;
   if (found)
-    fmt::print("resume: continuing from {}\n", found->string());
+    fmt::print("resume: continuing from {}\n", excerpt(found->string(), 256));
   else
-    fmt::print("resume: no checkpoint in {}; starting from the beginning\n", dir.string());
+    fmt::print("resume: no checkpoint in {}; starting from the beginning\n", excerpt(dir.string(), 256));
   std::fflush(stdout);  // before an error the load may print on stderr
   if (!found) return found;
   const auto metadata = load_safetensors_metadata(*found);
@@ -256,7 +257,7 @@ std::optional<fs::path> checkpoint_to_resume(const fs::path& out) {
     fmt::print(stderr,
                "resume: warning: the checkpoint was written by {} rank(s) and this run has {}: training goes on, "
                "but with another global batch and data order than the interrupted run had\n",
-               saved->second, ranks);
+               excerpt(saved->second), ranks);
   }
   return found;
 }
@@ -323,7 +324,7 @@ std::unique_ptr<Learner> make_learner(const TrainConfig& c, const fs::path& out,
 std::unique_ptr<Learner> learner_from_checkpoint(const TrainConfig& c, const fs::path& out,
                                                  const std::string& checkpoint, const char* command) {
   if (!fs::exists(checkpoint))
-    throw CheckpointError(fmt::format("{}: checkpoint '{}' does not exist", command, checkpoint));
+    throw CheckpointError(fmt::format("{}: checkpoint '{}' does not exist", command, excerpt(checkpoint, 256)));
   auto learn = make_learner(c, out, /*with_run_callbacks=*/false);
   try {
     load_checkpoint(*learn, checkpoint, {.with_opt = false});
@@ -334,7 +335,8 @@ std::unique_ptr<Learner> learner_from_checkpoint(const TrainConfig& c, const fs:
     throw CheckpointError(
         fmt::format("{}\nThe run that saved it left its resolved config in '{}': `fastlearn {} {} "
                     "--checkpoint {}` builds the same data and model",
-                    e.what(), run_config.string(), command, run_config.string(), checkpoint));
+                    e.what(), excerpt(run_config.string(), 256), command, excerpt(run_config.string(), 256),
+                    excerpt(checkpoint, 256)));
   }
   return learn;
 }
@@ -351,7 +353,7 @@ class OutputFolderLock {
     throw ConfigError(
         fmt::format("--out {}: another fastlearn run is training into this folder; wait for it to end, "
                     "stop it, or choose another --out",
-                    out_.string()));
+                    excerpt(out_.string(), 256)));
   }
   OutputFolderLock(const OutputFolderLock&) = delete;
   OutputFolderLock& operator=(const OutputFolderLock&) = delete;
@@ -433,12 +435,13 @@ int run_train(const TrainArgs& args) {
   // A relative data.path is the working directory's, as for every command-line tool: say which folder that was.
   const auto relative_to = [](const std::string& path) {
     return fs::path(path).is_relative()
-               ? fmt::format(" (relative to the working directory {})", fs::current_path().string())
+               ? fmt::format(" (relative to the working directory {})", excerpt(fs::current_path().string(), 256))
                : std::string();
   };
   if (is_tabular(config.data) && !fs::is_regular_file(config.data.path))
-    throw ConfigError(fmt::format("{}: data.path '{}'{} is not a file; point it at the CSV file", args.config_path,
-                                  config.data.path, relative_to(config.data.path)));
+    throw ConfigError(fmt::format("{}: data.path '{}'{} is not a file; point it at the CSV file",
+                                  excerpt(args.config_path, 256), excerpt(config.data.path, 256),
+                                  relative_to(config.data.path)));
   if (!is_tabular(config.data) && !config.data.path.empty() && !fs::is_directory(config.data.path)) {
     const char* hint = config.data.dataset == "image_folder" ? "point it at the folder of class folders (or of train/ "
                                                                "and valid/)"
@@ -447,8 +450,9 @@ int run_train(const TrainArgs& args) {
                        : config.data.dataset == "fashion_mnist"
                            ? "point it at an MNIST-format folder, or leave it out to use the default Fashion-MNIST"
                            : "point it at the data's folder";
-    throw ConfigError(fmt::format("{}: data.path '{}'{} (data.dataset = \"{}\") is not a folder; {}", args.config_path,
-                                  config.data.path, relative_to(config.data.path), config.data.dataset, hint));
+    throw ConfigError(fmt::format("{}: data.path '{}'{} (data.dataset = \"{}\") is not a folder; {}",
+                                  excerpt(args.config_path, 256), excerpt(config.data.path, 256),
+                                  relative_to(config.data.path), config.data.dataset, hint));
   }
   if (!under_launcher() && (args.nproc_per_node > 1 || args.max_restarts > 0)) return relaunch(args, out.string());
   if (under_launcher() && (args.nproc_per_node > 1 || args.max_restarts > 0)) {
@@ -456,7 +460,7 @@ int run_train(const TrainArgs& args) {
     fmt::print(stderr,
                "fastlearn train: RANK is set ({}), so this process is one rank of a job someone else launched: "
                "--nproc-per-node and --max-restarts are ignored (unset RANK to have train start its own ranks)\n",
-               std::getenv("RANK"));
+               excerpt(std::getenv("RANK")));
   }
 
   DistribCtx job(setup_options(config.distributed));  // the launched job's group, torn down at exit
@@ -468,7 +472,7 @@ int run_train(const TrainArgs& args) {
       fmt::print(stderr,
                  "fastlearn train: a run into {} was killed while taking it over; the older run's files are "
                  "back as they were\n",
-                 out.string());
+                 excerpt(out.string(), 256));
   }
   std::unique_ptr<Learner> learn;
   ValidationResult result;
@@ -502,17 +506,17 @@ int run_train(const TrainArgs& args) {
         fmt::print(stderr,
                    "fastlearn train: the run failed before it had an epoch or a checkpoint of its own; the older "
                    "run's files in {} are back as they were\n",
-                   out.string());
+                   excerpt(out.string(), 256));
     } catch (const std::exception& e) {  // the run's own error matters more: report this one beside it
-      fmt::print(stderr, "fastlearn train: could not put the older run's files in {} back: {}\n", out.string(),
-                 e.what());
+      fmt::print(stderr, "fastlearn train: could not put the older run's files in {} back: {}\n",
+                 excerpt(out.string(), 256), e.what());
     }
     throw;
   }
   if (!is_main()) return 0;
   if (config.output.plots) learn->recorder().plot_loss(out / "loss.svg");
   fmt::print("final {} set: {}; outputs in {}\n", config.data.dataset == "fashion_mnist" ? "test" : "validation",
-             describe(result), out.string());
+             describe(result), excerpt(out.string(), 256));
   return 0;
 }
 
@@ -526,7 +530,7 @@ int run_lr_find(const TrainArgs& args) {
   fmt::print(
       "suggested learning rates (fastai's rules): minimum {:.2e}, steep {:.2e}, slide {:.2e}, valley {:.2e}; "
       "plot in {}\n",
-      found.minimum, found.steep, found.slide, found.valley, plot.string());
+      found.minimum, found.steep, found.slide, found.valley, excerpt(plot.string(), 256));
   return 0;
 }
 
@@ -544,7 +548,7 @@ int run_interpret(const TrainArgs& args, const std::string& checkpoint, int top)
     throw ConfigError(
         fmt::format("interpret: {} is not single-label classification (data.dataset = \"{}\"); "
                     "interpret reads a classifier's confusions",
-                    args.config_path, config.data.dataset));
+                    excerpt(args.config_path, 256), config.data.dataset));
   }
   const fs::path out = args.out.empty() ? fs::path(config.output.dir) : fs::path(args.out);
   auto learn = learner_from_checkpoint(config, out, checkpoint, "interpret");
@@ -581,11 +585,12 @@ int run_interpret(const TrainArgs& args, const std::string& checkpoint, int top)
       fmt::print("  {}: {}, {} ({:.3f}), {:.3f}\n", item.index, item.actual, item.predicted, item.probability,
                  item.loss);
     }
-    fmt::print("wrote {}\n", (out / "confusion_matrix.csv").string());
+    fmt::print("wrote {}\n", excerpt((out / "confusion_matrix.csv").string(), 256));
     return 0;
   }
   save_top_losses_grid(interp, learn->dls().valid().dataset(), top, out / "top_losses.svg");
-  fmt::print("wrote {} and {}\n", (out / "confusion_matrix.csv").string(), (out / "top_losses.svg").string());
+  fmt::print("wrote {} and {}\n", excerpt((out / "confusion_matrix.csv").string(), 256),
+             excerpt((out / "top_losses.svg").string(), 256));
   return 0;
 }
 
@@ -611,7 +616,7 @@ std::map<std::string, std::size_t> input_columns(Learner& learn, const CsvTable&
     throw DataError(
         fmt::format("{}: no column {} that the model reads (the header has {}); give it, with empty "
                     "cells where a value is missing",
-                    file, fmt::join(absent, ", "), fmt::join(table.columns, ", ")));
+                    excerpt(file, 256), fmt::join(excerpts(absent), ", "), fmt::join(excerpts(table.columns), ", ")));
   return inputs;
 }
 
@@ -623,7 +628,7 @@ int run_predict(const TrainArgs& args, const std::string& checkpoint, const std:
     throw ConfigError(
         fmt::format("predict: {} has data.dataset = \"{}\"; predict takes image files (data.dataset = "
                     "\"image_folder\" or \"image_csv\") or CSV rows (data.dataset = \"csv\")",
-                    args.config_path, config.data.dataset));
+                    excerpt(args.config_path, 256), config.data.dataset));
   }
   auto learn = learner_from_checkpoint(config, config.output.dir, checkpoint, "predict");
   int failed = 0;
@@ -648,7 +653,8 @@ int run_predict(const TrainArgs& args, const std::string& checkpoint, const std:
       } else if (std::filesystem::is_directory(input)) {
         // Every image file under the folder, as from_folder finds them, one line each.
         const auto files = get_image_files(input);
-        if (files.empty()) throw DataError(fmt::format("{}: a folder with no .jpg, .jpeg or .png file in it", input));
+        if (files.empty())
+          throw DataError(fmt::format("{}: a folder with no .jpg, .jpeg or .png file in it", excerpt(input, 256)));
         for (const auto& file : files) {
           try {
             fmt::print("{}\t{}\n", file.string(), describe(predict_image(*learn, file)));

@@ -3,6 +3,7 @@
 #include <fastlearn/callbacks/checkpointing.h>
 #include <fastlearn/core/atomic_file.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fastlearn/learner/learner.h>
 
 #include <fmt/format.h>
@@ -56,13 +57,13 @@ std::array<Place, 3> places(const fs::path& out) {
 }
 
 [[noreturn]] void fail(const fs::path& what, const std::string& doing, const std::error_code& error) {
-  throw Error(fmt::format("{}: {}: {}", what.string(), doing, error.message()));
+  throw Error(fmt::format("{}: {}: {}", excerpt(what.string(), 256), doing, error.message()));
 }
 
 void move(const fs::path& from, const fs::path& to) {
   std::error_code error;
   fs::rename(from, to, error);
-  if (error) fail(from, fmt::format("moving it to '{}'", to.string()), error);
+  if (error) fail(from, fmt::format("moving it to '{}'", excerpt(to.string(), 256)), error);
 }
 
 void remove_tree(const fs::path& path) {

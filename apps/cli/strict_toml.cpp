@@ -1,6 +1,7 @@
 #include "cli/strict_toml.h"
 
 #include <fastlearn/core/suggest.h>
+#include <fastlearn/core/text.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -21,7 +22,7 @@ std::string type_name(const toml::node& node) {
     case toml::node_type::array:
       return "an array";
     case toml::node_type::string:
-      return fmt::format("the string \"{}\"", *node.value<std::string>());
+      return fmt::format("the string \"{}\"", excerpt(*node.value<std::string>()));
     case toml::node_type::integer:
       return fmt::format("the integer {}", *node.value<std::int64_t>());
     case toml::node_type::floating_point:
@@ -106,13 +107,14 @@ struct Document::Impl {
   // "config.toml:3:9", or "--set train.epochs=x" for a value given on the command line.
   std::string location(const std::string& key, const toml::source_region& where) const {
     for (std::string prefix = key;;) {
-      if (auto it = overridden.find(prefix); it != overridden.end()) return fmt::format("--set {}", it->second);
+      if (auto it = overridden.find(prefix); it != overridden.end())
+        return fmt::format("--set {}", excerpt(it->second));
       const auto dot = prefix.rfind('.');
       if (dot == std::string::npos) break;
       prefix.resize(dot);
     }
-    if (where.begin.line == 0) return source;
-    return fmt::format("{}:{}:{}", source, where.begin.line, where.begin.column);
+    if (where.begin.line == 0) return excerpt(source, 256);
+    return fmt::format("{}:{}:{}", excerpt(source, 256), where.begin.line, where.begin.column);
   }
 
   [[noreturn]] void fail(const std::string& key, const toml::source_region& where, const std::string& what) const {
@@ -171,8 +173,8 @@ Document::Document(std::string_view text, std::string_view source, std::span<con
   } catch (const toml::parse_error& e) {
     const auto& where = e.source().begin;
     throw ConfigFileError(
-        fmt::format("{}:{}:{}: TOML syntax error: {}", source, where.line, where.column, e.description()), "",
-        static_cast<int>(where.line), static_cast<int>(where.column));
+        fmt::format("{}:{}:{}: TOML syntax error: {}", excerpt(source, 256), where.line, where.column, e.description()),
+        "", static_cast<int>(where.line), static_cast<int>(where.column));
   }
 }
 
@@ -181,7 +183,8 @@ Document::~Document() = default;
 void Document::set(const std::string& assignment) {
   const auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)
-    throw ConfigFileError(fmt::format("--set {}: expected key=value, e.g. --set train.epochs=5", assignment), "", 0, 0);
+    throw ConfigFileError(fmt::format("--set {}: expected key=value, e.g. --set train.epochs=5", excerpt(assignment)),
+                          "", 0, 0);
   const std::string key = assignment.substr(0, eq);
   const std::string text = assignment.substr(eq + 1);
   std::vector<std::string> parts;
@@ -189,8 +192,9 @@ void Document::set(const std::string& assignment) {
     const auto dot = key.find('.', start);
     parts.push_back(key.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
     if (parts.back().empty())
-      throw ConfigFileError(fmt::format("--set {}: '{}' is not a dotted key such as train.epochs", assignment, key),
-                            key, 0, 0);
+      throw ConfigFileError(
+          fmt::format("--set {}: '{}' is not a dotted key such as train.epochs", excerpt(assignment), excerpt(key)),
+          key, 0, 0);
     if (dot == std::string::npos) break;
     start = dot + 1;
   }
@@ -207,8 +211,9 @@ void Document::set(const std::string& assignment) {
     toml::node* node = table->get(parts[i]);
     if (!node) node = table->insert(parts[i], toml::table{}).first->second.as_table();
     if (!node->is_table())
-      throw ConfigFileError(fmt::format("--set {}: {} is {}, not a table", assignment, walked, type_name(*node)),
-                            walked, 0, 0);
+      throw ConfigFileError(
+          fmt::format("--set {}: {} is {}, not a table", excerpt(assignment), excerpt(walked), type_name(*node)),
+          walked, 0, 0);
     table = node->as_table();
   }
   table->insert_or_assign(parts.back(), std::move(*parsed.get("value")));
@@ -302,9 +307,9 @@ void Document::reject_unknown() const {
     if (score < best_score) best_score = score, best = known;
   }
   std::sort(siblings.begin(), siblings.end());
-  const std::string where = table.empty() ? "at the top level" : fmt::format("in [{}]", table);
+  const std::string where = table.empty() ? "at the top level" : fmt::format("in [{}]", excerpt(table));
   impl_->fail(first.key, first.where,
-              fmt::format("unknown key {}; did you mean {}? (valid keys {}: {})", first.key, best, where,
+              fmt::format("unknown key {}; did you mean {}? (valid keys {}: {})", excerpt(first.key), best, where,
                           fmt::join(siblings, ", ")));
 }
 
