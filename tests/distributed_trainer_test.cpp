@@ -9,6 +9,7 @@
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/distributed/runtime.h>
+#include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/models/models.h>
@@ -330,4 +331,80 @@ TEST(DistributedTrainer, OnlyRankZeroWritesCheckpointsAndEveryRankLoadsThem) {
                     },
                     {.env = flt::torchrun_env(2)});
   if (!flt::in_rank_process()) fs::remove_all(dir);
+}
+
+// With sync_bn = false each rank's BatchNorm layers update their running statistics from the rank's own half of the
+// batch; before every training forward rank 0's buffers are broadcast (as DDP's broadcast_buffers), so every rank
+// starts each batch with rank 0's. Turned off, the ranks' statistics drift apart: the check can fail.
+TEST(DistributedTrainer, WithoutSyncBnRankZerosBuffersAreBroadcastBeforeEveryBatch) {
+  flt::run_on_ranks(
+      2,
+      [](const RankContext&) {
+        fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+        // After the trainer's broadcast: whether every rank's buffers equal rank 0's, at each training batch.
+        struct BuffersAlike : fl::Callback {
+          BuffersAlike() { order = fl::cb_order::distributed_trainer + 1; }
+          void before_batch() override {
+            if (!learn().training) return;
+            std::vector<at::Tensor> parts;
+            for (const auto& b : learn().model().buffers())
+              if (b.is_floating_point()) parts.push_back(b.detach().reshape(-1));
+            const auto mine = torch::cat(parts);
+            std::vector<at::Tensor> all{torch::empty_like(mine), torch::empty_like(mine)};
+            fl::all_gather(all, mine);
+            alike.push_back(torch::equal(all[0], all[1]));
+          }
+          std::vector<bool> alike;
+        };
+        for (const bool broadcast : {true, false}) {
+          auto model = make_model("resnet_syncbn");
+          fl::Learner learn(loaders(8, false), model, fl::cross_entropy(),
+                            {.opt_func = fl::SGD({.mom = 0.9}), .progress = false});
+          auto probe = std::make_shared<BuffersAlike>();
+          {
+            fl::DistribCtx ctx(learn, {.sync_bn = false, .broadcast_buffers = broadcast});
+            learn.fit(1, 0.05, {.cbs = {probe}});
+          }
+          ASSERT_EQ(probe->alike.size(), 4u) << "32 items a rank, 8 a batch";
+          if (broadcast) {
+            for (std::size_t k = 0; k < probe->alike.size(); ++k)
+              EXPECT_TRUE(probe->alike[k]) << "batch " << k << ": a rank started it with buffers of its own";
+          } else {
+            EXPECT_FALSE(probe->alike.back()) << "without the broadcast the running statistics drift apart";
+          }
+        }
+        fl::teardown_distrib();
+      },
+      {.env = flt::torchrun_env(2)});
+}
+
+// A DistribCtx given a Learner attaches the trainer for its scope only: at the end the learner is a single process's
+// again (no trainer, its own loaders, rank 0 of 1), also when the scope ends by an exception.
+TEST(DistributedTrainer, DistribCtxDetachesTheTrainerAtTheEndOfItsScope) {
+  flt::run_on_ranks(
+      2,
+      [](const RankContext&) {
+        auto learn = std::make_unique<fl::Learner>(loaders(8, false), make_model("mlp"), fl::cross_entropy(),
+                                                   fl::LearnerOptions{.opt_func = fl::SGD(), .progress = false});
+        const auto items = learn->dls().train().n();
+        {
+          fl::DistribCtx ctx(*learn);
+          ASSERT_NE(learn->cb<fl::DistributedTrainer>(), nullptr);
+          learn->fit(1, 0.05);
+          EXPECT_EQ(learn->coordination().rank, fl::rank());
+        }
+        EXPECT_EQ(learn->cb<fl::DistributedTrainer>(), nullptr);
+        EXPECT_EQ(learn->coordination().rank, 0) << "a single process's coordination again";
+        EXPECT_FALSE(learn->coordination().barrier);
+        EXPECT_EQ(learn->dls().train().n(), items) << "the loader holds every item again, not this rank's half";
+        EXPECT_FALSE(fl::is_initialized()) << "the scope tore down the group it set up";
+        learn->fit(1, 0.05);  // alone, without a process group
+        try {
+          fl::DistribCtx ctx(*learn);
+          throw std::runtime_error("the training failed");
+        } catch (const std::runtime_error&) {}
+        EXPECT_EQ(learn->cb<fl::DistributedTrainer>(), nullptr);
+        EXPECT_FALSE(fl::is_initialized());
+      },
+      {.timeout = std::chrono::seconds(120), .env = flt::torchrun_env(2)});
 }
