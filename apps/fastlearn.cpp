@@ -1,10 +1,10 @@
 // The fastlearn command line. This program loads no LibTorch, whose start-up costs a second or two per process:
-// `fastlearn launch` runs here, starting the ranks at once and the rendezvous store (fastlearn-store) beside them;
-// every other subcommand, --help and --version run in fastlearn-torch, which this program becomes (exec).
-// Both helpers sit next to this program (the build tree) or in <prefix>/libexec/fastlearn (an install).
+// `fastlearn launch` runs here, starting the ranks at once (rank 0 serves the rendezvous store on the socket the
+// launcher holds: distributed/launch_store.h); every other subcommand, --help and --version run in fastlearn-torch,
+// which this program becomes (exec). It sits next to this program (the build tree) or in <prefix>/libexec/fastlearn
+// (an install).
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/launch_store.h>
-#include <fastlearn/distributed/store_process.h>
 
 #include "cli/launch_command.h"
 
@@ -41,12 +41,8 @@ int launch_main(int argc, char** argv) {
   const int parsed_argc = fastlearn::cli::split_at_dashes(argc, argv, args);
   try {
     app.parse(parsed_argc, argv);
-    const auto store_program = helper("fastlearn-store");
-    return fastlearn::cli::run_launch(*launch, args, [&](const fastlearn::LaunchOptions& options) {
-      return fastlearn::detail::launch_serving(
-          options, [&](const std::string& addr, fastlearn::detail::ListeningSocket socket) {
-            return fastlearn::detail::serve_store_in_child(store_program, addr, socket);
-          });
+    return fastlearn::cli::run_launch(*launch, args, [](const fastlearn::LaunchOptions& options) {
+      return fastlearn::detail::launch_serving(options, nullptr);  // rank 0 serves the store
     });
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

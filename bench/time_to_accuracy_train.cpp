@@ -3,6 +3,7 @@
 // reaches --target. Rank 0 prints one line: {"reached": .., "epochs": .., "accuracy": .., "train_seconds": ..,
 // "history": [..], "epoch_seconds": [..]}.
 //   tta_train --model NAME --epochs E --lr LR --bs B --target 0.92 [--data DIR] [--seed S] [--channels-last]
+//             [--first-batch]
 // NAME: simple_cnn, conv_net_<width>_<width>... (models::conv_net with those widths), or
 // resnet_<width>_<width>..._s<stem> (models::resnet with those stage widths and stem).
 #include <fastlearn/fastlearn.h>
@@ -42,6 +43,21 @@ torch::nn::Sequential model_named(const std::string& name) {
   throw fl::ConfigError("tta_train: unknown --model '" + name +
                         "' (simple_cnn, conv_net_<widths> or resnet_<widths>_s<stem>)");
 }
+
+// --first-batch: at the first training batch, prints {"first_batch_ns": <steady clock>} (rank 0) and ends the fit,
+// for the launch_to_first_batch benchmark (the clock is the system's monotonic one, the bench's own).
+class StopAtFirstBatch : public fl::Callback {
+ public:
+  StopAtFirstBatch() { order = -1000; }  // before anything of the batch runs
+  void before_batch() override {
+    if (!learn().training) return;
+    const auto ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch());
+    if (fl::is_main()) fmt::print("{{\"first_batch_ns\": {}}}\n", ns.count());
+    std::fflush(stdout);
+    throw fl::CancelFitException();
+  }
+};
 
 // Ends the fit after the first epoch whose validation accuracy reaches the target.
 class StopAtAccuracy : public fl::Callback {
@@ -90,6 +106,8 @@ int main(int argc, char** argv) {
   app.add_option("--target", target, "test accuracy to reach")->capture_default_str();
   app.add_option("--seed", seed)->capture_default_str();
   app.add_flag("--channels-last", channels_last, "train with the ChannelsLast callback");
+  bool first_batch = false;
+  app.add_flag("--first-batch", first_batch, "stop at the first training batch and print when it came");
   bool local_batch_norm = false;
   app.add_flag("--no-sync-bn", local_batch_norm, "keep BatchNorm statistics per rank (DistribCtx's sync_bn = false)");
   CLI11_PARSE(app, argc, argv);
@@ -104,8 +122,10 @@ int main(int argc, char** argv) {
       fl::DistribCtx ctx(learn, {.sync_bn = !local_batch_norm});
       std::vector<fl::CallbackPtr> cbs{stop};
       if (channels_last) cbs.push_back(std::make_shared<fl::ChannelsLast>());
+      if (first_batch) cbs.push_back(std::make_shared<StopAtFirstBatch>());
       learn.fit_one_cycle(epochs, lr, {.fit = {.cbs = cbs}});
     }
+    if (first_batch) return 0;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (fl::is_main()) {
       fmt::print(

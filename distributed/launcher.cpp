@@ -128,7 +128,9 @@ LaunchResult launch_serving(const LaunchOptions& given, const ServeStore& serve)
   } close_unserved{store_socket};
   std::unique_ptr<StoreServer> store;
   const int port = store_socket ? store_socket->port : options.master_port;
-  const bool launcher_store = store_socket.has_value();
+  // With `serve`, the launcher's store (the ranks its clients); without, rank 0 serves on the launcher's socket.
+  const bool launcher_store = store_socket.has_value() && serve;
+  const int rank0_store_fd = store_socket && !serve ? store_socket->fd : -1;
 
   if (g_launch_running.exchange(true))
     throw DistributedError("launch: another launch() is running in this process; run them one after the other");
@@ -142,8 +144,8 @@ LaunchResult launch_serving(const LaunchOptions& given, const ServeStore& serve)
   for (int restart = 0;; ++restart) {
     Attempt a;
     {
-      WorkerGroup group(options, signals, program, restart, port, launcher_store);
-      if (store_socket) {  // the first start: the ranks load their libraries meanwhile
+      WorkerGroup group(options, signals, program, restart, port, launcher_store, rank0_store_fd);
+      if (store_socket && serve) {  // the first start: the ranks load their libraries meanwhile
         auto socket = *store_socket;
         store_socket.reset();
         store = serve(options.master_addr, socket);

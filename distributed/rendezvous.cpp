@@ -1,10 +1,15 @@
 #include <fastlearn/distributed/rendezvous.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/text.h>
 #include <fastlearn/distributed/process_group.h>
 #include <fastlearn/distributed/tcp_listen.h>
 
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -12,9 +17,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <charconv>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 namespace fastlearn {
@@ -60,6 +68,36 @@ int listen_on(const std::string& host, int port) {
                     "(or --master-port) and a MASTER_ADDR of this host",
                     host, port, e.what()));
   }
+}
+
+// Rank 0 of `fastlearn launch` inherits the launcher's listening socket (FASTLEARN_STORE_FD; see launch_store.h):
+// the port is the launcher's, so rank 0 serves on that socket instead of binding the port. Each setup serves on a
+// duplicate, which the store closes, so a program may set up again.
+std::optional<int> inherited_store_socket(int port) {
+  const char* text = std::getenv("FASTLEARN_STORE_FD");
+  if (!text || !*text) return std::nullopt;
+  int fd = -1;
+  const std::string_view digits(text);
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), fd);
+  sockaddr_storage address{};
+  socklen_t length = sizeof address;
+  int listening = 0;
+  socklen_t size = sizeof listening;
+  const bool ok = ec == std::errc() && end == digits.data() + digits.size() && fd >= 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0 &&
+                  getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &size) == 0 && listening != 0 &&
+                  (address.ss_family == AF_INET || address.ss_family == AF_INET6) &&
+                  ntohs(address.ss_family == AF_INET ? reinterpret_cast<sockaddr_in&>(address).sin_port
+                                                     : reinterpret_cast<sockaddr_in6&>(address).sin6_port) == port;
+  if (!ok)
+    throw DistributedError(fmt::format(
+        "FASTLEARN_STORE_FD={} is not a socket listening on MASTER_PORT {}: `fastlearn launch` sets it for its rank "
+        "0 alone; unset it",
+        excerpt(text), port));
+  const int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (copy < 0)
+    throw DistributedError(fmt::format("rank 0 cannot use the launcher's store socket: {}", std::strerror(errno)));
+  return copy;
 }
 
 // How many setups this process made before this one (every rank makes the same number).
@@ -133,7 +171,10 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const DistEnv& env, const InitMethod&
   options.numWorkers = static_cast<std::size_t>(env.world_size);
   options.waitWorkers = false;  // the backend's own rendezvous waits for every rank
   options.timeout = timeout;
-  if (options.isServer) options.masterListenFd = listen_on(host, port);
+  if (options.isServer) {
+    const auto inherited = method.kind == InitMethod::Kind::env ? inherited_store_socket(port) : std::nullopt;
+    options.masterListenFd = inherited ? *inherited : listen_on(host, port);
+  }
   const int generation = next_setup();
   const auto key = run_key(generation);
   const auto deadline = std::chrono::steady_clock::now() + timeout;

@@ -1,6 +1,7 @@
 #include <fastlearn/distributed/worker_group.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/distributed/launch_store.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
@@ -33,7 +34,7 @@ bool failed(const RankExit& e) { return e.signal != 0 || e.exit_code != 0; }
 }  // namespace
 
 WorkerGroup::WorkerGroup(const LaunchOptions& o, SignalCatcher& signals, const fs::path& program, int restart, int port,
-                         bool launcher_store)
+                         bool launcher_store, int rank0_store_fd)
     : o_(o), signals_(signals) {
   const bool live = isatty(fileno(o.out)) == 1;
   std::optional<fs::path> log_dir;
@@ -69,6 +70,10 @@ WorkerGroup::WorkerGroup(const LaunchOptions& o, SignalCatcher& signals, const f
       plan.path = program.string();
       plan.args = o.command;
       plan.env = rank_environment(o, local, restart, port, launcher_store, live);
+      if (rank0_store_fd >= 0 && r.exit.rank == 0) {
+        plan.inherit_fd = rank0_store_fd;
+        plan.env.push_back(fmt::format("FASTLEARN_STORE_FD={}", kRankZeroStoreFd));
+      }
       plan.seal();
       start_rank(r, plan, pgid_, devnull_);
       if (pgid_ == 0) pgid_ = r.exit.pid;

@@ -24,9 +24,10 @@ struct Attempt {
 class WorkerGroup {
  public:
   /// Starts nproc_per_node ranks of `program` (attempt number `restart`, the master on `port`; `launcher_store`:
-  /// the launcher serves the store there and every rank is its client).
+  /// the launcher serves the store there and every rank is its client; `rank0_store_fd` >= 0: rank 0 inherits that
+  /// listening socket as kRankZeroStoreFd and serves the store on it).
   WorkerGroup(const LaunchOptions& o, SignalCatcher& signals, const std::filesystem::path& program, int restart,
-              int port, bool launcher_store);
+              int port, bool launcher_store, int rank0_store_fd = -1);
   ~WorkerGroup();
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;

@@ -1,6 +1,7 @@
 #include <fastlearn/distributed/worker_process.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/distributed/launch_store.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sched.h>
@@ -62,7 +63,7 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
     const auto key = entry.substr(0, entry.find('='));
     // Ours replace inherited ones; stale ones of an outer launch must not leak to the ranks.
     if (!vars.count(std::string(key)) && key != "FASTLEARN_PROGRESS_LIVE" && key != "FASTLEARN_RUN_ID" &&
-        key != "TORCHELASTIC_USE_AGENT_STORE")
+        key != "TORCHELASTIC_USE_AGENT_STORE" && key != "FASTLEARN_STORE_FD")
       env.emplace_back(entry);
   }
   for (const auto& [key, value] : vars) env.push_back(key + "=" + value);
@@ -130,6 +131,10 @@ void start_rank(RankProcess& r, const ExecPlan& plan, pid_t group, int stdin_fd)
     sigprocmask(SIG_SETMASK, &none, nullptr);
     // No descriptor of the launcher's process leaks into a rank (close_range's flag needs Linux 5.11).
     if (close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0) mark_cloexec_from(3, plan.fd_limit);
+    if (plan.inherit_fd == kRankZeroStoreFd)
+      fcntl(kRankZeroStoreFd, F_SETFD, 0);  // dup2 onto itself would keep its close-on-exec flag
+    else if (plan.inherit_fd >= 0)
+      dup2(plan.inherit_fd, kRankZeroStoreFd);
     execve(plan.path.c_str(), plan.argv.data(), plan.envp.data());
     exit_after_failed_exec("the rank's program", plan.path.c_str());
   }

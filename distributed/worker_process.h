@@ -34,7 +34,8 @@ struct ExecPlan {
   std::vector<std::string> env;
   std::vector<char*> argv;
   std::vector<char*> envp;
-  int fd_limit = 0;  ///< descriptors run below this (RLIMIT_NOFILE), for mark_cloexec_from
+  int fd_limit = 0;     ///< descriptors run below this (RLIMIT_NOFILE), for mark_cloexec_from
+  int inherit_fd = -1;  ///< a descriptor the program gets as kRankZeroStoreFd (the launcher's listening socket)
   /// Fills argv and envp from args and env; call once, after they are final.
   void seal();
 };

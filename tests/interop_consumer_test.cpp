@@ -59,8 +59,7 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
        {"include/fastlearn/fastlearn.h", "include/fastlearn/learner/learner.h",
         "include/fastlearn/callbacks/tensorboard.h", "include/fastlearn/distributed/runtime.h", "lib/libfastlearn.a",
         "lib/cmake/fastlearn/fastlearnConfig.cmake", "lib/cmake/fastlearn/fastlearnConfigVersion.cmake",
-        "lib/cmake/fastlearn/fastlearnTargets.cmake", "bin/fastlearn", "libexec/fastlearn/fastlearn-torch",
-        "libexec/fastlearn/fastlearn-store"}) {
+        "lib/cmake/fastlearn/fastlearnTargets.cmake", "bin/fastlearn", "libexec/fastlearn/fastlearn-torch"}) {
     EXPECT_TRUE(fs::exists(prefix / file)) << file;
   }
   EXPECT_FALSE(fs::exists(prefix / "include/fastlearn/learner/learner.cpp")) << "sources are not headers";

@@ -678,7 +678,7 @@ TEST(LaunchCli, ProgramArgumentsThatLookLikeOptionsReachTheProgram) {
 }
 
 // `fastlearn` runs the launch without LibTorch (its start-up would delay every rank by a second or two); the ranks
-// meet on the store it starts beside them (the example apps' tests train through it).
+// meet on the store rank 0 serves (the example apps' tests train through it).
 TEST(LaunchCli, TheLauncherLoadsNoLibTorch) {
   Cli cli({"launch", "--nproc-per-node", "2", "--no-prefix", "--", "/bin/sh", "-c",
            "echo libtorch in the launcher: $(grep -c libtorch /proc/$PPID/maps)"});
@@ -686,49 +686,31 @@ TEST(LaunchCli, TheLauncherLoadsNoLibTorch) {
   EXPECT_EQ(read_text(cli.out()), "libtorch in the launcher: 0\nlibtorch in the launcher: 0\n");
 }
 
-// A copy of `fastlearn` alone in a folder, with `store` as its fastlearn-store when given.
-fs::path lone_cli(const TempDir& dir, const std::string& store = "") {
-  const auto cli = dir.path / "fastlearn";
-  fs::copy_file(FASTLEARN_CLI, cli);
-  if (!store.empty()) {
-    std::ofstream(dir.path / "fastlearn-store") << store;
-    fs::permissions(dir.path / "fastlearn-store", fs::perms::owner_all);
-  }
-  return cli;
-}
-
-TEST(LaunchCli, MissingHelperProgramsAreNamed) {
+TEST(LaunchCli, AMissingHelperProgramIsNamed) {
   TempDir dir;
-  const auto cli = lone_cli(dir);
-  Cli launch({"launch", "--", FASTLEARN_LAUNCH_PROBE}, cli);
-  EXPECT_EQ(launch.wait_exit_code(), 1);
-  EXPECT_NE(read_text(launch.err()).find("cannot find fastlearn-store beside " + cli.string()), std::string::npos)
-      << read_text(launch.err());
+  const auto cli = dir.path / "fastlearn";  // a copy of `fastlearn` alone in a folder
+  fs::copy_file(FASTLEARN_CLI, cli);
   Cli version({"--version"}, cli);
   EXPECT_EQ(version.wait_exit_code(), 127);
   EXPECT_NE(read_text(version.err()).find("cannot find fastlearn-torch beside"), std::string::npos)
       << read_text(version.err());
 }
 
-TEST(LaunchCli, AStoreThatFailsToStartStopsTheRanks) {
-  TempDir dir, ranks;
-  // It fails once both ranks run (and have written their records, whose pids must be gone after).
-  const auto cli = lone_cli(dir, fmt::format("#!/bin/sh\nwhile [ $(ls {} | wc -l) -lt 2 ]; do sleep 0.05; done\n"
-                                             "echo the store broke >&2\nexit 3\n",
-                                             ranks.path.string()));
-  const auto start = Clock::now();
-  Cli launch({"launch", "--nproc-per-node", "2", "--grace-period", "1", "--", FASTLEARN_LAUNCH_PROBE,
-              "record=" + ranks.path.string(), "sleep"},
-             cli);
-  EXPECT_EQ(launch.wait_exit_code(), 1);
-  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
-  const auto err = read_text(launch.err());
-  EXPECT_NE(err.find("the store broke"), std::string::npos) << err;
-  EXPECT_NE(
-      err.find("the rendezvous store (" + (dir.path / "fastlearn-store").string() + ") failed to start (exit code 3)"),
-      std::string::npos)
-      << err;
-  expect_all_gone(ranks.path, 2);
+// Rank 0 serves the rendezvous store on the socket the launcher holds (no store process beside the ranks): it gets
+// the listening socket as descriptor 3 and FASTLEARN_STORE_FD=3, the other ranks neither, and no rank is told to use
+// an agent's store. Its restart serves on the same socket.
+TEST(LaunchCli, RankZeroServesTheStoreOnTheLaunchersSocket) {
+  TempDir ranks;
+  Cli cli({"launch", "--nproc-per-node", "2", "--max-restarts", "1", "--", FASTLEARN_LAUNCH_PROBE,
+           "record=" + ranks.path.string(), "r1:first-attempt-exit=4"});
+  EXPECT_EQ(cli.wait_exit_code(), 0) << read_text(cli.err());
+  for (int restart : {0, 1}) {
+    auto zero = read_record(ranks.path, 0, restart), one = read_record(ranks.path, 1, restart);
+    EXPECT_EQ(zero["FASTLEARN_STORE_FD"], "3") << "restart " << restart;
+    EXPECT_FALSE(one.count("FASTLEARN_STORE_FD")) << "restart " << restart;
+    EXPECT_FALSE(zero.count("TORCHELASTIC_USE_AGENT_STORE")) << "restart " << restart;
+    EXPECT_EQ(zero["MASTER_PORT"], read_record(ranks.path, 0, 0)["MASTER_PORT"]) << "one port for the launch";
+  }
 }
 
 TEST(LaunchCli, HelpDescribesEveryOption) {
