@@ -357,7 +357,8 @@ TEST_F(ImageFiles, AClassFolderWhoseNameIsNotUtf8IsRefusedNamingIt) {
   // Every other source of class names (here a list of labels) is held to the same.
   const auto files = fl::get_image_files(root / "Bag");
   const auto from_lists = fl::testing::message_of([&] {
-    fl::ImageDataLoaders::from_lists(files, {"ok", "ok", std::string("bad\xFF"), "ok"}, {.bs = 2, .size = 16, .valid_pct = 0.5});
+    fl::ImageDataLoaders::from_lists(files, {"ok", "ok", std::string("bad\xFF"), "ok"},
+                                     {.bs = 2, .size = 16, .valid_pct = 0.5});
   });
   EXPECT_NE(from_lists.find("'bad\\xFF' is not valid UTF-8 (byte 0xFF at offset 3)"), std::string::npos) << from_lists;
 }
