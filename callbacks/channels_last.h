@@ -1,7 +1,7 @@
 #pragma once
 // ChannelsLast: trains in the channels-last (NHWC) memory format (models/memory_format.h): the model
 // before fitting, the 4-D inputs of every batch. oneDNN's CPU convolutions run it faster
-// (bench/README.md: 5-25% per step on this project's conv nets). Parameters keep their identity, so an
+// (bench/README.md has the measurements). Parameters keep their identity, so an
 // optimizer built before still updates them, and the reducer and optimizer follow the layout without copies.
 #include <fastlearn/learner/callback.h>
 #include <fastlearn/learner/callback_order.h>

@@ -1,8 +1,8 @@
 #pragma once
 // Reused memory for the large tensors a DataLoader makes per batch (collated images, their float copies).
 // A fresh allocation of tens of megabytes costs more than the arithmetic that fills it: the kernel maps
-// and zeroes every page again (a 64 x 3 x 224 x 224 float batch: ~20 ms of page faults against ~4 ms of
-// work). A pool hands out tensors whose memory it keeps; a buffer is reused once nobody but the pool holds
+// and zeroes every page again, which for an image batch takes longer than the work (bench/README.md). A pool
+// hands out tensors whose memory it keeps; a buffer is reused once nobody but the pool holds
 // it, so batches a user keeps stay valid. The DataLoader installs its pool on the threads that make
 // batches; code there asks for memory through pooled_empty, which falls back to at::empty elsewhere.
 #include <ATen/core/Tensor.h>

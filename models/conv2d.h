@@ -3,8 +3,8 @@
 // kernels where oneDNN's are slower: on small output maps with channel counts of 16s, its channels-last direct
 // kernels for the forward and both gradients (models/direct_conv2d.h); for the first layer of a channels-last
 // model on grey images, its one-input-channel kernels (models/one_channel_conv.h); for other deep layers on small
-// maps, the weight gradient as one matrix product over the input's patches (bench/README.md "Convolution weight
-// gradients" and "fastlearn's own convolution kernels" have the measurements that set the rules).
+// maps, the weight gradient as one matrix product over the input's patches. ARCHITECTURE.md "Kernel choices" says
+// why each rule is where it is; bench/README.md has the measurements.
 #include <torch/nn/modules/conv.h>
 
 #include <cstdint>
@@ -12,10 +12,7 @@
 namespace fastlearn::models {
 
 /// When Conv2dImpl::forward takes the patch-product path (otherwise it is torch::nn::Conv2dImpl::forward): deep
-/// layers on small maps, where the product was faster on 1 and on 2 threads in bench conv_weight_grad's 18 shapes
-/// (2026-11-25, MKL choosing by instruction sets): at most a 4x4 output map per image and at least 128 channels.
-/// On larger maps or with fewer channels oneDNN's own kernel won (a 4x4 map with 64 input channels, 7x7 and
-/// larger maps with 256 and 512); a pointwise (1x1) convolution's gradient is already a plain product for oneDNN.
+/// layers on small maps, at most a 4x4 output map per image and at least 128 channels, a kernel larger than 1x1.
 struct PatchGradRule {
   std::int64_t min_in_channels = 128;
   std::int64_t min_out_channels = 128;
@@ -29,10 +26,7 @@ struct PatchGradRule {
 bool patch_weight_grad_enabled();
 
 /// When Conv2dImpl::forward runs fastlearn's direct kernels (models/direct_conv2d.h): output maps of at most 7x7
-/// pixels per image. There they beat oneDNN in every part on 1 and 2 threads in bench direct_conv (2026-11-26,
-/// one thread: forward 1.02-2.16x, input gradient 1.30-2.52x, weight gradient 1.11-2.43x on simple_cnn's,
-/// conv_net's and resnet18's small maps); on larger maps (resnet18's 8x8 to 32x32 stages at 128 px, ImageNet's
-/// 14x14 and 56x56) oneDNN's kernels ran as fast or faster (0.84-1.05x in the parts ours lost or tied).
+/// pixels per image.
 struct DirectConvRule {
   std::int64_t max_output_pixels = 49;  ///< output height x width, per image
 };
@@ -52,8 +46,7 @@ bool one_channel_kernels_enabled();
 
 /// True when a convolution takes fastlearn's one-input-channel kernels (models/one_channel_conv.h) for its
 /// forward and its weight and bias gradients: the first layer of a channels-last model on grey images, 3x3, with
-/// a multiple of 8 output channels. oneDNN's kernels ran that layer 2.1x (forward) and 2.3x (weight gradient)
-/// slower than these on 1 and 2 threads (bench one_channel_conv).
+/// a multiple of 8 output channels.
 bool uses_one_channel_kernels(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel_h,
                               std::int64_t kernel_w, bool channels_last_weight);
 

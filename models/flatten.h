@@ -2,9 +2,8 @@
 // models::Flatten: torch::nn::Flatten (same options and result) whose backward hands the gradient back in the
 // input's memory layout. Flattening a channels-last activation copies it into NCHW order, and torch's backward
 // of that copy returns an NCHW gradient; the ReLU (or BatchNorm) before the flatten then reads two layouts at
-// once, which ATen's elementwise loops run a few values at a time: the last ReLU's backward of simple_cnn
-// (128x64x4x4) took 0.26 ms on 2 threads and 0.60 on 1, against 0.05 and 0.07 for converting the gradient first
-// and running it in one layout (bench/README.md "Where the time goes").
+// once, which ATen's elementwise loops run a few values at a time, several times slower than converting the
+// gradient first (bench/README.md "Where the time goes").
 #include <torch/nn/modules/linear.h>
 
 namespace fastlearn::models {

@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <optional>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -350,3 +354,49 @@ TEST(Config, TheShippedConfigsAreValid) {
 }
 
 }  // namespace
+
+// docs/cli.md documents every key of the schema, under its table, and no key that is not in it: the page cannot drift
+// from the reader. Its reference has a `### [table]` heading per table and a Markdown row per key whose first cell
+// is the key's name in backticks.
+TEST(Config, TheCliGuideListsEveryKeyOfTheSchemaAndNoOther) {
+  std::map<std::string, std::set<std::string>> schema;  // table -> its keys (sub-tables left out)
+  std::istringstream lines(fastlearn::cli::describe_keys());
+  for (std::string line; std::getline(lines, line);) {
+    const auto open = line.find('['), close = line.find(']');
+    ASSERT_NE(close, std::string::npos) << line;
+    const auto table = line.substr(open + 1, close - open - 1);
+    std::istringstream keys(line.substr(close + 1));
+    for (std::string key; std::getline(keys, key, ',');) {
+      key.erase(0, key.find_first_not_of(' '));
+      schema[table].insert(key);
+    }
+  }
+  for (auto& [table, keys] : schema)
+    for (auto it = keys.begin(); it != keys.end();)
+      it = schema.count(table + "." + *it) ? keys.erase(it) : std::next(it);
+
+  std::ifstream page(std::filesystem::path(FASTLEARN_SOURCE_DIR) / "docs" / "cli.md");
+  ASSERT_TRUE(page) << "docs/cli.md";
+  std::map<std::string, std::set<std::string>> documented;
+  std::string table;
+  for (std::string line; std::getline(page, line);) {
+    if (line.starts_with("### [") && line.back() == ']') {
+      table = line.substr(5, line.size() - 6);
+      documented[table];
+    } else if (!table.empty() && line.starts_with("| `")) {
+      const auto end = line.find('`', 3);
+      documented[table].insert(line.substr(3, end - 3));
+    } else if (line.starts_with("## ")) {
+      table.clear();
+    }
+  }
+  for (const auto& [t, keys] : schema) {
+    ASSERT_TRUE(documented.count(t)) << "docs/cli.md has no `### [" << t << "]` section";
+    for (const auto& key : keys) EXPECT_TRUE(documented[t].count(key)) << "docs/cli.md lacks " << t << "." << key;
+  }
+  for (const auto& [t, keys] : documented) {
+    ASSERT_TRUE(schema.count(t)) << "docs/cli.md documents a table the schema lacks: [" << t << "]";
+    for (const auto& key : keys)
+      EXPECT_TRUE(schema.at(t).count(key)) << "docs/cli.md documents " << t << "." << key << ", which the schema lacks";
+  }
+}
