@@ -1,10 +1,10 @@
 // The fastlearn command line. This program loads no LibTorch, whose start-up costs a second or two per process:
 // `fastlearn launch` runs here, starting the ranks at once (rank 0 serves the rendezvous store on the socket the
-// launcher holds: distributed/launch_store.h); every other subcommand, --help and --version run in fastlearn-torch,
+// launcher holds: launch/detail/launch_serving.h); every other subcommand, --help and --version run in fastlearn-torch,
 // which this program becomes (exec). It sits next to this program (the build tree) or in <prefix>/libexec/fastlearn
 // (an install).
 #include <fastlearn/core/error.h>
-#include <fastlearn/distributed/launch_store.h>
+#include <fastlearn/launch/detail/launch_serving.h>
 
 #include "cli/launch_command.h"
 

@@ -3,7 +3,7 @@
 // run directly, it runs launch too, with the rendezvous store in this process.
 #include <fastlearn/core/build_info.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/distributed/launcher.h>
+#include <fastlearn/launch/launcher.h>
 
 #include "cli/launch_command.h"
 #include "cli/run.h"

@@ -12,11 +12,11 @@
 #include <fastlearn/callbacks/channels_last.h>
 #include <fastlearn/core/cpu_memory_cache.h>
 #include <fastlearn/core/mkl_dispatch.h>
-#include <fastlearn/distributed/collectives.h>
+#include <fastlearn/comm/collectives.h>
 #include <fastlearn/distributed/grad_reducer.h>
-#include <fastlearn/distributed/launcher.h>
-#include <fastlearn/distributed/runtime.h>
-#include <fastlearn/distributed/spawn.h>
+#include <fastlearn/launch/launcher.h>
+#include <fastlearn/comm/runtime.h>
+#include <fastlearn/comm/spawn.h>
 #include <fastlearn/models/models.h>
 #include <fastlearn/optim/optimizer.h>
 #include <fastlearn/optim/sgd.h>

@@ -7,10 +7,10 @@
 // back and see the same machine, which the spread between pairs (10-20% here) does not. Goal >= 0.99.
 #include <fastlearn/callbacks/graceful_stop.h>
 #include <fastlearn/data/dataloaders.h>
-#include <fastlearn/distributed/collectives.h>
+#include <fastlearn/comm/collectives.h>
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/distributed_trainer.h>
-#include <fastlearn/distributed/spawn.h>
+#include <fastlearn/comm/spawn.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/models/models.h>
 #include <fastlearn/optim/sgd.h>

@@ -7,10 +7,10 @@
 //  - bucketed_vs_naive: the time gradient averaging adds to a step for a 62-tensor MLP: the reducer vs
 //    the tutorial's average_gradients (one all_reduce per parameter after backward). ratio = naive / ours.
 // Rank 0 prints one JSON object.
-#include <fastlearn/distributed/collectives.h>
+#include <fastlearn/comm/collectives.h>
 #include <fastlearn/distributed/grad_reducer.h>
-#include <fastlearn/distributed/runtime.h>
-#include <fastlearn/distributed/spawn.h>
+#include <fastlearn/comm/runtime.h>
+#include <fastlearn/comm/spawn.h>
 #include <fastlearn/models/models.h>
 
 #include <fmt/format.h>

@@ -11,7 +11,7 @@
 #include "support/bench_support.h"
 #include "support/source_dir.h"
 
-#include <fastlearn/distributed/launcher.h>
+#include <fastlearn/launch/launcher.h>
 
 #include <nlohmann/json.hpp>
 

@@ -7,9 +7,10 @@ include(CMakePackageConfigHelpers)
 set(FASTLEARN_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/fastlearn")
 
 install(FILES fastlearn.h DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/fastlearn")
-foreach(folder core data optim models learner callbacks distributed)
+# The public headers only: what only fastlearn's own files use lives in <folder>/detail/ and is not installed.
+foreach(folder core launch comm data optim models learner callbacks distributed)
   install(DIRECTORY "${folder}/" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/fastlearn/${folder}"
-          FILES_MATCHING PATTERN "*.h")
+          FILES_MATCHING PATTERN "*.h" PATTERN "detail" EXCLUDE)
 endforeach()
 
 # Installed, the library and the CLI carry no debug info: 27 MiB against 420 MB as built (split DWARF's

@@ -9,7 +9,7 @@ namespace fastlearn {
 /// A CUDA GPU when one is visible, else the CPU. In a job with several ranks on this host (LOCAL_RANK and
 /// LOCAL_WORLD_SIZE, as `fastlearn launch` and torchrun set them): the local rank's own GPU when every local rank
 /// has one, else the CPU, so that ranks never pile onto GPU 0 (data parallel training then goes over Gloo on the
-/// CPU; see distributed/runtime.h). Outside such a job: CUDA's current device.
+/// CPU; see comm/runtime.h). Outside such a job: CUDA's current device.
 c10::Device default_device();
 
 /// `device` made concrete: "cuda" without an index becomes default_device()'s GPU when that is one, else CUDA's

@@ -5,7 +5,7 @@
 // implicitly), and on scope exit tears down only what it set up: cleanly after a normal exit, aborting
 // NCCL communicators when an exception ends the scope (a peer may be dead). In a job of one
 // process it does nothing, so the same program runs with or without a launcher.
-#include <fastlearn/distributed/runtime.h>
+#include <fastlearn/comm/runtime.h>
 
 #include <exception>
 #include <functional>

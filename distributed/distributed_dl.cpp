@@ -1,8 +1,8 @@
 #include <fastlearn/distributed/distributed_dl.h>
 
 #include <fastlearn/core/error.h>
-#include <fastlearn/distributed/collectives.h>
-#include <fastlearn/distributed/runtime.h>
+#include <fastlearn/comm/collectives.h>
+#include <fastlearn/comm/runtime.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -9,7 +9,7 @@
 // With one process the loader yields exactly what it yielded before.
 #include <fastlearn/data/dataloader.h>
 #include <fastlearn/data/sampler.h>
-#include <fastlearn/distributed/group.h>
+#include <fastlearn/comm/group.h>
 
 #include <ATen/core/Tensor.h>
 

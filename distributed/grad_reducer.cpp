@@ -2,9 +2,9 @@
 
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/host_readback.h>
-#include <fastlearn/distributed/collectives.h>
-#include <fastlearn/distributed/process_group.h>
-#include <fastlearn/distributed/runtime.h>
+#include <fastlearn/comm/collectives.h>
+#include <fastlearn/comm/process_group.h>
+#include <fastlearn/comm/runtime.h>
 
 #include <fmt/format.h>
 #include <torch/csrc/autograd/engine.h>

@@ -14,7 +14,7 @@
 // bucket of its own and is reduced in place, without any copy. After the first
 // iteration the buckets are rebuilt in the order gradients actually arrived (rank 0's order, shared, so the
 // buckets match on every rank).
-#include <fastlearn/distributed/group.h>
+#include <fastlearn/comm/group.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>

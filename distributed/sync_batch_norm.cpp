@@ -1,9 +1,9 @@
 #include <fastlearn/distributed/sync_batch_norm.h>
 
 #include <fastlearn/core/error.h>
-#include <fastlearn/distributed/collectives.h>
-#include <fastlearn/distributed/runtime.h>
-#include <fastlearn/distributed/sync_batch_norm_math.h>
+#include <fastlearn/comm/collectives.h>
+#include <fastlearn/comm/runtime.h>
+#include <fastlearn/distributed/detail/sync_batch_norm_math.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -12,7 +12,7 @@
 // gradients SUMMED over ranks are that BatchNorm's. A reducer that AVERAGES gradients wants each rank's loss
 // scaled by the world size (the local mean when batches are equal): parameter gradients are then exact,
 // activation gradients world-size times larger.
-#include <fastlearn/distributed/group.h>
+#include <fastlearn/comm/group.h>
 #include <fastlearn/models/norm_layer.h>
 
 #include <ATen/core/Tensor.h>

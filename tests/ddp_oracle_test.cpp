@@ -3,7 +3,7 @@
 // Runs when Python torch and safetensors are present.
 #include <fastlearn/core/safetensors.h>
 #include <fastlearn/distributed/grad_reducer.h>
-#include <fastlearn/distributed/runtime.h>
+#include <fastlearn/comm/runtime.h>
 #include <fastlearn/models/models.h>
 
 #include <fmt/format.h>

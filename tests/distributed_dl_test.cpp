@@ -4,9 +4,9 @@
 // each epoch, errors instead of hangs for mismatched ranks, and the one-process case.
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/dataloader.h>
-#include <fastlearn/distributed/collectives.h>
+#include <fastlearn/comm/collectives.h>
 #include <fastlearn/distributed/distributed_dl.h>
-#include <fastlearn/distributed/runtime.h>
+#include <fastlearn/comm/runtime.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>

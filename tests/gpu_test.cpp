@@ -14,10 +14,10 @@
 #include <fastlearn/core/safetensors.h>
 #include <fastlearn/data/aug_transforms.h>
 #include <fastlearn/data/image_dataloaders.h>
-#include <fastlearn/distributed/collectives.h>
+#include <fastlearn/comm/collectives.h>
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/distributed_trainer.h>
-#include <fastlearn/distributed/runtime.h>
+#include <fastlearn/comm/runtime.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/models/avg_pool2d.h>

@@ -11,11 +11,11 @@
 #include <fastlearn/callbacks/mixed_precision.h>
 #include <fastlearn/core/device.h>
 #include <fastlearn/data/image_encode.h>
-#include <fastlearn/distributed/collectives.h>
+#include <fastlearn/comm/collectives.h>
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/distributed_trainer.h>
-#include <fastlearn/distributed/p2p.h>
-#include <fastlearn/distributed/runtime.h>
+#include <fastlearn/comm/p2p.h>
+#include <fastlearn/comm/runtime.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/models/models.h>

@@ -5,8 +5,8 @@
 #include <fastlearn/callbacks/channels_last.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/grad_reducer.h>
-#include <fastlearn/distributed/p2p.h>
-#include <fastlearn/distributed/runtime.h>
+#include <fastlearn/comm/p2p.h>
+#include <fastlearn/comm/runtime.h>
 #include <fastlearn/models/models.h>
 
 #include <fmt/format.h>

@@ -57,7 +57,7 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
   // The layout a user includes and links from.
   for (const char* file :
        {"include/fastlearn/fastlearn.h", "include/fastlearn/learner/learner.h",
-        "include/fastlearn/callbacks/tensorboard.h", "include/fastlearn/distributed/runtime.h", "lib/libfastlearn.a",
+        "include/fastlearn/callbacks/tensorboard.h", "include/fastlearn/comm/runtime.h", "lib/libfastlearn.a",
         "lib/cmake/fastlearn/fastlearnConfig.cmake", "lib/cmake/fastlearn/fastlearnConfigVersion.cmake",
         "lib/cmake/fastlearn/fastlearnTargets.cmake", "bin/fastlearn", "libexec/fastlearn/fastlearn-torch"}) {
     EXPECT_TRUE(fs::exists(prefix / file)) << file;

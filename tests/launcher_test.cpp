@@ -1,8 +1,8 @@
 // The launcher (launch(), `fastlearn launch`) and spawn(), driven by the launch_probe program.
+#include <fastlearn/comm/spawn.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/distributed/launcher.h>
-#include <fastlearn/distributed/spawn.h>
-#include <fastlearn/distributed/worker_process.h>
+#include <fastlearn/launch/detail/worker_process.h>
+#include <fastlearn/launch/launcher.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -702,7 +702,7 @@ TEST(LaunchCli, AMissingHelperProgramIsNamed) {
 TEST(LaunchCli, RankZeroServesTheStoreOnTheLaunchersSocket) {
   TempDir ranks;
   Cli cli({"launch", "--nproc-per-node", "2", "--max-restarts", "1", "--", FASTLEARN_LAUNCH_PROBE,
-           "record=" + ranks.path.string(), "r1:first-attempt-exit=4"});
+           "record=" + ranks.path.string(), "wait=" + ranks.path.string() + ":2", "r1:first-attempt-exit=4"});
   EXPECT_EQ(cli.wait_exit_code(), 0) << read_text(cli.err());
   for (int restart : {0, 1}) {
     auto zero = read_record(ranks.path, 0, restart), one = read_record(ranks.path, 1, restart);

@@ -1,5 +1,5 @@
 // NCCL collectives on CUDA tensors: compiled always, run where two GPUs are visible.
-#include <fastlearn/distributed/process_group.h>
+#include <fastlearn/comm/process_group.h>
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>

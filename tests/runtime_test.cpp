@@ -2,12 +2,12 @@
 // point-to-point call on 2 and 3 ranks, groups, the three init methods, rank0_first, DistribCtx,
 // debug-mode mismatch errors, timeouts and dead peers, and launches by torchrun and Open MPI variables.
 #include <fastlearn/core/error.h>
-#include <fastlearn/distributed/collectives.h>
+#include <fastlearn/comm/collectives.h>
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/grad_reducer.h>
-#include <fastlearn/distributed/p2p.h>
-#include <fastlearn/distributed/pending_works.h>
-#include <fastlearn/distributed/runtime.h>
+#include <fastlearn/comm/p2p.h>
+#include <fastlearn/comm/pending_works.h>
+#include <fastlearn/comm/runtime.h>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -633,7 +633,7 @@ TEST(RuntimeLaunch, UnderTorchrun) {
   EXPECT_NE(text.find("[  PASSED  ] 1 test"), std::string::npos) << text;
 }
 
-// ---- how collectives wait (distributed/pending_works.h), without a GPU ---------------------------------------
+// ---- how collectives wait (comm/pending_works.h), without a GPU ---------------------------------------
 
 namespace {
 

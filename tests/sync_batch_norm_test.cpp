@@ -2,8 +2,8 @@
 // (and empty) per-rank batches, equal to one BatchNorm over the concatenated batch, in float32 and float64;
 // convert_sync_batchnorm on nested models, alone and on 2 ranks.
 #include <fastlearn/core/error.h>
-#include <fastlearn/distributed/collectives.h>
-#include <fastlearn/distributed/runtime.h>
+#include <fastlearn/comm/collectives.h>
+#include <fastlearn/comm/runtime.h>
 #include <fastlearn/distributed/sync_batch_norm.h>
 
 #include <gtest/gtest.h>

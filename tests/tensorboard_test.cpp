@@ -4,7 +4,7 @@
 #include <fastlearn/callbacks/tensorboard.h>
 #include <fastlearn/core/event_file.h>
 #include <fastlearn/distributed/distrib_ctx.h>
-#include <fastlearn/distributed/runtime.h>
+#include <fastlearn/comm/runtime.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/models/models.h>

@@ -2,7 +2,7 @@
 // `fastlearn launch [options] -- program args...`: torchrun for any program. The subcommand's options and what it
 // does with them, for both halves of the CLI: `fastlearn` (which runs the launch without loading LibTorch) and
 // fastlearn-torch (everything else). No LibTorch here.
-#include <fastlearn/distributed/launcher.h>
+#include <fastlearn/launch/launcher.h>
 
 #include <functional>
 #include <optional>

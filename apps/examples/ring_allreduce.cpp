@@ -4,9 +4,9 @@
 // steps pass the finished chunks on. Each rank sends and receives only 2 * (n - 1) / n of the data.
 // The result is checked against all_reduce.
 //   fastlearn launch --nproc-per-node 3 build/bin/ring_allreduce [--numel N]
-#include <fastlearn/distributed/collectives.h>
+#include <fastlearn/comm/collectives.h>
 #include <fastlearn/distributed/distrib_ctx.h>
-#include <fastlearn/distributed/p2p.h>
+#include <fastlearn/comm/p2p.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>

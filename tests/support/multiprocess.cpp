@@ -1,6 +1,6 @@
 #include "support/multiprocess.h"
 
-#include <fastlearn/distributed/launcher.h>
+#include <fastlearn/launch/launcher.h>
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
