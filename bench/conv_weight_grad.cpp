@@ -7,7 +7,7 @@
 // under "shapes" of the first, with whether the rule takes the patch product there. ratio = torch / ours.
 #include "support/bench_support.h"
 
-#include <fastlearn/core/mkl_dispatch.h>
+#include <fastlearn/core/detail/mkl_dispatch.h>
 #include <fastlearn/models/conv2d.h>
 
 #include <torch/torch.h>

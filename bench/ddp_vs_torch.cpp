@@ -10,13 +10,13 @@
 #include "support/source_dir.h"
 
 #include <fastlearn/callbacks/channels_last.h>
-#include <fastlearn/core/cpu_memory_cache.h>
-#include <fastlearn/core/mkl_dispatch.h>
 #include <fastlearn/comm/collectives.h>
-#include <fastlearn/distributed/grad_reducer.h>
-#include <fastlearn/launch/launcher.h>
 #include <fastlearn/comm/runtime.h>
 #include <fastlearn/comm/spawn.h>
+#include <fastlearn/core/cpu_memory_cache.h>
+#include <fastlearn/core/detail/mkl_dispatch.h>
+#include <fastlearn/distributed/grad_reducer.h>
+#include <fastlearn/launch/launcher.h>
 #include <fastlearn/models/models.h>
 #include <fastlearn/optim/optimizer.h>
 #include <fastlearn/optim/sgd.h>
@@ -49,7 +49,7 @@ torch::nn::Sequential make_model(const std::string& name) {
 double measure(const std::string& model_name, bool averaging, bool channels_last) {
   torch::manual_seed(0);
   auto model = make_model(model_name);
-  if (channels_last) fl::to_channels_last(*model);
+  if (channels_last) fl::models::to_channels_last(*model);
   std::vector<std::pair<std::string, at::Tensor>> params;
   for (const auto& p : model->named_parameters()) params.emplace_back(p.key(), p.value());
   std::vector<at::Tensor> buffers;

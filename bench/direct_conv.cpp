@@ -1,5 +1,5 @@
 // direct_conv: milliseconds of a convolution's forward, input gradient and weight gradient on fastlearn's
-// channels-last kernels (models/direct_conv2d.h) against torch's own (at::conv2d and at::convolution_backward
+// channels-last kernels (models/detail/direct_conv2d.h) against torch's own (at::conv2d and at::convolution_backward
 // asking for one gradient at a time: oneDNN), both on channels-last tensors, with 1 and 2 threads, the two
 // interleaved call by call in rounds. Shapes: the layers of simple_cnn and conv_net on Fashion-MNIST, resnet18's at
 // 128 px (vision_fine_tune) and ImageNet-size stages. Entries: direct_conv (the three parts summed over conv_net
@@ -11,7 +11,7 @@
 
 #include <fastlearn/core/cpu_memory_cache.h>
 #include <fastlearn/models/conv2d.h>
-#include <fastlearn/models/direct_conv2d.h>
+#include <fastlearn/models/detail/direct_conv2d.h>
 
 #include <torch/torch.h>
 
@@ -148,7 +148,7 @@ int main() {
           R"("{}": {{"ours": {:.3f}, "anchor": {:.3f}, "ratio": {:.3f}, "unit": "ms", "higher_is_better": false, )"
           R"("ours_range": [{:.3f}, {:.3f}], "anchor_range": [{:.3f}, {:.3f}], "threads": {}, "repeats": {}, )"
           R"("what": "forward + input gradient + weight gradient of conv_net 32-64-128-256's convolutions after the )"
-          R"(first (batch 128, channels-last): models/direct_conv2d vs at::conv2d / at::convolution_backward )"
+          R"(first (batch 128, channels-last): models/detail/direct_conv2d vs at::conv2d / at::convolution_backward )"
           R"((oneDNN), summed medians"{}}})",
           name, sum[1], sum[0], sum[0] / sum[1], range[1][0], range[1][1], range[0][0], range[0][1], threads, repeats,
           extra);

@@ -6,11 +6,11 @@
 // ratio = the median over pairs of (time without / time with GracefulStop): the two fits of a pair run back to
 // back and see the same machine, which the spread between pairs (10-20% here) does not. Goal >= 0.99.
 #include <fastlearn/callbacks/graceful_stop.h>
-#include <fastlearn/data/dataloaders.h>
 #include <fastlearn/comm/collectives.h>
+#include <fastlearn/comm/spawn.h>
+#include <fastlearn/data/dataloaders.h>
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/distributed_trainer.h>
-#include <fastlearn/comm/spawn.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/models/models.h>
 #include <fastlearn/optim/sgd.h>

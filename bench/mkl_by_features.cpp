@@ -10,7 +10,7 @@
 // with validation, AdamW, 2 threads), train samples/s, median of 3 epochs per child after a warm-up epoch.
 // Prints one JSON object.
 // usage: bench_mkl_by_features [--child THREADS | --epoch-child] [FASHION_MNIST_DIR]
-#include <fastlearn/core/mkl_dispatch.h>
+#include <fastlearn/core/detail/mkl_dispatch.h>
 #include <fastlearn/learner/learner.h>
 
 #include <fmt/format.h>

@@ -1,7 +1,7 @@
 // one_channel_conv: milliseconds of one training pass (forward, then the weight and bias gradients) of
 // simple_cnn's first layer (1 -> 32 channels, 3x3, stride 2, padding 1, 28x28 grey images, batch 128) in a
-// channels-last model, as models::Conv2d runs it: its own one-channel kernels (models/one_channel_conv.h) against
-// the same module with FASTLEARN_ONE_CHANNEL_CONV=0 (torch's convolution: oneDNN), the switch flipped between
+// channels-last model, as models::Conv2d runs it: its own one-channel kernels (models/detail/one_channel_conv.h)
+// against the same module with FASTLEARN_ONE_CHANNEL_CONV=0 (torch's convolution: oneDNN), the switch flipped between
 // interleaved rounds in one process. Also the forward alone under no_grad (validation's pass), both ways.
 // Entries: one_channel_conv (1 thread: a rank of time_to_accuracy) and one_channel_conv_2_threads.
 // ratio = torch / ours.
@@ -34,8 +34,8 @@ Timing time_layer(int threads, int repeats) {
   at::set_num_threads(threads);
   torch::manual_seed(0);
   fastlearn::models::Conv2d conv(torch::nn::Conv2dOptions(1, 32, 3).stride(2).padding(1));
-  fastlearn::to_channels_last(*conv);
-  const auto images = fastlearn::as_channels_last(torch::randn({128, 1, 28, 28}));
+  fastlearn::models::to_channels_last(*conv);
+  const auto images = fastlearn::models::as_channels_last(torch::randn({128, 1, 28, 28}));
   const auto upstream = torch::randn({128, 32, 14, 14}).contiguous(at::MemoryFormat::ChannelsLast);
   auto train_pass = [&] {
     conv->zero_grad();

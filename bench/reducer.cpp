@@ -8,9 +8,9 @@
 //    the tutorial's average_gradients (one all_reduce per parameter after backward). ratio = naive / ours.
 // Rank 0 prints one JSON object.
 #include <fastlearn/comm/collectives.h>
-#include <fastlearn/distributed/grad_reducer.h>
 #include <fastlearn/comm/runtime.h>
 #include <fastlearn/comm/spawn.h>
+#include <fastlearn/distributed/grad_reducer.h>
 #include <fastlearn/models/models.h>
 
 #include <fmt/format.h>

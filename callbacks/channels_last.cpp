@@ -4,10 +4,10 @@
 
 namespace fastlearn {
 
-void ChannelsLast::before_fit() { to_channels_last(learn().model()); }
+void ChannelsLast::before_fit() { models::to_channels_last(learn().model()); }
 
 void ChannelsLast::before_batch() {
-  for (auto& x : learn().xb) x = as_channels_last(x);
+  for (auto& x : learn().xb) x = models::as_channels_last(x);
 }
 
 }  // namespace fastlearn

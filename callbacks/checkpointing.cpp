@@ -1,8 +1,8 @@
 #include <fastlearn/callbacks/checkpointing.h>
 
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/safetensors.h>
-#include <fastlearn/core/text.h>
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/checkpoint.h>
 #include <fastlearn/learner/learner.h>

@@ -1,8 +1,8 @@
 #include <fastlearn/callbacks/epoch_logs.h>
 
 #include <fastlearn/core/atomic_file.h>
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/lr_finder.h>

@@ -1,7 +1,7 @@
 #include <fastlearn/callbacks/tracker.h>
 
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/lr_finder.h>

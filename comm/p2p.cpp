@@ -1,9 +1,9 @@
 #include <fastlearn/comm/p2p.h>
 
-#include <fastlearn/core/error.h>
 #include <fastlearn/comm/collectives.h>
 #include <fastlearn/comm/process_group.h>
 #include <fastlearn/comm/runtime.h>
+#include <fastlearn/core/error.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -1,8 +1,8 @@
 #include <fastlearn/comm/process_group.h>
 
 #include <c10/util/Exception.h>
-#include <fastlearn/core/error.h>
 #include <fastlearn/comm/detail/shared_memory_backend.h>
+#include <fastlearn/core/error.h>
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>

@@ -1,9 +1,9 @@
 #include <fastlearn/comm/runtime.h>
 
-#include <fastlearn/core/error.h>
-#include <fastlearn/core/warning.h>
-#include <fastlearn/comm/process_group.h>
 #include <fastlearn/comm/detail/rendezvous.h>
+#include <fastlearn/comm/process_group.h>
+#include <fastlearn/core/detail/warning.h>
+#include <fastlearn/core/error.h>
 
 #include <arpa/inet.h>
 #include <fmt/format.h>

@@ -1,9 +1,9 @@
 #include <fastlearn/comm/spawn.h>
 
 #include <cxxabi.h>
+#include <fastlearn/comm/process_group.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/launch/launcher.h>
-#include <fastlearn/comm/process_group.h>
 #include <fmt/format.h>
 #include <unistd.h>
 

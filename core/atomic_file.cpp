@@ -1,7 +1,7 @@
 #include <fastlearn/core/atomic_file.h>
 
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>

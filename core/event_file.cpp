@@ -1,7 +1,7 @@
 #include <fastlearn/core/event_file.h>
 
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 
 #include <fmt/format.h>
 

@@ -1,10 +1,10 @@
 #include <fastlearn/core/safetensors.h>
 
-#include <fastlearn/core/safetensors_header.h>
+#include <fastlearn/core/detail/safetensors_header.h>
 
 #include <fastlearn/core/atomic_file.h>
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>

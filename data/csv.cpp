@@ -1,8 +1,8 @@
 #include <fastlearn/data/csv.h>
 
 #include <csv.h>
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 

@@ -2,7 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/data/buffer_pool.h>
+#include <fastlearn/data/detail/buffer_pool.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 

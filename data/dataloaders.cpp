@@ -1,6 +1,6 @@
 #include <fastlearn/data/dataloaders.h>
 
-#include <fastlearn/core/text.h>
+#include <fastlearn/core/detail/text.h>
 
 #include <fmt/format.h>
 

@@ -1,10 +1,10 @@
 #include <fastlearn/data/download.h>
 
 #include <curl/curl.h>
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
-#include <fastlearn/data/checksum.h>
-#include <fastlearn/data/file_lock.h>
+#include <fastlearn/data/detail/checksum.h>
+#include <fastlearn/data/detail/file_lock.h>
 #include <fmt/format.h>
 #include <unistd.h>
 

@@ -1,8 +1,8 @@
 #include <fastlearn/data/image_dataloaders.h>
 
+#include <fastlearn/core/detail/text.h>
+#include <fastlearn/core/detail/warning.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
-#include <fastlearn/core/warning.h>
 #include <fastlearn/data/csv.h>
 #include <fastlearn/data/idx.h>
 #include <fastlearn/data/image_dataset.h>

@@ -1,8 +1,8 @@
 #include <fastlearn/data/image_dataset.h>
 
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
-#include <fastlearn/data/buffer_pool.h>
+#include <fastlearn/data/detail/buffer_pool.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>

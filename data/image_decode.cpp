@@ -1,7 +1,7 @@
 #include <fastlearn/data/image_decode.h>
 
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 #include <spng.h>
 #include <torch/torch.h>

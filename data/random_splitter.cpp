@@ -1,8 +1,8 @@
 #include <fastlearn/data/random_splitter.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 

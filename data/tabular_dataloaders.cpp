@@ -1,7 +1,7 @@
 #include <fastlearn/data/tabular_dataloaders.h>
 
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 #include <fastlearn/data/random_splitter.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>

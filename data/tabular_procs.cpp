@@ -1,8 +1,8 @@
 #include <fastlearn/data/tabular_procs.h>
 
+#include <fastlearn/core/detail/suggest.h>
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/suggest.h>
-#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>

@@ -2,8 +2,8 @@
 
 #include <ATen/Parallel.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/data/buffer_pool.h>
-#include <fastlearn/data/pixel_normalize.h>
+#include <fastlearn/data/detail/buffer_pool.h>
+#include <fastlearn/data/detail/pixel_normalize.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -44,7 +44,7 @@ void check_channels(const at::Tensor& x, std::int64_t channels, const char* tran
 // A task of the one-pass normalization converts at least this many values (a thread's start costs about as
 // much as converting a few thousand). Today the tasks run one after the other on the calling thread:
 // at::parallel_for is OpenMP inlined from ATen's headers, and fastlearn is not compiled with OpenMP (clang's
-// -fopenmp would bring a second runtime beside LibTorch's libgomp). core/parallel.h runs loops on LibTorch's
+// -fopenmp would bring a second runtime beside LibTorch's libgomp). core/detail/parallel.h runs loops on LibTorch's
 // team; it is not used here yet because loader workers call this transform, each of which would then start a
 // team of its own on cores the other workers keep busy (not measured).
 constexpr std::int64_t kValuesPerTask = std::int64_t{1} << 16;

@@ -1,10 +1,10 @@
 #include <fastlearn/data/untar_data.h>
 
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
-#include <fastlearn/data/archive.h>
+#include <fastlearn/data/detail/archive.h>
+#include <fastlearn/data/detail/file_lock.h>
 #include <fastlearn/data/download.h>
-#include <fastlearn/data/file_lock.h>
 #include <fmt/format.h>
 #include <unistd.h>
 

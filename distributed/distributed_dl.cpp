@@ -1,8 +1,8 @@
 #include <fastlearn/distributed/distributed_dl.h>
 
-#include <fastlearn/core/error.h>
 #include <fastlearn/comm/collectives.h>
 #include <fastlearn/comm/runtime.h>
+#include <fastlearn/core/error.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -7,9 +7,9 @@
 // the same sizes, which is what keeps the collectives of a training step from hanging. The padding
 // (total - n items, all at the end of the padded order) is removed exactly by gather_unpadded.
 // With one process the loader yields exactly what it yielded before.
+#include <fastlearn/comm/group.h>
 #include <fastlearn/data/dataloader.h>
 #include <fastlearn/data/sampler.h>
-#include <fastlearn/comm/group.h>
 
 #include <ATen/core/Tensor.h>
 

@@ -1,8 +1,8 @@
 #include <fastlearn/distributed/distributed_trainer.h>
 
-#include <fastlearn/core/error.h>
 #include <fastlearn/comm/collectives.h>
 #include <fastlearn/comm/runtime.h>
+#include <fastlearn/core/error.h>
 #include <fastlearn/distributed/sync_batch_norm.h>
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/learner.h>

@@ -1,10 +1,10 @@
 #include <fastlearn/distributed/grad_reducer.h>
 
-#include <fastlearn/core/error.h>
-#include <fastlearn/core/host_readback.h>
 #include <fastlearn/comm/collectives.h>
 #include <fastlearn/comm/process_group.h>
 #include <fastlearn/comm/runtime.h>
+#include <fastlearn/core/error.h>
+#include <fastlearn/core/host_readback.h>
 
 #include <fmt/format.h>
 #include <torch/csrc/autograd/engine.h>

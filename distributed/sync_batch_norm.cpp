@@ -1,8 +1,8 @@
 #include <fastlearn/distributed/sync_batch_norm.h>
 
-#include <fastlearn/core/error.h>
 #include <fastlearn/comm/collectives.h>
 #include <fastlearn/comm/runtime.h>
+#include <fastlearn/core/error.h>
 #include <fastlearn/distributed/detail/sync_batch_norm_math.h>
 
 #include <fmt/format.h>

@@ -36,7 +36,7 @@ struct SyncBatchNormOptions {
 };
 
 /// Batch normalization over the global batch of a group of ranks, for (N, C, ...) inputs of any rank >= 2.
-class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl>, public NormLayer {
+class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl>, public models::NormLayer {
  public:
   explicit SyncBatchNormImpl(SyncBatchNormOptions options_);
   explicit SyncBatchNormImpl(std::int64_t num_features)

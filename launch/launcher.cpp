@@ -1,9 +1,9 @@
 #include <fastlearn/launch/launcher.h>
 
 #include <fastlearn/core/error.h>
-#include <fastlearn/launch/detail/option_checks.h>
-#include <fastlearn/launch/detail/launch_signals.h>
 #include <fastlearn/launch/detail/launch_serving.h>
+#include <fastlearn/launch/detail/launch_signals.h>
+#include <fastlearn/launch/detail/option_checks.h>
 #include <fastlearn/launch/detail/tcp_listen.h>
 #include <fastlearn/launch/detail/worker_group.h>
 #include <fcntl.h>

@@ -1,7 +1,7 @@
 #include <fastlearn/learner/checkpoint.h>
 
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 #include <fastlearn/data/tabular_dataloaders.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/models/weights.h>
@@ -85,7 +85,7 @@ std::vector<std::string> checkpoint_vocab(const CheckpointState& state, std::str
 
 CheckpointState capture_state(Learner& learn, SaveOptions options) {
   CheckpointState state;
-  for (auto& [name, t] : model_tensors(learn.model())) state.tensors.emplace_back(name, t.detach().clone());
+  for (auto& [name, t] : models::model_tensors(learn.model())) state.tensors.emplace_back(name, t.detach().clone());
   state.metadata["format"] = kFormat;
   state.metadata["format_version"] = kFormatVersion;
   // The class names, so that predictions from the saved model map back to them.
@@ -216,7 +216,7 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
     }
   }
   // 1. Check every model tensor before changing anything.
-  const auto copies = match_weights(
+  const auto copies = models::match_weights(
       learn.model(), state.tensors, origin,
       {.strict = options.strict, .ignore_prefixes = {std::string(kOptimizerPrefix), std::string(kRngPrefix)}});
 
@@ -266,7 +266,7 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
   }
 
   // 3. Nothing can fail from here on.
-  copy_weights(copies);
+  models::copy_weights(copies);
   if (restore_training) {
     const auto gens = rng_generators();
     for (std::size_t i = 0; i < gens.size(); ++i) {

@@ -1,10 +1,10 @@
 #include <fastlearn/learner/learner.h>
 
 #include <fastlearn/core/cpu_memory_cache.h>
+#include <fastlearn/core/detail/mkl_dispatch.h>
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/device.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/mkl_dispatch.h>
-#include <fastlearn/core/text.h>
 #include <fastlearn/data/sampler.h>
 #include <fastlearn/learner/progress.h>
 #include <fastlearn/learner/recorder.h>

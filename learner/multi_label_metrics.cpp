@@ -1,7 +1,7 @@
 #include <fastlearn/learner/multi_label_metrics.h>
 
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 

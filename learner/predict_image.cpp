@@ -1,7 +1,7 @@
 #include <fastlearn/learner/predict_image.h>
 
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 #include <fastlearn/data/image_dataset.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -1,8 +1,8 @@
 #include <fastlearn/learner/recorder.h>
 
+#include <fastlearn/core/detail/svg_plot.h>
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/svg_plot.h>
-#include <fastlearn/core/text.h>
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/learner.h>
 

@@ -1,7 +1,7 @@
 #include <fastlearn/learner/tabular_learner.h>
 
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 #include <fastlearn/learner/loss.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -2,8 +2,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fastlearn/core/atomic_file.h>
+#include <fastlearn/core/detail/svg_plot.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/svg_plot.h>
 #include <fastlearn/data/image_encode.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -25,7 +25,7 @@ std::unique_ptr<Learner> vision_learner(DataLoaders dls, const VisionLearnerOpti
                                      .hidden = options.hidden,
                                      .dropout = options.dropout,
                                      .in_channels = options.in_channels.value_or(image_channels(dls))});
-  if (options.channels_last) to_channels_last(*model);
+  if (options.channels_last) models::to_channels_last(*model);
   if (!learner_options.splitter) learner_options.splitter = models::body_head_split;
   const bool multi_label = dls.multi_label();
   auto learn = std::make_unique<Learner>(std::move(dls), model, multi_label ? bce_with_logits() : cross_entropy(),

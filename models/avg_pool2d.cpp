@@ -1,6 +1,6 @@
 #include <fastlearn/models/avg_pool2d.h>
 
-#include <fastlearn/core/env_switch.h>
+#include <fastlearn/core/detail/env_switch.h>
 
 #include <torch/torch.h>
 

@@ -1,9 +1,9 @@
 #include <fastlearn/models/conv2d.h>
 
-#include <fastlearn/core/env_switch.h>
-#include <fastlearn/core/parallel.h>
-#include <fastlearn/models/direct_conv2d.h>
-#include <fastlearn/models/one_channel_conv.h>
+#include <fastlearn/core/detail/env_switch.h>
+#include <fastlearn/core/detail/parallel.h>
+#include <fastlearn/models/detail/direct_conv2d.h>
+#include <fastlearn/models/detail/one_channel_conv.h>
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
@@ -181,7 +181,7 @@ struct ConvWithPatchWeightGrad : torch::autograd::Function<ConvWithPatchWeightGr
 };
 
 // A 3x3 convolution with one input channel in a channels-last model, forward and weight and bias gradients by
-// models/one_channel_conv.h; an input gradient, which a first layer never needs, comes from torch.
+// models/detail/one_channel_conv.h; an input gradient, which a first layer never needs, comes from torch.
 struct OneChannelConvFunction : torch::autograd::Function<OneChannelConvFunction> {
   static OneChannelConv geometry(const at::Tensor& input, std::int64_t out_channels, at::IntArrayRef stride,
                                  at::IntArrayRef padding) {

@@ -1,9 +1,9 @@
 #pragma once
 // models::Conv2d: torch::nn::Conv2d (same options, parameters, names and forward) that runs fastlearn's own
 // kernels where oneDNN's are slower: on small output maps with channel counts of 16s, its channels-last direct
-// kernels for the forward and both gradients (models/direct_conv2d.h); for the first layer of a channels-last
-// model on grey images, its one-input-channel kernels (models/one_channel_conv.h); for other deep layers on small
-// maps, the weight gradient as one matrix product over the input's patches. ARCHITECTURE.md "Kernel choices" says
+// kernels for the forward and both gradients (models/detail/direct_conv2d.h); for the first layer of a channels-last
+// model on grey images, its one-input-channel kernels (models/detail/one_channel_conv.h); for other deep layers on
+// small maps, the weight gradient as one matrix product over the input's patches. ARCHITECTURE.md "Kernel choices" says
 // why each rule is where it is; bench/README.md has the measurements.
 #include <torch/nn/modules/conv.h>
 
@@ -25,7 +25,7 @@ struct PatchGradRule {
 /// throws ConfigError.
 bool patch_weight_grad_enabled();
 
-/// When Conv2dImpl::forward runs fastlearn's direct kernels (models/direct_conv2d.h): output maps of at most 7x7
+/// When Conv2dImpl::forward runs fastlearn's direct kernels (models/detail/direct_conv2d.h): output maps of at most 7x7
 /// pixels per image.
 struct DirectConvRule {
   std::int64_t max_output_pixels = 49;  ///< output height x width, per image
@@ -36,7 +36,7 @@ struct DirectConvRule {
 bool uses_direct_conv(std::int64_t output_pixels, const DirectConvRule& rule = {});
 
 /// False when the environment sets FASTLEARN_DIRECT_CONV=0: convolutions whose channel counts are multiples of 16
-/// then run oneDNN's kernels (or the patch product) instead of models/direct_conv2d.h. Read at each forward; any
+/// then run oneDNN's kernels (or the patch product) instead of models/detail/direct_conv2d.h. Read at each forward; any
 /// value but 0 or 1 throws ConfigError.
 bool direct_conv_enabled();
 
@@ -44,7 +44,7 @@ bool direct_conv_enabled();
 /// oneDNN's kernels (to compare, or to rule ours out). Read at each forward; any value but 0 or 1 throws ConfigError.
 bool one_channel_kernels_enabled();
 
-/// True when a convolution takes fastlearn's one-input-channel kernels (models/one_channel_conv.h) for its
+/// True when a convolution takes fastlearn's one-input-channel kernels (models/detail/one_channel_conv.h) for its
 /// forward and its weight and bias gradients: the first layer of a channels-last model on grey images, 3x3, with
 /// a multiple of 8 output channels.
 bool uses_one_channel_kernels(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel_h,

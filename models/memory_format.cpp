@@ -3,7 +3,7 @@
 #include <torch/nn/module.h>
 #include <torch/utils.h>
 
-namespace fastlearn {
+namespace fastlearn::models {
 
 namespace {
 
@@ -47,4 +47,4 @@ void to_channels_last(torch::nn::Module& model) {
   }
 }
 
-}  // namespace fastlearn
+}  // namespace fastlearn::models

@@ -9,7 +9,7 @@ namespace torch::nn {
 class Module;
 }
 
-namespace fastlearn {
+namespace fastlearn::models {
 
 /// Puts every 4-D parameter (and its gradient) and buffer of `model` in channels-last memory format, in
 /// place: the tensors stay the same objects, so optimizers and hooks that hold them see the change.
@@ -19,4 +19,4 @@ void to_channels_last(torch::nn::Module& model);
 /// one channel stored row by row (its values are in channels-last order already); otherwise a copy.
 at::Tensor as_channels_last(const at::Tensor& t);
 
-}  // namespace fastlearn
+}  // namespace fastlearn::models

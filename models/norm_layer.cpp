@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 #include <torch/nn/modules/batchnorm.h>
 
-namespace fastlearn {
+namespace fastlearn::models {
 
 at::Tensor batch_norm_forward(torch::nn::Module& norm, const at::Tensor& input) {
   namespace nn = torch::nn;
@@ -19,4 +19,4 @@ at::Tensor batch_norm_forward(torch::nn::Module& norm, const at::Tensor& input) 
                   norm.name()));
 }
 
-}  // namespace fastlearn
+}  // namespace fastlearn::models

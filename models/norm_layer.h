@@ -7,7 +7,7 @@ namespace torch::nn {
 class Module;
 }
 
-namespace fastlearn {
+namespace fastlearn::models {
 
 /// A normalization module other than torch::nn::BatchNorm1d/2d/3d (SyncBatchNorm is one) that
 /// batch_norm_forward can run.
@@ -21,4 +21,4 @@ class NormLayer {
 /// otherwise): for custom modules that call their normalization child by name.
 at::Tensor batch_norm_forward(torch::nn::Module& norm, const at::Tensor& input);
 
-}  // namespace fastlearn
+}  // namespace fastlearn::models

@@ -1,7 +1,7 @@
 #include <fastlearn/models/torchvision_resnet.h>
 
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 #include <fastlearn/models/norm_layer.h>
 #include <fmt/format.h>
 #include <torch/torch.h>

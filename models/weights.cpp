@@ -1,8 +1,8 @@
 #include <fastlearn/models/weights.h>
 
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/safetensors.h>
-#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -10,7 +10,7 @@
 #include <map>
 #include <set>
 
-namespace fastlearn {
+namespace fastlearn::models {
 
 NamedTensors model_tensors(torch::nn::Module& model) {
   NamedTensors out;
@@ -81,4 +81,4 @@ void load_weights(torch::nn::Module& model, const std::filesystem::path& file, c
   copy_weights(match_weights(model, content.tensors, file.string(), options));
 }
 
-}  // namespace fastlearn
+}  // namespace fastlearn::models

@@ -13,7 +13,7 @@ namespace torch::nn {
 class Module;
 }
 
-namespace fastlearn {
+namespace fastlearn::models {
 
 struct WeightsOptions {
   bool strict = true;  ///< every model tensor must be in the file and every file tensor in the model
@@ -37,4 +37,4 @@ void copy_weights(const std::vector<std::pair<at::Tensor, const at::Tensor*>>& c
 /// Loads a safetensors file into `model`: everything is checked before anything changes.
 void load_weights(torch::nn::Module& model, const std::filesystem::path& file, const WeightsOptions& options = {});
 
-}  // namespace fastlearn
+}  // namespace fastlearn::models

@@ -365,14 +365,14 @@ TEST(ChannelsLast, AOneChannelBatchIsRestridedWithoutACopy) {
   const auto cl = at::MemoryFormat::ChannelsLast;
   auto gen = at::detail::createCPUGenerator(3);
   const auto grey = at::randn({4, 1, 5, 6}, gen);
-  const auto restrided = fl::as_channels_last(grey);
+  const auto restrided = fl::models::as_channels_last(grey);
   EXPECT_EQ(restrided.data_ptr(), grey.data_ptr()) << "no copy";
   EXPECT_EQ(restrided.strides(), at::empty_like(grey, cl).strides());
   EXPECT_EQ(restrided.suggest_memory_format(), cl);
   EXPECT_TRUE(torch::equal(restrided, grey));
   for (const auto& other : {at::randn({4, 3, 5, 6}, gen), at::randn({4, 1, 6, 5}, gen).transpose(2, 3),
                             at::randn({8, 1, 5, 6}, gen).slice(0, 0, 8, 2)}) {
-    const auto copied = fl::as_channels_last(other);
+    const auto copied = fl::models::as_channels_last(other);
     EXPECT_NE(copied.data_ptr(), other.data_ptr()) << other.strides();
     EXPECT_EQ(copied.suggest_memory_format(), cl) << other.strides();
     EXPECT_TRUE(torch::equal(copied, other)) << other.strides();

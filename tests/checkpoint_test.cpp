@@ -67,12 +67,12 @@ TEST_F(Checkpoint, LoadWeightsOfALearnerCheckpointSaysWhatElseItHolds) {
   learn->fit(1, 1e-2);
   const auto file = learn->save("full");
   auto other = make_learner(99);
-  const auto error = flt::message_of([&] { fl::load_weights(other->model(), file); });
+  const auto error = flt::message_of([&] { fl::models::load_weights(other->model(), file); });
   EXPECT_NE(error.find("the file is a Learner checkpoint: load it with Learner::load, or ignore the prefixes "
                        "\"optimizer/\" and \"rng/\""),
             std::string::npos)
       << error;
-  fl::load_weights(other->model(), file, {.ignore_prefixes = {"optimizer/", "rng/"}});
+  fl::models::load_weights(other->model(), file, {.ignore_prefixes = {"optimizer/", "rng/"}});
   EXPECT_TRUE(flt::same_tensors(flt::snapshot(learn->model()), flt::snapshot(other->model())));
 }
 

@@ -7,10 +7,10 @@
 #include <fastlearn/callbacks/checkpointing.h>
 #include <fastlearn/callbacks/epoch_logs.h>
 #include <fastlearn/callbacks/graceful_stop.h>
-#include <fastlearn/core/error.h>
 #include <fastlearn/comm/collectives.h>
-#include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/comm/runtime.h>
+#include <fastlearn/core/error.h>
+#include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/learner/checkpoint.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>

@@ -7,11 +7,11 @@
 #include <ATen/autocast_mode.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/models/conv2d.h>
-#include <fastlearn/models/direct_conv.h>
-#include <fastlearn/models/direct_conv2d.h>
+#include <fastlearn/models/detail/direct_conv.h>
+#include <fastlearn/models/detail/direct_conv2d.h>
+#include <fastlearn/models/detail/one_channel_conv.h>
 #include <fastlearn/models/memory_format.h>
 #include <fastlearn/models/models.h>
-#include <fastlearn/models/one_channel_conv.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -74,8 +74,8 @@ void expect_same_as_torch(const nn::Conv2dOptions& options, std::vector<std::int
   auto x = torch::randn(input_shape);
   if (channels_last) {
     x = x.contiguous(at::MemoryFormat::ChannelsLast);
-    fl::to_channels_last(*ours);
-    fl::to_channels_last(*reference);
+    fl::models::to_channels_last(*ours);
+    fl::models::to_channels_last(*reference);
   }
   auto upstream = torch::randn_like(reference->forward(x).detach());
   const auto a = run(ours, x, upstream), b = run(reference, x, upstream);
@@ -174,8 +174,8 @@ TEST(Conv2d, OneInputChannelInAChannelsLastModelRunsItsOwnKernelsAndMatchesTorch
 TEST(Conv2d, OneInputChannelWithoutGradientsGivesTorchsOutput) {
   torch::manual_seed(0);
   fl::models::Conv2d ours(nn::Conv2dOptions(1, 32, 3).stride(2).padding(1));
-  fl::to_channels_last(*ours);
-  const auto x = fl::as_channels_last(torch::randn({6, 1, 28, 28}));
+  fl::models::to_channels_last(*ours);
+  const auto x = fl::models::as_channels_last(torch::randn({6, 1, 28, 28}));
   torch::NoGradGuard no_grad;
   const auto y = ours->forward(x);
   EXPECT_EQ(y.grad_fn(), nullptr);
@@ -187,8 +187,9 @@ TEST(Conv2d, OneInputChannelGradientsHaveTheSameBitsOnOneAndTwoThreads) {
   const int threads_before = at::get_num_threads();
   torch::manual_seed(0);
   fl::models::Conv2d conv(nn::Conv2dOptions(1, 32, 3).stride(2).padding(1));
-  fl::to_channels_last(*conv);
-  const auto x = fl::as_channels_last(torch::randn({37, 1, 28, 28}));  // 37 images: a last chunk of rows cut short
+  fl::models::to_channels_last(*conv);
+  const auto x =
+      fl::models::as_channels_last(torch::randn({37, 1, 28, 28}));  // 37 images: a last chunk of rows cut short
   const auto upstream = torch::randn({37, 32, 14, 14}).contiguous(at::MemoryFormat::ChannelsLast);
   std::vector<Grads> results;
   for (const int threads : {1, 2}) {
@@ -208,8 +209,8 @@ TEST(Conv2d, TheEnvironmentSwitchesTheOneChannelKernelsOffAndRefusesOtherValues)
   expect_same_as_torch(options, {2, 1, 12, 12}, true, Path::torch);
   setenv("FASTLEARN_ONE_CHANNEL_CONV", "yes", 1);
   fl::models::Conv2d conv(options);
-  fl::to_channels_last(*conv);
-  EXPECT_THROW(conv->forward(fl::as_channels_last(torch::randn({1, 1, 5, 5}))), fl::ConfigError);
+  fl::models::to_channels_last(*conv);
+  EXPECT_THROW(conv->forward(fl::models::as_channels_last(torch::randn({1, 1, 5, 5}))), fl::ConfigError);
   unsetenv("FASTLEARN_ONE_CHANNEL_CONV");
   expect_same_as_torch(options, {2, 1, 12, 12}, true, Path::one_channel);
 }
@@ -231,8 +232,8 @@ struct OneChannelPair {
     torch::NoGradGuard no_grad;
     reference->weight.copy_(ours->weight);
     reference->bias.copy_(ours->bias);
-    fl::to_channels_last(*ours);
-    fl::to_channels_last(*reference);
+    fl::models::to_channels_last(*ours);
+    fl::models::to_channels_last(*reference);
   }
 };
 
@@ -251,7 +252,7 @@ TEST(Conv2d, OneInputChannelHandlesEmptyBatchesStridedViewsAndPartialGradients) 
     EXPECT_TRUE(torch::allclose(a.bias, b.bias, 1e-4, 1e-3));
   }
   // Only the input needs a gradient (a frozen layer), or only the bias.
-  const auto x = fl::as_channels_last(torch::randn({3, 1, 28, 28}));
+  const auto x = fl::models::as_channels_last(torch::randn({3, 1, 28, 28}));
   pair.ours->zero_grad();
   pair.reference->zero_grad();
   pair.ours->weight.requires_grad_(false);
@@ -278,7 +279,7 @@ TEST(Conv2d, OneInputChannelSecondDerivativesAreTorchs) {
   // A gradient penalty: the weight gradient made with create_graph and differentiated again.
   torch::manual_seed(0);
   OneChannelPair pair;
-  const auto x = fl::as_channels_last(torch::randn({3, 1, 12, 12}));
+  const auto x = fl::models::as_channels_last(torch::randn({3, 1, 12, 12}));
   std::vector<at::Tensor> second;
   for (auto* conv : {static_cast<nn::Module*>(pair.ours.get()), static_cast<nn::Module*>(pair.reference.get())}) {
     auto weight = conv->named_parameters()["weight"];
@@ -295,10 +296,10 @@ TEST(Conv2d, OneInputChannelRefusesWhatTorchRefuses) {
   // A channels-last 3-channel layer given grey images, a zero stride: torch's errors, not the kernels' numbers.
   torch::manual_seed(0);
   fl::models::Conv2d rgb(nn::Conv2dOptions(3, 32, 3).padding(1));
-  fl::to_channels_last(*rgb);
+  fl::models::to_channels_last(*rgb);
   EXPECT_THROW(rgb->forward(torch::randn({2, 1, 8, 8})), c10::Error);
   fl::models::Conv2d zero_stride(nn::Conv2dOptions(1, 32, 3).stride(0));
-  fl::to_channels_last(*zero_stride);
+  fl::models::to_channels_last(*zero_stride);
   EXPECT_THROW(zero_stride->forward(torch::randn({2, 1, 8, 8})), c10::Error);
 }
 
@@ -453,8 +454,8 @@ TEST(Conv2d, DirectKernelsGiveTheSameBitsOnOneAndTwoThreads) {
   const int threads_before = at::get_num_threads();
   torch::manual_seed(0);
   fl::models::Conv2d conv(nn::Conv2dOptions(32, 64, 3).stride(2).padding(1));
-  fl::to_channels_last(*conv);
-  const auto x = fl::as_channels_last(torch::randn({37, 32, 14, 14}));  // 37 images: slices cut short
+  fl::models::to_channels_last(*conv);
+  const auto x = fl::models::as_channels_last(torch::randn({37, 32, 14, 14}));  // 37 images: slices cut short
   const auto upstream = torch::randn({37, 64, 7, 7}).contiguous(at::MemoryFormat::ChannelsLast);
   std::vector<Grads> results;
   for (const int threads : {1, 2}) {
@@ -478,9 +479,9 @@ TEST(Conv2d, DirectKernelsKeepTheInputsMemoryFormatAndTheWeightsInTheGradients) 
   y.sum().backward();
   EXPECT_TRUE(x.grad().is_contiguous());
   EXPECT_TRUE(conv->weight.grad().is_contiguous());
-  fl::to_channels_last(*conv);
+  fl::models::to_channels_last(*conv);
   conv->zero_grad();
-  const auto x_cl = fl::as_channels_last(torch::randn({2, 32, 5, 5})).requires_grad_(true);
+  const auto x_cl = fl::models::as_channels_last(torch::randn({2, 32, 5, 5})).requires_grad_(true);
   const auto y_cl = conv->forward(x_cl);
   EXPECT_TRUE(y_cl.is_contiguous(at::MemoryFormat::ChannelsLast));
   y_cl.sum().backward();

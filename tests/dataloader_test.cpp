@@ -1,6 +1,6 @@
 // Dataset, DataLoader, transforms and DataLoaders: order, counts, workers, augmentation, Fashion-MNIST.
 #include <fastlearn/core/error.h>
-#include <fastlearn/data/buffer_pool.h>
+#include <fastlearn/data/detail/buffer_pool.h>
 #include <fastlearn/data/image_dataloaders.h>
 
 #include <gtest/gtest.h>

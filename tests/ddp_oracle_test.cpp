@@ -1,9 +1,9 @@
 // Oracle: on 2 ranks the GradReducer's averaged gradients equal those of PyTorch's own
 // DistributedDataParallel (Gloo, run by torchrun in Python) for the same model, weights and batches.
 // Runs when Python torch and safetensors are present.
+#include <fastlearn/comm/runtime.h>
 #include <fastlearn/core/safetensors.h>
 #include <fastlearn/distributed/grad_reducer.h>
-#include <fastlearn/comm/runtime.h>
 #include <fastlearn/models/models.h>
 
 #include <fmt/format.h>

@@ -2,11 +2,11 @@
 // real ranks over Gloo: rank 0's order shared, padding by wrapping, equal batch counts and sizes on every
 // rank with and without drop_last, exact removal of the padding after gathering, a new shared shuffle
 // each epoch, errors instead of hangs for mismatched ranks, and the one-process case.
+#include <fastlearn/comm/collectives.h>
+#include <fastlearn/comm/runtime.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/dataloader.h>
-#include <fastlearn/comm/collectives.h>
 #include <fastlearn/distributed/distributed_dl.h>
-#include <fastlearn/comm/runtime.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>

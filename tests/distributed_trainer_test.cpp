@@ -4,11 +4,11 @@
 // whole validation set on every rank; only rank 0 writes checkpoints.
 #include <fastlearn/callbacks/grad_accumulation.h>
 #include <fastlearn/callbacks/mixed_precision.h>
-#include <fastlearn/core/error.h>
 #include <fastlearn/comm/collectives.h>
+#include <fastlearn/comm/runtime.h>
+#include <fastlearn/core/error.h>
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/distributed_trainer.h>
-#include <fastlearn/comm/runtime.h>
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>

@@ -1,7 +1,7 @@
 // download, extract_archive and untar_data: verified, atomic, safe, cached, and shared between processes.
 #include <fastlearn/core/error.h>
-#include <fastlearn/data/archive.h>
-#include <fastlearn/data/checksum.h>
+#include <fastlearn/data/detail/archive.h>
+#include <fastlearn/data/detail/checksum.h>
 #include <fastlearn/data/download.h>
 #include <fastlearn/data/image_dataloaders.h>
 #include <fastlearn/data/untar_data.h>

@@ -1,8 +1,8 @@
 // Resolution of the job layout from explicit options and the variables of torchrun, Open MPI, PMI and
 // SLURM, in that order of precedence, and the errors for inconsistent values.
-#include <fastlearn/core/error.h>
-#include <fastlearn/comm/env.h>
 #include <fastlearn/comm/detail/rendezvous.h>
+#include <fastlearn/comm/env.h>
+#include <fastlearn/core/error.h>
 
 #include <gtest/gtest.h>
 

@@ -91,8 +91,8 @@ TEST(Flatten, TheConvolutionalModelsFlattenWithIt) {
     for (const auto& module : model->children())
       found += std::dynamic_pointer_cast<fl::models::FlattenImpl>(module) != nullptr;
     EXPECT_EQ(found, 1);
-    fl::to_channels_last(*model);
-    const auto x = fl::as_channels_last(at::randn({4, 1, 28, 28}));
+    fl::models::to_channels_last(*model);
+    const auto x = fl::models::as_channels_last(at::randn({4, 1, 28, 28}));
     model->forward(x).sum().backward();  // the gradients reach the first convolution through the flatten
     const auto first = model->parameters().front();
     ASSERT_TRUE(first.grad().defined());

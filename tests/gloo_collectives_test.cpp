@@ -1,6 +1,6 @@
 // c10d collectives over ProcessGroupGloo on CPU tensors, 2 and 3 ranks in separate processes.
-#include <fastlearn/core/error.h>
 #include <fastlearn/comm/process_group.h>
+#include <fastlearn/core/error.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

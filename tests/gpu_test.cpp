@@ -9,15 +9,15 @@
 #include <fastlearn/callbacks/channels_last.h>
 #include <fastlearn/callbacks/graceful_stop.h>
 #include <fastlearn/callbacks/mixed_precision.h>
+#include <fastlearn/comm/collectives.h>
+#include <fastlearn/comm/runtime.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/random.h>
 #include <fastlearn/core/safetensors.h>
 #include <fastlearn/data/aug_transforms.h>
 #include <fastlearn/data/image_dataloaders.h>
-#include <fastlearn/comm/collectives.h>
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/distributed_trainer.h>
-#include <fastlearn/comm/runtime.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/models/avg_pool2d.h>

@@ -9,13 +9,13 @@
 #include <fastlearn/callbacks/grad_accumulation.h>
 #include <fastlearn/callbacks/grad_clip.h>
 #include <fastlearn/callbacks/mixed_precision.h>
-#include <fastlearn/core/device.h>
-#include <fastlearn/data/image_encode.h>
 #include <fastlearn/comm/collectives.h>
-#include <fastlearn/distributed/distrib_ctx.h>
-#include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/comm/p2p.h>
 #include <fastlearn/comm/runtime.h>
+#include <fastlearn/core/device.h>
+#include <fastlearn/data/image_encode.h>
+#include <fastlearn/distributed/distrib_ctx.h>
+#include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/models/models.h>

@@ -3,10 +3,10 @@
 // gradient accumulation communicates once, unused parameters are named, compression stays close, and
 // gradients are views into the buckets.
 #include <fastlearn/callbacks/channels_last.h>
-#include <fastlearn/core/error.h>
-#include <fastlearn/distributed/grad_reducer.h>
 #include <fastlearn/comm/p2p.h>
 #include <fastlearn/comm/runtime.h>
+#include <fastlearn/core/error.h>
+#include <fastlearn/distributed/grad_reducer.h>
 #include <fastlearn/models/models.h>
 
 #include <fmt/format.h>
@@ -280,7 +280,7 @@ TEST(GradReducer, ChannelsLastGradientsKeepTheParametersLayoutInBucketsAndInPlac
         for (const double in_place_mb : {1e9, 1000.0 / (1024 * 1024)}) {
           auto model = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(reference->clone());
           for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
-          fl::to_channels_last(*model);
+          fl::models::to_channels_last(*model);
           const auto conv_weight = model->parameters()[3];  // 8x4x3x3 (a 1-channel weight is both layouts at once)
           ASSERT_TRUE(conv_weight.is_contiguous(at::MemoryFormat::ChannelsLast));
           ASSERT_FALSE(conv_weight.is_contiguous());

@@ -1,8 +1,8 @@
 // Image files as training data: listing and verifying files, the item transforms' geometry, and the
 // ImageDataLoaders built from class folders, lists, names and CSV tables. The files are Fashion-MNIST
 // written out by scripts/make-image-folders (with odd and bad files), made once per run of this binary.
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 #include <fastlearn/data/aug_transforms.h>
 #include <fastlearn/data/image_dataloaders.h>
 #include <fastlearn/data/image_dataset.h>

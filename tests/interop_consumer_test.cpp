@@ -63,6 +63,8 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
     EXPECT_TRUE(fs::exists(prefix / file)) << file;
   }
   EXPECT_FALSE(fs::exists(prefix / "include/fastlearn/learner/learner.cpp")) << "sources are not headers";
+  for (const auto& entry : fs::recursive_directory_iterator(prefix / "include"))
+    EXPECT_NE(entry.path().filename(), "detail") << "internal headers are not installed: " << entry.path();
   // What a user downloads or installs: the library and the CLI without their debug info (420 MB as built).
   std::uintmax_t package_bytes = 0;
   for (const auto& entry : fs::recursive_directory_iterator(prefix)) {
@@ -71,9 +73,10 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
   fmt::print("installed package: {:.1f} MiB\n", static_cast<double>(package_bytes) / (1 << 20));
   EXPECT_LE(package_bytes, 60u << 20) << "the installed package holds " << package_bytes / (1 << 20) << " MiB";
 
-  std::tie(status, out) =
-      run_shell(fmt::format("'{}' -S '{}' -B '{}' -G Ninja -DCMAKE_BUILD_TYPE=Release {} {}", FASTLEARN_CMAKE,
-                            kConsumer.string(), build.string(), prefix_path_flag(prefix.string()), launcher()));
+  std::tie(status, out) = run_shell(
+      fmt::format("'{}' -S '{}' -B '{}' -G Ninja -DCMAKE_BUILD_TYPE=Release {} {} -DFASTLEARN_README_APP='{}'",
+                  FASTLEARN_CMAKE, kConsumer.string(), build.string(), prefix_path_flag(prefix.string()), launcher(),
+                  (fs::path(FASTLEARN_BUILD_DIR) / "tests/readme/src/quick_start.cpp").string()));
   ASSERT_EQ(status, 0) << out;
   // It was the installed package, not the build tree, that the consumer found.
   EXPECT_NE(slurp(build / "CMakeCache.txt").find("fastlearn_DIR:PATH=" + (prefix / "lib/cmake/fastlearn").string()),
@@ -83,12 +86,13 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
   std::tie(status, out) = run_shell((build / "consumer").string());
   EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("consumer: accuracy"), std::string::npos) << out;
+  EXPECT_TRUE(fs::exists(build / "readme_app")) << "the README's first program builds from the installed headers";
 
   // The installed CLI runs from the prefix (it finds LibTorch without the build tree).
   std::tie(status, out) = run_shell((prefix / "bin/fastlearn").string() + " --version");
   EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("fastlearn"), std::string::npos) << out;
-  // ... and its launch starts the rendezvous store from libexec/fastlearn.
+  // ... and launches (rank 0 serving the rendezvous store).
   std::tie(status, out) = run_shell((prefix / "bin/fastlearn").string() + " launch --nproc-per-node 2 -- /bin/true");
   EXPECT_EQ(status, 0) << out;
 

@@ -1,8 +1,8 @@
 // core/mkl_dispatch: the app's answer to MKL's vendor question is the one LibTorch's MKL gets, it moves MKL off
 // its generic kernels on a processor that is not Intel's, the products it then runs are right, and the switch
 // FASTLEARN_MKL_BY_FEATURES turns it off.
+#include <fastlearn/core/detail/mkl_dispatch.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/mkl_dispatch.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>

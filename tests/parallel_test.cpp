@@ -1,7 +1,7 @@
 // fastlearn::parallel_for: every item once, on LibTorch's threads (two of them when at::get_num_threads() says 2),
 // ranges no shorter than the grain, the calling thread alone inside a parallel region, and a range's exception
 // rethrown to the caller.
-#include <fastlearn/core/parallel.h>
+#include <fastlearn/core/detail/parallel.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

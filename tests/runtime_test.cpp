@@ -1,13 +1,13 @@
 // The distributed runtime on CPU with Gloo, ranks in separate processes: every collective and
 // point-to-point call on 2 and 3 ranks, groups, the three init methods, rank0_first, DistribCtx,
 // debug-mode mismatch errors, timeouts and dead peers, and launches by torchrun and Open MPI variables.
-#include <fastlearn/core/error.h>
 #include <fastlearn/comm/collectives.h>
-#include <fastlearn/distributed/distrib_ctx.h>
-#include <fastlearn/distributed/grad_reducer.h>
 #include <fastlearn/comm/p2p.h>
 #include <fastlearn/comm/pending_works.h>
 #include <fastlearn/comm/runtime.h>
+#include <fastlearn/core/error.h>
+#include <fastlearn/distributed/distrib_ctx.h>
+#include <fastlearn/distributed/grad_reducer.h>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>

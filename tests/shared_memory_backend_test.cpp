@@ -1,8 +1,8 @@
 // The shared memory backend for ranks on one host: results, chunking, delegation to Gloo, and how a wait
 // ends when a peer dies, hangs or gives up.
-#include <fastlearn/core/error.h>
-#include <fastlearn/comm/process_group.h>
 #include <fastlearn/comm/detail/shared_memory_backend.h>
+#include <fastlearn/comm/process_group.h>
+#include <fastlearn/core/error.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -1,9 +1,9 @@
 // SyncBatchNorm against torch::nn::BatchNorm: bitwise equal on one process; on 2 and 3 ranks with unequal
 // (and empty) per-rank batches, equal to one BatchNorm over the concatenated batch, in float32 and float64;
 // convert_sync_batchnorm on nested models, alone and on 2 ranks.
-#include <fastlearn/core/error.h>
 #include <fastlearn/comm/collectives.h>
 #include <fastlearn/comm/runtime.h>
+#include <fastlearn/core/error.h>
 #include <fastlearn/distributed/sync_batch_norm.h>
 
 #include <gtest/gtest.h>
@@ -379,7 +379,9 @@ struct HeadImpl : nn::Module {
   HeadImpl() : fc(register_module("fc", nn::Linear(16, 6))) {
     register_module("norm", nn::BatchNorm1d(nn::BatchNormOptions(6).eps(1e-3).momentum(std::nullopt)));
   }
-  at::Tensor forward(const at::Tensor& x) { return fl::batch_norm_forward(*named_children()["norm"], fc->forward(x)); }
+  at::Tensor forward(const at::Tensor& x) {
+    return fl::models::batch_norm_forward(*named_children()["norm"], fc->forward(x));
+  }
   nn::Linear fc;
 };
 TORCH_MODULE(Head);
@@ -494,7 +496,7 @@ TEST(SyncBatchNormConvert, ModuleListModuleDictAndSharedModules) {
   EXPECT_EQ(model->list->ptr(2), (*model->dict)["b"]);
   EXPECT_EQ(model->named_children()["list"]->named_children()["2"], model->list->ptr(2));
   EXPECT_EQ(model->named_parameters().keys(), names);
-  EXPECT_EQ(fl::batch_norm_forward(*(*model->dict)["a"], torch::randn({2, 2, 1, 1, 2})).size(1), 2);
+  EXPECT_EQ(fl::models::batch_norm_forward(*(*model->dict)["a"], torch::randn({2, 2, 1, 1, 2})).size(1), 2);
 }
 
 TEST(SyncBatchNormConvert, ABatchNormAlsoHeldByAMemberIsRefusedAndNothingChanges) {
@@ -516,7 +518,7 @@ TEST(SyncBatchNormConvert, ABatchNormAlsoHeldByAMemberIsRefusedAndNothingChanges
 
   nn::BatchNorm2d root(2);
   EXPECT_THROW(fl::convert_sync_batchnorm(*root), fl::ConfigError);
-  EXPECT_THROW(fl::batch_norm_forward(*nn::Linear(2, 2), torch::zeros({1, 2})), fl::ConfigError);
+  EXPECT_THROW(fl::models::batch_norm_forward(*nn::Linear(2, 2), torch::zeros({1, 2})), fl::ConfigError);
   EXPECT_THROW(fl::SyncBatchNormImpl::from_batch_norm(*nn::Linear(2, 2)), fl::ConfigError);
 }
 

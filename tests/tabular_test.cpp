@@ -295,7 +295,7 @@ TEST(TabularModel, FastaiLayoutNamesAndEmbeddingSizes) {
   fl::models::TabularModel model(EmbSizes{{3, 3}, {61, 16}}, std::int64_t{4}, std::int64_t{2},
                                  fl::models::TabularModelOptions{.layers = {200, 100}, .ps = {0.1, 0.0}});
   std::map<std::string, std::vector<std::int64_t>> shapes;
-  for (const auto& [name, t] : fl::model_tensors(*model)) shapes[name] = t.sizes().vec();
+  for (const auto& [name, t] : fl::models::model_tensors(*model)) shapes[name] = t.sizes().vec();
   const std::map<std::string, std::vector<std::int64_t>> expected{{"embeds.0.weight", {3, 3}},
                                                                   {"embeds.1.weight", {61, 16}},
                                                                   {"bn_cont.weight", {4}},

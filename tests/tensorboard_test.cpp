@@ -2,9 +2,9 @@
 // tensorboard's EventAccumulator, which checks the TFRecord CRCs) and hold every scalar with the right
 // step and value; under a DistributedTrainer only rank 0 writes.
 #include <fastlearn/callbacks/tensorboard.h>
+#include <fastlearn/comm/runtime.h>
 #include <fastlearn/core/event_file.h>
 #include <fastlearn/distributed/distrib_ctx.h>
-#include <fastlearn/comm/runtime.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/models/models.h>

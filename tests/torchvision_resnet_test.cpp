@@ -73,7 +73,7 @@ TEST(TorchvisionResNet, BatchNormsConvertToSyncBatchNormAndTheModelStillRuns) {
 TEST_P(Arch, StateDictLoadsStrictlyAndTheLogitsAreTorchvisions) {
   const auto arch = GetParam();
   auto model = fl::models::torchvision_resnet(arch);
-  fl::load_weights(*model, dir_ / (arch + ".safetensors"));  // strict: every key and shape
+  fl::models::load_weights(*model, dir_ / (arch + ".safetensors"));  // strict: every key and shape
   model->eval();
   torch::NoGradGuard no_grad;
   const auto logits = model->forward(images());
@@ -93,7 +93,8 @@ TEST_F(TorchvisionOracle, WeightsThatDoNotFitNameTheTensorAndChangeNothing) {
   auto content = fl::load_safetensors(dir_ / "resnet18.safetensors");
   auto ten_classes = fl::models::resnet18(10);
   const auto before = ten_classes->named_parameters()["conv1.weight"].clone();
-  auto error = fastlearn::testing::message_of([&] { fl::load_weights(*ten_classes, dir_ / "resnet18.safetensors"); });
+  auto error =
+      fastlearn::testing::message_of([&] { fl::models::load_weights(*ten_classes, dir_ / "resnet18.safetensors"); });
   EXPECT_NE(error.find("tensor 'fc.weight' has shape [1000, 512] in the file but [10, 512] in the model"),
             std::string::npos)
       << error;
@@ -102,12 +103,13 @@ TEST_F(TorchvisionOracle, WeightsThatDoNotFitNameTheTensorAndChangeNothing) {
   std::erase_if(content.tensors, [](const auto& named) { return named.first == "layer2.1.bn2.running_var"; });
   auto model = fl::models::resnet18();
   error = fastlearn::testing::message_of(
-      [&] { fl::copy_weights(fl::match_weights(*model, content.tensors, "cut.safetensors")); });
+      [&] { fl::models::copy_weights(fl::models::match_weights(*model, content.tensors, "cut.safetensors")); });
   EXPECT_NE(error.find("cut.safetensors: no tensor 'layer2.1.bn2.running_var'"), std::string::npos) << error;
   // Without strict, a file without the head loads into a model with another head; the head stays its own.
   std::erase_if(content.tensors, [](const auto& named) { return named.first.starts_with("fc."); });
   const auto head = ten_classes->named_parameters()["fc.weight"].clone();
-  fl::copy_weights(fl::match_weights(*ten_classes, content.tensors, "body.safetensors", {.strict = false}));
+  fl::models::copy_weights(
+      fl::models::match_weights(*ten_classes, content.tensors, "body.safetensors", {.strict = false}));
   EXPECT_FALSE(torch::equal(ten_classes->named_parameters()["conv1.weight"], before));
   EXPECT_TRUE(torch::equal(ten_classes->named_parameters()["fc.weight"], head));
 }
@@ -122,7 +124,7 @@ TEST_F(TorchvisionOracle, VisionLearnerLoadsTheBodyFreezesItAndFineTunes) {
                       std::vector<std::string>{"a", "b", "c"});
   auto learn = fl::vision_learner(dls, {.weights = dir_ / "resnet18.safetensors"}, {.progress = false});
   const auto file = fl::load_safetensors(dir_ / "resnet18.safetensors");
-  const auto tensors = fl::model_tensors(learn->model());
+  const auto tensors = fl::models::model_tensors(learn->model());
   const auto find = [&](const std::string& name) {
     for (const auto& [n, t] : tensors)
       if (n == name) return t;
@@ -141,7 +143,7 @@ TEST_F(TorchvisionOracle, VisionLearnerLoadsTheBodyFreezesItAndFineTunes) {
     torch::manual_seed(3);
     auto plain = fl::vision_learner(dls, {.weights = dir_ / "resnet18.safetensors", .channels_last = false},
                                     {.progress = false});
-    EXPECT_TRUE(fl::model_tensors(plain->model()).front().second.is_contiguous());
+    EXPECT_TRUE(fl::models::model_tensors(plain->model()).front().second.is_contiguous());
     fast->model().eval();
     plain->model().eval();
     torch::NoGradGuard no_grad;

@@ -1,6 +1,6 @@
 // fastlearn::warn: printed by a single process and by rank 0 of a job, kept back by the other ranks (which read
 // the same data and would print the same warning).
-#include <fastlearn/core/warning.h>
+#include <fastlearn/core/detail/warning.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>

@@ -1,6 +1,6 @@
 #include "cli/config.h"
 
-#include <fastlearn/core/text.h>
+#include <fastlearn/core/detail/text.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -3,8 +3,8 @@
 #include "cli/run_folder.h"
 
 #include <fastlearn/core/atomic_file.h>
-#include <fastlearn/core/text.h>
-#include <fastlearn/data/file_lock.h>
+#include <fastlearn/core/detail/text.h>
+#include <fastlearn/data/detail/file_lock.h>
 #include <fastlearn/fastlearn.h>
 
 #include <ATen/CPUGeneratorImpl.h>

@@ -2,8 +2,8 @@
 
 #include <fastlearn/callbacks/checkpointing.h>
 #include <fastlearn/core/atomic_file.h>
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 #include <fastlearn/learner/learner.h>
 
 #include <fmt/format.h>

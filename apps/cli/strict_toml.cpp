@@ -1,7 +1,7 @@
 #include "cli/strict_toml.h"
 
-#include <fastlearn/core/suggest.h>
-#include <fastlearn/core/text.h>
+#include <fastlearn/core/detail/suggest.h>
+#include <fastlearn/core/detail/text.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -3,8 +3,8 @@
 // rank trains the same model on its part with batch 128 / world_size, and after each backward the
 // gradients are averaged with all_reduce, so all replicas take identical steps.
 //   fastlearn launch --nproc-per-node 2 build/bin/distributed_sgd [--epochs N] [--data DIR]
-#include <fastlearn/data/idx.h>
 #include <fastlearn/comm/collectives.h>
+#include <fastlearn/data/idx.h>
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/models/models.h>
 #include <fastlearn/optim/sgd.h>

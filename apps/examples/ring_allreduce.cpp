@@ -5,8 +5,8 @@
 // The result is checked against all_reduce.
 //   fastlearn launch --nproc-per-node 3 build/bin/ring_allreduce [--numel N]
 #include <fastlearn/comm/collectives.h>
-#include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/comm/p2p.h>
+#include <fastlearn/distributed/distrib_ctx.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>

@@ -1,8 +1,8 @@
 #include <fastlearn/comm/detail/rendezvous.h>
 
-#include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 #include <fastlearn/comm/process_group.h>
+#include <fastlearn/core/detail/text.h>
+#include <fastlearn/core/error.h>
 #include <fastlearn/launch/detail/tcp_listen.h>
 
 #include <arpa/inet.h>

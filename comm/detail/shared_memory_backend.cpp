@@ -1,7 +1,7 @@
 #include <fastlearn/comm/detail/shared_memory_backend.h>
 
-#include <fastlearn/core/error.h>
 #include <fastlearn/comm/process_group.h>
+#include <fastlearn/core/error.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <linux/futex.h>

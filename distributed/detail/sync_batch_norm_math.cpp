@@ -1,7 +1,7 @@
 #include <fastlearn/distributed/detail/sync_batch_norm_math.h>
 
-#include <fastlearn/core/parallel.h>
-#include <fastlearn/models/kernel_isa.h>
+#include <fastlearn/core/detail/parallel.h>
+#include <fastlearn/models/detail/kernel_isa.h>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>

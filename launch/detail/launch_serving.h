@@ -9,8 +9,8 @@
 // the socket's backlog. serve_store_here runs it in this process (LibTorch's TCPStore); the `fastlearn` command,
 // which does not load LibTorch, hands the socket to rank 0 instead (see launch_serving).
 // This header needs no LibTorch.
-#include <fastlearn/launch/launcher.h>
 #include <fastlearn/launch/detail/tcp_listen.h>
+#include <fastlearn/launch/launcher.h>
 
 #include <functional>
 #include <memory>

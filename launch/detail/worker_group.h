@@ -1,8 +1,8 @@
 #pragma once
 // Internal to launch(): WorkerGroup, one attempt's local ranks: started together, watched, stopped all or nothing.
 #include <fastlearn/launch/detail/launch_signals.h>
-#include <fastlearn/launch/launcher.h>
 #include <fastlearn/launch/detail/worker_process.h>
+#include <fastlearn/launch/launcher.h>
 #include <sys/types.h>
 
 #include <filesystem>

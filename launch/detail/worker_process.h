@@ -1,7 +1,7 @@
 #pragma once
 // Internal to launch(): one rank's process — its environment, its fork()/execve() into the group, its exit status.
-#include <fastlearn/launch/launcher.h>
 #include <fastlearn/launch/detail/prefixed_output.h>
+#include <fastlearn/launch/launcher.h>
 #include <sys/types.h>
 
 #include <array>

@@ -1,4 +1,4 @@
-#include <fastlearn/core/svg_plot.h>
+#include <fastlearn/core/detail/svg_plot.h>
 
 #include <fastlearn/core/atomic_file.h>
 #include <fmt/format.h>

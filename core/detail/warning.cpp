@@ -1,4 +1,4 @@
-#include <fastlearn/core/warning.h>
+#include <fastlearn/core/detail/warning.h>
 
 #include <cstdlib>
 #include <iostream>

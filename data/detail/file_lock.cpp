@@ -1,7 +1,7 @@
-#include <fastlearn/data/file_lock.h>
+#include <fastlearn/data/detail/file_lock.h>
 
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/file.h>

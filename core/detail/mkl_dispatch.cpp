@@ -1,6 +1,6 @@
-#include <fastlearn/core/mkl_dispatch.h>
+#include <fastlearn/core/detail/mkl_dispatch.h>
 
-#include <fastlearn/core/env_switch.h>
+#include <fastlearn/core/detail/env_switch.h>
 
 #include <dlfcn.h>
 

@@ -1,4 +1,4 @@
-#include <fastlearn/models/kernel_isa.h>
+#include <fastlearn/models/detail/kernel_isa.h>
 
 namespace fastlearn::models {
 

@@ -1,7 +1,7 @@
-#include <fastlearn/data/checksum.h>
+#include <fastlearn/data/detail/checksum.h>
 
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 #include <openssl/evp.h>
 

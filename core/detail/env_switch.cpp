@@ -1,7 +1,7 @@
-#include <fastlearn/core/env_switch.h>
+#include <fastlearn/core/detail/env_switch.h>
 
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 
 #include <cstdlib>

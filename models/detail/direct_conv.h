@@ -6,7 +6,7 @@
 // run backwards, one stride phase at a time (the input pixels that share which taps reach them), and the weight
 // gradient sums, per tap, the products of the input pixels under it with their output pixels' gradients.
 // Plain pointers, no LibTorch: models/conv2d.cpp prepares the tensors and splits the work across threads.
-#include <fastlearn/models/kernel_isa.h>
+#include <fastlearn/models/detail/kernel_isa.h>
 
 #include <cstdint>
 

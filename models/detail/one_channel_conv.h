@@ -3,7 +3,7 @@
 // channels-last: every output pixel is nine taps times a row of output channels, contiguous in NHWC. oneDNN's
 // kernels for that shape run at a few GFLOP/s (bench one_channel_conv). Plain pointers, no LibTorch:
 // models/conv2d.cpp prepares the tensors and splits the work across threads.
-#include <fastlearn/models/kernel_isa.h>
+#include <fastlearn/models/detail/kernel_isa.h>
 
 #include <cstdint>
 

@@ -1,7 +1,7 @@
-#include <fastlearn/models/direct_conv2d.h>
+#include <fastlearn/models/detail/direct_conv2d.h>
 
-#include <fastlearn/core/parallel.h>
-#include <fastlearn/models/direct_conv.h>
+#include <fastlearn/core/detail/parallel.h>
+#include <fastlearn/models/detail/direct_conv.h>
 
 #include <torch/torch.h>
 

@@ -1,9 +1,9 @@
-#include <fastlearn/data/archive.h>
+#include <fastlearn/data/detail/archive.h>
 
 #include <archive.h>
 #include <archive_entry.h>
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include <fastlearn/data/pixel_normalize.h>
+#include <fastlearn/data/detail/pixel_normalize.h>
 
 namespace fastlearn {
 namespace {

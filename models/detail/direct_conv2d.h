@@ -1,5 +1,5 @@
 #pragma once
-// A 2-d convolution on fastlearn's channels-last kernels (models/direct_conv.h), forward and backward, as an
+// A 2-d convolution on fastlearn's channels-last kernels (models/detail/direct_conv.h), forward and backward, as an
 // autograd function over LibTorch tensors: the work split across LibTorch's threads, the weight gradient summed in
 // a fixed order (the same bits on any thread count), an input in either memory format.
 #include <ATen/core/Tensor.h>

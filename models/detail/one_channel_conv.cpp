@@ -1,4 +1,4 @@
-#include <fastlearn/models/one_channel_conv.h>
+#include <fastlearn/models/detail/one_channel_conv.h>
 
 namespace fastlearn::models {
 

@@ -1,7 +1,7 @@
-#include <fastlearn/core/safetensors_header.h>
+#include <fastlearn/core/detail/safetensors_header.h>
 
+#include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/core/text.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>

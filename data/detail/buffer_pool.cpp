@@ -1,4 +1,4 @@
-#include <fastlearn/data/buffer_pool.h>
+#include <fastlearn/data/detail/buffer_pool.h>
 
 #include <torch/torch.h>
 

@@ -1,4 +1,4 @@
-#include <fastlearn/core/parallel.h>
+#include <fastlearn/core/detail/parallel.h>
 
 #include <ATen/Config.h>
 #include <ATen/Parallel.h>

@@ -1,4 +1,4 @@
-#include <fastlearn/models/direct_conv.h>
+#include <fastlearn/models/detail/direct_conv.h>
 
 #include <algorithm>
 #include <iterator>
