@@ -1,5 +1,5 @@
 #pragma once
-// fastlearn in one include: data, Learner, callbacks, metrics, optimizers, models, distributed training.
+// fastlearn in one include: data, Learner, callbacks, metrics, optimizers, models, distributed training, configs.
 #include <fastlearn/callbacks/channels_last.h>
 #include <fastlearn/callbacks/checkpointing.h>
 #include <fastlearn/callbacks/epoch_logs.h>
@@ -14,6 +14,10 @@
 #include <fastlearn/comm/p2p.h>
 #include <fastlearn/comm/runtime.h>
 #include <fastlearn/comm/spawn.h>
+#include <fastlearn/config/data_from_config.h>
+#include <fastlearn/config/learner_from_config.h>
+#include <fastlearn/config/registry.h>
+#include <fastlearn/config/train_config.h>
 #include <fastlearn/core/build_info.h>
 #include <fastlearn/core/cpu_memory_cache.h>
 #include <fastlearn/core/device.h>

@@ -1,12 +1,13 @@
 // fastlearn-torch: the part of the fastlearn command line that needs LibTorch (train, lr-find, validate, interpret,
 // predict, --version). `fastlearn` runs it for every subcommand but launch, which it runs itself (apps/fastlearn.cpp);
 // run directly, it runs launch too, with the rendezvous store in this process.
+#include <fastlearn/config/train_config.h>
 #include <fastlearn/core/build_info.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/launch/launcher.h>
 
+#include "cli/commands.h"
 #include "cli/launch_command.h"
-#include "cli/run.h"
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -34,7 +35,7 @@ void add_config_options(CLI::App& cmd, fastlearn::cli::TrainArgs& a) {
 
 std::string config_keys_footer() {
   return "Config keys (a wrong name, type or range is an error that says where and what is expected):\n  " +
-         fastlearn::cli::describe_keys();
+         fastlearn::describe_config_keys();
 }
 
 CLI::App* add_train(CLI::App& app, fastlearn::cli::TrainArgs& a) {

@@ -8,7 +8,7 @@ set(FASTLEARN_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/fastlearn")
 
 install(FILES fastlearn.h DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/fastlearn")
 # The public headers only: what only fastlearn's own files use lives in <folder>/detail/ and is not installed.
-foreach(folder core launch comm data optim models learner callbacks distributed)
+foreach(folder core launch comm data optim models learner callbacks distributed config)
   install(DIRECTORY "${folder}/" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/fastlearn/${folder}"
           FILES_MATCHING PATTERN "*.h" PATTERN "detail" EXCLUDE)
 endforeach()

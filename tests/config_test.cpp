@@ -1,6 +1,6 @@
 // The configuration of `fastlearn train`: strict validation (the message content is what a user relies
 // on), --set overrides with their types, and the resolved config's round trip.
-#include "cli/config.h"
+#include <fastlearn/config/train_config.h>
 
 #include <gtest/gtest.h>
 
@@ -17,10 +17,10 @@
 
 namespace {
 
-using fastlearn::cli::ConfigFileError;
-using fastlearn::cli::parse_config;
-using fastlearn::cli::to_toml;
-using fastlearn::cli::TrainConfig;
+using fastlearn::ConfigFileError;
+using fastlearn::parse_config;
+using fastlearn::to_toml;
+using fastlearn::TrainConfig;
 
 // The error parse_config throws for `text` (with `sets`), or a failure when it accepts it.
 ConfigFileError error_of(const std::string& text, std::vector<std::string> sets = {}) {
@@ -175,7 +175,7 @@ TEST(Config, CsvTablesNameTheirColumnsAndTakeTheTabularModel) {
 }
 
 TEST(Config, ChannelsLastIsTrueFalseOrAutoWhichPicksTheConvModels) {
-  using fastlearn::cli::channels_last_on;
+  using fastlearn::channels_last_on;
   const auto on_for = [](const std::string& text, std::vector<std::string> sets = {}) {
     return channels_last_on(parse_config(text, "run.toml", sets));
   };
@@ -341,14 +341,13 @@ TEST(Config, TheShippedConfigsAreValid) {
   int n = 0;
   for (const auto& entry : std::filesystem::directory_iterator(std::string(FASTLEARN_SOURCE_DIR) + "/configs")) {
     if (entry.path().extension() != ".toml") continue;
-    EXPECT_NO_THROW(fastlearn::cli::load_config(entry.path().string())) << entry.path();
+    EXPECT_NO_THROW(fastlearn::load_config(entry.path().string())) << entry.path();
     ++n;
   }
   EXPECT_GE(n, 3);
-  const auto demo = fastlearn::cli::load_config(std::string(FASTLEARN_SOURCE_DIR) + "/configs/fashion_mnist.toml");
+  const auto demo = fastlearn::load_config(std::string(FASTLEARN_SOURCE_DIR) + "/configs/fashion_mnist.toml");
   EXPECT_EQ(demo.model.arch, "simple_cnn");
-  const auto resnet =
-      fastlearn::cli::load_config(std::string(FASTLEARN_SOURCE_DIR) + "/configs/fashion_mnist_resnet.toml");
+  const auto resnet = fastlearn::load_config(std::string(FASTLEARN_SOURCE_DIR) + "/configs/fashion_mnist_resnet.toml");
   EXPECT_EQ(resnet.model.arch, "resnet");
   EXPECT_TRUE(resnet.distributed.sync_bn);
 }
@@ -360,7 +359,7 @@ TEST(Config, TheShippedConfigsAreValid) {
 // is the key's name in backticks.
 TEST(Config, TheCliGuideListsEveryKeyOfTheSchemaAndNoOther) {
   std::map<std::string, std::set<std::string>> schema;  // table -> its keys (sub-tables left out)
-  std::istringstream lines(fastlearn::cli::describe_keys());
+  std::istringstream lines(fastlearn::describe_config_keys());
   for (std::string line; std::getline(lines, line);) {
     const auto open = line.find('['), close = line.find(']');
     ASSERT_NE(close, std::string::npos) << line;

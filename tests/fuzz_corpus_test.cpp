@@ -7,7 +7,7 @@
 #include <fastlearn/data/image_decode.h>
 #include <fastlearn/data/tabular_procs.h>
 
-#include "cli/config.h"
+#include <fastlearn/config/train_config.h>
 
 #include <gtest/gtest.h>
 
@@ -143,8 +143,8 @@ TEST(FuzzCorpus, ConfigInputsLoadOrFailWithConfigErrorAndRoundTrip) {
   ASSERT_FALSE(files.empty());
   for (const auto& file : files) {
     try {
-      const auto config = fastlearn::cli::parse_config(bytes_of(file), file.string());
-      EXPECT_EQ(fastlearn::cli::parse_config(fastlearn::cli::to_toml(config), "resolved.toml"), config) << file;
+      const auto config = fastlearn::parse_config(bytes_of(file), file.string());
+      EXPECT_EQ(fastlearn::parse_config(fastlearn::to_toml(config), "resolved.toml"), config) << file;
     } catch (const fl::ConfigError&) {
     } catch (const std::exception& e) {
       ADD_FAILURE() << file << ": " << e.what();

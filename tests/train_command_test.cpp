@@ -1,7 +1,7 @@
 // `fastlearn train / validate / lr-find CONFIG` as a user runs them: the run folder's contents, nothing
 // written for an invalid config, --resume, and data parallel runs through --nproc-per-node. Small
 // synthetic regression runs keep this fast.
-#include "cli/config.h"
+#include <fastlearn/config/train_config.h>
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -117,9 +117,9 @@ TEST_F(TrainCommand, WritesTheRunFolder) {
   EXPECT_NE(r.output.find(", rmse "), std::string::npos) << r.output;
 
   // The resolved config reads back as the config that ran, with the output folder filled in.
-  auto expected = fastlearn::cli::load_config(config_.string(), std::vector<std::string>{"train.epochs=2"});
+  auto expected = fastlearn::load_config(config_.string(), std::vector<std::string>{"train.epochs=2"});
   expected.output.dir = out_.string();
-  EXPECT_EQ(fastlearn::cli::load_config((out_ / "config.toml").string()), expected);
+  EXPECT_EQ(fastlearn::load_config((out_ / "config.toml").string()), expected);
 
   const auto metrics = nlohmann::json::parse(read(out_ / "metrics.json"));
   ASSERT_EQ(metrics.size(), 2u) << metrics;

@@ -5,6 +5,7 @@ the model in DDP (Gloo), runs forward/backward on this rank's batch, and rank 0 
 gradients (named like the parameters) to OUTPUT.safetensors.
 usage: torchrun --nproc-per-node 2 ddp_grads_oracle.py INPUT OUTPUT
 """
+import os
 import sys
 
 import torch
@@ -29,7 +30,11 @@ def main() -> None:
     if rank == 0:
         save_file({name: p.grad.contiguous() for name, p in model.named_parameters()}, target)
     dist.barrier()
-    dist.destroy_process_group()
+    # Both ranks are done and the file is closed. PyTorch's Gloo teardown (destroy_process_group) sometimes aborts
+    # a rank on a loaded machine ("terminate called without an active exception"), which would fail the oracle
+    # after its work: leave without it.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

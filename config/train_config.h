@@ -1,10 +1,11 @@
 #pragma once
-// The configuration of `fastlearn train CONFIG.toml`: its sections as plain structs, read strictly
-// (unknown keys, wrong types and out-of-range values are errors that say where and what is expected) and
-// written back resolved. One table in config.cpp describes every key; apps/cli/strict_toml.h is the generic
-// reading and writing. No torch here: this is parsed, fuzzed and tested on bytes alone; apps/cli/run.h
-// turns a TrainConfig into a Learner.
-#include "cli/strict_toml.h"  // ConfigFileError
+// A training run's configuration (what `fastlearn train CONFIG.toml` reads, docs/cli.md lists every key): its
+// sections as plain structs, read strictly (unknown keys, wrong types and out-of-range values are errors that
+// say where and what is expected) and written back resolved. One table in train_config.cpp describes every
+// key; the names of losses, metrics, archs, optimizers and schedules come from config/registry.h, and
+// config/learner_from_config.h turns a TrainConfig into a Learner.
+#include <fastlearn/config/switch.h>
+#include <fastlearn/core/error.h>  // ConfigFileError
 
 #include <cstdint>
 #include <functional>
@@ -14,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-namespace fastlearn::cli {
+namespace fastlearn {
 
 struct TransformsConfig {
   bool normalize = true;                 ///< to [0, 1], then the training images' mean / std (image files: ImageNet's)
@@ -91,14 +92,17 @@ struct TrainSectionConfig {
   double momentum = 0.9;               ///< sgd only
   std::int64_t seed = 0;
   bool mixed_precision = false;  ///< bf16 autocast on CPU, fp16 with loss scaling on CUDA
-  /// ChannelsLast (conv nets in NHWC memory format: faster oneDNN kernels); auto: on for the conv models
-  /// (simple_cnn, conv_net, resnet, resnet18/34/50), off for mlp and tabular.
-  strict::Switch channels_last = strict::Switch::automatic;
+  /// ChannelsLast (conv nets in NHWC memory format: faster oneDNN kernels); auto: as the arch's entry says
+  /// (registry.h: on for simple_cnn, conv_net, resnet, resnet18/34/50, off for mlp and tabular).
+  Switch channels_last = Switch::automatic;
   std::int64_t grad_accumulation = 0;  ///< > 0: step once this many items were seen
   double grad_clip = 0.0;              ///< > 0: clip the gradients' global norm to this
-  std::string loss;                    ///< default: cross_entropy (classification), mse (regression)
-  /// Classification: accuracy, error_rate, top_k_accuracy (the target among the top_k highest scores), f1_macro
-  /// (default: accuracy); regression: rmse, mse, mae (default: rmse).
+  /// A loss that fits the task (registry.h): cross_entropy (classification, the default), bce_with_logits
+  /// (multi-label), mse (regression, the default) or l1. Empty: the task's default.
+  std::string loss;
+  /// Metrics that fit the task: classification: accuracy, error_rate, top_k_accuracy (the target among the top_k
+  /// highest scores), f1_macro; multi-label: accuracy_multi, fbeta_multi; regression: rmse, mse, mae. A file
+  /// without the key gets the task's first (accuracy, accuracy_multi, rmse); an empty list means none.
   std::vector<std::string> metrics;
   std::int64_t top_k = 5;  ///< k of top_k_accuracy (fastai's default); at most the number of classes
   /// Where to train: auto (a GPU when one is visible, as fastai; with several ranks per host, each rank's own GPU
@@ -158,9 +162,13 @@ struct TrainConfig {
 
 /// For dataset = "csv" with one target and no data.y_block: whether the data makes a regression (the target's
 /// training values are all numbers), from the config read so far (the data table, and train.seed for the split).
-/// The CLI reads the CSV file (apps/cli/run.cpp); nullopt when it cannot tell (no such file: the run reports it).
-/// Without a probe, or with nullopt, such a target is a category.
+/// nullopt when it cannot tell (no such file: the run reports it). Without a probe, or with nullopt, such a target
+/// is a category.
 using RegressionProbe = std::function<std::optional<bool>(const TrainConfig&)>;
+
+/// The probe that reads data.path's CSV file and decides as TabularDataLoaders does (its training rows' values of
+/// the target all numbers: a regression); nullopt when data.path is not a file.
+std::optional<bool> regression_of_data(const TrainConfig& config);
 
 /// Reads a TOML configuration, applies `overrides` ("key.path=value", as `--set`; the value is TOML, or a
 /// bare string) and validates everything; the result has every default filled in, data.y_block too (from
@@ -168,20 +176,29 @@ using RegressionProbe = std::function<std::optional<bool>(const TrainConfig&)>;
 /// line and the closest valid key), a wrong type or an out-of-range value (the key and what is expected).
 /// `source_name` names the text in messages.
 TrainConfig parse_config(std::string_view toml_text, std::string_view source_name,
-                         std::span<const std::string> overrides = {}, const RegressionProbe& probe = {});
+                         const std::vector<std::string>& overrides = {}, const RegressionProbe& probe = {});
 
-/// Reads the file `path` and parse_config()s it; ConfigFileError when it cannot be read.
-TrainConfig load_config(const std::string& path, std::span<const std::string> overrides = {},
-                        const RegressionProbe& probe = {});
+/// Reads the file `path` and parse_config()s it, the task of a table decided from its data as the CLI decides it;
+/// ConfigFileError when it cannot be read. A relative data.path is the working directory's.
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {},
+                        const RegressionProbe& probe = regression_of_data);
 
 /// The configuration as TOML, every key spelled out; parse_config(to_toml(c), ...) == c.
 std::string to_toml(const TrainConfig& config);
 
 /// Every key of the schema, one line per section ("[train] epochs, lr, ..."), for --help.
-std::string describe_keys();
+std::string describe_config_keys();
 
-/// Whether the data is a classification task (the loss and metrics that fit it differ).
-bool is_classification(const DataConfig& data);
+/// What a model learns; the losses and metrics that fit it differ (config/registry.h).
+enum class Task { classification, multi_label, regression };
+/// The task of the data: multi_label for image_csv with a label_delim, classification for the other images
+/// and for a table with y_block = "category", regression otherwise.
+Task task_of(const DataConfig& data);
+/// "classification", "multi_label" or "regression".
+std::string_view to_string(Task task);
+
+/// The values data.dataset takes, in order (the first is the default).
+const std::vector<std::string>& dataset_names();
 /// fashion_mnist, image_folder or image_csv: images.
 bool is_images(const DataConfig& data);
 /// csv: a table (tabular data).
@@ -191,7 +208,5 @@ bool is_tabular(const DataConfig& data);
 bool channels_last_on(const TrainConfig& config);
 /// image_folder or image_csv: the user's image files.
 bool is_image_files(const DataConfig& data);
-/// image_csv with a label_delim: each image has any number of labels.
-bool is_multi_label(const DataConfig& data);
 
-}  // namespace fastlearn::cli
+}  // namespace fastlearn

@@ -1,5 +1,7 @@
-#include "cli/config.h"
+#include <fastlearn/config/train_config.h>
 
+#include <fastlearn/config/detail/strict_toml.h>
+#include <fastlearn/config/registry.h>
 #include <fastlearn/core/detail/text.h>
 
 #include <fmt/format.h>
@@ -11,7 +13,7 @@
 #include <sstream>
 #include <type_traits>
 
-namespace fastlearn::cli {
+namespace fastlearn {
 
 namespace {
 
@@ -45,7 +47,7 @@ struct Key {
       if constexpr (std::is_same_v<T, std::optional<double>>) {
         if (!value) return std::nullopt;
         return *value;
-      } else if constexpr (std::is_same_v<T, strict::Switch>) {
+      } else if constexpr (std::is_same_v<T, Switch>) {
         return strict::switch_value(value);
       } else {
         return value;
@@ -55,7 +57,7 @@ struct Key {
       auto& out = section(c).*field;
       if constexpr (std::is_same_v<T, std::optional<double>>)
         out = std::get<double>(std::move(value));
-      else if constexpr (std::is_same_v<T, strict::Switch>)
+      else if constexpr (std::is_same_v<T, Switch>)
         out = strict::switch_from(value);
       else
         out = std::get<T>(std::move(value));
@@ -147,20 +149,8 @@ constexpr Condition scheduled{[](const TrainConfig& c) { return c.train.schedule
 constexpr strict::Number positive{.min_inclusive = false};
 constexpr strict::Number fraction{.max = 1};
 
-std::vector<std::string> losses_for(const TrainConfig& c) {
-  if (is_multi_label(c.data)) return {"bce_with_logits"};
-  if (is_classification(c.data)) return {"cross_entropy"};
-  return {"mse", "l1"};
-}
-
-std::vector<std::string> metrics_for(const TrainConfig& c) {
-  if (is_multi_label(c.data)) return {"accuracy_multi", "fbeta_multi"};
-  if (is_classification(c.data)) return {"accuracy", "error_rate", "top_k_accuracy", "f1_macro"};
-  return {"rmse", "mse", "mae"};
-}
-
 std::string known_metrics(const TrainConfig& c) {
-  const auto known = metrics_for(c);
+  const auto known = metric_names(c);
   for (const auto& m : c.train.metrics) {
     if (std::find(known.begin(), known.end(), m) != known.end()) continue;
     if (!is_tabular(c.data))
@@ -169,7 +159,7 @@ std::string known_metrics(const TrainConfig& c) {
     // A table's task is data.y_block's: a metric of the other task says which y_block it needs.
     auto other = c;
     other.data.y_block = c.data.y_block == "regression" ? "category" : "regression";
-    const auto theirs = metrics_for(other);
+    const auto theirs = metric_names(other);
     const auto hint = std::find(theirs.begin(), theirs.end(), m) == theirs.end()
                           ? std::string()
                           : fmt::format(" (\"{}\" needs data.y_block = \"{}\")", excerpt(m), other.data.y_block);
@@ -177,13 +167,6 @@ std::string known_metrics(const TrainConfig& c) {
                        c.data.y_block, fmt::join(known, "\", \""), hint);
   }
   return {};
-}
-
-std::vector<std::string> archs_for(const TrainConfig& c) {
-  if (is_image_files(c.data)) return {"resnet18", "resnet34", "resnet50"};
-  if (is_tabular(c.data)) return {"tabular"};
-  if (is_classification(c.data)) return {"simple_cnn", "mlp", "conv_net", "resnet"};
-  return {"mlp"};
 }
 
 std::string fine_tune_fits_model(const TrainConfig& c) {
@@ -290,8 +273,7 @@ std::string device_spelled(const TrainConfig& c) {
 // and models fit. A sub-table may come before its table's plain keys: the writer groups keys by table.
 const std::vector<Key>& schema() {
   static const std::vector<Key> keys{
-      Key("data.dataset", in::data, &DataConfig::dataset,
-          {.choices = {"fashion_mnist", "image_folder", "image_csv", "csv", "synthetic_regression"}}),
+      Key("data.dataset", in::data, &DataConfig::dataset, {.choices = dataset_names()}),
       Key("data.path", in::data, &DataConfig::path, {},
           {.applies = has_files, .check = path_given, .omit_empty = true}),
       Key("data.url", in::data, &DataConfig::url, {}, {.applies = idx_only, .check = path_or_url, .omit_empty = true}),
@@ -336,7 +318,7 @@ const std::vector<Key>& schema() {
       Key("data.synthetic.noise", in::synthetic, &SyntheticRegressionConfig::noise),
       Key("data.synthetic.seed", in::synthetic, &SyntheticRegressionConfig::seed),
 
-      Key("model.arch", in::model, &ModelConfig::arch, {}, {.choices = archs_for}),
+      Key("model.arch", in::model, &ModelConfig::arch, {}, {.choices = arch_names}),
       Key("model.weights", in::model, &ModelConfig::weights, {}, {.applies = torchvision_only, .omit_empty = true}),
       Key("model.hidden", in::model, &ModelConfig::hidden, {.min = 1}, {.applies = mlp_only}),
       Key("model.widths", in::model, &ModelConfig::widths, {.min = 1, .allow_empty = false}, {.applies = staged_only}),
@@ -349,10 +331,11 @@ const std::vector<Key>& schema() {
 
       Key("train.epochs", in::train, &TrainSectionConfig::epochs, {.min = 1, .max = 1'000'000}),
       Key("train.lr", in::train, &TrainSectionConfig::lr, positive),
-      Key("train.schedule", in::train, &TrainSectionConfig::schedule,
-          {.choices = {"one_cycle", "flat_cos", "constant", "fine_tune"}}, {.check = fine_tune_fits_model}),
+      Key("train.schedule", in::train, &TrainSectionConfig::schedule, {},
+          {.choices = [](const TrainConfig&) { return schedule_names(); }, .check = fine_tune_fits_model}),
       Key("train.pct_start", in::train, &TrainSectionConfig::pct_start, fraction, {.applies = scheduled}),
-      Key("train.optimizer", in::train, &TrainSectionConfig::optimizer, {.choices = {"adam", "adamw", "sgd"}}),
+      Key("train.optimizer", in::train, &TrainSectionConfig::optimizer, {},
+          {.choices = [](const TrainConfig&) { return optimizer_names(); }}),
       Key("train.wd", in::train, &TrainSectionConfig::wd),
       Key("train.wd_bn_bias", in::train, &TrainSectionConfig::wd_bn_bias),
       Key("train.momentum", in::train, &TrainSectionConfig::momentum, fraction, {.applies = sgd_only}),
@@ -361,9 +344,10 @@ const std::vector<Key>& schema() {
       Key("train.channels_last", in::train, &TrainSectionConfig::channels_last),
       Key("train.grad_accumulation", in::train, &TrainSectionConfig::grad_accumulation),
       Key("train.grad_clip", in::train, &TrainSectionConfig::grad_clip),
-      Key("train.loss", in::train, &TrainSectionConfig::loss, {}, {.choices = losses_for, .needs_task = true}),
+      Key("train.loss", in::train, &TrainSectionConfig::loss, {},
+          {.choices = loss_names, .omit_empty = true, .needs_task = true}),
       Key("train.metrics", in::train, &TrainSectionConfig::metrics, {},
-          {.choices = metrics_for, .check = known_metrics, .needs_task = true}),
+          {.choices = metric_names, .check = known_metrics, .needs_task = true}),
       Key("train.top_k", in::train, &TrainSectionConfig::top_k, {.min = 1}, {.applies = top_k_metric}),
       Key("train.device", in::train, &TrainSectionConfig::device, {}, {.check = device_spelled}),
 
@@ -489,33 +473,53 @@ TrainConfig read_config(const strict::Document& doc, const RegressionProbe& prob
 
 }  // namespace
 
-bool is_classification(const DataConfig& data) {
-  return is_images(data) || (is_tabular(data) && data.y_block == "category");
+Task task_of(const DataConfig& data) {
+  if (data.dataset == "image_csv" && !data.label_delim.empty()) return Task::multi_label;
+  if (is_images(data) || (is_tabular(data) && data.y_block == "category")) return Task::classification;
+  return Task::regression;
+}
+
+std::string_view to_string(Task task) {
+  switch (task) {
+    case Task::classification:
+      return "classification";
+    case Task::multi_label:
+      return "multi_label";
+    case Task::regression:
+      return "regression";
+  }
+  return "?";
+}
+
+const std::vector<std::string>& dataset_names() {
+  static const std::vector<std::string> names{"fashion_mnist", "image_folder", "image_csv", "csv",
+                                              "synthetic_regression"};
+  return names;
 }
 
 bool is_images(const DataConfig& data) { return data.dataset == "fashion_mnist" || is_image_files(data); }
 
 bool is_tabular(const DataConfig& data) { return data.dataset == "csv"; }
 
-// "auto": NHWC where oneDNN's conv kernels are faster (bench/README: simple_cnn trains 22% faster on 2 cores);
-// mlp and tabular have no convolutions to gain from it.
+// "auto": NHWC where oneDNN's conv kernels are faster (bench/README.md has the figures), as the arch says.
 bool channels_last_on(const TrainConfig& config) {
-  if (config.train.channels_last != strict::Switch::automatic) return config.train.channels_last == strict::Switch::on;
-  return !is_tabular(config.data) && config.model.arch != "mlp";
+  if (config.train.channels_last != Switch::automatic) return config.train.channels_last == Switch::on;
+  for (const auto& arch : arch_choices())
+    if (arch.name == config.model.arch) return arch.channels_last;
+  return false;
 }
 
 bool is_image_files(const DataConfig& data) { return data.dataset == "image_folder" || data.dataset == "image_csv"; }
 
-bool is_multi_label(const DataConfig& data) { return data.dataset == "image_csv" && !data.label_delim.empty(); }
-
 TrainConfig parse_config(std::string_view toml_text, std::string_view source_name,
-                         std::span<const std::string> overrides, const RegressionProbe& probe) {
+                         const std::vector<std::string>& overrides, const RegressionProbe& probe) {
   strict::Document doc(toml_text, source_name, key_names());
   for (const auto& assignment : overrides) doc.set(assignment);
   return read_config(doc, probe);
 }
 
-TrainConfig load_config(const std::string& path, std::span<const std::string> overrides, const RegressionProbe& probe) {
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides,
+                        const RegressionProbe& probe) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw ConfigFileError(fmt::format("{}: cannot read the configuration file (does it exist?)", excerpt(path, 256)),
@@ -525,7 +529,7 @@ TrainConfig load_config(const std::string& path, std::span<const std::string> ov
   return parse_config(text.str(), path, overrides, probe);
 }
 
-std::string describe_keys() { return strict::describe_tables(key_names()); }
+std::string describe_config_keys() { return strict::describe_tables(key_names()); }
 
 std::string to_toml(const TrainConfig& config) {
   strict::Writer writer;
@@ -547,4 +551,4 @@ std::string to_toml(const TrainConfig& config) {
          writer.text();
 }
 
-}  // namespace fastlearn::cli
+}  // namespace fastlearn

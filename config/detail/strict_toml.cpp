@@ -1,4 +1,4 @@
-#include "cli/strict_toml.h"
+#include <fastlearn/config/detail/strict_toml.h>
 
 #include <fastlearn/core/detail/suggest.h>
 #include <fastlearn/core/detail/text.h>
@@ -11,7 +11,7 @@
 #include <cmath>
 #include <map>
 
-namespace fastlearn::cli::strict {
+namespace fastlearn::strict {
 
 namespace {
 
@@ -414,4 +414,4 @@ std::string Writer::text() const {
   return out;
 }
 
-}  // namespace fastlearn::cli::strict
+}  // namespace fastlearn::strict

@@ -2,8 +2,9 @@
 // Strict TOML for configuration files, free of any schema: a document read key by key against what each
 // key accepts (a wrong type, an out-of-range value or an unknown key is an error that says where and what is
 // expected; an unknown key names the closest known one), `--set key=value` overrides applied as if they
-// were in the file, and a writer that keeps keys in the order given. The keys of `fastlearn train` are in
-// apps/cli/config.cpp. No torch and no toml++ in this header.
+// were in the file, and a writer that keeps keys in the order given. The keys of a training config are in
+// config/train_config.cpp. No torch and no toml++ in this header.
+#include <fastlearn/config/switch.h>
 #include <fastlearn/core/error.h>
 
 #include <cstdint>
@@ -17,35 +18,11 @@
 #include <variant>
 #include <vector>
 
-namespace fastlearn::cli {
-
-/// A configuration that cannot be used: says which key (when one is to blame), where (file:line:col, or
-/// the --set argument), and what is expected.
-class ConfigFileError : public ConfigError {
- public:
-  ConfigFileError(const std::string& message, std::string key, int line, int column)
-      : ConfigError(message), key_(std::move(key)), line_(line), column_(column) {}
-  /// The dotted key at fault ("train.epochs"); empty for a syntax error.
-  const std::string& key() const { return key_; }
-  /// 1-based position in the file, 0 when unknown (e.g. a value given with --set).
-  int line() const { return line_; }
-  int column() const { return column_; }
-
- private:
-  std::string key_;
-  int line_;
-  int column_;
-};
-
-namespace strict {
+namespace fastlearn::strict {
 
 /// The value of a key, one alternative per kind of key.
 using Value =
     std::variant<bool, std::int64_t, double, std::string, std::vector<std::int64_t>, std::vector<std::string>>;
-
-/// A key that is true, false or "auto" (the program decides from the rest of the config); read as the Value
-/// true, false or "auto".
-enum class Switch { off, on, automatic };
 
 // What a key accepts (numbers: >= 0 unless set otherwise); errors say it in words ("an integer in [1, 64]").
 struct Boolean {};
@@ -143,5 +120,4 @@ class Writer {
   std::vector<Table> tables_;
 };
 
-}  // namespace strict
-}  // namespace fastlearn::cli
+}  // namespace fastlearn::strict

@@ -1,8 +1,6 @@
 #pragma once
-// The training commands of the `fastlearn` CLI on a parsed TrainConfig: train (on this process, or on
+// The training commands of the `fastlearn` CLI on a TrainConfig: train (on this process, or on
 // N local ranks through the launcher), lr-find, validate, interpret and predict. Each returns the process exit code.
-#include "cli/config.h"
-
 #include <string>
 #include <vector>
 

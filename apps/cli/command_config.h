@@ -1,0 +1,29 @@
+#pragma once
+// What every training command does with its config: reads it (the devices checked for this host's ranks), builds
+// the Learner of a saved checkpoint, and says results in words.
+#include "cli/commands.h"
+
+#include <fastlearn/config/train_config.h>
+#include <fastlearn/learner/learner.h>
+
+#include <memory>
+#include <string>
+
+namespace fastlearn::cli {
+
+/// The config of args.config_path with args.sets applied, data.y_block decided from the data, train.device and
+/// distributed.backend checked against this host's GPUs; throws before anything is written.
+TrainConfig read_config_file(const TrainArgs& args);
+
+/// The config's Learner (without a run's callbacks) with the checkpoint's weights, for validate, interpret and
+/// predict (`command`); loading also checks the saved class names and tabular procs against the data's.
+std::unique_ptr<Learner> learner_from_checkpoint(const TrainConfig& config, const std::string& out,
+                                                 const std::string& checkpoint, const char* command);
+
+/// "loss 0.3124, accuracy 89.20%": percentages for the metrics that are fractions of items.
+std::string describe(const ValidationResult& result);
+
+/// Whether this process is one rank of a launched job (RANK is set).
+bool under_launcher();
+
+}  // namespace fastlearn::cli

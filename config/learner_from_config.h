@@ -1,0 +1,51 @@
+#pragma once
+// A Learner from a TrainConfig: the data, model, loss, metrics, optimizer and callbacks the config names (from
+// config/registry.h), on the device it names, trained by the schedule it names. What `fastlearn train` runs, and
+// what an app builds from a TOML file:
+//
+//   auto config = fl::load_config("run.toml");
+//   auto learn = fl::learner_from_config(config);
+//   fl::fit_from_config(*learn, config);
+#include <fastlearn/comm/runtime.h>
+#include <fastlearn/config/train_config.h>
+#include <fastlearn/distributed/distributed_trainer.h>
+#include <fastlearn/learner/learner.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+namespace fastlearn {
+
+struct LearnerFromConfigOptions {
+  /// The run's folder (the Learner's path: checkpoints/, history.csv, ...). Empty: output.dir.
+  std::filesystem::path out;
+  /// The callbacks of a training run that [callbacks] and [output] ask for: metrics.json, history.csv, early
+  /// stopping, the best model, TensorBoard, checkpoints, and a graceful stop on SIGINT / SIGTERM. Off for a
+  /// Learner that only evaluates or predicts.
+  bool run_callbacks = true;
+  /// Continuing a run: history.csv is appended to.
+  bool resume = false;
+  /// The Progress callback: bars on a TTY, a line per epoch otherwise.
+  bool progress = true;
+};
+
+/// The Learner of `config`, after seeding with train.seed (the initial weights and the data order follow it). The
+/// config is checked as a file holding it would be (a hand-built one too: an unknown name or a value out of range
+/// is a ConfigError), and against the data: train.top_k at most the number of classes.
+std::unique_ptr<Learner> learner_from_config(const TrainConfig& config, const LearnerFromConfigOptions& options = {});
+
+/// Trains `learn` as train.schedule says, for train.epochs at train.lr (train.pct_start), with `options` (callbacks
+/// for this fit, a checkpoint to resume from).
+void fit_from_config(Learner& learn, const TrainConfig& config, const FitOptions& options = {});
+
+/// distributed.backend and distributed.timeout_seconds, for DistribCtx / setup_distrib.
+SetupOptions setup_options(const DistributedConfig& config);
+/// distributed.sync_bn and the gradient buckets, for DistribCtx.
+DistributedTrainerOptions trainer_options(const DistributedConfig& config);
+
+/// train.device and distributed.backend against this host's GPUs, for `local_ranks` ranks on it: a ConfigError that
+/// names `origin` (the config's file), the counts and the ways out, before anything is launched, loaded or written.
+void check_devices(const TrainConfig& config, int local_ranks, const std::string& origin);
+
+}  // namespace fastlearn
