@@ -21,8 +21,8 @@ configure: deps $(BUILD_DIR)/build.ninja
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# Each TEST is its own ctest entry, but a quick module's binary is one (tests/CMakeLists.txt, WHOLE); select an
-# area with `make test CTEST_ARGS="-L distributed"`. Each test runs pinned to a pair of CPUs, two tests per pair
+# Each TEST is its own ctest entry, but a quick module's binary is one (tests/CMakeLists.txt, WHOLE); the label is
+# the test's folder under tests/: select one with `make test CTEST_ARGS="-L distributed"`. Each test runs pinned to a pair of CPUs, two tests per pair
 # (scripts/ctest-resources), however many cores the machine has. A test that skips without being allowed to
 # (tests/allowed_skips.txt: the GPU tests, the root-only ones) fails the run (scripts/check-skips).
 test: build

@@ -1,4 +1,4 @@
-"""Oracle for tests/ddp_oracle_test.cpp: PyTorch DistributedDataParallel's averaged gradients.
+"""Oracle for tests/oracles/ddp_oracle_test.cpp: PyTorch DistributedDataParallel's averaged gradients.
 
 Run by torchrun on 2 ranks: reads the MLP's weights and every rank's batch from INPUT.safetensors, wraps
 the model in DDP (Gloo), runs forward/backward on this rank's batch, and rank 0 writes the averaged

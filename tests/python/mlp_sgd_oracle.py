@@ -1,4 +1,4 @@
-"""Oracle for tests/oracle_test.cpp: trains the same MLP as fastlearn with plain PyTorch.
+"""Oracle for tests/oracles/mlp_sgd_oracle_test.cpp: trains the same MLP as fastlearn with plain PyTorch.
 
 Reads initial weights and data from a safetensors file written by the C++ test, runs one epoch of
 SGD (momentum 0.9) over the batches in order, and prints the loss of every batch as JSON.

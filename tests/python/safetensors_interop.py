@@ -3,7 +3,7 @@
     safetensors_interop.py write PATH   writes reference() and METADATA with safetensors.torch.save_file
     safetensors_interop.py check PATH   loads PATH with safetensors.torch.load_file and compares it exactly
 
-tests/safetensors_test.cpp builds the same tensors with the same torch ops; keep the two in step.
+tests/core/safetensors_test.cpp builds the same tensors with the same torch ops; keep the two in step.
 """
 import sys
 

@@ -1,5 +1,5 @@
 """The torch.nn twins of fastlearn's models (same layers, same parameter names) and the Python side of
-the safetensors round trip in tests/safetensors_roundtrip_test.cpp.
+the safetensors round trip in tests/interop/safetensors_roundtrip_test.cpp.
 
     torch_twins.py DIR ARCH...
 

@@ -1,4 +1,4 @@
-"""The torchvision side of tests/torchvision_resnet_test.cpp. Writes into OUT, for each of resnet18, 34, 50
+"""The torchvision side of tests/oracles/torchvision_resnet_test.cpp. Writes into OUT, for each of resnet18, 34, 50
 (random weights, BatchNorm statistics and affine parameters drawn too, eval mode):
   <arch>.safetensors         its state dict, as safetensors.torch.save_file writes it
   <arch>_logits.safetensors  "logits": its output on the images below, read with Pillow, scaled to [0, 1]

@@ -1,7 +1,7 @@
 // Faults end to end, through processes: a rank SIGKILLed at a random moment, SIGKILLs while checkpoints are
 // written, an elastic restart that resumes, SIGTERM during training, a hung rank, and bad input to the
 // fashion_mnist app and `fastlearn launch` (exit code, message on stderr, nothing half-written). The
-// training program is tests/fault_probe.cpp: a tiny model on synthetic data, milliseconds per epoch.
+// training program is tests/faults/fault_probe.cpp: a tiny model on synthetic data, milliseconds per epoch.
 #include <archive.h>
 #include <archive_entry.h>
 #include <arpa/inet.h>
