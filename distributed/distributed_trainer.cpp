@@ -12,7 +12,7 @@
 
 namespace fastlearn {
 
-DistributedTrainer::DistributedTrainer(DistributedTrainerOptions options) : options_(std::move(options)) {
+DistributedTrainer::DistributedTrainer(DistributedTrainerOptions options) : options_(options) {
   order = cb_order::distributed_trainer;
 }
 
@@ -118,7 +118,7 @@ void to_distributed(Learner& learn, DistributedTrainerOptions options) {
     }
     learn.to(device);
   }
-  auto trainer = std::make_shared<DistributedTrainer>(std::move(options));
+  auto trainer = std::make_shared<DistributedTrainer>(options);
   learn.add_cb(trainer);
   trainer->attach(learn);
 }

@@ -6,6 +6,7 @@
 // OUT_DIR/history.json (train loss, valid loss and accuracy per epoch).
 #include <fastlearn/fastlearn.h>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
