@@ -31,7 +31,7 @@ test: build
 	  --output-junit ctest-junit.xml $(CTEST_ARGS)
 	scripts/check-skips $(BUILD_DIR)
 
-# clang-format on every C++ file, clang-tidy on the sources the last commit changed (scripts/lint).
+# clang-format on every C++ file, the include order, clang-tidy on the sources changed since .lint-base (scripts/lint).
 lint: configure
 	scripts/lint $(BUILD_DIR)
 
