@@ -28,10 +28,14 @@ struct LearnerFromConfigOptions {
   bool resume = false;
   /// The Progress callback: bars on a TTY, a line per epoch otherwise.
   bool progress = true;
+  /// The config is what load_config / parse_config returned (perhaps with output.dir changed): it is not checked
+  /// again. Otherwise (a config built in code) it is checked as a file holding it would be, through to_toml, which
+  /// needs every string to be UTF-8.
+  bool checked = false;
 };
 
 /// The Learner of `config`, after seeding with train.seed (the initial weights and the data order follow it). The
-/// config is checked as a file holding it would be (a hand-built one too: an unknown name or a value out of range
+/// config is checked as a file holding it would be (unless options.checked: an unknown name or a value out of range
 /// is a ConfigError), and against the data: train.top_k at most the number of classes.
 std::unique_ptr<Learner> learner_from_config(const TrainConfig& config, const LearnerFromConfigOptions& options = {});
 

@@ -28,14 +28,14 @@ struct BuiltModel {
   }
 };
 
-/// train.loss: `tasks` are those it fits.
+/// train.loss: `tasks` are those it fits (empty: every task).
 struct LossChoice {
   std::string name;
   std::vector<Task> tasks;
   std::function<Loss(const TrainConfig&)> make;
 };
 
-/// One of train.metrics.
+/// One of train.metrics: `tasks` are those it fits (empty: every task).
 struct MetricChoice {
   std::string name;
   std::vector<Task> tasks;

@@ -26,7 +26,7 @@ std::unique_ptr<Learner> learner_from_checkpoint(const TrainConfig& config, cons
                                                  const std::string& checkpoint, const char* command) {
   if (!fs::exists(checkpoint))
     throw CheckpointError(fmt::format("{}: checkpoint '{}' does not exist", command, excerpt(checkpoint, 256)));
-  auto learn = learner_from_config(config, {.out = out, .run_callbacks = false});
+  auto learn = learner_from_config(config, {.out = out, .run_callbacks = false, .checked = true});
   try {
     load_checkpoint(*learn, checkpoint, {.with_opt = false});
   } catch (const CheckpointError& e) {

@@ -159,7 +159,7 @@ int run_train(const TrainArgs& args) {
   std::unique_ptr<Learner> learn;
   ValidationResult result;
   try {
-    learn = learner_from_config(config, {.out = out, .run_callbacks = true, .resume = resume});
+    learn = learner_from_config(config, {.out = out, .run_callbacks = true, .resume = resume, .checked = true});
     DistribCtx ctx(*learn, trainer_options(config.distributed), setup_options(config.distributed));
     if (is_main()) {
       const auto where = describe_device(learn->device());
@@ -206,7 +206,7 @@ int run_train(const TrainArgs& args) {
 int run_lr_find(const TrainArgs& args) {
   auto config = read_config_file(args);
   const fs::path out = args.out.empty() ? fs::path(config.output.dir) : fs::path(args.out);
-  auto learn = learner_from_config(config, {.out = out, .run_callbacks = false});
+  auto learn = learner_from_config(config, {.out = out, .run_callbacks = false, .checked = true});
   fs::create_directories(out);
   const auto plot = out / "lr_find.svg";
   const auto found = learn->lr_find({.plot = plot});

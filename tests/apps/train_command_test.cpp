@@ -393,6 +393,19 @@ TEST_F(TrainCommand, ALaunchFlagThatASetRankOverridesIsNamed) {
   EXPECT_EQ(r.second.find("[rank 1]"), std::string::npos) << "no rank was started";
 }
 
+// A folder name is bytes, as for every command-line tool: one that is not UTF-8 (Latin-1 here) trains and validates,
+// and so does a --set path in such a folder.
+TEST_F(TrainCommand, AnOutputFolderWhoseNameIsNotUtf8TrainsAndValidates) {
+  const auto latin1 = dir_ / "caf\xe9";
+  out_ = latin1 / "run";
+  const auto r = run(train("--set train.epochs=1"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(out_ / "checkpoints" / "model.safetensors"));
+  const auto v = run("validate " + config_.string() + " --set 'output.dir=\"" + out_.string() + "\"' --checkpoint " +
+                     (out_ / "checkpoints" / "model.safetensors").string());
+  EXPECT_EQ(v.exit_code, 0) << v.output;
+}
+
 TEST_F(TrainCommand, AnInvalidConfigWritesNothing) {
   std::ofstream(config_, std::ios::app) << "epoch = 3\n";
   const auto r = run(train(""));
