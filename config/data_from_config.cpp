@@ -114,7 +114,9 @@ std::optional<bool> regression_of_data(const TrainConfig& c) {
   return TabularDataLoaders::regression(table, tabular_options(c), c.data.path);
 }
 
-DataLoaders dataloaders_from_config(const TrainConfig& c) {
+namespace {
+
+DataLoaders read_data(const TrainConfig& c) {
   const auto& dataset = c.data.dataset;
   if (dataset == "synthetic_regression") return synthetic_regression(c.data);
   if (dataset == "csv") return TabularDataLoaders::from_csv(c.data.path, tabular_options(c));
@@ -122,6 +124,17 @@ DataLoaders dataloaders_from_config(const TrainConfig& c) {
   if (dataset == "fashion_mnist") return idx_images(c);
   throw ConfigError(fmt::format("data.dataset: unknown dataset \"{}\"; expected one of \"{}\"", excerpt(dataset),
                                 fmt::join(dataset_names(), "\", \"")));
+}
+
+}  // namespace
+
+DataLoaders dataloaders_from_config(const TrainConfig& c) {
+  auto dls = read_data(c);
+  // A model's factory may read the first item (the mlp's width): nothing to train on is said here, by name.
+  if (dls.train().dataset().size() == 0)
+    throw DataError(fmt::format("data.dataset = \"{}\"{}: the training split has no items", c.data.dataset,
+                                c.data.path.empty() ? "" : fmt::format(" at '{}'", excerpt(c.data.path, 256))));
+  return dls;
 }
 
 }  // namespace fastlearn

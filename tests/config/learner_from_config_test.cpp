@@ -206,6 +206,15 @@ TEST_F(TinyConfigs, AnUnknownNameInAConfigBuiltInCodeIsAnErrorNamingTheKey) {
   EXPECT_EQ(fl::find_metric("rmse", base).name, "rmse");
 }
 
+// An MNIST-format folder with no training image: refused by name, not by an index error of the model's factory.
+TEST_F(TinyConfigs, AnEmptyTrainingSplitIsNamed) {
+  write_idx(dir_ / "mnist", "train", 0);
+  const auto message = message_of(
+      [&] { fl::learner_from_config(config_of("fashion_mnist", "model.arch", "mlp"), {.run_callbacks = false}); });
+  EXPECT_NE(message.find("train"), std::string::npos) << message;
+  EXPECT_EQ(message.find("out of range"), std::string::npos) << message;
+}
+
 TEST(Registry, AddedEntriesFollowTheNameRules) {
   const auto no_model = [](const fl::TrainConfig&, const fl::DataLoaders&) -> fl::BuiltModel { return {}; };
   EXPECT_NE(message_of([&] {
