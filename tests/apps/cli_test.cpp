@@ -10,20 +10,10 @@
 
 namespace {
 
-struct Run {
-  int exit_code;
-  std::string output;
-};
-
-// The CLI with `args` (appended: GCC 12 warns falsely on std::string(macro) + literal).
-Run run(const std::string& args) {
-  std::string command = FASTLEARN_CLI;
-  auto [code, out] = fastlearn::testing::run_shell(command.append(" ").append(args));
-  return {code, std::move(out)};
-}
+using fastlearn::testing::run_cli;
 
 TEST(Cli, VersionNamesFastlearnLibtorchAndTheCompiledInBackends) {
-  const auto r = run("--version");
+  const auto r = run_cli("--version");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("fastlearn 0."), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("LibTorch " FASTLEARN_EXPECTED_TORCH), std::string::npos) << r.output;
@@ -33,13 +23,13 @@ TEST(Cli, VersionNamesFastlearnLibtorchAndTheCompiledInBackends) {
 }
 
 TEST(Cli, AnUnknownOptionIsAnErrorThatNamesIt) {
-  const auto r = run("--no-such-flag");
+  const auto r = run_cli("--no-such-flag");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--no-such-flag"), std::string::npos) << r.output;
 }
 
 TEST(Cli, HelpDescribesVersion) {
-  const auto r = run("--help");
+  const auto r = run_cli("--help");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.output.find("--version"), std::string::npos) << r.output;
 }

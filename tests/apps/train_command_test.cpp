@@ -31,17 +31,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
-  int exit_code;
-  std::string output;
-};
-
-// The CLI with `args` (appended: GCC 12 warns falsely on std::string(macro) + literal).
-Run run(const std::string& args) {
-  std::string command = FASTLEARN_CLI;
-  auto [code, out] = fastlearn::testing::run_shell(command.append(" ").append(args));
-  return {code, std::move(out)};
-}
+using fastlearn::testing::run_cli;
 
 std::string read(const fs::path& file) {
   std::ifstream in(file);
@@ -111,7 +101,7 @@ metrics = ["accuracy"]
 };
 
 TEST_F(TrainCommand, WritesTheRunFolder) {
-  const auto r = run(train("--set train.epochs=2"));
+  const auto r = run_cli(train("--set train.epochs=2"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("final validation set: loss "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(", rmse "), std::string::npos) << r.output;
@@ -142,7 +132,7 @@ TEST_F(TrainCommand, WritesTheRunFolder) {
 
   // validate prints the same metrics for the final weights.
   const auto v =
-      run("validate " + config_.string() + " --checkpoint " + (out_ / "checkpoints/model.safetensors").string());
+      run_cli("validate " + config_.string() + " --checkpoint " + (out_ / "checkpoints/model.safetensors").string());
   ASSERT_EQ(v.exit_code, 0) << v.output;
   const auto final_line = r.output.substr(r.output.find("final validation set: ") + 22);
   const auto validated = v.output.substr(v.output.find("validation set: ") + 16);
@@ -152,7 +142,7 @@ TEST_F(TrainCommand, WritesTheRunFolder) {
 TEST_F(TrainCommand, TrainsResnet18OnImageFoldersAndSavesTheClassNamesWithTheModel) {
   const auto skip = write_image_folder_config("");
   if (!skip.empty()) GTEST_SKIP() << skip;
-  const auto r = run(train(""));
+  const auto r = run_cli(train(""));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto metrics = nlohmann::json::parse(read(out_ / "metrics.json"));
   ASSERT_EQ(metrics.size(), 2u) << metrics;
@@ -165,9 +155,9 @@ TEST_F(TrainCommand, TrainsResnet18OnImageFoldersAndSavesTheClassNamesWithTheMod
   // predict: one line per file, the class a name of the vocabulary; a file that does not decode is named.
   const auto image = dir_ / "images" / "png" / "valid" / "Trouser" / "valid_0000.png";
   std::ofstream(dir_ / "broken.png") << "not a png";
-  const auto p = run(fmt::format("predict {} --checkpoint {} {} {}", config_.string(),
-                                 (out_ / "checkpoints" / "model.safetensors").string(), image.string(),
-                                 (dir_ / "broken.png").string()));
+  const auto p = run_cli(fmt::format("predict {} --checkpoint {} {} {}", config_.string(),
+                                     (out_ / "checkpoints" / "model.safetensors").string(), image.string(),
+                                     (dir_ / "broken.png").string()));
   EXPECT_EQ(p.exit_code, 1) << p.output;
   const auto line = p.output.substr(p.output.find(image.string() + "\t"));
   const auto predicted = line.substr(image.string().size() + 1, line.find(' ') - image.string().size() - 1);
@@ -177,9 +167,9 @@ TEST_F(TrainCommand, TrainsResnet18OnImageFoldersAndSavesTheClassNamesWithTheMod
   // A folder: every image under it, one line each (it was std::bad_alloc); an empty folder is named.
   const auto folder = dir_ / "images" / "png" / "valid" / "Trouser";
   std::filesystem::create_directories(dir_ / "empty");
-  const auto f = run(fmt::format("predict {} --checkpoint {} {} {}", config_.string(),
-                                 (out_ / "checkpoints" / "model.safetensors").string(), folder.string(),
-                                 (dir_ / "empty").string()));
+  const auto f = run_cli(fmt::format("predict {} --checkpoint {} {} {}", config_.string(),
+                                     (out_ / "checkpoints" / "model.safetensors").string(), folder.string(),
+                                     (dir_ / "empty").string()));
   EXPECT_EQ(f.exit_code, 1) << f.output;
   std::size_t lines = 0;
   for (const auto& file : std::filesystem::directory_iterator(folder)) {
@@ -193,8 +183,9 @@ TEST_F(TrainCommand, TrainsResnet18OnImageFoldersAndSavesTheClassNamesWithTheMod
       << f.output;
 
   // interpret: the confusion matrix over the 16 validation images, and the grid of the 5 worst.
-  const auto i = run(fmt::format("interpret {} --checkpoint {} --top 5 --out {}", config_.string(),
-                                 (out_ / "checkpoints" / "model.safetensors").string(), (dir_ / "interp").string()));
+  const auto i =
+      run_cli(fmt::format("interpret {} --checkpoint {} --top 5 --out {}", config_.string(),
+                          (out_ / "checkpoints" / "model.safetensors").string(), (dir_ / "interp").string()));
   ASSERT_EQ(i.exit_code, 0) << i.output;
   EXPECT_NE(i.output.find("most confused"), std::string::npos) << i.output;
   const auto cm = read(dir_ / "interp" / "confusion_matrix.csv");
@@ -210,8 +201,8 @@ TEST_F(TrainCommand, TrainsResnet18OnImageFoldersAndSavesTheClassNamesWithTheMod
   std::size_t images = 0;
   for (auto at = grid.find("<image"); at != std::string::npos; at = grid.find("<image", at + 1)) ++images;
   EXPECT_EQ(images, 5u);
-  const auto bad = run(fmt::format("interpret {} --checkpoint {} --top 0", config_.string(),
-                                   (out_ / "checkpoints" / "model.safetensors").string()));
+  const auto bad = run_cli(fmt::format("interpret {} --checkpoint {} --top 0", config_.string(),
+                                       (out_ / "checkpoints" / "model.safetensors").string()));
   EXPECT_NE(bad.exit_code, 0);
 }
 
@@ -242,13 +233,14 @@ epochs = 3
 lr = 1e-2
 )",
                                         (dir_ / "semi.csv").string());
-  const auto trained = run(train(""));
+  const auto trained = run_cli(train(""));
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   EXPECT_NE(read(out_ / "config.toml").find("delimiter = \";\""), std::string::npos);
   // Columns the model does not read (an id, the target) may be in predict's file.
   std::ofstream(dir_ / "rows.csv") << "id;kind;size;label\n1;\"red, dark\";1;small\n2;blue;9;\n3;blue;abc;big\n";
-  const auto p = run(fmt::format("predict {} --checkpoint {} {}", config_.string(),
-                                 (out_ / "checkpoints" / "model.safetensors").string(), (dir_ / "rows.csv").string()));
+  const auto p =
+      run_cli(fmt::format("predict {} --checkpoint {} {}", config_.string(),
+                          (out_ / "checkpoints" / "model.safetensors").string(), (dir_ / "rows.csv").string()));
   ASSERT_EQ(p.exit_code, 1) << "the last row's size is not a number\n" << p.output;
   EXPECT_NE(p.output.find("rows.csv:2\tsmall"), std::string::npos) << p.output;
   EXPECT_NE(p.output.find("rows.csv:3\tbig"), std::string::npos) << p.output;
@@ -281,7 +273,7 @@ layers = [8]
 epochs = 1
 )",
                                         (dir_ / "ages.csv").string());
-  const auto trained = run(train("--set 'train.metrics=[\"rmse\", \"mae\"]'"));
+  const auto trained = run_cli(train("--set 'train.metrics=[\"rmse\", \"mae\"]'"));
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   const auto resolved = read(out_ / "config.toml");
   EXPECT_NE(resolved.find("y_block = \"regression\""), std::string::npos) << resolved;
@@ -289,7 +281,7 @@ epochs = 1
   const auto record = nlohmann::json::parse(read(out_ / "metrics.json")).back();
   EXPECT_TRUE(record.contains("rmse") && record.contains("mae")) << record.dump();
   // A metric of the other task says why the task is what it is.
-  const auto accuracy = run(train("--set 'train.metrics=[\"accuracy\"]'"));
+  const auto accuracy = run_cli(train("--set 'train.metrics=[\"accuracy\"]'"));
   EXPECT_NE(accuracy.exit_code, 0);
   EXPECT_NE(accuracy.output.find("(\"accuracy\" needs data.y_block = \"category\")"), std::string::npos)
       << accuracy.output;
@@ -322,23 +314,24 @@ seed = 3
                                         census.string());
   // top_k_accuracy's k against the data's 2 classes: refused with the data loaded, before the folder is written
   // (it used to fail after the first epoch), and train.top_k sets k.
-  const auto top5 = run(train("--set 'train.metrics=[\"top_k_accuracy\"]'"));
+  const auto top5 = run_cli(train("--set 'train.metrics=[\"top_k_accuracy\"]'"));
   EXPECT_NE(top5.exit_code, 0);
   EXPECT_NE(top5.output.find("top_k_accuracy with train.top_k = 5 needs at least 5 classes; the data has 2: set "
                              "train.top_k to at most 2"),
             std::string::npos)
       << top5.output;
   EXPECT_FALSE(fs::exists(out_));
-  const auto top1 = run(train("--set 'train.metrics=[\"top_k_accuracy\"]' --set train.top_k=1 --set train.epochs=1"));
+  const auto top1 =
+      run_cli(train("--set 'train.metrics=[\"top_k_accuracy\"]' --set train.top_k=1 --set train.epochs=1"));
   ASSERT_EQ(top1.exit_code, 0) << top1.output;
   EXPECT_TRUE(nlohmann::json::parse(read(out_ / "metrics.json")).back()["top_k_accuracy"].is_number());
-  const auto one = run(train(""));
+  const auto one = run_cli(train(""));
   ASSERT_EQ(one.exit_code, 0) << one.output;
   const double alone = nlohmann::json::parse(read(out_ / "metrics.json")).back()["accuracy"];
   EXPECT_GT(alone, 0.8) << "the constant guess gets about 0.77";
   const auto model = out_ / "two" / "checkpoints" / "model.safetensors";
-  const auto two =
-      run("train " + config_.string() + " --out " + (out_ / "two").string() + " --nproc-per-node 2 --set data.bs=64");
+  const auto two = run_cli("train " + config_.string() + " --out " + (out_ / "two").string() +
+                           " --nproc-per-node 2 --set data.bs=64");
   ASSERT_EQ(two.exit_code, 0) << two.output;
   const double ranks = nlohmann::json::parse(read(out_ / "two" / "metrics.json")).back()["accuracy"];
   EXPECT_GE(ranks, alone - 0.01) << "2 ranks of 64 reach 1 process of 128 (within 1 point): " << ranks << " vs "
@@ -350,8 +343,8 @@ seed = 3
                                       "52,Private,Doctorate,Exec-managerial,United-States,Male,60,15000,16\n"
                                       ",,,,Atlantis,,,,\n"
                                       "old,Private,HS-grad,Sales,Mexico,Female,40,0,9\n";
-  const auto p =
-      run(fmt::format("predict {} --checkpoint {} {}", config_.string(), model.string(), (dir_ / "rows.csv").string()));
+  const auto p = run_cli(
+      fmt::format("predict {} --checkpoint {} {}", config_.string(), model.string(), (dir_ / "rows.csv").string()));
   EXPECT_EQ(p.exit_code, 1) << "the third row's age is not a number:\n" << p.output;
   EXPECT_NE(p.output.find("rows.csv:2\t>=50k 0."), std::string::npos) << p.output;
   EXPECT_NE(p.output.find("rows.csv:3\t"), std::string::npos) << "missing and unknown cells still predict\n"
@@ -362,14 +355,14 @@ seed = 3
   std::ofstream(dir_ / "no_age.csv") << "workclass,education,occupation,native_country,sex,hours_per_week,"
                                         "capital_gain,education_num\n"
                                         "Private,Doctorate,Exec-managerial,United-States,Male,60,15000,16\n";
-  const auto no_age = run(
+  const auto no_age = run_cli(
       fmt::format("predict {} --checkpoint {} {}", config_.string(), model.string(), (dir_ / "no_age.csv").string()));
   EXPECT_EQ(no_age.exit_code, 1) << no_age.output;
   EXPECT_NE(no_age.output.find("no_age.csv: no column age that the model reads"), std::string::npos) << no_age.output;
   EXPECT_EQ(no_age.output.find("no_age.csv:2\t"), std::string::npos) << no_age.output;
 
-  const auto i = run(fmt::format("interpret {} --checkpoint {} --out {}", config_.string(), model.string(),
-                                 (dir_ / "interp").string()));
+  const auto i = run_cli(fmt::format("interpret {} --checkpoint {} --out {}", config_.string(), model.string(),
+                                     (dir_ / "interp").string()));
   ASSERT_EQ(i.exit_code, 0) << i.output;
   EXPECT_NE(i.output.find("top losses (validation row, counted from 0: actual, predicted (its probability), loss):\n"),
             std::string::npos)
@@ -398,22 +391,22 @@ TEST_F(TrainCommand, ALaunchFlagThatASetRankOverridesIsNamed) {
 TEST_F(TrainCommand, AnOutputFolderWhoseNameIsNotUtf8TrainsAndValidates) {
   const auto latin1 = dir_ / "caf\xe9";
   out_ = latin1 / "run";
-  const auto r = run(train("--set train.epochs=1"));
+  const auto r = run_cli(train("--set train.epochs=1"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(fs::exists(out_ / "checkpoints" / "model.safetensors"));
-  const auto v = run("validate " + config_.string() + " --set 'output.dir=\"" + out_.string() + "\"' --checkpoint " +
-                     (out_ / "checkpoints" / "model.safetensors").string());
+  const auto v = run_cli("validate " + config_.string() + " --set 'output.dir=\"" + out_.string() +
+                         "\"' --checkpoint " + (out_ / "checkpoints" / "model.safetensors").string());
   EXPECT_EQ(v.exit_code, 0) << v.output;
 }
 
 TEST_F(TrainCommand, AnInvalidConfigWritesNothing) {
   std::ofstream(config_, std::ios::app) << "epoch = 3\n";
-  const auto r = run(train(""));
+  const auto r = run_cli(train(""));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("run.toml:16:1: unknown key train.epoch; did you mean train.epochs?"), std::string::npos)
       << r.output;
   EXPECT_FALSE(fs::exists(out_));
-  const auto bad_set = run(train("--set data.bs=-1 --nproc-per-node 2"));
+  const auto bad_set = run_cli(train("--set data.bs=-1 --nproc-per-node 2"));
   EXPECT_NE(bad_set.exit_code, 0);
   EXPECT_NE(bad_set.output.find("--set data.bs=-1: data.bs must be an integer >= 1, not the integer -1"),
             std::string::npos)
@@ -426,7 +419,7 @@ TEST_F(TrainCommand, ARelativeDataPathThatIsNotThereNamesTheWorkingDirectory) {
   const auto config = dir_ / "images.toml";
   std::ofstream(config)
       << "[data]\ndataset = \"image_folder\"\npath = \"no/such/folder\"\n[model]\narch = \"resnet18\"\n";
-  const auto r = run(fmt::format("train '{}' --out '{}'", config.string(), out_.string()));
+  const auto r = run_cli(fmt::format("train '{}' --out '{}'", config.string(), out_.string()));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find(fmt::format("data.path 'no/such/folder' (relative to the working directory {}) "
                                       "(data.dataset = \"image_folder\") is not a folder",
@@ -438,11 +431,11 @@ TEST_F(TrainCommand, ARelativeDataPathThatIsNotThereNamesTheWorkingDirectory) {
 
 TEST_F(TrainCommand, ResumeContinuesFromTheNewestCheckpointMidEpoch) {
   const std::string sets = "--set train.epochs=3 --set output.checkpoint_every_n_batches=3";
-  ASSERT_EQ(run(train(sets)).exit_code, 0);
+  ASSERT_EQ(run_cli(train(sets)).exit_code, 0);
   const auto full = nlohmann::json::parse(read(out_ / "metrics.json"));
   // As if the run died during the last epoch: its end-of-epoch checkpoint is gone, a mid-epoch one is left.
   fs::remove(out_ / "checkpoints/ckpt-e0003-b0000000.safetensors");
-  const auto r = run(train(sets + " --resume"));
+  const auto r = run_cli(train(sets + " --resume"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("resume: continuing from " + (out_ / "checkpoints/ckpt-e0002-b").string()), std::string::npos)
       << r.output;
@@ -461,7 +454,7 @@ TEST_F(TrainCommand, AFineTuneResumesInsideItsUnfrozenFit) {
   const auto skip =
       write_image_folder_config("schedule = \"fine_tune\"\n", "[output]\ncheckpoint_every_n_batches = 2\n");
   if (!skip.empty()) GTEST_SKIP() << skip;
-  ASSERT_EQ(run(train("")).exit_code, 0);
+  ASSERT_EQ(run_cli(train("")).exit_code, 0);
   const auto full = nlohmann::json::parse(read(out_ / "metrics.json"));
   ASSERT_EQ(full.size(), 3u) << "the frozen epoch and the 2 unfrozen ones: " << full;
   for (int e = 0; e < 3; ++e) EXPECT_EQ(full[e]["epoch"], e) << full;
@@ -471,7 +464,7 @@ TEST_F(TrainCommand, AFineTuneResumesInsideItsUnfrozenFit) {
   const auto last = out_ / "checkpoints/ckpt-e0003-b0000000.safetensors";
   ASSERT_TRUE(fs::exists(last));
   fs::remove(last);
-  const auto r = run(train("--resume"));
+  const auto r = run_cli(train("--resume"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("resume: continuing from " + (out_ / "checkpoints/ckpt-e0002-b").string()), std::string::npos)
       << r.output;
@@ -485,7 +478,7 @@ TEST_F(TrainCommand, AFineTuneResumesInsideItsUnfrozenFit) {
 }
 
 TEST_F(TrainCommand, ARunThatFailsBeforeTrainingLeavesTheOlderRunsFolderAsItWas) {
-  ASSERT_EQ(run(train("--set train.epochs=2")).exit_code, 0);
+  ASSERT_EQ(run_cli(train("--set train.epochs=2")).exit_code, 0);
   const auto config_before = read(out_ / "config.toml"), history_before = read(out_ / "history.csv");
   const auto checkpoints = [this] {
     std::set<std::string> names;
@@ -495,7 +488,7 @@ TEST_F(TrainCommand, ARunThatFailsBeforeTrainingLeavesTheOlderRunsFolderAsItWas)
   const auto checkpoints_before = checkpoints();
   ASSERT_TRUE(checkpoints_before.contains("ckpt-e0002-b0000000.safetensors"));
   // Resuming with another model: its checkpoint does not load, and the folder must stay the older run's.
-  const auto other_model = run(train("--set model.hidden=[8] --resume"));
+  const auto other_model = run_cli(train("--set model.hidden=[8] --resume"));
   EXPECT_NE(other_model.exit_code, 0) << other_model.output;
   EXPECT_EQ(read(out_ / "config.toml"), config_before);
   EXPECT_EQ(read(out_ / "history.csv"), history_before);
@@ -503,7 +496,7 @@ TEST_F(TrainCommand, ARunThatFailsBeforeTrainingLeavesTheOlderRunsFolderAsItWas)
   // A fresh run that trains takes the folder over: its config, and none of the older run's checkpoints, torn ones
   // included (removed unread: no "skipping" message).
   std::ofstream(out_ / "checkpoints" / "ckpt-e0009-b0000000.safetensors") << "not a checkpoint";
-  const auto fresh = run(train("--set train.epochs=1 --set model.hidden=[8]"));
+  const auto fresh = run_cli(train("--set train.epochs=1 --set model.hidden=[8]"));
   ASSERT_EQ(fresh.exit_code, 0) << fresh.output;
   EXPECT_EQ(fresh.output.find("skipping checkpoint"), std::string::npos) << fresh.output;
   EXPECT_FALSE(checkpoints().contains("ckpt-e0009-b0000000.safetensors"));
@@ -525,7 +518,7 @@ TEST_F(TrainCommand, ARunThatFailsInItsFirstEpochPutsTheOlderRunsFilesBack) {
       "[data]\ndataset = \"image_folder\"\npath = \"{}\"\nsize = 32\nbs = 4\nworkers = 0\n[model]\narch = "
       "\"resnet18\"\n[train]\nepochs = 1\nlr = 0.002\n",
       images.string());
-  ASSERT_EQ(run(train("")).exit_code, 0);
+  ASSERT_EQ(run_cli(train("")).exit_code, 0);
   const auto snapshot = [this] {
     std::map<std::string, std::string> files;
     for (const auto& e : fs::recursive_directory_iterator(out_))
@@ -540,7 +533,7 @@ TEST_F(TrainCommand, ARunThatFailsInItsFirstEpochPutsTheOlderRunsFilesBack) {
   ASSERT_TRUE(before.contains("checkpoints/ckpt-e0001-b0000000.safetensors"));
 
   std::ofstream(images / "train" / "Trouser" / "empty.png");  // zero bytes: decoded, and refused, while training
-  const auto failed = run(train("--set train.lr=0.001"));
+  const auto failed = run_cli(train("--set train.lr=0.001"));
   EXPECT_NE(failed.exit_code, 0) << failed.output;
   EXPECT_NE(failed.output.find("the file is empty"), std::string::npos) << failed.output;
   EXPECT_NE(failed.output.find("older run's files in " + out_.string() + " are back"), std::string::npos)
@@ -559,14 +552,14 @@ TEST_F(TrainCommand, ARunThatFailsInItsFirstEpochPutsTheOlderRunsFilesBack) {
     std::ofstream(out_ / "history.csv") << "epoch,train_loss\n";
   };
   kill_during_takeover();
-  const auto next = run(train("--set train.lr=0.001"));
+  const auto next = run_cli(train("--set train.lr=0.001"));
   EXPECT_NE(next.exit_code, 0) << "the empty image is still there: " << next.output;
   EXPECT_NE(next.output.find("was killed while taking it over"), std::string::npos) << next.output;
   EXPECT_EQ(snapshot(), before);
   // --resume after such a kill continues the new run (here from its start: it has no checkpoint), not the older
   // one; failing again, it puts the older run back all the same.
   kill_during_takeover();
-  const auto resumed = run(train("--set train.lr=0.001 --resume"));
+  const auto resumed = run_cli(train("--set train.lr=0.001 --resume"));
   EXPECT_NE(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("no checkpoint in"), std::string::npos) << resumed.output;
   EXPECT_EQ(resumed.output.find("continuing from"), std::string::npos) << resumed.output;
@@ -574,7 +567,7 @@ TEST_F(TrainCommand, ARunThatFailsInItsFirstEpochPutsTheOlderRunsFilesBack) {
   // Only the files a run writes move: one of the user's in checkpoints/ stays where it is throughout.
   std::ofstream(out_ / "checkpoints" / "notes.txt") << "mine\n";
   fs::remove(images / "train" / "Trouser" / "empty.png");
-  ASSERT_EQ(run(train("--set train.lr=0.001")).exit_code, 0);
+  ASSERT_EQ(run_cli(train("--set train.lr=0.001")).exit_code, 0);
   EXPECT_FALSE(fs::exists(out_ / ".previous-run")) << "a run that trained an epoch deletes the older run's files";
   EXPECT_FALSE(fs::exists(out_ / "checkpoints" / ".previous-run"));
   EXPECT_NE(snapshot().at("config.toml"), before.at("config.toml"));
@@ -584,23 +577,23 @@ TEST_F(TrainCommand, ARunThatFailsInItsFirstEpochPutsTheOlderRunsFilesBack) {
 // While a run trains into a folder it holds the folder's lock: a second run into it stops at once with an error and
 // changes nothing there; once the lock is free, a run goes ahead. A folder made only to fail in is not left behind.
 TEST_F(TrainCommand, ASecondRunIntoAFolderInUseStopsAtOnce) {
-  ASSERT_EQ(run(train("--set train.epochs=1")).exit_code, 0);
+  ASSERT_EQ(run_cli(train("--set train.epochs=1")).exit_code, 0);
   const auto config_before = read(out_ / "config.toml");
   const int held = open(out_.c_str(), O_RDONLY | O_CLOEXEC);  // as the running run holds it
   ASSERT_GE(held, 0);
   ASSERT_EQ(flock(held, LOCK_EX | LOCK_NB), 0);
-  const auto second = run(train("--set train.epochs=1 --set model.hidden=[8]"));
+  const auto second = run_cli(train("--set train.epochs=1 --set model.hidden=[8]"));
   EXPECT_NE(second.exit_code, 0) << second.output;
   EXPECT_NE(second.output.find("--out " + out_.string() + ": another fastlearn run is training into this folder"),
             std::string::npos)
       << second.output;
   EXPECT_EQ(read(out_ / "config.toml"), config_before);
-  const auto two_ranks = run(train("--set train.epochs=1 --nproc-per-node 2"));
+  const auto two_ranks = run_cli(train("--set train.epochs=1 --nproc-per-node 2"));
   EXPECT_NE(two_ranks.exit_code, 0) << two_ranks.output;
   EXPECT_NE(two_ranks.output.find("another fastlearn run is training into this folder"), std::string::npos)
       << two_ranks.output;
   close(held);
-  EXPECT_EQ(run(train("--set train.epochs=1 --set model.hidden=[8]")).exit_code, 0) << "the lock is free again";
+  EXPECT_EQ(run_cli(train("--set train.epochs=1 --set model.hidden=[8]")).exit_code, 0) << "the lock is free again";
   EXPECT_NE(read(out_ / "config.toml"), config_before);
 
   const auto fresh = dir_ / "fresh";
@@ -609,43 +602,43 @@ TEST_F(TrainCommand, ASecondRunIntoAFolderInUseStopsAtOnce) {
       "[data]\ndataset = \"csv\"\npath = \"{}\"\ny_names = [\"y\"]\ncont_names = [\"a\"]\n[model]\narch = "
       "\"tabular\"\n",
       (dir_ / "no_y.csv").string());
-  const auto bad = run("train " + (dir_ / "table.toml").string() + " --out " + fresh.string());
+  const auto bad = run_cli("train " + (dir_ / "table.toml").string() + " --out " + fresh.string());
   EXPECT_NE(bad.exit_code, 0) << bad.output;
   EXPECT_FALSE(fs::exists(fresh)) << "a run that failed left the folder it made";
 }
 
 TEST_F(TrainCommand, ValidatingWithAConfigThatBuildsAnotherModelPointsAtTheRunsOwnConfig) {
-  ASSERT_EQ(run(train("--set train.epochs=1 --set model.hidden=[8]")).exit_code, 0);
+  ASSERT_EQ(run_cli(train("--set train.epochs=1 --set model.hidden=[8]")).exit_code, 0);
   const auto checkpoint = (out_ / "checkpoints/model.safetensors").string();
-  const auto base = run("validate " + config_.string() + " --checkpoint " + checkpoint);
+  const auto base = run_cli("validate " + config_.string() + " --checkpoint " + checkpoint);
   EXPECT_NE(base.exit_code, 0) << base.output;
   EXPECT_NE(base.output.find("left its resolved config in '" + (out_ / "config.toml").string() + "'"),
             std::string::npos)
       << base.output;
-  const auto own = run("validate " + (out_ / "config.toml").string() + " --checkpoint " + checkpoint);
+  const auto own = run_cli("validate " + (out_ / "config.toml").string() + " --checkpoint " + checkpoint);
   EXPECT_EQ(own.exit_code, 0) << own.output;
 }
 
 TEST_F(TrainCommand, TrainsOnTwoRanksThroughTheLauncher) {
-  const auto r = run(train("--nproc-per-node 2 --set train.epochs=1"));
+  const auto r = run_cli(train("--nproc-per-node 2 --set train.epochs=1"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("[rank 0] final validation set: "), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("[rank 1] final"), std::string::npos) << "rank 0 alone reports:\n" << r.output;
   EXPECT_EQ(nlohmann::json::parse(read(out_ / "metrics.json")).size(), 1u);
   EXPECT_TRUE(fs::is_regular_file(out_ / "checkpoints/model.safetensors"));
   // Resumed in one process, a 2-rank run's checkpoint says so: another global batch and data order.
-  const auto one = run(train("--set train.epochs=1 --resume"));
+  const auto one = run_cli(train("--set train.epochs=1 --resume"));
   ASSERT_EQ(one.exit_code, 0) << one.output;
   EXPECT_NE(one.output.find("resume: warning: the checkpoint was written by 2 rank(s) and this run has 1"),
             std::string::npos)
       << one.output;
-  const auto two = run(train("--nproc-per-node 2 --set train.epochs=1 --resume"));
+  const auto two = run_cli(train("--nproc-per-node 2 --set train.epochs=1 --resume"));
   ASSERT_EQ(two.exit_code, 0) << two.output;
   EXPECT_EQ(two.output.find("resume: warning"), std::string::npos) << two.output;
 }
 
 TEST_F(TrainCommand, LrFindWritesThePlotAndSuggests) {
-  const auto r = run("lr-find " + config_.string() + " --out " + out_.string());
+  const auto r = run_cli("lr-find " + config_.string() + " --out " + out_.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("suggested learning rates (fastai's rules): minimum "), std::string::npos) << r.output;
   EXPECT_NE(read(out_ / "lr_find.svg").find("<svg"), std::string::npos);
@@ -654,7 +647,7 @@ TEST_F(TrainCommand, LrFindWritesThePlotAndSuggests) {
 // ---- bad distributed input: a clear error naming the setting, a non-zero exit, nothing written ----------
 
 TEST_F(TrainCommand, NcclWithoutAGpuIsRefusedByName) {
-  const auto r = run(train("--set distributed.backend=nccl"));
+  const auto r = run_cli(train("--set distributed.backend=nccl"));
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("distributed.backend = \"nccl\" needs a CUDA GPU and none is visible"), std::string::npos)
       << r.output;
@@ -664,7 +657,7 @@ TEST_F(TrainCommand, NcclWithoutAGpuIsRefusedByName) {
 TEST_F(TrainCommand, AGpuDeviceWithoutAGpuOrMoreRanksThanGpusIsRefusedBeforeLaunch) {
   // The CPU tests hide every GPU from the CLI (support/cpu_only.cpp).
   for (const char* device : {"cuda", "cuda:1"}) {
-    const auto r = run(train(std::string("--set train.device=") + device));
+    const auto r = run_cli(train(std::string("--set train.device=") + device));
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_NE(
         r.output.find(fmt::format("train.device = \"{}\" needs a CUDA GPU and none is visible; use \"cpu\"", device)),
@@ -673,11 +666,11 @@ TEST_F(TrainCommand, AGpuDeviceWithoutAGpuOrMoreRanksThanGpusIsRefusedBeforeLaun
     EXPECT_FALSE(fs::exists(out_)) << "nothing written";
   }
   // Before any rank starts: no launcher output, no rank prefix.
-  const auto r = run(train("--nproc-per-node 2 --set distributed.backend=nccl"));
+  const auto r = run_cli(train("--nproc-per-node 2 --set distributed.backend=nccl"));
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("distributed.backend = \"nccl\" needs a CUDA GPU"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("[rank"), std::string::npos) << "refused before launch: " << r.output;
-  const auto lr_find = run("lr-find " + config_.string() + " --set train.device=cuda --out " + out_.string());
+  const auto lr_find = run_cli("lr-find " + config_.string() + " --set train.device=cuda --out " + out_.string());
   EXPECT_NE(lr_find.exit_code, 0);
   EXPECT_NE(lr_find.output.find("train.device = \"cuda\" needs a CUDA GPU"), std::string::npos) << lr_find.output;
 }
@@ -729,13 +722,13 @@ TEST_F(TrainCommand, AnUnreachableMasterIsNamedWithinTheTimeout) {
 }
 
 TEST(TrainCommandHelp, ExplainsEveryOptionAndKey) {
-  const auto r = run("train --help");
+  const auto r = run_cli("train --help");
   EXPECT_EQ(r.exit_code, 0);
   for (const char* part : {"--set", "--out", "--resume", "--nproc-per-node", "--max-restarts", "[train] epochs, lr",
                            "[distributed] backend, sync_bn"}) {
     EXPECT_NE(r.output.find(part), std::string::npos) << part << " in:\n" << r.output;
   }
-  const auto top = run("--help");
+  const auto top = run_cli("--help");
   for (const char* part : {"train", "lr-find", "validate", "launch"}) {
     EXPECT_NE(top.output.find(part), std::string::npos) << part << " in:\n" << top.output;
   }

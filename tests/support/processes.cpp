@@ -1,5 +1,7 @@
 #include "support/processes.h"
 
+#include "support/build_paths.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -108,6 +110,13 @@ std::pair<int, std::string> run_shell(const std::string& command) {
   while (auto n = std::fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
   const int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+CommandResult run_cli(const std::string& args) {
+  // (appended: GCC 12 warns falsely on std::string(path) + literal)
+  std::string command = build_paths::cli();
+  auto [code, out] = run_shell(command.append(" ").append(args));
+  return {.exit_code = code, .output = std::move(out)};
 }
 
 }  // namespace fastlearn::testing

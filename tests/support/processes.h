@@ -35,4 +35,7 @@ std::vector<CommandResult> run_commands(const std::vector<Command>& commands, st
 /// could not start) and what it wrote to stdout and stderr, interleaved.
 std::pair<int, std::string> run_shell(const std::string& command);
 
+/// This build's `fastlearn` command line with `args` (shell words), through run_shell: exit_code and output.
+CommandResult run_cli(const std::string& args);
+
 }  // namespace fastlearn::testing
