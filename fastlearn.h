@@ -36,6 +36,7 @@
 #include <fastlearn/distributed/distributed_dl.h>
 #include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/distributed/grad_reducer.h>
+#include <fastlearn/distributed/parallel_trainer.h>
 #include <fastlearn/distributed/sync_batch_norm.h>
 #include <fastlearn/launch/launcher.h>
 #include <fastlearn/learner/annealing.h>
@@ -55,6 +56,7 @@
 #include <fastlearn/learner/top_losses_grid.h>
 #include <fastlearn/learner/vision_learner.h>
 #include <fastlearn/models/conv2d.h>
+#include <fastlearn/models/dropout.h>
 #include <fastlearn/models/memory_format.h>
 #include <fastlearn/models/models.h>
 #include <fastlearn/models/sequential_block.h>

@@ -51,6 +51,9 @@ Group* group_or_world(Group* group) {
 
 namespace {
 
+// This caller's global rank as `g` numbers its members (a group of threads numbers them itself).
+int self_rank(const Group& g) { return g.is_member() ? g.ranks()[static_cast<std::size_t>(g.rank())] : rank(); }
+
 enum class Op : std::int64_t { broadcast = 1, reduce, all_reduce, scatter, gather, all_gather, barrier };
 
 const char* op_name(std::int64_t op) {
@@ -79,7 +82,8 @@ std::string failure_message(Group& g, const std::string& what, const std::string
   return fmt::format(
       "{} on rank {} (group '{}' of {} ranks) failed: {}.{} A rank that died, hangs or never made the same call "
       "causes this; the collective timeout is {} ms",
-      what, rank(), g.name(), g.size(), reason, call >= 0 ? silent_ranks(g, call) : std::string(), g.timeout().count());
+      what, self_rank(g), g.name(), g.size(), reason, call >= 0 ? silent_ranks(g, call) : std::string(),
+      g.timeout().count());
 }
 
 std::string describe(c10d::ErrorType error) {
@@ -125,7 +129,7 @@ void run(Group& g, const std::string& what, Launch&& launch, bool barrier = fals
     throw;
   } catch (const std::exception& e) {
     throw DistributedError(
-        fmt::format("{} on rank {} (group '{}') could not start: {}", what, rank(), g.name(), error_text(e)));
+        fmt::format("{} on rank {} (group '{}') could not start: {}", what, self_rank(g), g.name(), error_text(e)));
   }
   wait_for(work, g, what, call, barrier);
 }
@@ -222,7 +226,7 @@ void reduce(const at::Tensor& tensor, int dst, ReduceOp op, Group* group) {
     options.rootRank = g->group_rank_of(dst);
     run(*g, fmt::format("reduce({}) of {} to rank {}", to_string(op), describe_tensor(t), dst),
         [&] { return g->backend().reduce(tensors, options); });
-    if (emulate_avg && rank() == dst) t.div_(g->size());
+    if (emulate_avg && self_rank(*g) == dst) t.div_(g->size());
   });
 }
 
@@ -253,7 +257,7 @@ void scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs, in
     return;
   }
   check_same_call(*g, Op::scatter, output, src);
-  const bool root = rank() == src;
+  const bool root = self_rank(*g) == src;
   if (root) check_list(inputs, output, *g, "scatter");
   with_contiguous(output, [&](const at::Tensor& out) {
     std::vector<at::Tensor> outputs{out};
@@ -276,7 +280,7 @@ void gather(const at::Tensor& input, const std::vector<at::Tensor>& outputs, int
     return;
   }
   check_same_call(*g, Op::gather, input, dst);
-  const bool root = rank() == dst;
+  const bool root = self_rank(*g) == dst;
   if (root) check_list(outputs, input, *g, "gather");
   std::vector<at::Tensor> in{input.contiguous()};
   std::vector<std::vector<at::Tensor>> out;
@@ -325,6 +329,7 @@ void barrier(Group* group) {
 
 std::string silent_ranks(Group& group, std::int64_t call) {
   try {
+    if (group.device()) return "";  // a group of threads of this process: no store, their own errors name the failure
     auto& store = dist_store();
     const auto key = [&](int member) { return fmt::format("failed/{}/{}/{}", group.name(), call, member); };
     const std::string yes = "1";

@@ -4,12 +4,14 @@
 #include <fastlearn/comm/pending_works.h>
 #include <fastlearn/comm/process_group.h>
 
+#include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +38,10 @@ class Group {
   /// The group rank of global rank `global`; DistributedError when it is not a member.
   int group_rank_of(int global) const;
   BackendKind kind() const { return kind_; }
+  /// The device of the tensors its collectives take, when the group says it itself (groups whose ranks are
+  /// threads of one process, each on its own device); otherwise device_of(group) derives it from the job.
+  const std::optional<c10::Device>& device() const { return device_; }
+  void set_device(c10::Device device) { device_ = device; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   /// The backend; DistributedError when this process is not a member.
   c10d::Backend& backend() const;
@@ -58,6 +64,7 @@ class Group {
   int group_rank_ = -1;
   c10::intrusive_ptr<c10d::Backend> backend_;
   BackendKind kind_;
+  std::optional<c10::Device> device_;
   std::chrono::milliseconds timeout_;
   std::int64_t sequence_ = 0;
   std::atomic<std::int64_t> calls_{0};

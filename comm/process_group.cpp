@@ -21,6 +21,8 @@ std::string_view to_string(BackendKind kind) {
       return "gloo";
     case BackendKind::nccl:
       return "nccl";
+    case BackendKind::threads:
+      return "threads";
   }
   return "unknown";
 }
@@ -45,6 +47,8 @@ bool backend_compiled_in(BackendKind kind) {
 #else
       return false;
 #endif
+    case BackendKind::threads:
+      return true;
   }
   return false;
 }
@@ -104,6 +108,9 @@ c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intr
         fmt::format("make_backend({}): rank {} is out of range for world size {} (need 0 <= rank < "
                     "world size)",
                     to_string(kind), rank, world_size));
+  }
+  if (kind == BackendKind::threads) {
+    throw DistributedError("make_backend: the threads backend connects threads of one process, not ranks over a store");
   }
   try {
     return kind == BackendKind::gloo ? make_gloo(store, rank, world_size, options)

@@ -14,11 +14,13 @@ class Store;
 
 namespace fastlearn {
 
-enum class BackendKind { gloo, nccl };
+/// gloo and nccl connect processes; threads connects the threads of one process (ParallelTrainer's replicas,
+/// comm/detail/threads_backend.h) and is never chosen by a launch or a config.
+enum class BackendKind { gloo, nccl, threads };
 
 std::string_view to_string(BackendKind kind);
 
-/// Parses "gloo" or "nccl"; anything else is a ConfigError that lists the choices.
+/// Parses "gloo" or "nccl" (the kinds a job may choose); anything else is a ConfigError that lists the choices.
 BackendKind parse_backend_kind(std::string_view name);
 
 /// Whether this build of fastlearn can create the backend (NCCL needs LibTorch with CUDA).

@@ -300,6 +300,7 @@ c10::Device distrib_device() {
 }
 
 c10::Device device_of(const Group& group) {
+  if (group.device()) return *group.device();
   if (group.kind() != BackendKind::nccl) return c10::Device(c10::kCPU);
   return {c10::kCUDA, static_cast<c10::DeviceIndex>(dist_env().local_rank)};
 }

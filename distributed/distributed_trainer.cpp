@@ -3,6 +3,7 @@
 #include <fastlearn/comm/collectives.h>
 #include <fastlearn/comm/runtime.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/distributed/parallel_trainer.h>
 #include <fastlearn/distributed/sync_batch_norm.h>
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/learner.h>
@@ -100,6 +101,12 @@ void DistributedTrainer::after_fit() { reducer_.reset(); }
 
 void to_distributed(Learner& learn, DistributedTrainerOptions options) {
   if (learn.cb<DistributedTrainer>()) throw Error("to_distributed: the learner is already distributed");
+  if (learn.cb<ParallelTrainer>()) {
+    throw DistributedError(
+        "to_distributed: the learner trains on several devices of this process (ParallelTrainer, "
+        "distributed.devices); one process per device (DistributedTrainer) does not combine with it: use one or the "
+        "other");
+  }
   if (!is_initialized() || (world_size() == 1 && !options.with_one_process)) return;
   if (options.sync_bn) {
     convert_sync_batchnorm(learn.model(), options.group);

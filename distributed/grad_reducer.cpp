@@ -16,6 +16,7 @@
 
 #include <map>
 #include <mutex>
+#include <utility>
 
 namespace fastlearn {
 
@@ -90,6 +91,14 @@ class GradReducer::Impl {
   void finalize_if_pending() {
     std::unique_lock lock(mutex_);
     if (in_backward_) finalize(lock);
+  }
+
+  void finish_backward(bool empty_share) {
+    std::unique_lock lock(mutex_);
+    if (!sync || params_.empty()) return;
+    if (!in_backward_) start_iteration();  // no gradient arrived: take part with what .grad holds, or zeros
+    quiet_unused_ = empty_share;
+    finalize(lock);
   }
 
   void vote(bool yes) {
@@ -220,7 +229,8 @@ class GradReducer::Impl {
     stats.hooks = 0;
     stats.launched_after.clear();
     arrival_.clear();
-    // Runs once the whole backward pass is done, on the thread that ran it.
+    // Runs once the whole backward pass is done, on the thread that ran its last node.
+    if (!options_.finish_in_engine) return;
     torch::autograd::Engine::get_default_engine().queue_callback([this] {
       std::unique_lock lock(mutex_);
       if (in_backward_) finalize(lock);
@@ -370,7 +380,8 @@ class GradReducer::Impl {
     // Every rank rebuilds after its first synchronized backward (the broadcast inside is a collective: the
     // decision must not depend on anything rank-local, such as which parameters went unused here).
     if (first && options_.rebuild_buckets) rebuild_in_arrival_order(lock);
-    if (!unused.empty() && !options_.find_unused_parameters) {
+    const bool quiet = std::exchange(quiet_unused_, false);
+    if (!unused.empty() && !options_.find_unused_parameters && !quiet) {
       std::string names;
       for (std::size_t k = 0; k < unused.size() && k < 10; ++k) names += (k ? ", " : "") + unused[k];
       throw DistributedError(fmt::format(
@@ -415,6 +426,7 @@ class GradReducer::Impl {
   HostReadback votes_;
   const bool debug_ = debug_checks_enabled();
   bool in_backward_ = false;
+  bool quiet_unused_ = false;  // finish_backward of a rank whose share reached no parameter
   std::mutex mutex_;
 };
 
@@ -430,6 +442,7 @@ void GradReducer::vote(bool yes) { impl_->vote(yes); }
 bool GradReducer::take_votes() { return impl_->take_votes(); }
 bool GradReducer::sync() const { return impl_->sync; }
 void GradReducer::finalize_if_pending() { impl_->finalize_if_pending(); }
+void GradReducer::finish_backward(bool empty_share) { impl_->finish_backward(empty_share); }
 std::size_t GradReducer::bucket_count() const { return impl_->bucket_count(); }
 const ReducerStats& GradReducer::last_stats() const { return impl_->stats; }
 std::int64_t GradReducer::iterations() const { return impl_->iterations; }

@@ -42,6 +42,10 @@ struct GradReducerOptions {
   /// false when the loss that backward runs on is already divided by the world size (DistributedTrainer
   /// divides it): the reducer then only sums, which spares a pass over the gradients communicated in place.
   bool divide_by_world_size = true;
+  /// true: the reduction ends in a callback of the autograd engine when backward ends, on whichever thread ran
+  /// its last node. false: it ends in finish_backward(), on the caller's thread (ranks that are threads sharing
+  /// one GPU share the engine's thread for it, and one must not wait there for another).
+  bool finish_in_engine = true;
 };
 
 /// What happened in the last synchronized backward (for tests and diagnostics).
@@ -80,6 +84,10 @@ class GradReducer {
 
   /// Ends the reduction if the backward engine did not (no gradient arrived at all); called after backward.
   void finalize_if_pending();
+  /// Ends this backward's reduction when synchronizing: waits for every bucket (the averaged gradients are then in
+  /// .grad). A rank whose backward reached no parameter (its share of the batch was empty, say) still takes part,
+  /// contributing what its gradients hold or zeros; `empty_share` then spares it the unused-parameter error.
+  void finish_backward(bool empty_share = false);
 
   /// Number of buckets and their parameter counts.
   std::size_t bucket_count() const;

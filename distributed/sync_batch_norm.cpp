@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -105,6 +106,7 @@ void SyncBatchNormImpl::register_state(State state) {
 }
 
 void SyncBatchNormImpl::reset() {
+  replaced_.reset();  // a new module (a clone, say) took over no BatchNorm
   const auto c = options.num_features;
   State state;
   if (options.affine) {
@@ -260,21 +262,30 @@ bool is_container(const nn::Module& m) {
          dynamic_cast<const nn::ModuleDictImpl*>(&m);
 }
 
-void replace_child(const Slot& slot, const std::shared_ptr<SyncBatchNormImpl>& sync) {
+// A Sequential runs AnyModules, which need the module's concrete type.
+nn::AnyModule any_module(const std::shared_ptr<nn::Module>& m) {
+  if (auto sync = std::dynamic_pointer_cast<SyncBatchNormImpl>(m)) return nn::AnyModule(sync);
+  if (auto bn = std::dynamic_pointer_cast<nn::BatchNorm1dImpl>(m)) return nn::AnyModule(bn);
+  if (auto bn = std::dynamic_pointer_cast<nn::BatchNorm2dImpl>(m)) return nn::AnyModule(bn);
+  if (auto bn = std::dynamic_pointer_cast<nn::BatchNorm3dImpl>(m)) return nn::AnyModule(bn);
+  throw Error(fmt::format("convert_sync_batchnorm: cannot put a {} into a Sequential", m->name()));
+}
+
+void replace_child(const Slot& slot, const std::shared_ptr<nn::Module>& module) {
   if (auto* seq = dynamic_cast<nn::SequentialImpl*>(slot.parent)) {
     // Sequential runs its AnyModule list, not its children: swap the entry too.
     for (auto& entry : *seq) {
-      if (entry.ptr().get() == slot.old) entry = nn::AnyModule(sync);
+      if (entry.ptr().get() == slot.old) entry = any_module(module);
     }
   } else if (auto* list = dynamic_cast<nn::ModuleListImpl*>(slot.parent)) {
     for (auto& entry : *list) {
-      if (entry.get() == slot.old) entry = sync;
+      if (entry.get() == slot.old) entry = module;
     }
   } else if (auto* dict = dynamic_cast<nn::ModuleDictImpl*>(slot.parent)) {
-    dict->update(std::vector<std::pair<std::string, std::shared_ptr<nn::Module>>>{{slot.key, sync}});  // both maps
+    dict->update(std::vector<std::pair<std::string, std::shared_ptr<nn::Module>>>{{slot.key, module}});  // both maps
     return;
   }
-  slot.parent->replace_module(slot.key, sync);
+  slot.parent->replace_module(slot.key, module);
 }
 
 }  // namespace
@@ -314,8 +325,34 @@ void convert_sync_batchnorm(nn::Module& model, Group* group) {
         fmt::join(held, ", ")));
   }
   std::unordered_map<nn::Module*, std::shared_ptr<SyncBatchNormImpl>> converted;
-  for (const auto& [old, holder] : owned) converted.emplace(old, SyncBatchNormImpl::from_batch_norm(*holder, group));
+  for (const auto& [old, holder] : owned) {
+    auto sync = SyncBatchNormImpl::from_batch_norm(*holder, group);
+    sync->replaced_ = holder;
+    converted.emplace(old, std::move(sync));
+  }
   for (const auto& slot : slots) replace_child(slot, converted.at(slot.old));
+}
+
+void revert_sync_batchnorm(nn::Module& model) {
+  std::vector<std::pair<Slot, std::shared_ptr<nn::Module>>> found;
+  std::unordered_set<nn::Module*> visited;
+  std::function<void(nn::Module&)> find = [&](nn::Module& module) {
+    if (!visited.insert(&module).second) return;
+    for (const auto& item : module.named_children()) {
+      if (auto* sync = item.value()->as<SyncBatchNormImpl>()) {
+        if (sync->replaced_) found.push_back({{&module, item.key(), item.key(), sync}, item.value()});
+      } else {
+        find(*item.value());
+      }
+    }
+  };
+  find(model);
+  for (const auto& [slot, module] : found) {
+    auto* sync = module->as<SyncBatchNormImpl>();
+    auto original = sync->replaced_;
+    original->train(sync->is_training());
+    replace_child(slot, original);
+  }
 }
 
 }  // namespace fastlearn

@@ -72,6 +72,9 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl>, public
   };
   SyncBatchNormImpl(SyncBatchNormOptions options_, State state);
   void register_state(State state);
+  friend void convert_sync_batchnorm(torch::nn::Module& model, Group* group);
+  friend void revert_sync_batchnorm(torch::nn::Module& model);
+  std::shared_ptr<torch::nn::Module> replaced_;  // the BatchNorm convert_sync_batchnorm took over, if it made this one
   // The group whose ranks share statistics in training, or null to run as plain BatchNorm.
   Group* sync_group() const;
   at::Tensor forward_distributed(const at::Tensor& input, Group& group, double factor);
@@ -89,5 +92,10 @@ TORCH_MODULE(SyncBatchNorm);
 /// member of its parent, whose forward would keep calling the old module): declare such members as
 /// SyncBatchNorm (plain BatchNorm when not distributed) or call the child through the tree.
 void convert_sync_batchnorm(torch::nn::Module& model, Group* group = nullptr);
+
+/// The inverse of convert_sync_batchnorm: every SyncBatchNorm it made in `model` gives its place back to the
+/// BatchNorm it took over (which holds the same tensors, so values and optimizers' parameter lists stay valid), in
+/// the SyncBatchNorm's training mode. Other modules, SyncBatchNorms made otherwise included, stay.
+void revert_sync_batchnorm(torch::nn::Module& model);
 
 }  // namespace fastlearn

@@ -217,6 +217,37 @@ Learner::Forward Learner::set_forward(Forward forward) {
   return forward;
 }
 
+Learner::Backward Learner::set_backward(Backward backward) {
+  std::swap(backward_, backward);
+  return backward;
+}
+
+ModelCopy Learner::replicate(const c10::Device& device) {
+  const std::string type = model_->name();
+  if (!options_.replicate) {
+    throw ConfigError(fmt::format(
+        "the model ({}) cannot be copied to another device: a Learner made from a module and a Forward has no way to "
+        "copy it; give LearnerOptions::replicate (a function that makes one more such model and its forward)",
+        excerpt(type)));
+  }
+  ModelCopy copy;
+  try {
+    copy = options_.replicate(*model_, device);
+  } catch (const std::exception& e) {
+    const auto* torch_error = dynamic_cast<const c10::Error*>(&e);  // without LibTorch's backtrace
+    throw ConfigError(fmt::format(
+        "the model ({}) cannot be copied to {}: {}. Derive the model's modules from torch::nn::Cloneable, or give "
+        "LearnerOptions::replicate (a function that makes one more such model and its forward)",
+        excerpt(type), device.str(), excerpt(torch_error ? torch_error->what_without_backtrace() : e.what(), 400)));
+  }
+  if (!copy.model || !copy.forward) {
+    throw ConfigError(fmt::format(
+        "the model ({}) cannot be copied to {}: LearnerOptions::replicate returned no model or no forward{}",
+        excerpt(type), device.str(), copy.model ? "" : " (clone() gave a module of another type?)"));
+  }
+  return copy;
+}
+
 void Learner::fire(Event event) {
   // A copy, so that callbacks may add or remove callbacks while the event runs.
   const auto cbs = cbs_;
@@ -429,8 +460,15 @@ void Learner::do_one_batch() {
 }
 
 void Learner::do_grad_opt() {
-  with_events<CancelBackwardException>([&] { loss_grad.backward(); }, Event::before_backward,
-                                       Event::after_cancel_backward, Event::after_backward);
+  with_events<CancelBackwardException>(
+      [&] {
+        if (backward_) {
+          backward_(loss_grad);
+        } else {
+          loss_grad.backward();
+        }
+      },
+      Event::before_backward, Event::after_cancel_backward, Event::after_backward);
   with_events<CancelStepException>([&] { opt_->step(); }, Event::before_step, Event::after_cancel_step,
                                    Event::after_step);
   opt_->zero_grad();

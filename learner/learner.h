@@ -72,6 +72,15 @@ class LrSpec {
   std::vector<double> values_;
 };
 
+/// A second copy of a model, with the function that runs it on a batch's inputs (see LearnerOptions::replicate).
+struct ModelCopy {
+  std::shared_ptr<torch::nn::Module> model;
+  std::function<at::Tensor(const std::vector<at::Tensor>& xb)> forward;
+};
+
+/// Makes a copy of `model` on `device`: the same architecture; its values need not match, the caller copies them.
+using Replicate = std::function<ModelCopy(torch::nn::Module& model, const c10::Device& device)>;
+
 struct LearnerOptions {
   OptFunc opt_func = Adam();
   double lr = 1e-3;                ///< default learning rate of fit()
@@ -90,6 +99,10 @@ struct LearnerOptions {
   /// they have one, else the model's when it is not on the CPU, else default_device() (core/device.h: a GPU when
   /// one is visible). "cuda" without an index is the GPU default_device() picks.
   std::optional<c10::Device> device;
+  /// How to copy the model for replicas on several devices of one process (ParallelTrainer). Default: with the
+  /// typed constructor, the module's clone() (every built-in model clones; a model of your own clones when it and
+  /// its submodules derive from torch::nn::Cloneable); with a module and a Forward, none, so give one.
+  Replicate replicate;
 };
 
 struct FitOptions {
@@ -184,6 +197,7 @@ class [[nodiscard]] ScopedCallbacks {
 class Learner {
  public:
   using Forward = std::function<at::Tensor(const std::vector<at::Tensor>& xb)>;
+  using Backward = std::function<void(const at::Tensor& loss_grad)>;
 
   /// Any torch::nn module holder whose forward takes one Tensor, two Tensors, or a vector of them.
   template <typename ModuleHolder>
@@ -244,6 +258,12 @@ class Learner {
   at::Tensor forward(const std::vector<at::Tensor>& inputs) { return forward_(inputs); }
   /// Replaces how the model is run (for wrappers such as data parallel); returns the previous one.
   Forward set_forward(Forward forward);
+  /// Replaces how the loss is back-propagated in a training step (default, empty: loss_grad.backward()); returns the
+  /// previous one. For wrappers whose forward ran elsewhere (ParallelTrainer's replicas).
+  Backward set_backward(Backward backward);
+  /// A copy of the model on `device`, made as LearnerOptions::replicate says; ConfigError naming the model's type
+  /// and that option when the model cannot be copied.
+  ModelCopy replicate(const c10::Device& device);
   DataLoaders& dls() { return dls_; }
   /// Where this learner computes: LearnerOptions::device, resolved.
   const c10::Device& device() const { return device_; }
@@ -358,6 +378,7 @@ class Learner {
   DataLoaders dls_;
   std::shared_ptr<torch::nn::Module> model_;
   Forward forward_;
+  Backward backward_;
   Loss loss_func_;
   LearnerOptions options_;
   std::unique_ptr<Optimizer> opt_;
@@ -405,11 +426,24 @@ Learner::Forward forward_of(ModuleHolder model) {
     return [model](const std::vector<at::Tensor>& xb) mutable -> at::Tensor { return model->forward(xb); };
   }
 }
+
+template <typename ModuleHolder>
+Replicate replicate_of() {
+  return [](torch::nn::Module& model, const c10::Device& device) -> ModelCopy {
+    using Module = typename ModuleHolder::ContainedType;
+    auto copy = std::dynamic_pointer_cast<Module>(model.clone(device));
+    if (!copy) return {};  // clone() gave another type: Learner::replicate says so
+    return {.model = copy, .forward = forward_of(ModuleHolder(copy))};
+  };
+}
 }  // namespace detail
 
 template <typename ModuleHolder>
 Learner::Learner(DataLoaders dls, ModuleHolder model, Loss loss_func, LearnerOptions options)
-    : Learner(std::move(dls), model.ptr(), detail::forward_of(model), std::move(loss_func), std::move(options)) {}
+    : Learner(std::move(dls), model.ptr(), detail::forward_of(model), std::move(loss_func), [&] {
+        if (!options.replicate) options.replicate = detail::replicate_of<ModuleHolder>();
+        return std::move(options);
+      }()) {}
 
 template <typename T>
 std::shared_ptr<T> Learner::cb() const {

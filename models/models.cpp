@@ -66,13 +66,17 @@ nn::Sequential conv_net(const ConvNetOptions& options) {
 
 namespace {
 
-// Convolution (no bias), BatchNorm, optional ReLU: the unit every layer of the ResNet is made of.
-struct ConvBnImpl : nn::Module {
-  ConvBnImpl(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride, bool relu_,
-             bool zero_bn = false)
-      : conv(register_module(
-            "conv", Conv2d(nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false)))),
-        relu(relu_) {
+// Convolution (no bias), BatchNorm, optional ReLU: the unit every layer of the ResNet is made of. Cloneable
+// (reset() builds the children from the stored sizes), so data parallel replicas can be copied from it.
+struct ConvBnImpl : nn::Cloneable<ConvBnImpl> {
+  ConvBnImpl(std::int64_t in_, std::int64_t out_, std::int64_t kernel_, std::int64_t stride_, bool relu_,
+             bool zero_bn_ = false)
+      : in(in_), out(out_), kernel(kernel_), stride(stride_), relu(relu_), zero_bn(zero_bn_) {
+    reset();
+  }
+  void reset() override {
+    conv = register_module("conv",
+                           Conv2d(nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false)));
     nn::BatchNorm2d bn(out);
     // The last BN of a residual branch starts at zero, so each block starts as the identity (as xresnet).
     if (zero_bn) nn::init::zeros_(bn->weight);
@@ -83,14 +87,19 @@ struct ConvBnImpl : nn::Module {
     auto y = batch_norm_forward(*children()[1], conv->forward(x));
     return relu ? torch::relu(y) : y;
   }
-  Conv2d conv;
-  bool relu;
+  std::int64_t in, out, kernel, stride;
+  bool relu, zero_bn;
+  Conv2d conv{nullptr};
 };
 TORCH_MODULE(ConvBn);
 
-struct ResBlockImpl : nn::Module {
-  ResBlockImpl(std::int64_t in, std::int64_t out, std::int64_t stride)
-      : branch(register_module("branch", nn::Sequential())), shortcut(register_module("shortcut", nn::Sequential())) {
+struct ResBlockImpl : nn::Cloneable<ResBlockImpl> {
+  ResBlockImpl(std::int64_t in_, std::int64_t out_, std::int64_t stride_) : in(in_), out(out_), stride(stride_) {
+    reset();
+  }
+  void reset() override {
+    branch = register_module("branch", nn::Sequential());
+    shortcut = register_module("shortcut", nn::Sequential());
     branch->push_back(ConvBn(in, out, 3, stride, true));  // in order, as in simple_cnn
     branch->push_back(ConvBn(out, out, 3, 1, false, true));
     if (stride != 1) shortcut->push_back(AvgPool2d(nn::AvgPool2dOptions(stride).ceil_mode(true)));
@@ -100,7 +109,8 @@ struct ResBlockImpl : nn::Module {
     auto identity = shortcut->is_empty() ? x : shortcut->forward(x);
     return torch::relu(branch->forward(x) + identity);
   }
-  nn::Sequential branch, shortcut;
+  std::int64_t in, out, stride;
+  nn::Sequential branch{nullptr}, shortcut{nullptr};
 };
 TORCH_MODULE(ResBlock);
 

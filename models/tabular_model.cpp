@@ -18,19 +18,30 @@ std::int64_t emb_sz_rule(std::int64_t n_cat) {
 
 TabularModelImpl::TabularModelImpl(std::vector<std::pair<std::int64_t, std::int64_t>> emb_szs, std::int64_t n_cont,
                                    std::int64_t out_sz, TabularModelOptions o)
-    : n_cont_(n_cont), y_range_(o.y_range) {
-  if (n_cont < 0 || out_sz < 1 || (emb_szs.empty() && n_cont == 0) || o.embed_p < 0 || o.embed_p >= 1) {
+    : emb_szs_(std::move(emb_szs)),
+      out_sz_(out_sz),
+      options_(std::move(o)),
+      n_cont_(n_cont),
+      y_range_(options_.y_range) {
+  const auto& opts = options_;
+  if (n_cont < 0 || out_sz < 1 || (emb_szs_.empty() && n_cont == 0) || opts.embed_p < 0 || opts.embed_p >= 1) {
     throw ConfigError(
         fmt::format("TabularModel: {} categorical and {} continuous inputs, {} outputs, embed_p {}: "
                     "needs some input, at least one output, embed_p in [0, 1)",
-                    emb_szs.size(), n_cont, out_sz, o.embed_p));
+                    emb_szs_.size(), n_cont, out_sz, opts.embed_p));
   }
-  if (!o.ps.empty() && o.ps.size() != o.layers.size()) {
-    throw ConfigError(fmt::format("TabularModel: {} dropout values for {} layers", o.ps.size(), o.layers.size()));
+  if (!opts.ps.empty() && opts.ps.size() != opts.layers.size()) {
+    throw ConfigError(fmt::format("TabularModel: {} dropout values for {} layers", opts.ps.size(), opts.layers.size()));
   }
+  reset();
+}
+
+void TabularModelImpl::reset() {
+  const auto& o = options_;
+  const auto n_cont = n_cont_;
   embeds_ = register_module("embeds", nn::ModuleList());
   std::int64_t n_emb = 0;
-  for (const auto& [n, width] : emb_szs) {
+  for (const auto& [n, width] : emb_szs_) {
     if (n < 1 || width < 1) throw ConfigError(fmt::format("TabularModel: embedding ({}, {}) is empty", n, width));
     nn::Embedding embedding(n, width);
     // fastai's trunc_normal_(std=0.01): a normal draw folded into (-2, 2) standard deviations.
@@ -39,12 +50,13 @@ TabularModelImpl::TabularModelImpl(std::vector<std::pair<std::int64_t, std::int6
     embeds_->push_back(embedding);
     n_emb += width;
   }
-  emb_drop_ = register_module("emb_drop", nn::Dropout(o.embed_p));
+  emb_drop_ = register_module("emb_drop", Dropout(o.embed_p));
   bn_cont_ = o.bn_cont && n_cont > 0;
   if (bn_cont_) register_module("bn_cont", nn::BatchNorm1d(n_cont));
   std::vector<std::int64_t> sizes{n_emb + n_cont};
   sizes.insert(sizes.end(), o.layers.begin(), o.layers.end());
-  sizes.push_back(out_sz);
+  sizes.push_back(out_sz_);
+  layers_ = nn::Sequential();
   for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
     const bool last = i + 2 == sizes.size();
     const bool bn = o.use_bn && (!last || o.bn_final);
@@ -55,7 +67,7 @@ TabularModelImpl::TabularModelImpl(std::vector<std::pair<std::int64_t, std::int6
     block->push_back(nn::Linear(nn::LinearOptions(sizes[i], sizes[i + 1]).bias(!bn)));
     if (!last) block->push_back(nn::ReLU(nn::ReLUOptions().inplace(true)));
     if (bn) block->push_back(nn::BatchNorm1d(sizes[i + 1]));
-    if (p != 0) block->push_back(nn::Dropout(p));
+    if (p != 0) block->push_back(Dropout(p));
     layers_->push_back(block);
   }
   register_module("layers", layers_);

@@ -3,10 +3,10 @@
 // BatchNorm over the continuous inputs, then per hidden size Linear (no bias) -> ReLU -> BatchNorm ->
 // Dropout, and a final Linear to the outputs (optionally squashed into y_range by a scaled sigmoid). The
 // parameter names are fastai's (embeds.0.weight, bn_cont.*, layers.0.0.weight, ...), so state dicts carry over.
-#include <torch/nn/module.h>
+#include <fastlearn/models/dropout.h>
+#include <torch/nn/cloneable.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
-#include <torch/nn/modules/dropout.h>
 
 #include <cstdint>
 #include <optional>
@@ -28,17 +28,22 @@ struct TabularModelOptions {
   bool bn_cont = true;                               ///< BatchNorm over the continuous inputs
 };
 
-class TabularModelImpl : public torch::nn::Module {
+class TabularModelImpl : public torch::nn::Cloneable<TabularModelImpl> {
  public:
   /// `emb_szs`: per categorical input, (vocabulary size, embedding width).
   TabularModelImpl(std::vector<std::pair<std::int64_t, std::int64_t>> emb_szs, std::int64_t n_cont, std::int64_t out_sz,
                    TabularModelOptions options = {});
   /// x_cat (N, categorical inputs) int64 codes, x_cont (N, continuous inputs) float.
   at::Tensor forward(const at::Tensor& x_cat, const at::Tensor& x_cont);
+  /// Builds the layers from the constructor's arguments (fastai's initialization); clone() copies the values after it.
+  void reset() override;
 
  private:
+  std::vector<std::pair<std::int64_t, std::int64_t>> emb_szs_;
+  std::int64_t out_sz_;
+  TabularModelOptions options_;
   torch::nn::ModuleList embeds_;
-  torch::nn::Dropout emb_drop_{nullptr};
+  Dropout emb_drop_{nullptr};
   bool bn_cont_ = false;  // called by name (batch_norm_forward), so that SyncBatchNorm can take its place
   torch::nn::Sequential layers_;
   std::int64_t n_cont_;

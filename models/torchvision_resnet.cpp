@@ -22,27 +22,31 @@ Conv2d conv(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t
 // A residual block: BasicBlock (two 3x3) or Bottleneck (1x1, 3x3 with the stride, 1x1 to 4x width). The
 // children are registered in torchvision's order; forward reaches them through children(), so that the
 // BatchNorms can be swapped (convert_sync_batchnorm).
-class BlockImpl : public nn::Module {
+class BlockImpl : public nn::Cloneable<BlockImpl> {
  public:
-  BlockImpl(std::int64_t in, std::int64_t width, std::int64_t stride, bool bottleneck) : bottleneck_(bottleneck) {
-    const std::int64_t out = bottleneck ? width * 4 : width;
-    if (bottleneck) {
-      register_module("conv1", conv(in, width, 1, 1));
-      register_module("bn1", nn::BatchNorm2d(width));
-      register_module("conv2", conv(width, width, 3, stride));
-      register_module("bn2", nn::BatchNorm2d(width));
-      register_module("conv3", conv(width, out, 1, 1));
+  BlockImpl(std::int64_t in, std::int64_t width, std::int64_t stride, bool bottleneck)
+      : in_(in), width_(width), stride_(stride), bottleneck_(bottleneck) {
+    reset();
+  }
+
+  void reset() override {
+    const std::int64_t out = bottleneck_ ? width_ * 4 : width_;
+    if (bottleneck_) {
+      register_module("conv1", conv(in_, width_, 1, 1));
+      register_module("bn1", nn::BatchNorm2d(width_));
+      register_module("conv2", conv(width_, width_, 3, stride_));
+      register_module("bn2", nn::BatchNorm2d(width_));
+      register_module("conv3", conv(width_, out, 1, 1));
       register_module("bn3", nn::BatchNorm2d(out));
     } else {
-      register_module("conv1", conv(in, width, 3, stride));
-      register_module("bn1", nn::BatchNorm2d(width));
-      register_module("conv2", conv(width, width, 3, 1));
-      register_module("bn2", nn::BatchNorm2d(width));
+      register_module("conv1", conv(in_, width_, 3, stride_));
+      register_module("bn1", nn::BatchNorm2d(width_));
+      register_module("conv2", conv(width_, width_, 3, 1));
+      register_module("bn2", nn::BatchNorm2d(width_));
     }
-    if (stride != 1 || in != out) {
-      has_downsample_ = true;
-      register_module("downsample", nn::Sequential(conv(in, out, 1, stride), nn::BatchNorm2d(out)));
-    }
+    has_downsample_ = stride_ != 1 || in_ != out;
+    if (has_downsample_)
+      register_module("downsample", nn::Sequential(conv(in_, out, 1, stride_), nn::BatchNorm2d(out)));
   }
 
   at::Tensor forward(const at::Tensor& x) {
@@ -59,6 +63,7 @@ class BlockImpl : public nn::Module {
   }
 
  private:
+  std::int64_t in_, width_, stride_;
   bool bottleneck_;
   bool has_downsample_ = false;
 };
@@ -66,27 +71,23 @@ TORCH_MODULE(Block);
 
 }  // namespace
 
-TorchvisionResNetImpl::TorchvisionResNetImpl(const TorchvisionResNetOptions& options) : depth_(options.depth) {
-  std::array<std::int64_t, 4> blocks{};
-  bool bottleneck = false;
-  switch (options.depth) {
-    case 18:
-      blocks = {2, 2, 2, 2};
-      break;
-    case 34:
-      blocks = {3, 4, 6, 3};
-      break;
-    case 50:
-      blocks = {3, 4, 6, 3};
-      bottleneck = true;
-      break;
-    default:
-      throw ConfigError(fmt::format("models: torchvision ResNet depth {} is not one of 18, 34, 50", options.depth));
+TorchvisionResNetImpl::TorchvisionResNetImpl(const TorchvisionResNetOptions& options)
+    : options_(options), depth_(options.depth) {
+  if (options.depth != 18 && options.depth != 34 && options.depth != 50) {
+    throw ConfigError(fmt::format("models: torchvision ResNet depth {} is not one of 18, 34, 50", options.depth));
   }
   if (options.classes < 1) throw ConfigError(fmt::format("models: {} classes; need at least 1", options.classes));
   if (options.in_channels < 1) {
     throw ConfigError(fmt::format("models: {} input channels; need at least 1", options.in_channels));
   }
+  reset();
+}
+
+void TorchvisionResNetImpl::reset() {
+  const auto& options = options_;
+  const bool bottleneck = options.depth == 50;
+  const std::array<std::int64_t, 4> blocks =
+      options.depth == 18 ? std::array<std::int64_t, 4>{2, 2, 2, 2} : std::array<std::int64_t, 4>{3, 4, 6, 3};
   conv1_ =
       register_module("conv1", Conv2d(nn::Conv2dOptions(options.in_channels, 64, 7).stride(2).padding(3).bias(false)));
   register_module("bn1", nn::BatchNorm2d(64));

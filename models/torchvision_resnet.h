@@ -5,7 +5,7 @@
 // torchvision's key for key and shape for shape, so weights exported from torchvision (safetensors) load
 // strictly. BatchNorms are called through the module tree, so convert_sync_batchnorm can swap them.
 #include <fastlearn/models/conv2d.h>
-#include <torch/nn/module.h>
+#include <torch/nn/cloneable.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
@@ -23,9 +23,11 @@ struct TorchvisionResNetOptions {
   std::int64_t in_channels = 3;  ///< channels of the images conv1 takes (torchvision's: 3)
 };
 
-class TorchvisionResNetImpl : public torch::nn::Module {
+class TorchvisionResNetImpl : public torch::nn::Cloneable<TorchvisionResNetImpl> {
  public:
   explicit TorchvisionResNetImpl(const TorchvisionResNetOptions& options = {});
+  /// Builds the layers from the options (initialized as torchvision does); clone() copies the values after it.
+  void reset() override;
 
   /// Logits (N, classes) of images (N, in_channels, H, W), any H, W >= 32; without the head, features(x).
   at::Tensor forward(const at::Tensor& x);
@@ -36,6 +38,7 @@ class TorchvisionResNetImpl : public torch::nn::Module {
   int depth() const { return depth_; }
 
  private:
+  TorchvisionResNetOptions options_;
   Conv2d conv1_{nullptr};
   torch::nn::Sequential layers_[4];
   torch::nn::Linear fc_{nullptr};

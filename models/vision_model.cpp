@@ -2,6 +2,7 @@
 
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/safetensors.h>
+#include <fastlearn/models/dropout.h>
 #include <fastlearn/models/sequential_block.h>
 #include <fastlearn/models/torchvision_resnet.h>
 #include <fastlearn/models/weights.h>
@@ -55,11 +56,11 @@ nn::Sequential vision_model(const VisionModelOptions& options) {
         .flatten(1);
   })));
   head->push_back(nn::BatchNorm1d(features));
-  head->push_back(nn::Dropout(options.dropout / 2));
+  head->push_back(Dropout(options.dropout / 2));
   head->push_back(nn::Linear(nn::LinearOptions(features, options.hidden).bias(false)));
   head->push_back(nn::ReLU());
   head->push_back(nn::BatchNorm1d(options.hidden));
-  head->push_back(nn::Dropout(options.dropout));
+  head->push_back(Dropout(options.dropout));
   head->push_back(nn::Linear(nn::LinearOptions(options.hidden, options.classes).bias(false)));
   // fastai initializes the head's linear layers with Kaiming normal.
   for (auto& module : head->modules(/*include_self=*/false)) {
