@@ -10,6 +10,9 @@
 //     on 2048 synthetic 3x224x224 images, batch 64. Goal: >= 1.0x. Against the loop, each repeat also times an
 //     epoch of ours with FASTLEARN_POOL_BY_VIEW=0 (the shortcut pools on ATen's kernel): ours_switched_off and
 //     switch_gain = ours / that, the end-to-end effect of models::AvgPool2d's view.
+//   gpu_replicas_one_gpu: conv_net on Fashion-MNIST, batch 256, fp32, Learner.fit(1) samples/s of 2 ParallelTrainer
+//     replicas sharing the GPU (sync_bn off: replicas on one GPU) against the same Learner alone; reported as it
+//     is (two replicas on one GPU only split its work: the row checks the path's cost, not a speed-up).
 //   gpu_time_to_92: seconds of fit_one_cycle(6, 1e-2) of conv_net until the test accuracy reaches 92%,
 //     against fastai's fit_one_cycle of the same model (lower is better; ratio = fastai / ours).
 // With --trace DIR, each comparison then traces one more epoch of each side with the profiler (Kineto on ours,
@@ -19,6 +22,7 @@
 #include <fastlearn/callbacks/channels_last.h>
 #include <fastlearn/callbacks/mixed_precision.h>
 #include <fastlearn/data/idx.h>
+#include <fastlearn/distributed/parallel_trainer.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/models/models.h>
@@ -224,6 +228,40 @@ double our_time_to(const Data& d, double target, int epochs, double lr, double& 
   return stop->reached;
 }
 
+// 2 replicas on the one GPU against one device: fp32, no autocast, the data on the GPU.
+Comparison replicas_on_one_gpu(const Data& d, int repeats) {
+  auto make = [&] {
+    torch::manual_seed(0);
+    auto train = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{d.xt}, std::vector<at::Tensor>{d.yt});
+    auto valid = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{d.xv}, std::vector<at::Tensor>{d.yv});
+    return std::make_unique<fl::Learner>(
+        fl::DataLoaders(fl::DataLoader(train, {.bs = 256, .shuffle = true}), fl::DataLoader(valid, {.bs = 512}), 10),
+        fl::models::conv_net(), fl::cross_entropy(),
+        fl::LearnerOptions{.metrics = {fl::accuracy()}, .progress = false, .device = kGpu});
+  };
+  auto one = make(), two = make();
+  fl::to_parallel(*two, {kGpu, kGpu}, {.sync_bn = false});
+  const double items = static_cast<double>(one->dls().train().size() * 256);
+  auto epoch = [&](fl::Learner& l) {
+    torch::cuda::synchronize();
+    const auto start = bench::Clock::now();
+    l.fit(1, 1e-3);
+    torch::cuda::synchronize();
+    return items / bench::seconds_since(start);
+  };
+  epoch(*two);
+  epoch(*one);
+  std::vector<double> ours, anchor;
+  for (int r = 0; r < repeats; ++r) {
+    ours.push_back(epoch(*two));
+    anchor.push_back(epoch(*one));
+  }
+  Comparison c{.ours = bench::summarize(ours), .anchor = bench::summarize(anchor), .repeats = repeats};
+  c.ours_accuracy = two->recorder().history().back().metrics.at(0);
+  c.anchor_accuracy = one->recorder().history().back().metrics.at(0);
+  return c;
+}
+
 std::string device_name() {
 #ifdef FASTLEARN_WITH_CUDA
   return at::cuda::getDeviceProperties(0)->name;
@@ -289,6 +327,12 @@ int main(int argc, char** argv) {
                 ", xresnet 64-128-256-512 on 2048 synthetic 3x224x224 images, batch 64, bf16 + channels-last",
             device));
       }
+    }
+    if (want("gpu_replicas_one_gpu")) {
+      report(json_member("gpu_replicas_one_gpu", replicas_on_one_gpu(fashion(data_dir), n), "train samples/s", true,
+                         "Learner.fit(1) of conv_net on Fashion-MNIST, batch 256, fp32, data on the GPU: 2 "
+                         "ParallelTrainer replicas sharing the GPU vs the Learner alone",
+                         device));
     }
     if (want("gpu_time_to_92")) {
       const auto d = fashion(data_dir);

@@ -82,6 +82,7 @@ std::unique_ptr<Learner> learner_from_config(const TrainConfig& config, const Le
                     c.train.top_k, c.train.top_k, dls.c(), dls.c()));
   }
   auto model = arch.make(c, dls);
+  if (model.replicate) learner_opts.replicate = std::move(model.replicate);
   return std::make_unique<Learner>(std::move(dls), std::move(model.module), std::move(model.forward), std::move(loss),
                                    std::move(learner_opts));
 }
@@ -104,8 +105,44 @@ DistributedTrainerOptions trainer_options(const DistributedConfig& d) {
                       .find_unused_parameters = d.find_unused_parameters}};
 }
 
+std::vector<c10::Device> parallel_devices(const DistributedConfig& d) {
+  if (d.devices.size() == 1 && d.devices.front() == "cuda") return all_gpus();
+  std::vector<c10::Device> out;
+  for (const auto& name : d.devices) out.emplace_back(name);
+  return out;
+}
+
+ParallelTrainerOptions parallel_options(const DistributedConfig& d) {
+  return {.sync_bn = d.sync_bn,
+          .reducer = {.first_bucket_mb = d.first_bucket_mb,
+                      .bucket_cap_mb = d.bucket_cap_mb,
+                      .find_unused_parameters = d.find_unused_parameters},
+          .timeout = std::chrono::milliseconds(static_cast<std::int64_t>(d.timeout_seconds * 1000))};
+}
+
 void check_devices(const TrainConfig& c, int local_ranks, const std::string& origin) {
   const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  const auto& devices = c.distributed.devices;
+  if (!devices.empty() && local_ranks > 1) {
+    throw ConfigError(fmt::format(
+        "{}: distributed.devices trains several devices in this one process, and {} ranks train on this host "
+        "(--nproc-per-node {}): use one or the other",
+        excerpt(origin, 256), local_ranks, local_ranks));
+  }
+  for (const auto& name : devices) {
+    if (name == "cpu") continue;
+    if (gpus == 0)
+      throw ConfigError(fmt::format("{}: distributed.devices lists \"{}\", and no CUDA GPU is visible",
+                                    excerpt(origin, 256), excerpt(name, 40)));
+    if (name != "cuda" && std::stoi(name.substr(5)) >= gpus)
+      throw ConfigError(fmt::format("{}: distributed.devices lists \"{}\": this host has {} GPU(s)",
+                                    excerpt(origin, 256), excerpt(name, 40), gpus));
+  }
+  if (devices.size() == 1 && gpus < 2)
+    throw ConfigError(
+        fmt::format("{}: distributed.devices = [\"cuda\"] means every GPU, and this host has {}: give "
+                    "at least two devices",
+                    excerpt(origin, 256), gpus));
   const auto& device = c.train.device;
   const auto& backend = c.distributed.backend;
   const bool one_gpu = device.starts_with("cuda:");

@@ -9,6 +9,7 @@
 #include <fastlearn/comm/runtime.h>
 #include <fastlearn/config/train_config.h>
 #include <fastlearn/distributed/distributed_trainer.h>
+#include <fastlearn/distributed/parallel_trainer.h>
 #include <fastlearn/learner/learner.h>
 
 #include <filesystem>
@@ -48,8 +49,14 @@ SetupOptions setup_options(const DistributedConfig& config);
 /// distributed.sync_bn and the gradient buckets, for DistribCtx.
 DistributedTrainerOptions trainer_options(const DistributedConfig& config);
 
-/// train.device and distributed.backend against this host's GPUs, for `local_ranks` ranks on it: a ConfigError that
-/// names `origin` (the config's file), the counts and the ways out, before anything is launched, loaded or written.
+/// distributed.devices as devices for ParallelCtx / to_parallel (empty: one device; "cuda": every visible GPU).
+std::vector<c10::Device> parallel_devices(const DistributedConfig& config);
+/// distributed.sync_bn, the gradient buckets and the timeout, for ParallelCtx.
+ParallelTrainerOptions parallel_options(const DistributedConfig& config);
+
+/// train.device, distributed.backend and distributed.devices against this host's GPUs, for `local_ranks` ranks on it: a
+/// ConfigError that names `origin` (the config's file), the counts and the ways out, before anything is launched,
+/// loaded or written.
 void check_devices(const TrainConfig& config, int local_ranks, const std::string& origin);
 
 }  // namespace fastlearn

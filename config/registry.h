@@ -21,10 +21,13 @@ namespace fastlearn {
 struct BuiltModel {
   std::shared_ptr<torch::nn::Module> module;
   Learner::Forward forward;
-  /// Any torch::nn module holder whose forward takes one Tensor, two Tensors, or a vector of them.
+  /// How to copy the model for several devices of one process (LearnerOptions::replicate; empty: none).
+  Replicate replicate;
+  /// Any torch::nn module holder whose forward takes one Tensor, two Tensors, or a vector of them (copied by its
+  /// clone()).
   template <class ModuleHolder>
   static BuiltModel of(ModuleHolder model) {
-    return {model.ptr(), detail::forward_of(model)};
+    return {model.ptr(), detail::forward_of(model), detail::replicate_of<ModuleHolder>()};
   }
 };
 

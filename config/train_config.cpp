@@ -269,6 +269,25 @@ std::string device_spelled(const TrainConfig& c) {
                      excerpt(d.substr(0, 40)), d.size() > 40 ? "..." : "");
 }
 
+// distributed.devices: "cpu", "cuda" (alone: every GPU) or "cuda:N", at least two replicas when given.
+std::string devices_spelled(const TrainConfig& c) {
+  const auto& devices = c.distributed.devices;
+  if (devices.empty()) return {};
+  for (const auto& d : devices) {
+    const bool index = d.starts_with("cuda:") && d.size() > 5 && d.size() <= 9 &&
+                       std::all_of(d.begin() + 5, d.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+    if (d != "cpu" && d != "cuda" && !index)
+      return fmt::format(
+          R"(lists "{}"; each device is "cpu", "cuda:N" (N: a GPU's index), or "cuda" alone (every GPU))",
+          excerpt(d, 40));
+  }
+  if (std::find(devices.begin(), devices.end(), "cuda") != devices.end() && devices.size() != 1)
+    return R"("cuda" stands for every visible GPU: give it alone, or list "cuda:N" devices)";
+  if (devices.size() == 1 && devices.front() != "cuda")
+    return "lists one device; give at least two (the CPU may be listed several times), or leave it out";
+  return {};
+}
+
 // Every key, in the order they are read and written: the data first, since it decides which losses, metrics
 // and models fit. A sub-table may come before its table's plain keys: the writer groups keys by table.
 const std::vector<Key>& schema() {
@@ -357,6 +376,7 @@ const std::vector<Key>& schema() {
       Key("distributed.first_bucket_mb", in::distributed, &DistributedConfig::first_bucket_mb, positive),
       Key("distributed.timeout_seconds", in::distributed, &DistributedConfig::timeout_seconds, positive),
       Key("distributed.find_unused_parameters", in::distributed, &DistributedConfig::find_unused_parameters),
+      Key("distributed.devices", in::distributed, &DistributedConfig::devices, {}, {.check = devices_spelled}),
 
       Key::optional_table("callbacks.early_stopping", in::callbacks, &CallbacksConfig::early_stopping),
       Key("callbacks.early_stopping.monitor", in::early_stopping, &EarlyStoppingConfig::monitor, {},

@@ -118,6 +118,9 @@ struct DistributedConfig {
   double first_bucket_mb = 1.0;
   double timeout_seconds = 1800;
   bool find_unused_parameters = false;
+  /// Several devices of this one process, a replica of the model on each (ParallelTrainer): "cpu" (listed n times
+  /// for n CPU replicas), "cuda" (every visible GPU) or "cuda:N". Empty: one device. Not with several processes.
+  std::vector<std::string> devices;
   bool operator==(const DistributedConfig&) const = default;
 };
 

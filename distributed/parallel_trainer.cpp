@@ -139,7 +139,8 @@ class ParallelTrainer::State {
       at::set_num_threads(share);  // the calling thread's team; the count the process reports is restored below
     });
     if (share > 0) {
-      at::set_num_threads(before);
+      // The caller's team too: its idle OpenMP workers would spin on the cores the replicas compute on.
+      at::set_num_threads(share);
       restore_threads_ = before;
     }
     auto& model0 = learn_.model();

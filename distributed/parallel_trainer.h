@@ -77,11 +77,11 @@ class ParallelTrainer : public Callback {
 };
 
 /// Makes `learn` train on `devices` of this process (default: every visible GPU; the CPU listed n times gives n CPU
-/// replicas, each thread with its share of the intra-op threads): moves the learner to devices[0] when its device was
-/// left to fastlearn, converts BatchNorm when sync_bn, attaches a ParallelTrainer. Fewer than two devices: nothing
-/// (and a warning, once). ConfigError for devices it cannot use together (the CPU with GPUs, a GPU listed twice
-/// beside others, BatchNorm synchronized on one shared GPU); DistributedError in a job of several processes or under
-/// a DistributedTrainer (one process per device, or several devices in one process: not both).
+/// replicas, each thread, and the caller during a fit, with its share of the intra-op threads): moves the learner to
+/// devices[0] when its device was left to fastlearn, converts BatchNorm when sync_bn, attaches a ParallelTrainer. Fewer
+/// than two devices: nothing (and a warning, once). ConfigError for devices it cannot use together (the CPU with GPUs,
+/// a GPU listed twice beside others, BatchNorm synchronized on one shared GPU); DistributedError in a job of several
+/// processes or under a DistributedTrainer (one process per device, or several devices in one process: not both).
 void to_parallel(Learner& learn, std::vector<c10::Device> devices = {}, ParallelTrainerOptions options = {});
 /// Removes the ParallelTrainer (SyncBatchNorm layers stay; outside data parallel training they act as BatchNorm).
 void detach_parallel(Learner& learn);

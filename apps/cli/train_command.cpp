@@ -17,6 +17,7 @@
 #include <fastlearn/learner/checkpoint.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <csignal>
 #include <cstdlib>
@@ -161,9 +162,17 @@ int run_train(const TrainArgs& args) {
   try {
     learn = learner_from_config(config, {.out = out, .run_callbacks = true, .resume = resume, .checked = true});
     DistribCtx ctx(*learn, trainer_options(config.distributed), setup_options(config.distributed));
+    std::optional<ParallelCtx> replicas;  // distributed.devices: several devices of this process
+    if (!config.distributed.devices.empty())
+      replicas.emplace(*learn, parallel_devices(config.distributed), parallel_options(config.distributed));
     if (is_main()) {
       const auto where = describe_device(learn->device());
-      if (world_size() > 1)
+      if (replicas && replicas->active())
+        fmt::print("training on {} devices of this process: {}\n", learn->cb<ParallelTrainer>()->replica_count(),
+                   fmt::join(config.distributed.devices.size() == 1 ? std::vector<std::string>{"every GPU"}
+                                                                    : config.distributed.devices,
+                             ", "));
+      else if (world_size() > 1)
         fmt::print("training on {} ranks over {}; rank 0 on {}\n", world_size(), to_string(world_group().kind()),
                    where);
       else

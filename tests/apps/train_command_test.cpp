@@ -637,6 +637,21 @@ TEST_F(TrainCommand, TrainsOnTwoRanksThroughTheLauncher) {
   EXPECT_EQ(two.output.find("resume: warning"), std::string::npos) << two.output;
 }
 
+TEST_F(TrainCommand, TrainsOnTwoCpuReplicasOfOneProcess) {
+  std::ofstream(config_, std::ios::app) << "[distributed]\ndevices = [\"cpu\", \"cpu\"]\n";
+  const auto r = run_cli(train("--set train.epochs=1"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("training on 2 devices of this process: cpu, cpu"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("final validation set: "), std::string::npos) << r.output;
+  // Several devices of one process and several processes do not combine: refused before anything starts.
+  const auto both = run_cli(train("--nproc-per-node 2"));
+  EXPECT_NE(both.exit_code, 0) << both.output;
+  EXPECT_NE(both.output.find("distributed.devices trains several devices in this one process, and 2 ranks"),
+            std::string::npos)
+      << both.output;
+  EXPECT_EQ(both.output.find("[rank"), std::string::npos) << both.output;
+}
+
 TEST_F(TrainCommand, LrFindWritesThePlotAndSuggests) {
   const auto r = run_cli("lr-find " + config_.string() + " --out " + out_.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;

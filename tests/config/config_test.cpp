@@ -399,3 +399,13 @@ TEST(Config, TheCliGuideListsEveryKeyOfTheSchemaAndNoOther) {
       EXPECT_TRUE(schema.at(t).count(key)) << "docs/cli.md documents " << t << "." << key << ", which the schema lacks";
   }
 }
+
+TEST(Config, DistributedDevicesAreSpelledAndAtLeastTwo) {
+  const auto c = parse_config("[distributed]\ndevices = [\"cpu\", \"cpu\", \"cpu\"]\n", "run.toml");
+  EXPECT_EQ(c.distributed.devices, (std::vector<std::string>{"cpu", "cpu", "cpu"}));
+  EXPECT_EQ(parse_config(to_toml(c), "resolved.toml"), c);
+  EXPECT_TRUE(parse_config("", "run.toml").distributed.devices.empty());
+  expect_contains(error_of("[distributed]\ndevices = [\"cpu\"]\n").what(), "give at least two");
+  expect_contains(error_of("[distributed]\ndevices = [\"tpu:0\", \"cpu\"]\n").what(), "lists \"tpu:0\"");
+  expect_contains(error_of("[distributed]\ndevices = [\"cuda\", \"cuda:1\"]\n").what(), "give it alone");
+}

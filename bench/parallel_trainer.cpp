@@ -1,0 +1,77 @@
+// parallel_trainer: one epoch (60 training batches of 256 + 2048 validation items) of conv_net on Fashion-MNIST
+// through Learner.fit, trained by 2 CPU replicas of one process (ParallelCtx: a thread each, 1 intra-op thread
+// each) against the same Learner in one process of 2 intra-op threads; same global batch, data, model and Adam.
+// Interleaved repeats; prints one JSON object. ratio = one-process time / replicas time (above 1: the replicas are
+// faster). On several GPUs the figure to measure is the replicas' samples/s against DistributedTrainer's on the same
+// GPUs (bench_gpu's replicas row measures 2 replicas on one GPU against one).
+#include <fastlearn/data/image_dataloaders.h>
+#include <fastlearn/distributed/parallel_trainer.h>
+#include <fastlearn/learner/learner.h>
+#include <fastlearn/models/models.h>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "support/bench_support.h"
+
+namespace fl = fastlearn;
+
+namespace {
+
+constexpr std::int64_t kBatch = 256, kTrainItems = 60 * kBatch, kValidItems = 2048;
+
+fl::DataLoaders subset(const fl::DataLoaders& full) {
+  auto slice = [](const fl::DataLoader& dl, std::int64_t n) {
+    const auto& ds = static_cast<const fl::TensorDataset&>(dl.dataset());
+    auto part = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{ds.inputs()[0].slice(0, 0, n)},
+                                                    std::vector<at::Tensor>{ds.targets()[0].slice(0, 0, n)});
+    return fl::DataLoader(part, dl.options());
+  };
+  return fl::DataLoaders(slice(full.train(), kTrainItems), slice(full.valid(), kValidItems), full.c());
+}
+
+std::unique_ptr<fl::Learner> learner(const fl::DataLoaders& full) {
+  torch::manual_seed(0);
+  return std::make_unique<fl::Learner>(
+      subset(full), fl::models::conv_net(), fl::cross_entropy(),
+      fl::LearnerOptions{
+          .opt_func = fl::Adam(), .metrics = {fl::accuracy()}, .progress = false, .device = c10::Device(c10::kCPU)});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string dir = argc > 1 ? argv[1] : "/usr/share/datasets/fashion-mnist";
+  try {
+    const int n = bench::repeats(5);
+    const int threads = at::get_num_threads();
+    auto full = fl::ImageDataLoaders::from_idx(dir, {.bs = kBatch, .seed = 0});
+    auto one = learner(full);
+    auto replicas = learner(full);
+    fl::ParallelCtx ctx(*replicas, {c10::Device(c10::kCPU), c10::Device(c10::kCPU)});
+    one->fit(1, 1e-3);  // warm-up both sides
+    replicas->fit(1, 1e-3);
+    std::vector<double> ours, anchor;
+    for (int r = 0; r < n; ++r) {
+      auto start = bench::Clock::now();
+      replicas->fit(1, 1e-3);
+      ours.push_back(bench::seconds_since(start));
+      start = bench::Clock::now();
+      one->fit(1, 1e-3);
+      anchor.push_back(bench::seconds_since(start));
+    }
+    const auto o = bench::summarize(ours), a = bench::summarize(anchor);
+    fmt::print(
+        R"({{"parallel_trainer": {{"ours": {:.4f}, "anchor": {:.4f}, "ratio": {:.4f}, "unit": "s/epoch", )"
+        R"("higher_is_better": false, "ours_range": [{:.4f}, {:.4f}], "anchor_range": [{:.4f}, {:.4f}], )"
+        R"("threads": {}, "repeats": {}, "replicas_valid_accuracy": {:.4f}, "one_process_valid_accuracy": {:.4f}, )"
+        R"("what": "Learner.fit(1) of conv_net on 2 CPU replicas of one process (ParallelCtx, 1 thread each) vs one process of {} threads; 60 batches of 256 + 2048 valid, Adam"}}}})"
+        "\n",
+        o.median, a.median, a.median / o.median, o.min, o.max, a.min, a.max, threads, n,
+        replicas->validate().metric("accuracy"), one->validate().metric("accuracy"), threads);
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "parallel_trainer: " << e.what() << "\n";
+    return 1;
+  }
+}
