@@ -307,7 +307,8 @@ class GradReducer::Impl {
     while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
       auto& b = buckets_[next_launch_];
       std::vector<at::Tensor> tensors{b.in_place ? flat_alias(params_[b.params.front()].tensor.grad()) : b.flat};
-      if (debug_) debug_check_all_reduce(tensors.front(), group_);  // FASTLEARN_DISTRIBUTED_DEBUG=1
+      // FASTLEARN_DISTRIBUTED_DEBUG=1; not where ranks share the engine's thread (it is a blocking collective).
+      if (debug_ && options_.finish_in_engine) debug_check_all_reduce(tensors.front(), group_);
       b.call = group_.next_call();
       try {
         b.work = group_.backend().allreduce(tensors);

@@ -130,6 +130,16 @@ class ParallelTrainer::State {
 
   void build() {
     teardown();
+    ++fits_;
+    try {
+      build_replicas();
+    } catch (...) {
+      teardown();  // nothing half-made stays: the next forward runs the model alone
+      throw;
+    }
+  }
+
+  void build_replicas() {
     const int n = static_cast<int>(devices_.size());
     const int before = at::get_num_threads();
     const int share = placement_ == Placement::cpu ? std::max(1, before / n) : 0;
@@ -153,6 +163,20 @@ class ParallelTrainer::State {
     }
     first.buffers = model0.buffers();
     replicas_.push_back(std::move(first));
+    // A copy's reset() initializes weights from the default generator: the training's random stream must not see it.
+    auto generator = at::detail::getDefaultCPUGenerator();  // a handle to the one default generator
+    const auto rng = [&] {
+      std::lock_guard lock(generator.mutex());
+      return generator.get_state();
+    }();
+    struct RestoreRng {
+      at::Generator& g;
+      const at::Tensor& state;
+      ~RestoreRng() {
+        std::lock_guard lock(g.mutex());
+        g.set_state(state);
+      }
+    } restore_rng{generator, rng};
     for (int i = 1; i < n; ++i) {
       auto copy = learn_.replicate(devices_[static_cast<std::size_t>(i)]);
       copy.model->train(model0.is_training());
@@ -180,7 +204,9 @@ class ParallelTrainer::State {
     share_parameters();
     copy_trainable_flags();
     warn_about_shared_dropout(model0);
-    const std::uint64_t base = options_.seed.value_or(at::detail::getDefaultCPUGenerator().current_seed());
+    // Each fit draws on: a fit's streams do not repeat the last fit's masks.
+    const std::uint64_t base = options_.seed.value_or(at::detail::getDefaultCPUGenerator().current_seed()) +
+                               0xD1B54A32D192ED03ULL * static_cast<std::uint64_t>(fits_);
     for (int i = 0; i < n; ++i) {
       replicas_[static_cast<std::size_t>(i)].generator =
           replica_generator(devices_[static_cast<std::size_t>(i)], base, i);
@@ -229,6 +255,7 @@ class ParallelTrainer::State {
   }
 
   at::Tensor forward(const std::vector<at::Tensor>& xb) {
+    if (built() && !learn_.in_fit()) teardown();  // a fit that ended by an exception never reached after_fit
     if (!built()) return inner_forward(xb);
     if (xb.empty()) throw Error("ParallelTrainer: the batch has no input to split over the replicas");
     if (broken_) repair();
@@ -284,9 +311,14 @@ class ParallelTrainer::State {
       if (inner_backward) return inner_backward(loss_grad);
       return loss_grad.backward();
     }
-    auto grads = torch::autograd::grad({loss_grad}, {whole_}, {}, /*retain_graph=*/false, /*create_graph=*/false,
-                                       /*allow_unused=*/true);
-    auto whole_grad = grads.at(0);
+    // The whole loss back-propagates here, as on one device: terms that do not come through the predictions (a
+    // penalty on replica 0's weights, say) land in replica 0's .grad, which its reducer then sums with the replicas'.
+    for (auto& r : replicas_) {
+      if (r.reducer) r.reducer->set_sync(false);
+    }
+    if (whole_.grad().defined()) whole_.mutable_grad().reset();
+    loss_grad.backward();
+    auto whole_grad = whole_.grad();
     whole_ = at::Tensor();
     if (!whole_grad.defined()) {
       drop_graphs();
@@ -475,7 +507,24 @@ class ParallelTrainer::State {
       if (!r.group) continue;
       for (auto* bn : sync_batch_norms(*r.model))
         if (bn->options.group == r.group.get()) bn->options.group = nullptr;
-      r.group->close(/*abort=*/broken_);
+    }
+    // NCCL's clean shutdown of a communicator waits for its peers: each replica's thread closes its own at once.
+    const bool together =
+        placement_ == Placement::gpus && !broken_ && threads_ &&
+        std::all_of(replicas_.begin(), replicas_.end(), [](const Replica& r) { return r.group != nullptr; });
+    if (together) {
+      try {
+        threads_->run([&](int i) {
+          auto& r = replicas_[static_cast<std::size_t>(i)];
+          const c10::DeviceGuard device(r.device);
+          r.group->close();
+        });
+      } catch (const std::exception&) {  // a shutdown that failed: abort what is left below
+        broken_ = true;
+      }
+    }
+    for (auto& r : replicas_) {
+      if (r.group) r.group->close(/*abort=*/broken_);  // a no-op for those closed above
       r.group.reset();
     }
     broken_ = false;
@@ -499,6 +548,7 @@ class ParallelTrainer::State {
   std::vector<bool> modes_;  // replica 0's modules' training flags the others last followed
   at::Tensor whole_;         // the batch's predictions as the Learner sees them (a leaf the loss differentiates to)
   int restore_threads_ = 0;
+  std::int64_t fits_ = 0;  // fits the replicas were built for
   bool stale_params_ = false;
   bool copy_buffers_ = false;
   bool zero_grads_ = false;
@@ -534,9 +584,47 @@ const GradReducer* ParallelTrainer::reducer(int i) const {
 }
 
 void ParallelTrainer::attach(Learner& learn) {
-  state_ = std::make_unique<State>(learn, devices_, options_);
-  state_->inner_forward = learn.set_forward([this](const std::vector<at::Tensor>& xb) { return state_->forward(xb); });
-  state_->inner_backward = learn.set_backward([this](const at::Tensor& loss_grad) { state_->backward(loss_grad); });
+  const auto env = dist_env();
+  if (learn.cb<DistributedTrainer>() || (is_initialized() && world_size() > 1) || env.world_size > 1) {
+    throw DistributedError(fmt::format(
+        "to_parallel: this process is rank {} of a job of {} processes ({}){}; several devices in one process "
+        "(ParallelTrainer, distributed.devices) and one process per device (DistributedTrainer, --nproc-per-node) "
+        "do not combine: use one or the other",
+        env.rank, std::max(env.world_size, is_initialized() ? world_size() : 1), env.source,
+        learn.cb<DistributedTrainer>() ? " and trains under a DistributedTrainer" : ""));
+  }
+  if (placement_of(devices_) == Placement::one_gpu && options_.sync_bn && has_batch_norm(learn.model())) {
+    throw ConfigError(fmt::format(
+        "to_parallel: the replicas on {} share one GPU and the model has BatchNorm layers, which sync_bn would "
+        "synchronize inside backward, where replicas on one GPU run one after another; set sync_bn to false "
+        "(per-chunk statistics) or give each replica a GPU of its own",
+        devices_[0].str()));
+  }
+  if (learn.device() != devices_[0]) {
+    if (!learn.device_is_auto()) {
+      throw ConfigError(fmt::format(
+          "to_parallel: the learner computes on {} (LearnerOptions::device), but replica 0 (the learner's model) is "
+          "on {}: list {} first, or leave the device to fastlearn",
+          learn.device().str(), devices_[0].str(), learn.device().str()));
+    }
+    learn.to(devices_[0]);
+  }
+  state_ = std::make_shared<State>(learn, devices_, options_);
+  // The learner keeps these after a remove_cb: without the state they run the model as before.
+  std::weak_ptr<State> weak = state_;
+  auto inner_forward = learn.set_forward(nullptr);
+  auto inner_backward = learn.set_backward(nullptr);
+  state_->inner_forward = inner_forward;
+  state_->inner_backward = inner_backward;
+  learn.set_forward([weak, inner_forward](const std::vector<at::Tensor>& xb) {
+    if (auto state = weak.lock()) return state->forward(xb);
+    return inner_forward(xb);
+  });
+  learn.set_backward([weak, inner_backward](const at::Tensor& loss_grad) {
+    if (auto state = weak.lock()) return state->backward(loss_grad);
+    if (inner_backward) return inner_backward(loss_grad);
+    loss_grad.backward();
+  });
 }
 
 void ParallelTrainer::detach(Learner& learn) {
@@ -548,17 +636,22 @@ void ParallelTrainer::detach(Learner& learn) {
 }
 
 void ParallelTrainer::before_fit() {
+  if (!state_) attach(learn());  // added with add_cb rather than to_parallel
   state_->build();
   state_->make_reducers();
 }
 
 void ParallelTrainer::before_batch() {
-  if (learn().training && state_->built()) state_->follow_trainable_flags();
+  if (state_ && learn().training && state_->built()) state_->follow_trainable_flags();
 }
 
-void ParallelTrainer::after_step() { state_->mark_stepped(); }
+void ParallelTrainer::after_step() {
+  if (state_) state_->mark_stepped();
+}
 
-void ParallelTrainer::after_fit() { state_->teardown(); }
+void ParallelTrainer::after_fit() {
+  if (state_) state_->teardown();
+}
 
 void to_parallel(Learner& learn, std::vector<c10::Device> devices, ParallelTrainerOptions options) {
   if (learn.cb<ParallelTrainer>()) throw Error("to_parallel: the learner already trains on several devices");
@@ -573,36 +666,14 @@ void to_parallel(Learner& learn, std::vector<c10::Device> devices, ParallelTrain
     }
     return;
   }
-  const auto env = dist_env();
-  if (learn.cb<DistributedTrainer>() || (is_initialized() && world_size() > 1) || env.world_size > 1) {
-    throw DistributedError(fmt::format(
-        "to_parallel: this process is rank {} of a job of {} processes ({}){}; several devices in one process "
-        "(ParallelTrainer, distributed.devices) and one process per device (DistributedTrainer, --nproc-per-node) "
-        "do not combine: use one or the other",
-        env.rank, std::max(env.world_size, is_initialized() ? world_size() : 1), env.source,
-        learn.cb<DistributedTrainer>() ? " and trains under a DistributedTrainer" : ""));
-  }
   auto trainer = std::make_shared<ParallelTrainer>(std::move(devices), options);
-  const auto& devs = trainer->devices();
-  const auto placement = placement_of(devs);
-  if (placement == Placement::one_gpu && options.sync_bn && has_batch_norm(learn.model())) {
-    throw ConfigError(fmt::format(
-        "to_parallel: the replicas on {} share one GPU and the model has BatchNorm layers, which sync_bn would "
-        "synchronize inside backward, where replicas on one GPU run one after another; set sync_bn to false "
-        "(per-chunk statistics) or give each replica a GPU of its own",
-        devs[0].str()));
-  }
-  if (learn.device() != devs[0]) {
-    if (!learn.device_is_auto()) {
-      throw ConfigError(fmt::format(
-          "to_parallel: the learner computes on {} (LearnerOptions::device), but replica 0 (the learner's model) is "
-          "on {}: list {} first, or leave the device to fastlearn",
-          learn.device().str(), devs[0].str(), learn.device().str()));
-    }
-    learn.to(devs[0]);
-  }
-  learn.add_cb(trainer);
   trainer->attach(learn);
+  try {
+    learn.add_cb(trainer);
+  } catch (...) {
+    trainer->detach(learn);
+    throw;
+  }
 }
 
 void detach_parallel(Learner& learn) {

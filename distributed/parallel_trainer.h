@@ -60,7 +60,7 @@ class ParallelTrainer : public Callback {
   int replica_count() const { return static_cast<int>(devices_.size()); }
   /// Replica `i`'s model while the replicas exist (during a fit; replica 0 is the learner's model); Error otherwise.
   torch::nn::Module& replica(int i) const;
-  /// Replica `i`'s gradient reducer during a fit (null outside one, and for replicas without trainable parameters).
+  /// Replica `i`'s gradient reducer during a fit (null outside one).
   const GradReducer* reducer(int i) const;
 
   class State;
@@ -73,17 +73,20 @@ class ParallelTrainer : public Callback {
 
   std::vector<c10::Device> devices_;
   ParallelTrainerOptions options_;
-  std::unique_ptr<State> state_;
+  std::shared_ptr<State> state_;  // shared: the learner's forward and backward hold it weakly
 };
 
 /// Makes `learn` train on `devices` of this process (default: every visible GPU; the CPU listed n times gives n CPU
 /// replicas, each thread, and the caller during a fit, with its share of the intra-op threads): moves the learner to
-/// devices[0] when its device was left to fastlearn, converts BatchNorm when sync_bn, attaches a ParallelTrainer. Fewer
-/// than two devices: nothing (and a warning, once). ConfigError for devices it cannot use together (the CPU with GPUs,
-/// a GPU listed twice beside others, BatchNorm synchronized on one shared GPU); DistributedError in a job of several
-/// processes or under a DistributedTrainer (one process per device, or several devices in one process: not both).
+/// devices[0] when its device was left to fastlearn and attaches a ParallelTrainer (one added with add_cb instead does
+/// the same at its first fit). With sync_bn, BatchNorm layers are SyncBatchNorm over the replicas during each fit and
+/// BatchNorm again after it (a SyncBatchNorm that convert_sync_batchnorm made earlier comes back as BatchNorm too).
+/// Fewer than two devices: nothing (and a warning, once). ConfigError for devices it cannot use together (the CPU with
+/// GPUs, a GPU listed twice beside others, BatchNorm synchronized on one shared GPU); DistributedError in a job of
+/// several processes or under a DistributedTrainer (one process per device, or several devices in one process: not
+/// both).
 void to_parallel(Learner& learn, std::vector<c10::Device> devices = {}, ParallelTrainerOptions options = {});
-/// Removes the ParallelTrainer (SyncBatchNorm layers stay; outside data parallel training they act as BatchNorm).
+/// Removes the ParallelTrainer; the learner then runs its model alone, as before to_parallel.
 void detach_parallel(Learner& learn);
 
 /// to_parallel for a scope: detach_parallel at its end.

@@ -307,6 +307,8 @@ class Learner {
   /// starts.
   void stop_training() { training_stopped_ = true; }
   bool training_stopped() const { return training_stopped_; }
+  /// Whether a fit is running (between its before_fit and its end, also one that ends by an exception).
+  bool in_fit() const { return in_fit_; }
   /// Sets the resume point (restore_state does, from a checkpoint's metadata).
   void set_epochs_completed(int epochs) { epochs_completed_ = epochs; }
 

@@ -314,6 +314,7 @@ TEST(ParallelTrainer, AModelItCannotCopyIsNamedWithTheOption) {
   fl::ParallelCtx ctx(learn, {cpu, cpu});
   const auto message = flt::message_of([&] { learn.fit(1); });
   EXPECT_NE(message.find("LearnerOptions::replicate"), std::string::npos) << message;
+  EXPECT_TRUE(std::isfinite(learn.validate().loss));  // nothing half-built is left: the model runs alone
 }
 
 TEST(ParallelTrainer, DevicesItCannotUseTogetherAreRefused) {
@@ -414,18 +415,81 @@ TEST(ParallelTrainer, CheckpointsPassBothWays) {
   fs::remove_all(dir);
 }
 
-TEST(ParallelTrainer, DropoutStreamsAreRepeatable) {
-  auto run = [] {
+TEST(ParallelTrainer, DropoutStreamsAreRepeatableAndSeeded) {
+  auto run = [](std::uint64_t seed, std::uint64_t global_seed) {
     torch::manual_seed(0);
     auto model = torch::nn::Sequential(torch::nn::Flatten(), torch::nn::Linear(28 * 28, 16), fl::models::Dropout(0.5),
                                        torch::nn::Linear(16, 3));
     fl::Learner learn(loaders(20, 10), model, fl::cross_entropy(), {.progress = false, .device = cpu});
-    fl::ParallelCtx ctx(learn, {cpu, cpu}, {.seed = 7});
+    fl::ParallelCtx ctx(learn, {cpu, cpu}, {.seed = seed});
+    torch::manual_seed(global_seed);  // the replicas' masks must not come from the default generator
     learn.fit(1);
     return params_of(learn.model());
   };
-  const auto a = run(), b = run();
-  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].equal(b[i])) << i;
+  auto same = [](const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (!a[i].equal(b[i])) return false;
+    return true;
+  };
+  const auto a = run(7, 1), b = run(7, 2), c = run(8, 1);
+  EXPECT_TRUE(same(a, b)) << "the same seed must give the same masks";
+  EXPECT_FALSE(same(a, c)) << "another seed must give other masks";
+}
+
+TEST(ParallelTrainer, ATrainerAddedAsACallbackTrainsAsToParallel) {
+  auto plain = [](bool as_callback) {
+    auto model = make_model("mlp");
+    fl::Learner learn(loaders(30, 10), model, fl::cross_entropy(),
+                      {.opt_func = fl::SGD({.mom = 0.9}), .lr = 1e-2, .progress = false, .device = cpu});
+    auto trainer = std::make_shared<fl::ParallelTrainer>(std::vector<c10::Device>{cpu, cpu});
+    if (as_callback) learn.add_cb(trainer);
+    learn.fit(1);
+    if (as_callback) {
+      learn.remove_cb(trainer);
+      trainer.reset();
+      learn.fit(1);  // the learner runs its model alone again
+    }
+    return params_of(learn.model());
+  };
+  const auto alone = [] {
+    auto model = make_model("mlp");
+    fl::Learner learn(loaders(30, 10), model, fl::cross_entropy(),
+                      {.opt_func = fl::SGD({.mom = 0.9}), .lr = 1e-2, .progress = false, .device = cpu});
+    learn.fit(2);
+    return params_of(learn.model());
+  }();
+  expect_close(plain(true), alone, 1e-5, "added with add_cb, then removed");
+}
+
+TEST(ParallelTrainer, ALossTermOutsideThePredictionsReachesTheGradients) {
+  // A penalty on the first layer's weights, added to the loss by a callback, as on one device.
+  struct Penalty : fl::Callback {
+    void after_loss() override {
+      if (!learn().training) return;
+      learn().loss_grad = learn().loss_grad + 1e-2 * learn().model().parameters()[0].pow(2).sum();
+    }
+  };
+  const auto one = train("mlp", "sgd", 1, 30, 10, {std::make_shared<Penalty>()});
+  const auto many = train("mlp", "sgd", 2, 30, 10, {std::make_shared<Penalty>()});
+  expect_close(many.params, one.params, 1e-5, "penalty");
+}
+
+TEST(ParallelTrainer, AFitEndedByAnExceptionLeavesTheLearnerAsBefore) {
+  struct Boom : fl::Callback {
+    void after_batch() override {
+      if (learn().training && learn().iter == 1) throw std::runtime_error("boom after batch 1");
+    }
+  };
+  const int threads = at::get_num_threads();
+  fl::Learner learn(loaders(40, 10), make_model("conv_net"), fl::cross_entropy(), {.progress = false, .device = cpu});
+  fl::ParallelCtx ctx(learn, {cpu, cpu});
+  EXPECT_NE(flt::message_of([&] { learn.fit(1, 1e-2, {.cbs = {std::make_shared<Boom>()}}); }).find("boom"),
+            std::string::npos);
+  EXPECT_TRUE(std::isfinite(learn.validate().loss));  // outside a fit: the model alone, its BatchNorms as they were
+  EXPECT_EQ(at::get_num_threads(), threads);
+  for (const auto& m : learn.model().modules()) EXPECT_EQ(m->as<fl::SyncBatchNormImpl>(), nullptr);
+  learn.fit(1);  // and it trains on the replicas again
+  EXPECT_TRUE(std::isfinite(learn.validate().loss));
 }
 
 }  // namespace
