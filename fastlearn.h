@@ -57,6 +57,7 @@
 #include <fastlearn/learner/vision_learner.h>
 #include <fastlearn/models/conv2d.h>
 #include <fastlearn/models/dropout.h>
+#include <fastlearn/models/fastai_weights.h>
 #include <fastlearn/models/memory_format.h>
 #include <fastlearn/models/models.h>
 #include <fastlearn/models/sequential_block.h>

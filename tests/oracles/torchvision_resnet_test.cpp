@@ -6,6 +6,8 @@
 #include <fastlearn/data/image_decode.h>
 #include <fastlearn/distributed/sync_batch_norm.h>
 #include <fastlearn/learner/vision_learner.h>
+#include <fastlearn/models/fastai_weights.h>
+#include <fastlearn/models/tabular_model.h>
 #include <fastlearn/models/torchvision_resnet.h>
 #include <fastlearn/models/vision_model.h>
 #include <fastlearn/models/weights.h>
@@ -195,4 +197,66 @@ TEST_F(TorchvisionOracle, VisionLearnerOnGreyImagesTakesOneChannelFromTheData) {
   EXPECT_EQ(learn->model().named_parameters()["0.conv1.weight"].size(1), 1);
   learn->fit(1);
   EXPECT_TRUE(std::isfinite(learn->recorder().history().back().train_loss));
+}
+
+// --- fastai's vision_learner and tabular models: the same logits with the same weights, both ways ----------------
+// The fastai side is tests/python/fastai_models_oracle.py.
+
+namespace {
+
+class FastaiModels : public fastlearn::testing::PythonData<FastaiModels> {
+ protected:
+  static void SetUpTestSuite() {
+    make("fastai-models", "'{python}' -W ignore '{source}/tests/python/fastai_models_oracle.py' '{dir}'");
+  }
+  static fl::models::TabularModel tabular() {
+    return fl::models::TabularModel(
+        std::vector<std::pair<std::int64_t, std::int64_t>>{{4, 3}, {5, 2}}, 2, 3,
+        fl::models::TabularModelOptions{.layers = {8, 4}, .ps = {0.1, 0.1}, .embed_p = 0.1});
+  }
+  static at::Tensor input(const std::string& name) {
+    return *fl::load_safetensors(dir_ / "inputs.safetensors").find(name);
+  }
+};
+
+}  // namespace
+
+TEST_F(FastaiModels, FastaisWeightsGiveFastaisLogitsAndOursGiveOursInFastai) {
+  torch::NoGradGuard no_grad;
+  const auto fastai_logits = fl::load_safetensors(dir_ / "logits.safetensors");
+  // fastai -> fastlearn
+  auto vision = fl::models::vision_model({.arch = "resnet18", .classes = 3});
+  fl::models::load_fastai_vision_weights(*vision, dir_ / "vision.safetensors");
+  vision->eval();
+  EXPECT_TRUE(vision->forward(input("image")).allclose(*fastai_logits.find("vision"), 1e-4, 1e-4));
+  auto table = tabular();
+  fl::models::load_weights(*table, dir_ / "tabular.safetensors");  // the same names: loaded as they are
+  table->eval();
+  EXPECT_TRUE(table->forward(input("x_cat"), input("x_cont")).allclose(*fastai_logits.find("tabular"), 1e-4, 1e-4));
+  // fastlearn -> fastai: models of our own (other weights), under fastai's names
+  torch::manual_seed(5);
+  auto ours = fl::models::vision_model({.arch = "resnet18", .classes = 3});
+  auto our_table = tabular();
+  ours->eval();
+  our_table->eval();
+  fl::save_safetensors(dir_ / "fastlearn_vision.safetensors", fl::models::fastai_vision_state_dict(*ours));
+  fl::save_safetensors(dir_ / "fastlearn_tabular.safetensors", fl::models::model_tensors(*our_table));
+  fl::save_safetensors(
+      dir_ / "fastlearn_logits.safetensors",
+      {{"vision", ours->forward(input("image"))}, {"tabular", our_table->forward(input("x_cat"), input("x_cont"))}});
+  const auto [code, output] = fastlearn::testing::run_shell(
+      fmt::format("'{}' -W ignore '{}/tests/python/fastai_models_oracle.py' '{}' --check 2>&1", FASTLEARN_PYTHON,
+                  FASTLEARN_SOURCE_DIR, dir_.string()));
+  EXPECT_EQ(code, 0) << output;
+}
+
+TEST_F(FastaiModels, NamesOutsideTheMapAreNamed) {
+  EXPECT_EQ(fl::models::fastai_vision_name("0.layer2.1.conv1.weight"), "0.5.1.conv1.weight");
+  EXPECT_EQ(fl::models::fastlearn_vision_name("1.8.weight"), "1.7.weight");
+  const auto message = fastlearn::testing::message_of([] { fl::models::fastlearn_vision_name("2.0.weight"); });
+  EXPECT_NE(message.find("'2.0.weight'"), std::string::npos) << message;
+  auto vision = fl::models::vision_model({.arch = "resnet18", .classes = 3});
+  const auto wrong = fastlearn::testing::message_of(
+      [&] { fl::models::load_fastai_vision_weights(*vision, dir_ / "tabular.safetensors"); });
+  EXPECT_NE(wrong.find("tabular.safetensors"), std::string::npos) << wrong;
 }
