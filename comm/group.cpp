@@ -25,8 +25,7 @@ Group::~Group() {
 }
 
 void Group::close(bool abort) {
-  if (closed_) return;
-  closed_ = true;
+  if (closed_.exchange(true)) return;
   if (backend_) close_backend(*backend_, abort);
   pending_.clear();
 }

@@ -69,7 +69,7 @@ class Group {
   std::int64_t sequence_ = 0;
   std::atomic<std::int64_t> calls_{0};
   PendingWorks pending_;
-  bool closed_ = false;
+  std::atomic<bool> closed_{false};  // close() may come from two threads (a failing one aborts)
 };
 
 using GroupPtr = std::shared_ptr<Group>;

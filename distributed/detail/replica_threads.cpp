@@ -25,7 +25,16 @@ std::string message_of(const std::exception_ptr& error) {
 ReplicaThreads::ReplicaThreads(int n, const std::function<void(int)>& start) {
   if (n < 1) throw Error(fmt::format("ReplicaThreads: {} threads; need at least 1", n));
   busy_ = n;
-  for (int i = 0; i < n; ++i) threads_.emplace_back([this, i, &start] { main(i, start); });
+  try {
+    for (int i = 0; i < n; ++i) threads_.emplace_back([this, i, &start] { main(i, start); });
+  } catch (...) {  // no thread for the rest: end those that started, then say why
+    {
+      std::lock_guard lock(mutex_);
+      busy_ = 0;
+    }
+    stop();
+    throw;
+  }
   std::unique_lock lock(mutex_);
   done_.wait(lock, [this] { return busy_ == 0; });
   if (first_failure_ >= 0) {
