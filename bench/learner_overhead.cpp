@@ -16,6 +16,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "support/epoch_vs_python.h"
+
 namespace fl = fastlearn;
 using Clock = std::chrono::steady_clock;
 
@@ -32,15 +34,7 @@ Stats summarize(std::vector<double> v) {
   return {v[v.size() / 2], v.front(), v.back()};
 }
 
-fl::DataLoaders subset(const fl::DataLoaders& full) {
-  auto slice = [](const fl::DataLoader& dl, std::int64_t n) {
-    const auto& ds = static_cast<const fl::TensorDataset&>(dl.dataset());
-    auto part = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{ds.inputs()[0].slice(0, 0, n)},
-                                                    std::vector<at::Tensor>{ds.targets()[0].slice(0, 0, n)});
-    return fl::DataLoader(part, dl.options());
-  };
-  return fl::DataLoaders(slice(full.train(), kTrainItems), slice(full.valid(), kValidItems), full.c());
-}
+fl::DataLoaders subset(const fl::DataLoaders& full) { return bench::first_items(full, kTrainItems, kValidItems); }
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 

@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "support/bench_support.h"
+#include "support/epoch_vs_python.h"
 
 namespace fl = fastlearn;
 
@@ -20,15 +20,7 @@ namespace {
 
 constexpr std::int64_t kBatch = 256, kTrainItems = 60 * kBatch, kValidItems = 2048;
 
-fl::DataLoaders subset(const fl::DataLoaders& full) {
-  auto slice = [](const fl::DataLoader& dl, std::int64_t n) {
-    const auto& ds = static_cast<const fl::TensorDataset&>(dl.dataset());
-    auto part = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{ds.inputs()[0].slice(0, 0, n)},
-                                                    std::vector<at::Tensor>{ds.targets()[0].slice(0, 0, n)});
-    return fl::DataLoader(part, dl.options());
-  };
-  return fl::DataLoaders(slice(full.train(), kTrainItems), slice(full.valid(), kValidItems), full.c());
-}
+fl::DataLoaders subset(const fl::DataLoaders& full) { return bench::first_items(full, kTrainItems, kValidItems); }
 
 std::unique_ptr<fl::Learner> learner(const fl::DataLoaders& full) {
   torch::manual_seed(0);
