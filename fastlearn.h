@@ -16,6 +16,7 @@
 #include <fastlearn/comm/spawn.h>
 #include <fastlearn/config/data_from_config.h>
 #include <fastlearn/config/learner_from_config.h>
+#include <fastlearn/config/load_learner.h>
 #include <fastlearn/config/registry.h>
 #include <fastlearn/config/train_config.h>
 #include <fastlearn/core/build_info.h>
@@ -29,6 +30,7 @@
 #include <fastlearn/data/image_dataset.h>
 #include <fastlearn/data/image_decode.h>
 #include <fastlearn/data/image_encode.h>
+#include <fastlearn/data/inference_pipeline.h>
 #include <fastlearn/data/tabular_dataloaders.h>
 #include <fastlearn/data/tabular_procs.h>
 #include <fastlearn/data/untar_data.h>
@@ -41,12 +43,14 @@
 #include <fastlearn/launch/launcher.h>
 #include <fastlearn/learner/annealing.h>
 #include <fastlearn/learner/checkpoint.h>
+#include <fastlearn/learner/export.h>
 #include <fastlearn/learner/interpretation.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/loss.h>
 #include <fastlearn/learner/lr_finder.h>
 #include <fastlearn/learner/metrics.h>
 #include <fastlearn/learner/multi_label_metrics.h>
+#include <fastlearn/learner/named_predictions.h>
 #include <fastlearn/learner/param_scheduler.h>
 #include <fastlearn/learner/predict_image.h>
 #include <fastlearn/learner/predict_tabular.h>

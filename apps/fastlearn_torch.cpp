@@ -1,6 +1,6 @@
 // fastlearn-torch: the part of the fastlearn command line that needs LibTorch (train, lr-find, validate, interpret,
-// predict, --version). `fastlearn` runs it for every subcommand but launch, which it runs itself (apps/fastlearn.cpp);
-// run directly, it runs launch too, with the rendezvous store in this process.
+// predict, export, --version). `fastlearn` runs it for every subcommand but launch, which it runs itself
+// (apps/fastlearn.cpp); run directly, it runs launch too, with the rendezvous store in this process.
 #include <fastlearn/config/train_config.h>
 #include <fastlearn/core/build_info.h>
 #include <fastlearn/core/error.h>
@@ -103,17 +103,44 @@ CLI::App* add_interpret(CLI::App& app, fastlearn::cli::TrainArgs& a, std::string
   return cmd;
 }
 
-CLI::App* add_predict(CLI::App& app, fastlearn::cli::TrainArgs& a, std::string& checkpoint,
-                      std::vector<std::string>& inputs) {
+CLI::App* add_export(CLI::App& app, fastlearn::cli::TrainArgs& a, std::string& checkpoint) {
   auto* cmd = app.add_subcommand(
-      "predict",
-      "Load a checkpoint's weights into CONFIG's model and print, for each input, its class and probability "
-      "(multi-label: every class at or above 0.5; a table's model: its prediction for each row)");
+      "export",
+      "Load a checkpoint's weights into CONFIG's model and write export.safetensors into the output directory: the "
+      "model with what predicting needs (its recipe, classes or targets, the image pipeline or the table's procs), "
+      "for `fastlearn predict EXPORT` and load_learner, without the config or the training data");
   add_config_options(*cmd, a);
   add_checkpoint_option(*cmd, checkpoint);
+  cmd->add_option("--out", a.out, "Where export.safetensors goes (default: output.dir of the config)");
+  return cmd;
+}
+
+// Two forms: `predict EXPORT INPUT...` (an export alone) and the older `predict CONFIG --checkpoint FILE INPUT...`.
+CLI::App* add_predict(CLI::App& app, fastlearn::cli::TrainArgs& a, std::string& checkpoint,
+                      std::vector<std::string>& inputs, int& workers) {
+  auto* cmd = app.add_subcommand(
+      "predict",
+      "Print, for each input, its class and probability (multi-label: every class at or above the threshold, 0.5; "
+      "a regression: each target's value). `predict EXPORT INPUT...` reads an export.safetensors alone (no config, "
+      "no training data) and predicts in batches; `predict CONFIG --checkpoint FILE INPUT...` loads a checkpoint's "
+      "weights into CONFIG's model");
+  cmd->add_option("model", a.config_path,
+                  "An export.safetensors (written by `fastlearn train` or `fastlearn export`), or with --checkpoint "
+                  "the run's TOML configuration")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--set", a.sets, "With a CONFIG: override one of its keys, as for train; repeatable")
+      ->allow_extra_args(false);
+  cmd->add_option("--checkpoint", checkpoint,
+                  "A .safetensors checkpoint written by `fastlearn train`, whose weights go into CONFIG's model")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--out", a.out, "With an EXPORT: also write predictions.csv (input, prediction, every output) there");
+  cmd->add_option("--workers", workers, "With an EXPORT: threads decoding the images")
+      ->check(CLI::Range(0, 256))
+      ->capture_default_str();
   cmd->add_option("inputs", inputs,
                   "Image files (JPEG or PNG) or folders of them (every image under the folder), or for a table's "
-                  "config CSV files of rows")
+                  "model CSV files of rows")
       ->required();
   return cmd;
 }
@@ -131,11 +158,14 @@ int main(int argc, char** argv) {
   std::string checkpoint;
   int top = 16;
   std::vector<std::string> predict_inputs;
+  int predict_workers = 2;
+  fastlearn::cli::TrainArgs export_args;
   auto* train = add_train(app, train_args);
   auto* lr_find = add_lr_find(app, lr_find_args);
   auto* validate = add_validate(app, validate_args, checkpoint);
   auto* interpret = add_interpret(app, interpret_args, checkpoint, top);
-  auto* predict = add_predict(app, predict_args, checkpoint, predict_inputs);
+  auto* predict = add_predict(app, predict_args, checkpoint, predict_inputs, predict_workers);
+  auto* export_cmd = add_export(app, export_args, checkpoint);
   const int parsed_argc = fastlearn::cli::split_at_dashes(argc, argv, launch_args);
   try {
     app.parse(parsed_argc, argv);
@@ -144,7 +174,18 @@ int main(int argc, char** argv) {
     if (lr_find->parsed()) return fastlearn::cli::run_lr_find(lr_find_args);
     if (validate->parsed()) return fastlearn::cli::run_validate(validate_args, checkpoint);
     if (interpret->parsed()) return fastlearn::cli::run_interpret(interpret_args, checkpoint, top);
-    if (predict->parsed()) return fastlearn::cli::run_predict(predict_args, checkpoint, predict_inputs);
+    if (export_cmd->parsed()) return fastlearn::cli::run_export(export_args, checkpoint);
+    if (predict->parsed()) {
+      if (!checkpoint.empty()) {
+        if (!predict_args.out.empty())
+          throw fastlearn::ConfigError("predict: --out goes with an EXPORT; with CONFIG --checkpoint, redirect stdout");
+        return fastlearn::cli::run_predict(predict_args, checkpoint, predict_inputs);
+      }
+      if (!predict_args.sets.empty())
+        throw fastlearn::ConfigError("predict: --set changes a CONFIG's keys; an EXPORT has none to change");
+      return fastlearn::cli::run_predict_export(predict_args.config_path, predict_inputs, predict_args.out,
+                                                predict_workers);
+    }
     if (launch_args.after_dashes)
       throw fastlearn::ConfigError(
           "arguments after `--` need a subcommand: fastlearn launch [options] -- program args...");

@@ -11,6 +11,7 @@
 #include <fastlearn/callbacks/tensorboard.h>
 #include <fastlearn/callbacks/tracker.h>
 #include <fastlearn/config/data_from_config.h>
+#include <fastlearn/config/load_learner.h>
 #include <fastlearn/config/registry.h>
 #include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/random.h>
@@ -82,6 +83,7 @@ std::unique_ptr<Learner> learner_from_config(const TrainConfig& config, const Le
                     c.train.top_k, c.train.top_k, dls.c(), dls.c()));
   }
   auto model = arch.make(c, dls);
+  learner_opts.model_recipe = model_recipe(c);
   if (model.replicate) learner_opts.replicate = std::move(model.replicate);
   return std::make_unique<Learner>(std::move(dls), std::move(model.module), std::move(model.forward), std::move(loss),
                                    std::move(learner_opts));

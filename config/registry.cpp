@@ -1,6 +1,7 @@
 #include <fastlearn/config/registry.h>
 
 #include <fastlearn/core/detail/text.h>
+#include <fastlearn/data/inference_pipeline.h>
 #include <fastlearn/learner/multi_label_metrics.h>
 #include <fastlearn/learner/tabular_learner.h>
 #include <fastlearn/learner/vision_learner.h>
@@ -24,7 +25,17 @@ constexpr std::initializer_list<Task> multi_label{Task::multi_label};
 constexpr std::initializer_list<Task> regression{Task::regression};
 
 // The inputs of one training item, flattened (an MLP's width): 28 x 28 for Fashion-MNIST, data.synthetic.features.
-std::int64_t item_width(const DataLoaders& dls) { return dls.train().dataset().get(0).inputs.at(0).numel(); }
+// Read from the data's description when it has one, so that loaders without items (load_learner's) give it too.
+std::int64_t item_width(const DataLoaders& dls) {
+  const auto pipeline = inference_pipeline(dls);
+  if (pipeline.image) return pipeline.image->channels() * pipeline.image->size * pipeline.image->size;
+  if (pipeline.kind == InferencePipeline::Kind::tensors) {
+    std::int64_t width = 1;
+    for (const auto d : pipeline.item_shape) width *= d;
+    return width;
+  }
+  return dls.train().dataset().get(0).inputs.at(0).numel();
+}
 
 std::vector<LossChoice> builtin_losses() {
   return {{"cross_entropy", classification, [](const TrainConfig&) { return cross_entropy(); }},

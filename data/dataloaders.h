@@ -3,10 +3,13 @@
 // named classes, their vocabulary (saved with the model, so that predictions map back to names).
 #include <fastlearn/data/dataloader.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace fastlearn {
+
+struct ImagePipeline;
 
 class DataLoaders {
  public:
@@ -29,12 +32,18 @@ class DataLoaders {
   void to(const c10::Device& device);
   std::optional<c10::Device> device() const { return train_.options().device; }
 
+  /// How a new image file becomes an input as the validation items did (data/inference_pipeline.h); recorded by the
+  /// image builders, nullptr for other data.
+  const ImagePipeline* image_pipeline() const { return image_pipeline_.get(); }
+  void set_image_pipeline(std::shared_ptr<const ImagePipeline> pipeline) { image_pipeline_ = std::move(pipeline); }
+
  private:
   DataLoader train_;
   DataLoader valid_;
   std::int64_t c_;
   std::vector<std::string> vocab_;
   bool multi_label_ = false;
+  std::shared_ptr<const ImagePipeline> image_pipeline_;
 };
 
 }  // namespace fastlearn

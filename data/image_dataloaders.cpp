@@ -6,6 +6,7 @@
 #include <fastlearn/data/csv.h>
 #include <fastlearn/data/idx.h>
 #include <fastlearn/data/image_dataset.h>
+#include <fastlearn/data/inference_pipeline.h>
 #include <fastlearn/data/random_splitter.h>
 #include <fastlearn/data/transforms.h>
 #include <fmt/format.h>
@@ -91,11 +92,16 @@ DataLoaders ImageDataLoaders::from_idx(const std::filesystem::path& dir, const I
   const auto& train_labels = train->targets().front();
   const std::int64_t c = train_labels.numel() ? train_labels.max().item<std::int64_t>() + 1 : 0;
 
-  std::vector<BatchTransform> common{to_float(1.0 / 255.0)};
+  // New image files for this data: grey, squished to the training images' side, normalized as they are.
+  const auto& images = train->inputs().front();
+  auto pipeline = std::make_shared<ImagePipeline>(ImagePipeline{
+      .mode = ImageMode::gray, .size = images.dim() == 4 ? images.size(3) : 28, .method = ResizeMethod::squish});
   if (options.normalize) {
-    const auto [mean, std] = pixel_statistics(train->inputs().front());
-    common = {to_normalized_float(1.0 / 255.0, {mean}, {std})};
+    const auto [mean, std] = pixel_statistics(images);
+    pipeline->mean = {mean};
+    pipeline->std = {std};
   }
+  const auto common = image_input_transforms(pipeline->mean, pipeline->std);
   DataLoaderOptions train_options{.bs = options.bs,
                                   .shuffle = true,
                                   .drop_last = true,
@@ -115,7 +121,9 @@ DataLoaders ImageDataLoaders::from_idx(const std::filesystem::path& dir, const I
                                   .seed = options.seed,
                                   .batch_tfms = common,
                                   .device = options.device};
-  return DataLoaders(DataLoader(train, train_options), DataLoader(valid, valid_options), c);
+  DataLoaders dls(DataLoader(train, train_options), DataLoader(valid, valid_options), c);
+  dls.set_image_pipeline(std::move(pipeline));
+  return dls;
 }
 
 namespace {
@@ -134,8 +142,9 @@ constexpr double kImagenetStd[] = {0.229, 0.224, 0.225};
 
 // to_float, then normalize by ImageNet's statistics or by `computed` ones; `between` (augmentations of images in
 // [0, 1]) after to_float. With nothing between, the two are one pass (to_normalized_float).
-std::vector<BatchTransform> to_model_input(const ImageFilesOptions& options, const ChannelStatistics& computed,
-                                           std::vector<BatchTransform> between = {}) {
+// The per-channel statistics the images are normalized by (both empty: none).
+std::pair<std::vector<double>, std::vector<double>> model_input_mean_std(const ImageFilesOptions& options,
+                                                                         const ChannelStatistics& computed) {
   std::vector<double> mean, std;
   if (options.normalize == ImageNormalization::computed) {
     mean = computed.mean, std = computed.std;
@@ -146,7 +155,13 @@ std::vector<BatchTransform> to_model_input(const ImageFilesOptions& options, con
     mean.assign(std::begin(kImagenetMean), std::end(kImagenetMean));
     std.assign(std::begin(kImagenetStd), std::end(kImagenetStd));
   }
-  if (!mean.empty() && between.empty()) return {to_normalized_float(1.0 / 255.0, std::move(mean), std::move(std))};
+  return {std::move(mean), std::move(std)};
+}
+
+std::vector<BatchTransform> to_model_input(const ImageFilesOptions& options, const ChannelStatistics& computed,
+                                           std::vector<BatchTransform> between = {}) {
+  auto [mean, std] = model_input_mean_std(options, computed);
+  if (between.empty()) return image_input_transforms(std::move(mean), std::move(std));
   std::vector<BatchTransform> tfms{to_float(1.0 / 255.0)};
   tfms.insert(tfms.end(), between.begin(), between.end());
   if (!mean.empty()) tfms.push_back(normalize(std::move(mean), std::move(std)));
@@ -252,8 +267,17 @@ DataLoaders build(Items train, Items valid, bool multi_label, const ImageFilesOp
                                   .seed = options.seed,
                                   .batch_tfms = to_model_input(options, stats),
                                   .device = options.device};
-  return DataLoaders(DataLoader(train_ds, train_options), DataLoader(valid_ds, valid_options), std::move(vocab),
-                     multi_label);
+  DataLoaders dls(DataLoader(train_ds, train_options), DataLoader(valid_ds, valid_options), std::move(vocab),
+                  multi_label);
+  auto [mean, std] = model_input_mean_std(options, stats);
+  dls.set_image_pipeline(std::make_shared<ImagePipeline>(ImagePipeline{.mode = options.mode,
+                                                                       .size = options.size,
+                                                                       .method = options.method,
+                                                                       .pad_mode = options.pad_mode,
+                                                                       .decode_min_side = options.size,
+                                                                       .mean = std::move(mean),
+                                                                       .std = std::move(std)}));
+  return dls;
 }
 
 // The seeded valid_pct split (fastai's RandomSplitter). Both parts keep the items' order.

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <numeric>
 #include <set>
 
 namespace fastlearn {
@@ -159,7 +160,8 @@ Targets encode_targets(const CsvTable& table, const TabularOptions& o, bool regr
 
 TabularDataset::TabularDataset(TabularProcs::Encoded x, at::Tensor y, std::shared_ptr<const TabularProcs> procs,
                                std::vector<std::string> y_names, bool regression)
-    : TensorDataset({std::move(x.cats), std::move(x.conts)}, {std::move(y)}),
+    : TensorDataset({std::move(x.cats), std::move(x.conts)},
+                    y.defined() ? std::vector<at::Tensor>{std::move(y)} : std::vector<at::Tensor>{}),
       procs_(std::move(procs)),
       y_names_(std::move(y_names)),
       regression_(regression) {}
@@ -241,6 +243,21 @@ DataLoaders TabularDataLoaders::from_columns(const std::map<std::string, std::ve
 
 const TabularDataset* tabular_dataset(const DataLoaders& dls) {
   return dynamic_cast<const TabularDataset*>(&dls.train().dataset());
+}
+
+DataLoader TabularDataLoaders::test_dl(const DataLoaders& dls, const CsvTable& table, const std::string& origin) {
+  const auto* trained = tabular_dataset(dls);
+  if (trained == nullptr)
+    throw DataError("test_dl: the data is not a table (TabularDataLoaders::from_csv and the like make one)");
+  if (table.rows.empty()) throw DataError(fmt::format("{}: no rows to predict", excerpt(origin, 256)));
+  std::vector<std::int64_t> rows(table.rows.size());
+  std::iota(rows.begin(), rows.end(), std::int64_t{0});
+  auto items = std::make_shared<TabularDataset>(trained->procs().encode(table, rows, origin), at::Tensor(),
+                                                trained->procs_ptr(), trained->y_names(), trained->regression());
+  auto options = dls.valid().options();
+  options.shuffle = false;
+  options.drop_last = false;
+  return DataLoader(std::move(items), std::move(options));
 }
 
 }  // namespace fastlearn

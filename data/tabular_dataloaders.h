@@ -63,6 +63,10 @@ struct TabularDataLoaders {
   /// Columns held in memory, name -> cells (all of the same length), as fastai's from_df.
   static DataLoaders from_columns(const std::map<std::string, std::vector<std::string>>& columns,
                                   const TabularOptions& options);
+  /// fastai's dls.test_dl for a table: the rows of `table` (its columns in any order, others such as the target
+  /// ignored) through `dls`'s fitted procs, in order and without targets, batched as the validation loader, for
+  /// Learner::get_preds. Errors name `origin`, the row and the column; DataError when `dls` is not a table's.
+  static DataLoader test_dl(const DataLoaders& dls, const CsvTable& table, const std::string& origin);
 };
 
 /// The TabularDataset behind `dls` (its training set); nullptr when the data is not tabular.

@@ -103,6 +103,10 @@ struct LearnerOptions {
   /// typed constructor, the module's clone() (every built-in model clones; a model of your own clones when it and
   /// its submodules derive from torch::nn::Cloneable); with a module and a Forward, none, so give one.
   Replicate replicate;
+  /// The config keys that build this model again, as TOML ([data] dataset and task, [model] arch and options): what
+  /// an export records so that load_learner can rebuild the model from the registry. Set by learner_from_config,
+  /// vision_learner and tabular_learner; empty for a model of your own (load_learner then takes a factory).
+  std::string model_recipe;
 };
 
 struct FitOptions {
@@ -236,6 +240,11 @@ class Learner {
   Preds get_preds(DataLoader* dl = nullptr);
   /// The prediction for one item (no batch dimension).
   Prediction predict(const Item& item);
+
+  /// fastai's learn.export (`export` is a C++ keyword): the model and what inference needs (learner/export.h) in
+  /// one safetensors file, `file` relative to options().path; load_learner reads it. In a job of several the main
+  /// process writes and every process waits until the file is complete. Returns the path.
+  std::filesystem::path export_to(const std::filesystem::path& file = "export.safetensors", double threshold = 0.5);
 
   // --- callbacks ------------------------------------------------------------------------------
   void add_cb(CallbackPtr cb);

@@ -35,6 +35,14 @@ std::unique_ptr<Learner> tabular_learner(DataLoaders dls, const TabularLearnerOp
                                          LearnerOptions learner_options) {
   auto model = tabular_model(dls, options);
   const bool regression = tabular_dataset(dls)->regression();
+  // The same model as the config's keys build it (registry.cpp) can be exported by those keys.
+  if (options.emb_szs.empty() && options.ps.empty() && !options.y_range && learner_options.model_recipe.empty()) {
+    auto embed_p = fmt::format("{:.17g}", options.embed_p);
+    if (embed_p.find_first_of(".eEn") == std::string::npos) embed_p += ".0";  // a TOML float
+    learner_options.model_recipe = fmt::format(
+        "[data]\ndataset = \"csv\"\ny_block = \"{}\"\n[model]\narch = \"tabular\"\nlayers = [{}]\nembed_p = {}\n",
+        regression ? "regression" : "category", fmt::join(options.layers, ", "), embed_p);
+  }
   return std::make_unique<Learner>(std::move(dls), model, regression ? mse_loss() : cross_entropy(),
                                    std::move(learner_options));
 }

@@ -4,8 +4,10 @@
 #include "cli/commands.h"
 
 #include <fastlearn/config/train_config.h>
+#include <fastlearn/data/csv.h>
 #include <fastlearn/learner/learner.h>
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -19,6 +21,10 @@ TrainConfig read_config_file(const TrainArgs& args);
 /// predict (`command`); loading also checks the saved class names and tabular procs against the data's.
 std::unique_ptr<Learner> learner_from_checkpoint(const TrainConfig& config, const std::string& out,
                                                  const std::string& checkpoint, const char* command);
+
+/// The columns of `table` (read from `file`) that `learn`'s table model reads, by name, with their index; DataError
+/// naming the file and the columns when one is absent (an empty cell is a missing value; an absent column a mistake).
+std::map<std::string, std::size_t> input_columns(Learner& learn, const CsvTable& table, const std::string& file);
 
 /// "loss 0.3124, accuracy 89.20%": percentages for the metrics that are fractions of items.
 std::string describe(const ValidationResult& result);

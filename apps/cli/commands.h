@@ -37,4 +37,14 @@ int run_interpret(const TrainArgs& args, const std::string& checkpoint, int top)
 /// still predicted.
 int run_predict(const TrainArgs& args, const std::string& checkpoint, const std::vector<std::string>& inputs);
 
+/// `fastlearn export`: loads the checkpoint's weights into the config's model and writes <out>/export.safetensors,
+/// which `predict EXPORT` and load_learner read without the config or the data.
+int run_export(const TrainArgs& args, const std::string& checkpoint);
+
+/// `fastlearn predict EXPORT INPUT...`: the export alone (no config, no training data) predicts image files and
+/// folders, or a table's CSV files, in batches (test_dl, get_preds with `workers` decoding threads); one line per
+/// item as run_predict prints, and with `out` <out>/predictions.csv (input, prediction, every output).
+int run_predict_export(const std::string& export_file, const std::vector<std::string>& inputs, const std::string& out,
+                       int workers);
+
 }  // namespace fastlearn::cli

@@ -27,30 +27,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The columns of `table` that the model reads, by name, with their index. A CSV without one of them is a mistake far
-// more often than a column of missing cells (pandas, and so fastai, fail on it too): refused, naming the columns. An
-// empty cell still counts as missing. Other columns (the target, an id) are left out.
-std::map<std::string, std::size_t> input_columns(Learner& learn, const CsvTable& table, const std::string& file) {
-  const auto* dataset = tabular_dataset(learn.dls());
-  if (!dataset) return {};
-  std::map<std::string, std::size_t> inputs;
-  std::vector<std::string> absent;
-  for (const auto* names : {&dataset->procs().cat_columns(), &dataset->procs().cont_names()})
-    for (const auto& name : *names) {
-      const auto at = std::find(table.columns.begin(), table.columns.end(), name);
-      if (at == table.columns.end())
-        absent.push_back(name);
-      else
-        inputs.emplace(name, static_cast<std::size_t>(at - table.columns.begin()));
-    }
-  if (!absent.empty())
-    throw DataError(
-        fmt::format("{}: no column {} that the model reads (the header has {}); give it, with empty "
-                    "cells where a value is missing",
-                    excerpt(file, 256), fmt::join(excerpts(absent), ", "), fmt::join(excerpts(table.columns), ", ")));
-  return inputs;
-}
-
 // A DataError of one input, on stderr after what stdout holds so far; the other inputs are still predicted.
 void report(const DataError& e, int& failed) {
   std::fflush(stdout);
@@ -89,6 +65,30 @@ void predict_folder(Learner& learn, const std::string& input, int& failed) {
 }
 
 }  // namespace
+
+// The columns of `table` that the model reads, by name, with their index. A CSV without one of them is a mistake far
+// more often than a column of missing cells (pandas, and so fastai, fail on it too): refused, naming the columns. An
+// empty cell still counts as missing. Other columns (the target, an id) are left out.
+std::map<std::string, std::size_t> input_columns(Learner& learn, const CsvTable& table, const std::string& file) {
+  const auto* dataset = tabular_dataset(learn.dls());
+  if (!dataset) return {};
+  std::map<std::string, std::size_t> inputs;
+  std::vector<std::string> absent;
+  for (const auto* names : {&dataset->procs().cat_columns(), &dataset->procs().cont_names()})
+    for (const auto& name : *names) {
+      const auto at = std::find(table.columns.begin(), table.columns.end(), name);
+      if (at == table.columns.end())
+        absent.push_back(name);
+      else
+        inputs.emplace(name, static_cast<std::size_t>(at - table.columns.begin()));
+    }
+  if (!absent.empty())
+    throw DataError(
+        fmt::format("{}: no column {} that the model reads (the header has {}); give it, with empty "
+                    "cells where a value is missing",
+                    excerpt(file, 256), fmt::join(excerpts(absent), ", "), fmt::join(excerpts(table.columns), ", ")));
+  return inputs;
+}
 
 int run_validate(const TrainArgs& args, const std::string& checkpoint) {
   auto config = read_config_file(args);

@@ -29,7 +29,7 @@ struct Place {
 
 std::vector<fs::path> top_level_files(const fs::path& folder) {
   std::vector<fs::path> found;
-  for (const char* name : {"config.toml", "metrics.json", "history.csv", "loss.svg"})
+  for (const char* name : {"config.toml", "metrics.json", "history.csv", "loss.svg", "export.safetensors"})
     if (fs::exists(fs::symlink_status(folder / name))) found.push_back(folder / name);
   return found;
 }

@@ -192,6 +192,8 @@ int run_train(const TrainArgs& args) {
     }
     result = learn->validate();  // on every rank: gathered, exact
     learn->save("model", {.with_opt = false});
+    learn->export_to(
+        "export.safetensors");  // into `out`, the model alone, for `fastlearn predict EXPORT` and load_learner
   } catch (...) {
     try {
       if (is_main() && put_back_after_failure(out))

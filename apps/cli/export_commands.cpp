@@ -1,0 +1,211 @@
+// `fastlearn export` (an export of an older run's checkpoint) and `fastlearn predict EXPORT INPUT...` (predictions
+// from an export alone: no config, no training data), in batches through test_dl and get_preds.
+#include "cli/command_config.h"
+
+#include <fastlearn/config/load_learner.h>
+#include <fastlearn/core/atomic_file.h>
+#include <fastlearn/core/detail/text.h>
+#include <fastlearn/core/error.h>
+#include <fastlearn/data/csv.h>
+#include <fastlearn/data/image_dataloaders.h>
+#include <fastlearn/data/image_dataset.h>
+#include <fastlearn/data/tabular_dataloaders.h>
+#include <fastlearn/learner/named_predictions.h>
+#include <fastlearn/learner/predict_image.h>
+#include <fastlearn/learner/predict_tabular.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace fastlearn::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The rows of predictions.csv and the lines printed: an input's name and its prediction over the outputs.
+struct Predicted {
+  std::string input;
+  NamedPrediction named;
+  std::vector<double> outputs;  // every output: class probabilities, or values
+};
+
+class Predictions {
+ public:
+  explicit Predictions(Learner& learn)
+      : learn_(learn), values_(predicts_values(learn)), significant_(values_ || tabular_dataset(learn.dls())) {}
+
+  // Predicts `inputs` (names as printed) from `dl` in batches; prints a line each.
+  void add(const std::vector<std::string>& inputs, DataLoader& dl, double threshold) {
+    const auto preds = learn_.get_preds(&dl).preds.to(torch::kCPU, torch::kDouble).contiguous();
+    const auto named = name_predictions(preds, learn_, threshold);
+    const auto* p = preds.data_ptr<double>();
+    const auto c = preds.size(1);
+    for (std::size_t i = 0; i < inputs.size(); ++i, p += c) add(inputs[i], named[i], std::vector<double>(p, p + c));
+  }
+
+  void add(const std::string& input, NamedPrediction named, std::vector<double> outputs) {
+    fmt::print("{}\t{}\n", input, fastlearn::describe(named, significant_));
+    rows_.push_back({input, std::move(named), std::move(outputs)});
+  }
+
+  bool values() const { return values_; }
+
+  // input, prediction (the class, classes joined by ';', or empty for values), then every output at full precision.
+  void write_csv(const fs::path& file) const {
+    std::vector<std::string> header{"input", "prediction"};
+    for (const auto& name : output_names(learn_)) header.push_back(name);
+    std::string text = csv_line(header);
+    for (const auto& row : rows_) {
+      std::vector<std::string> cells{row.input};
+      std::vector<std::string> classes;
+      if (!values_)
+        for (const auto& [name, probability] : row.named) classes.push_back(name);
+      cells.push_back(fmt::format("{}", fmt::join(classes, ";")));
+      for (const auto v : row.outputs) cells.push_back(fmt::format("{}", v));
+      text += csv_line(cells);
+    }
+    write_file_atomically(file, text);
+  }
+
+ private:
+  static std::string csv_line(const std::vector<std::string>& cells) {
+    std::vector<std::string> quoted;
+    for (const auto& cell : cells) {
+      if (cell.find_first_of(",\"\n\r") == std::string::npos) {
+        quoted.push_back(cell);
+        continue;
+      }
+      std::string q = "\"";
+      for (const char ch : cell) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+      quoted.push_back(q + "\"");
+    }
+    return fmt::format("{}\n", fmt::join(quoted, ","));
+  }
+
+  Learner& learn_;
+  bool values_;
+  bool significant_;  // as `predict CONFIG` prints: six significant digits for values and a table's classes
+  std::vector<Predicted> rows_;
+};
+
+// A DataError of one input, on stderr after what stdout holds so far; the other inputs are still predicted.
+void report(const Error& e, int& failed) {
+  std::fflush(stdout);
+  fmt::print(stderr, "fastlearn: error: {}\n", e.what());
+  ++failed;
+}
+
+// Image files, in batches; when one of a batch does not decode, the files are predicted one by one so that only
+// those that fail are reported.
+void predict_images(Learner& learn, const std::vector<fs::path>& files, double threshold, Predictions& out,
+                    int& failed) {
+  if (files.empty()) return;
+  std::vector<std::string> names;
+  for (const auto& f : files) names.push_back(f.string());
+  try {
+    auto dl = ImageDataLoaders::test_dl(learn.dls(), files);
+    out.add(names, dl, threshold);
+    return;
+  } catch (const DataError&) {}
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    try {
+      const auto p = predict_image(learn, files[i], threshold);
+      const auto probs = p.probs.to(torch::kDouble).contiguous();
+      out.add(names[i], p.classes,
+              std::vector<double>(probs.data_ptr<double>(), probs.data_ptr<double>() + probs.numel()));
+    } catch (const DataError& e) {
+      report(e, failed);
+    }
+  }
+}
+
+// The rows of a CSV file, in batches ("FILE:ROW", the header being row 1); a row that the procs refuse makes the rows
+// go one by one, so that only those are reported.
+void predict_csv(Learner& learn, const std::string& input, double threshold, Predictions& out, int& failed) {
+  const auto table = read_csv(input, {.delimiter = input.ends_with(".tsv") ? '\t' : ','});
+  const auto columns = input_columns(learn, table, input);  // the file is refused when one is absent
+  std::vector<std::string> names;
+  for (std::size_t r = 0; r < table.rows.size(); ++r) names.push_back(fmt::format("{}:{}", input, r + 2));
+  if (table.rows.empty()) throw DataError(fmt::format("{}: no rows to predict", excerpt(input, 256)));
+  try {
+    auto dl = TabularDataLoaders::test_dl(learn.dls(), table, input);
+    out.add(names, dl, threshold);
+    return;
+  } catch (const DataError&) {  // a cell the procs refuse: the rows one by one, reporting those
+  }
+  for (std::size_t r = 0; r < table.rows.size(); ++r) {
+    std::map<std::string, std::string> row;
+    for (const auto& [name, j] : columns) row[name] = table.rows[r][j];
+    try {
+      const auto p = predict_row(learn, row, names[r]);
+      const auto outputs = p.outputs.to(torch::kDouble).contiguous();
+      auto named = name_predictions(outputs.unsqueeze(0), learn, threshold).front();
+      out.add(names[r], std::move(named),
+              std::vector<double>(outputs.data_ptr<double>(), outputs.data_ptr<double>() + outputs.numel()));
+    } catch (const DataError& e) {
+      report(e, failed);
+    }
+  }
+}
+
+}  // namespace
+
+int run_export(const TrainArgs& args, const std::string& checkpoint) {
+  auto config = read_config_file(args);
+  const fs::path out = args.out.empty() ? fs::path(config.output.dir) : fs::path(args.out);
+  auto learn = learner_from_checkpoint(config, out, checkpoint, "export");
+  const auto file = learn->export_to(fs::absolute(out / "export.safetensors"));
+  fmt::print("wrote {}\n", excerpt(file.string(), 256));
+  return 0;
+}
+
+int run_predict_export(const std::string& export_file, const std::vector<std::string>& inputs, const std::string& out,
+                       int workers) {
+  auto learn = load_learner(export_file, {.num_workers = workers});
+  const auto threshold = read_export(export_file).threshold;
+  const bool table = tabular_dataset(learn->dls()) != nullptr;
+  if (!table && learn->dls().image_pipeline() == nullptr)
+    throw ConfigError(
+        fmt::format("predict: {} holds a model of tensors (no image or table pipeline); predict it from a program "
+                    "(load_learner, then get_preds on a DataLoader of your tensors)",
+                    excerpt(export_file, 256)));
+  Predictions predictions(*learn);
+  int failed = 0;
+  std::vector<fs::path> files;  // image files, predicted together
+  for (const auto& input : inputs) {
+    try {
+      if (table) {
+        predict_csv(*learn, input, threshold, predictions, failed);
+      } else if (fs::is_directory(input)) {
+        auto found = get_image_files(input);
+        if (found.empty())
+          throw DataError(fmt::format("{}: a folder with no .jpg, .jpeg or .png file in it", excerpt(input, 256)));
+        files.insert(files.end(), found.begin(), found.end());
+      } else if (!fs::is_regular_file(input)) {
+        throw DataError(fmt::format("{}: no such file or folder", excerpt(input, 256)));
+      } else {
+        files.emplace_back(input);
+      }
+    } catch (const DataError& e) {
+      report(e, failed);
+    }
+  }
+  predict_images(*learn, files, threshold, predictions, failed);
+  if (!out.empty()) {
+    fs::create_directories(out);
+    predictions.write_csv(fs::path(out) / "predictions.csv");
+    fmt::print(stderr, "wrote {}\n", excerpt((fs::path(out) / "predictions.csv").string(), 256));
+  }
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace fastlearn::cli

@@ -1,0 +1,114 @@
+#include <fastlearn/config/load_learner.h>
+
+#include <fastlearn/core/detail/text.h>
+#include <fastlearn/core/error.h>
+#include <fastlearn/data/tabular_procs.h>
+#include <fastlearn/models/memory_format.h>
+#include <fastlearn/models/weights.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <nlohmann/json.hpp>
+
+#include <sstream>
+
+namespace fastlearn {
+
+namespace {
+
+// A TOML basic string (JSON's escapes are TOML's).
+std::string quoted(const std::string& text) { return nlohmann::json(text).dump(); }
+
+// The config the recipe describes, with what its checks need and an export does not hold: a data.path (the export
+// itself, never read) and a table's target columns (from the pipeline).
+TrainConfig recipe_config(const std::string& recipe, const InferencePipeline& pipeline, const std::string& origin) {
+  const std::string header = "[data]\n";
+  const auto at = recipe.find(header);
+  if (at == std::string::npos)
+    throw CheckpointError(fmt::format("{}: metadata 'model_recipe' has no [data] table", excerpt(origin, 256)));
+  std::string extra = fmt::format("path = {}\n", quoted(origin));
+  if (pipeline.kind == InferencePipeline::Kind::table) {
+    const auto list = [](const std::vector<std::string>& columns) {
+      std::vector<std::string> out;
+      for (const auto& name : columns) out.push_back(quoted(name));
+      return fmt::format("[{}]", fmt::join(out, ", "));
+    };
+    extra += fmt::format("y_names = {}\ncat_names = {}\ncont_names = {}\n", list(pipeline.y_names),
+                         list(pipeline.procs->cat_columns()), list(pipeline.procs->cont_names()));
+  }
+  auto text = recipe;
+  text.insert(at + header.size(), extra);
+  auto config = parse_config(text, origin + ": model_recipe");
+  if (config.data.dataset == "fashion_mnist") config.data.path.clear();
+  return config;
+}
+
+Loss loss_named(const std::string& name, const TrainConfig& config, const std::string& origin) {
+  std::vector<std::string> known;
+  for (const auto& choice : loss_choices()) {
+    auto loss = choice.make(config);
+    if (loss.name == name) return loss;
+    known.push_back(loss.name);
+  }
+  throw ConfigError(fmt::format(
+      "{}: the model was trained with the loss \"{}\", which is not one of the registry's (\"{}\"): give it as "
+      "LoadLearnerOptions::loss, or add it with add_choice before loading",
+      excerpt(origin, 256), excerpt(name), fmt::join(known, "\", \"")));
+}
+
+}  // namespace
+
+std::string model_recipe(const TrainConfig& c) {
+  std::string recipe = fmt::format("[data]\ndataset = {}\n", quoted(c.data.dataset));
+  if (!c.data.y_block.empty()) recipe += fmt::format("y_block = {}\n", quoted(c.data.y_block));
+  if (!c.data.label_delim.empty()) recipe += fmt::format("label_delim = {}\n", quoted(c.data.label_delim));
+  // The [model] table as the resolved config writes it, without the pretrained weights (the export holds them all).
+  std::istringstream resolved(to_toml(c));
+  bool in_model = false;
+  for (std::string line; std::getline(resolved, line);) {
+    if (line.starts_with("[")) in_model = line == "[model]";
+    if (in_model && !line.empty() && !line.starts_with("weights ")) recipe += line + "\n";
+  }
+  return recipe;
+}
+
+std::unique_ptr<Learner> load_learner(const std::filesystem::path& file, const LoadLearnerOptions& options) {
+  auto contents = read_export(file);
+  const auto origin = file.string();
+  auto dls = inference_dataloaders(contents.pipeline, {.bs = options.bs, .num_workers = options.num_workers});
+  TrainConfig config;
+  BuiltModel model;
+  bool channels_last = false;
+  if (options.model) {
+    model = options.model(dls);
+  } else if (contents.model_recipe.empty()) {
+    throw CheckpointError(fmt::format(
+        "{}: the model is one of your own (the export has no model_recipe): give LoadLearnerOptions::model, a "
+        "factory that builds it from the data's description",
+        excerpt(origin, 256)));
+  }
+  if (!contents.model_recipe.empty()) {
+    config = recipe_config(contents.model_recipe, contents.pipeline, origin);
+    if (!options.model) {
+      const auto arch = find_arch(config);
+      model = arch.make(config, dls);
+      channels_last = arch.channels_last;
+    }
+  }
+  if (!model.module || !model.forward)
+    throw ConfigError(
+        fmt::format("load_learner({}): LoadLearnerOptions::model gave no module or no forward", excerpt(origin, 256)));
+  auto loss = options.loss ? *options.loss : loss_named(contents.loss, config, origin);
+  LearnerOptions learner_options{.progress = false, .device = options.device, .replicate = std::move(model.replicate)};
+  learner_options.model_recipe = contents.model_recipe;
+  auto learn = std::make_unique<Learner>(std::move(dls), std::move(model.module), std::move(model.forward),
+                                         std::move(loss), std::move(learner_options));
+  // Checked as a whole before any tensor is copied: a name, shape or dtype that differs names the tensor.
+  models::copy_weights(models::match_weights(learn->model(), contents.weights.tensors, origin, {.strict = true}));
+  if (channels_last) models::to_channels_last(learn->model());
+  learn->model().eval();
+  return learn;
+}
+
+}  // namespace fastlearn

@@ -1,0 +1,260 @@
+#include <fastlearn/data/inference_pipeline.h>
+
+#include <fastlearn/core/detail/text.h>
+#include <fastlearn/core/error.h>
+#include <fastlearn/data/image_dataset.h>
+#include <fastlearn/data/tabular_dataloaders.h>
+#include <fastlearn/data/transforms.h>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+
+namespace fastlearn {
+
+namespace {
+
+using nlohmann::json;
+
+// Bounds on what a pipeline may claim, checked before anything of that size is made.
+constexpr std::int64_t kMaxImageSide = 1 << 16;
+constexpr std::int64_t kMaxItemValues = std::int64_t{1} << 31;
+constexpr std::int64_t kMaxOutputs = 1 << 24;
+
+const char* name_of(InferencePipeline::Kind kind) {
+  switch (kind) {
+    case InferencePipeline::Kind::images:
+      return "images";
+    case InferencePipeline::Kind::table:
+      return "table";
+    case InferencePipeline::Kind::tensors:
+      return "tensors";
+    case InferencePipeline::Kind::none:
+      break;
+  }
+  return "none";
+}
+
+const char* name_of(ResizeMethod method) {
+  switch (method) {
+    case ResizeMethod::pad:
+      return "pad";
+    case ResizeMethod::squish:
+      return "squish";
+    case ResizeMethod::crop:
+      break;
+  }
+  return "crop";
+}
+
+const char* name_of(PadMode mode) {
+  switch (mode) {
+    case PadMode::zeros:
+      return "zeros";
+    case PadMode::border:
+      return "border";
+    case PadMode::reflection:
+      break;
+  }
+  return "reflection";
+}
+
+// A field of `j`, as T; DataError naming `field` when it is absent or of another type.
+template <class T>
+T field(const json& j, const char* field) {
+  const auto it = j.find(field);
+  if (it == j.end()) throw DataError(fmt::format("no field \"{}\"", field));
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    throw DataError(fmt::format("field \"{}\" has the wrong type ({})", field, it->type_name()));
+  }
+}
+
+ImagePipeline image_from_json(const json& j) {
+  ImagePipeline p;
+  const auto mode = field<std::string>(j, "mode");
+  if (mode != "rgb" && mode != "gray")
+    throw DataError(fmt::format("image.mode \"{}\" is not \"rgb\" or \"gray\"", excerpt(mode)));
+  p.mode = mode == "gray" ? ImageMode::gray : ImageMode::rgb;
+  p.size = field<std::int64_t>(j, "size");
+  if (p.size < 1 || p.size > kMaxImageSide)
+    throw DataError(fmt::format("image.size {} is not in [1, {}]", p.size, kMaxImageSide));
+  p.method = resize_method(field<std::string>(j, "resize"));
+  p.pad_mode = pad_mode(field<std::string>(j, "pad_mode"));
+  p.decode_min_side = field<std::int64_t>(j, "decode_min_side");
+  if (p.decode_min_side < 0 || p.decode_min_side > kMaxImageSide)
+    throw DataError(fmt::format("image.decode_min_side {} is not in [0, {}]", p.decode_min_side, kMaxImageSide));
+  p.mean = field<std::vector<double>>(j, "mean");
+  p.std = field<std::vector<double>>(j, "std");
+  if (p.mean.size() != p.std.size() || (!p.mean.empty() && static_cast<std::int64_t>(p.mean.size()) != p.channels()))
+    throw DataError(
+        fmt::format("image.mean and image.std need {} value(s) each for \"{}\" images, or none; they have "
+                    "{} and {}",
+                    p.channels(), mode, p.mean.size(), p.std.size()));
+  for (std::size_t i = 0; i < p.std.size(); ++i)
+    if (!std::isfinite(p.mean[i]) || !std::isfinite(p.std[i]) || p.std[i] <= 0)
+      throw DataError(
+          fmt::format("image channel {}: mean {} and std {} must be finite, the std above 0", i, p.mean[i], p.std[i]));
+  return p;
+}
+
+json image_to_json(const ImagePipeline& p) {
+  return {{"mode", p.mode == ImageMode::gray ? "gray" : "rgb"},
+          {"size", p.size},
+          {"resize", name_of(p.method)},
+          {"pad_mode", name_of(p.pad_mode)},
+          {"decode_min_side", p.decode_min_side},
+          {"mean", p.mean},
+          {"std", p.std}};
+}
+
+InferencePipeline from_json(const json& j, const std::string& origin) {
+  if (!j.is_object()) throw DataError("not a JSON object");
+  InferencePipeline p;
+  const auto kind = field<std::string>(j, "kind");
+  if (kind == "images")
+    p.kind = InferencePipeline::Kind::images;
+  else if (kind == "table")
+    p.kind = InferencePipeline::Kind::table;
+  else if (kind == "tensors")
+    p.kind = InferencePipeline::Kind::tensors;
+  else if (kind != "none")
+    throw DataError(
+        fmt::format("kind \"{}\" is not one of \"images\", \"table\", \"tensors\", \"none\"", excerpt(kind)));
+  p.c = field<std::int64_t>(j, "c");
+  if (p.c < 1 || p.c > kMaxOutputs) throw DataError(fmt::format("c {} is not in [1, {}]", p.c, kMaxOutputs));
+  p.vocab = field<std::vector<std::string>>(j, "vocab");
+  p.multi_label = field<bool>(j, "multi_label");
+  for (std::size_t i = 0; i < p.vocab.size(); ++i)
+    require_utf8(p.vocab[i], fmt::format("{}: vocab #{}", excerpt(origin, 256), i), "export the model again");
+  if (!p.vocab.empty() && static_cast<std::int64_t>(p.vocab.size()) != p.c)
+    throw DataError(fmt::format("the vocabulary has {} names for c = {} classes", p.vocab.size(), p.c));
+  if (p.multi_label && p.vocab.empty()) throw DataError("multi_label without a vocabulary");
+  switch (p.kind) {
+    case InferencePipeline::Kind::images:
+      p.image = image_from_json(field<json>(j, "image"));
+      break;
+    case InferencePipeline::Kind::table: {
+      const auto table = field<json>(j, "table");
+      auto procs = TabularProcs::from_json(field<json>(table, "procs").dump(), origin);
+      for (std::size_t i = 0; i < procs.vocabs().size(); ++i)
+        if (procs.vocabs()[i].empty())
+          throw DataError(fmt::format("the procs' vocabulary of '{}' is empty", excerpt(procs.cat_names()[i])));
+      p.procs = std::make_shared<const TabularProcs>(std::move(procs));
+      p.y_names = field<std::vector<std::string>>(table, "y_names");
+      p.regression = field<bool>(table, "regression");
+      if (p.y_names.empty()) throw DataError("table.y_names is empty");
+      if (p.regression && static_cast<std::int64_t>(p.y_names.size()) != p.c)
+        throw DataError(fmt::format("a regression of {} target(s) with c = {}", p.y_names.size(), p.c));
+      if (!p.regression && (p.y_names.size() != 1 || p.vocab.empty()))
+        throw DataError("a table's classification needs one target column and a vocabulary");
+      break;
+    }
+    case InferencePipeline::Kind::tensors: {
+      p.item_shape = field<std::vector<std::int64_t>>(j, "item_shape");
+      std::int64_t values = 1;
+      for (const auto d : p.item_shape) {
+        if (d < 1 || d > kMaxItemValues / values)
+          throw DataError(
+              fmt::format("item_shape has a dimension {} out of range (at most {} values an item)", d, kMaxItemValues));
+        values *= d;
+      }
+      break;
+    }
+    case InferencePipeline::Kind::none:
+      break;
+  }
+  return p;
+}
+
+}  // namespace
+
+std::vector<BatchTransform> image_input_transforms(std::vector<double> mean, std::vector<double> std) {
+  if (mean.empty()) return {to_float(1.0 / 255.0)};
+  return {to_normalized_float(1.0 / 255.0, std::move(mean), std::move(std))};
+}
+
+InferencePipeline inference_pipeline(const DataLoaders& dls) {
+  InferencePipeline p{.c = dls.c(), .vocab = dls.vocab(), .multi_label = dls.multi_label()};
+  if (const auto* image = dls.image_pipeline()) {
+    p.kind = InferencePipeline::Kind::images;
+    p.image = *image;
+  } else if (const auto* table = tabular_dataset(dls)) {
+    p.kind = InferencePipeline::Kind::table;
+    p.procs = table->procs_ptr();
+    p.y_names = table->y_names();
+    p.regression = table->regression();
+  } else if (const auto* tensors = dynamic_cast<const TensorDataset*>(&dls.train().dataset());
+             tensors && tensors->inputs().size() == 1 && tensors->inputs()[0].dim() >= 1 &&
+             tensors->inputs()[0].is_floating_point()) {
+    p.kind = InferencePipeline::Kind::tensors;
+    const auto sizes = tensors->inputs()[0].sizes();
+    p.item_shape.assign(sizes.begin() + 1, sizes.end());
+  }
+  return p;
+}
+
+std::string to_json(const InferencePipeline& p) {
+  json j{{"kind", name_of(p.kind)}, {"c", p.c}, {"vocab", p.vocab}, {"multi_label", p.multi_label}};
+  if (p.image) j["image"] = image_to_json(*p.image);
+  if (p.procs)
+    j["table"] = {{"procs", json::parse(p.procs->to_json())}, {"y_names", p.y_names}, {"regression", p.regression}};
+  if (p.kind == InferencePipeline::Kind::tensors) j["item_shape"] = p.item_shape;
+  return j.dump();
+}
+
+InferencePipeline inference_pipeline_from_json(std::string_view text, const std::string& origin) {
+  try {
+    return from_json(json::parse(text), origin);
+  } catch (const json::exception& e) {
+    throw DataError(
+        fmt::format("{}: the inference pipeline is not valid JSON: {}", excerpt(origin, 256), excerpt(e.what(), 256)));
+  } catch (const DataError& e) {
+    throw DataError(fmt::format("{}: inference pipeline: {}", excerpt(origin, 256), e.what()));
+  }
+}
+
+DataLoaders inference_dataloaders(const InferencePipeline& p, const InferenceLoaderOptions& o) {
+  DataLoaderOptions loader{.bs = o.bs, .num_workers = o.num_workers, .device = o.device};
+  std::shared_ptr<const Dataset> items;
+  switch (p.kind) {
+    case InferencePipeline::Kind::images: {
+      const auto& image = *p.image;
+      items = std::make_shared<ImageDataset>(
+          std::vector<std::filesystem::path>{}, at::Tensor(),
+          ImageDatasetOptions{.mode = image.mode,
+                              .item_tfm = resize(image.size, image.method, image.pad_mode),
+                              .decode_min_side = image.decode_min_side});
+      loader.batch_tfms = image_input_transforms(image.mean, image.std);
+      break;
+    }
+    case InferencePipeline::Kind::table: {
+      const auto n_cat = static_cast<std::int64_t>(p.procs->cat_names().size());
+      const auto n_cont = static_cast<std::int64_t>(p.procs->cont_names().size());
+      items = std::make_shared<TabularDataset>(
+          TabularProcs::Encoded{torch::zeros({0, n_cat}, torch::kLong), torch::zeros({0, n_cont})}, at::Tensor(),
+          p.procs, p.y_names, p.regression);
+      break;
+    }
+    case InferencePipeline::Kind::tensors: {
+      std::vector<std::int64_t> shape{0};
+      shape.insert(shape.end(), p.item_shape.begin(), p.item_shape.end());
+      items = std::make_shared<TensorDataset>(std::vector<at::Tensor>{torch::zeros(shape)}, std::vector<at::Tensor>{});
+      break;
+    }
+    case InferencePipeline::Kind::none:  // a dataset of the user's own: new items come in the user's own loader
+      items = std::make_shared<TensorDataset>(std::vector<at::Tensor>{torch::zeros({0})}, std::vector<at::Tensor>{});
+      break;
+  }
+  auto dls = p.vocab.empty()
+                 ? DataLoaders(DataLoader(items, loader), DataLoader(items, loader), p.c)
+                 : DataLoaders(DataLoader(items, loader), DataLoader(items, loader), p.vocab, p.multi_label);
+  if (p.image) dls.set_image_pipeline(std::make_shared<const ImagePipeline>(*p.image));
+  return dls;
+}
+
+}  // namespace fastlearn

@@ -1,0 +1,77 @@
+#pragma once
+// What predicting on new items needs from the data a model was trained on, without that data: how an image file
+// becomes the model's input (decoding, resizing, normalization), a table's fitted procs and column roles, the shape
+// of a tensor item, and the classes (vocabulary, multi-label) or target names. The image builders record their
+// pipeline in the DataLoaders they make; the rest is read from the loaders' datasets. An export (learner/export.h)
+// saves it as JSON, and loaders rebuilt from it hold no items but read new ones (test_dl) exactly as the
+// validation items were read.
+#include <fastlearn/data/dataloaders.h>
+#include <fastlearn/data/image_decode.h>
+#include <fastlearn/data/image_transforms.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fastlearn {
+
+class TabularProcs;
+
+/// How an image file becomes a model input, as the validation items were made: decoded in `mode` (JPEG at the
+/// smallest scale keeping both sides >= decode_min_side), Resize(size, method, pad_mode), then scaled to [0, 1]
+/// and, when `mean` is not empty, normalized per channel.
+struct ImagePipeline {
+  ImageMode mode = ImageMode::rgb;
+  std::int64_t size = 224;
+  ResizeMethod method = ResizeMethod::crop;
+  PadMode pad_mode = PadMode::reflection;
+  std::int64_t decode_min_side = 0;
+  std::vector<double> mean, std;  ///< one value per channel (1 grey, 3 RGB), or both empty
+  /// The channels of the images (1 for grey, 3 for RGB).
+  std::int64_t channels() const { return mode == ImageMode::gray ? 1 : 3; }
+  bool operator==(const ImagePipeline&) const = default;
+};
+
+struct InferencePipeline {
+  enum class Kind {
+    none,     ///< a dataset of the user's own: the loaders of new items come from the user
+    images,   ///< image files (`image`)
+    table,    ///< rows of a table (`procs`, `y_names`, `regression`)
+    tensors,  ///< one float tensor per item, of `item_shape`
+  };
+  Kind kind = Kind::none;
+  std::optional<ImagePipeline> image;
+  std::shared_ptr<const TabularProcs> procs;
+  std::vector<std::string> y_names;  ///< a table's target columns
+  bool regression = false;           ///< a table's targets are values (else: one column of classes)
+  std::vector<std::int64_t> item_shape;
+  std::int64_t c = 0;              ///< the model's outputs: classes, or targets for a regression
+  std::vector<std::string> vocab;  ///< the class names (empty when the classes have none)
+  bool multi_label = false;        ///< several classes per item (sigmoid outputs, decided by a threshold)
+};
+
+/// The pipeline of `dls`: the recorded image pipeline, a table's procs, a TensorDataset's item shape, or Kind::none.
+InferencePipeline inference_pipeline(const DataLoaders& dls);
+
+/// As JSON (the export's "pipeline" metadata; docs/checkpoints.md documents each field), and back. from_json checks
+/// every field and size before it allocates anything: DataError naming `origin` and the field otherwise.
+std::string to_json(const InferencePipeline& pipeline);
+InferencePipeline inference_pipeline_from_json(std::string_view json, const std::string& origin);
+
+struct InferenceLoaderOptions {
+  std::int64_t bs = 64;  ///< batch size of the loaders of new items
+  int num_workers = 0;
+  std::optional<c10::Device> device;
+};
+
+/// DataLoaders with no items that read new ones as `pipeline` says (test_dl of ImageDataLoaders or
+/// TabularDataLoaders, predict_image, predict_row); for Kind::none they only carry the classes.
+DataLoaders inference_dataloaders(const InferencePipeline& pipeline, const InferenceLoaderOptions& options = {});
+
+/// Normalization as the image loaders apply it: scaled by 1/255, then per channel by (mean, std) unless empty.
+std::vector<BatchTransform> image_input_transforms(std::vector<double> mean, std::vector<double> std);
+
+}  // namespace fastlearn

@@ -1,0 +1,108 @@
+#include <fastlearn/learner/export.h>
+
+#include <fastlearn/core/build_info.h>
+#include <fastlearn/core/detail/text.h>
+#include <fastlearn/core/error.h>
+#include <fastlearn/learner/learner.h>
+#include <fastlearn/models/weights.h>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <string_view>
+
+namespace fastlearn {
+
+namespace {
+
+constexpr std::string_view kFormat = "fastlearn-export";
+
+const std::string& required(const Metadata& metadata, const std::string& key, const std::string& origin) {
+  const auto it = metadata.find(key);
+  if (it == metadata.end())
+    throw CheckpointError(fmt::format("{}: not a complete fastlearn export: metadata '{}' is missing", origin, key));
+  return it->second;
+}
+
+}  // namespace
+
+std::string activation_of(const std::string& loss_name) {
+  if (loss_name == "cross_entropy") return "softmax";
+  if (loss_name == "bce_with_logits") return "sigmoid";
+  if (loss_name == "mse_loss" || loss_name == "l1_loss") return "none";
+  return "unknown";
+}
+
+std::filesystem::path export_learner(Learner& learn, const std::filesystem::path& file, double threshold) {
+  if (!(threshold > 0 && threshold < 1))
+    throw ConfigError(fmt::format("export: threshold {} is not in (0, 1)", threshold));
+  if (!learn.coordination().is_main()) return file;
+  NamedTensors tensors;
+  for (auto& [name, t] : models::model_tensors(learn.model())) tensors.emplace_back(name, t.detach());
+  const auto& loss = learn.loss_func().name;
+  Metadata metadata{{"format", std::string(kFormat)},
+                    {"format_version", std::to_string(kExportFormatVersion)},
+                    {"fastlearn_version", build_info().fastlearn_version},
+                    {"model_recipe", learn.options().model_recipe},
+                    {"loss", loss},
+                    {"activation", activation_of(loss)},
+                    {"threshold", fmt::format("{}", threshold)},
+                    {"pipeline", to_json(inference_pipeline(learn.dls()))}};
+  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+  save_checked_safetensors(file, tensors, std::move(metadata));
+  return file;
+}
+
+ExportContents read_export(const std::filesystem::path& file) {
+  const auto origin = excerpt(file.string(), 256);
+  if (!std::filesystem::is_regular_file(file)) throw CheckpointError(fmt::format("{}: no such export file", origin));
+  ExportContents out{.weights = load_safetensors(file)};  // CheckpointError for a truncated or tampered file
+  const auto& m = out.weights.metadata;
+  const auto format = m.find("format");
+  if (format == m.end() || format->second != kFormat) {
+    throw CheckpointError(fmt::format(
+        "{}: not a fastlearn export (metadata 'format' is {}){}", origin,
+        format == m.end() ? std::string("absent") : fmt::format("'{}'", excerpt(format->second)),
+        format != m.end() && format->second == "fastlearn-checkpoint"
+            ? "; it is a checkpoint: `fastlearn export CONFIG --checkpoint FILE --out DIR` makes an export of it"
+            : ""));
+  }
+  if (!m.contains(std::string(kChecksumKey)))
+    throw CheckpointError(fmt::format("{}: the export has no checksums ('{}'): it was altered", origin, kChecksumKey));
+  const auto& version = required(m, "format_version", origin);
+  if (version != std::to_string(kExportFormatVersion)) {
+    throw CheckpointError(fmt::format(
+        "{}: export format version '{}' is not one this build reads ({}): it was written by fastlearn {}; load it "
+        "with that version or a newer one",
+        origin, excerpt(version), kExportFormatVersion,
+        excerpt(m.contains("fastlearn_version") ? m.at("fastlearn_version") : "?")));
+  }
+  out.fastlearn_version = required(m, "fastlearn_version", origin);
+  out.model_recipe = required(m, "model_recipe", origin);
+  out.loss = required(m, "loss", origin);
+  const auto& threshold = required(m, "threshold", origin);
+  try {
+    std::size_t used = 0;
+    out.threshold = std::stod(threshold, &used);
+    if (used != threshold.size() || !(out.threshold > 0 && out.threshold < 1)) throw std::out_of_range(threshold);
+  } catch (const std::exception&) {
+    throw CheckpointError(
+        fmt::format("{}: metadata 'threshold' is '{}', not a number in (0, 1)", origin, excerpt(threshold)));
+  }
+  try {
+    out.pipeline = inference_pipeline_from_json(required(m, "pipeline", origin), file.string());
+  } catch (const DataError& e) {
+    throw CheckpointError(e.what());
+  }
+  return out;
+}
+
+std::filesystem::path Learner::export_to(const std::filesystem::path& file, double threshold) {
+  const auto path = file.is_absolute() ? file : options_.path / file;
+  export_learner(*this, path, threshold);
+  if (coordination_.barrier) coordination_.barrier();  // the file is complete before any rank reads it
+  return path;
+}
+
+}  // namespace fastlearn

@@ -1,0 +1,49 @@
+#pragma once
+// A trained Learner as one file for inference (fastai's learn.export): a safetensors file with the model's
+// parameters and buffers under their module names (Python's safetensors.torch.load_file reads them) and metadata
+// with everything predicting needs and nothing of the training data. load_learner (config/load_learner.h) builds
+// the Learner again from it. The metadata, all strings (docs/checkpoints.md "Export"):
+//   format "fastlearn-export", format_version "1", fastlearn_version;
+//   model_recipe  the config keys that build the model again ([data] dataset and task, [model] arch and options, as
+//                 TOML; empty for a model of your own, which load_learner then needs a factory for);
+//   loss          the loss's name (its activation and decoding turn outputs into predictions);
+//   activation    "softmax", "sigmoid" or "none": what the loss applies to the model's outputs, for other readers;
+//   threshold     multi-label: the probability at which a class counts as predicted;
+//   pipeline      JSON of the InferencePipeline (data/inference_pipeline.h): image decoding, resizing and
+//                 normalization, a table's procs and column roles, item shape, classes or target names;
+//   fastlearn.crc32  every tensor's CRC-32, checked when the file is read.
+#include <fastlearn/core/safetensors.h>
+#include <fastlearn/data/inference_pipeline.h>
+
+#include <filesystem>
+#include <string>
+
+namespace fastlearn {
+
+class Learner;
+
+/// The format version this build writes and reads.
+inline constexpr int kExportFormatVersion = 1;
+
+/// What an export file holds, read and checked.
+struct ExportContents {
+  SafetensorsContent weights;  ///< the model's tensors (metadata included)
+  InferencePipeline pipeline;
+  std::string model_recipe;
+  std::string loss;
+  double threshold = 0.5;
+  std::string fastlearn_version;  ///< the build that wrote it
+};
+
+/// Writes `learn`'s model and inference pipeline into `file` atomically (its folder is created) and returns the path.
+/// `threshold`: multi-label decoding's. On the main process only in a job of several (the others return at once).
+std::filesystem::path export_learner(Learner& learn, const std::filesystem::path& file, double threshold = 0.5);
+
+/// Reads an export: CheckpointError naming the file and the problem when it is not one (a checkpoint, another file,
+/// a newer format version), is truncated or tampered with (CRC-32), or its metadata is inconsistent.
+ExportContents read_export(const std::filesystem::path& file);
+
+/// "softmax", "sigmoid" or "none" for a loss of fastlearn's by its name (Loss::name); "unknown" for others.
+std::string activation_of(const std::string& loss_name);
+
+}  // namespace fastlearn
