@@ -1,5 +1,6 @@
 #include <fastlearn/config/load_learner.h>
 
+#include <fastlearn/callbacks/channels_last.h>
 #include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/tabular_procs.h>
@@ -27,7 +28,9 @@ TrainConfig recipe_config(const std::string& recipe, const InferencePipeline& pi
   const auto at = recipe.find(header);
   if (at == std::string::npos)
     throw CheckpointError(fmt::format("{}: metadata 'model_recipe' has no [data] table", excerpt(origin, 256)));
-  std::string extra = fmt::format("path = {}\n", quoted(origin));
+  std::string extra;
+  if (pipeline.kind == InferencePipeline::Kind::images || pipeline.kind == InferencePipeline::Kind::table)
+    extra = fmt::format("path = {}\n", quoted(origin));
   if (pipeline.kind == InferencePipeline::Kind::table) {
     const auto list = [](const std::vector<std::string>& columns) {
       std::vector<std::string> out;
@@ -39,9 +42,7 @@ TrainConfig recipe_config(const std::string& recipe, const InferencePipeline& pi
   }
   auto text = recipe;
   text.insert(at + header.size(), extra);
-  auto config = parse_config(text, origin + ": model_recipe");
-  if (config.data.dataset == "fashion_mnist") config.data.path.clear();
-  return config;
+  return parse_config(text, origin + ": model_recipe");
 }
 
 Loss loss_named(const std::string& name, const TrainConfig& config, const std::string& origin) {
@@ -79,7 +80,6 @@ std::unique_ptr<Learner> load_learner(const std::filesystem::path& file, const L
   auto dls = inference_dataloaders(contents.pipeline, {.bs = options.bs, .num_workers = options.num_workers});
   TrainConfig config;
   BuiltModel model;
-  bool channels_last = false;
   if (options.model) {
     model = options.model(dls);
   } else if (contents.model_recipe.empty()) {
@@ -93,7 +93,6 @@ std::unique_ptr<Learner> load_learner(const std::filesystem::path& file, const L
     if (!options.model) {
       const auto arch = find_arch(config);
       model = arch.make(config, dls);
-      channels_last = arch.channels_last;
     }
   }
   if (!model.module || !model.forward)
@@ -106,7 +105,10 @@ std::unique_ptr<Learner> load_learner(const std::filesystem::path& file, const L
                                          std::move(loss), std::move(learner_options));
   // Checked as a whole before any tensor is copied: a name, shape or dtype that differs names the tensor.
   models::copy_weights(models::match_weights(learn->model(), contents.weights.tensors, origin, {.strict = true}));
-  if (channels_last) models::to_channels_last(learn->model());
+  if (contents.channels_last) {  // the same memory format as in training, so the same kernels and values
+    models::to_channels_last(learn->model());
+    learn->add_cb(std::make_shared<ChannelsLast>());
+  }
   learn->model().eval();
   return learn;
 }

@@ -345,17 +345,23 @@ bool parse_flag(const std::string& text, const std::string& origin, std::size_t 
 
 DataLoader ImageDataLoaders::test_dl(const DataLoaders& dls, std::vector<fs::path> files) {
   const auto* valid = dynamic_cast<const ImageDataset*>(&dls.valid().dataset());
-  if (valid == nullptr) {
+  const auto* pipeline = dls.image_pipeline();
+  if (valid == nullptr && pipeline == nullptr) {
     throw DataError(
-        "test_dl: the data's validation set is not image files (ImageDataLoaders::from_folder, "
-        "from_lists, from_name_re, from_name_func or from_csv make one)");
+        "test_dl: the data's validation set is not images (ImageDataLoaders::from_folder, from_lists, "
+        "from_name_re, from_name_func, from_csv or from_idx make one)");
   }
   if (files.empty()) throw DataError("test_dl: no files");
   auto options = dls.valid().options();
   options.shuffle = false;
   options.drop_last = false;
-  return DataLoader(std::make_shared<ImageDataset>(std::move(files), at::Tensor(), valid->options()),
-                    std::move(options));
+  // Image files for data held as tensors (from_idx): decoded and resized as its pipeline says.
+  const auto items = valid
+                         ? valid->options()
+                         : ImageDatasetOptions{.mode = pipeline->mode,
+                                               .item_tfm = resize(pipeline->size, pipeline->method, pipeline->pad_mode),
+                                               .decode_min_side = pipeline->decode_min_side};
+  return DataLoader(std::make_shared<ImageDataset>(std::move(files), at::Tensor(), items), std::move(options));
 }
 
 DataLoaders ImageDataLoaders::from_folder(const fs::path& path, const ImageFilesOptions& options,

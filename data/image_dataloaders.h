@@ -104,7 +104,8 @@ struct ImageDataLoaders {
                                     const ImageFilesOptions& options = {});
   /// fastai's dls.test_dl for image files: a loader over `files` through `dls`'s validation pipeline (decoding,
   /// item transform, batch transforms, validation batch size, device), in the files' order and without targets,
-  /// for Learner::get_preds on new images. DataError when `dls`'s validation set is not image files.
+  /// for Learner::get_preds on new images; for from_idx's data, the files are decoded grey and squished to its
+  /// side. DataError when `dls` holds no images.
   static DataLoader test_dl(const DataLoaders& dls, std::vector<std::filesystem::path> files);
   /// A CSV table of file names (relative to the CSV's folder / columns.folder) and labels.
   static DataLoaders from_csv(const std::filesystem::path& csv_file, const ImageCsvColumns& columns = {},

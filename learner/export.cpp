@@ -39,7 +39,12 @@ std::filesystem::path export_learner(Learner& learn, const std::filesystem::path
     throw ConfigError(fmt::format("export: threshold {} is not in (0, 1)", threshold));
   if (!learn.coordination().is_main()) return file;
   NamedTensors tensors;
-  for (auto& [name, t] : models::model_tensors(learn.model())) tensors.emplace_back(name, t.detach());
+  bool channels_last = false;
+  for (auto& [name, t] : models::model_tensors(learn.model())) {
+    tensors.emplace_back(name, t.detach());
+    channels_last = channels_last || (t.dim() == 4 && !t.is_contiguous() &&
+                                      t.is_contiguous(at::MemoryFormat::ChannelsLast) && t.size(1) > 1);
+  }
   const auto& loss = learn.loss_func().name;
   Metadata metadata{{"format", std::string(kFormat)},
                     {"format_version", std::to_string(kExportFormatVersion)},
@@ -48,6 +53,7 @@ std::filesystem::path export_learner(Learner& learn, const std::filesystem::path
                     {"loss", loss},
                     {"activation", activation_of(loss)},
                     {"threshold", fmt::format("{}", threshold)},
+                    {"channels_last", channels_last ? "true" : "false"},
                     {"pipeline", to_json(inference_pipeline(learn.dls()))}};
   if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
   save_checked_safetensors(file, tensors, std::move(metadata));
@@ -90,6 +96,10 @@ ExportContents read_export(const std::filesystem::path& file) {
     throw CheckpointError(
         fmt::format("{}: metadata 'threshold' is '{}', not a number in (0, 1)", origin, excerpt(threshold)));
   }
+  const auto& layout = required(m, "channels_last", origin);
+  if (layout != "true" && layout != "false")
+    throw CheckpointError(fmt::format("{}: metadata 'channels_last' is '{}', not true or false", origin, excerpt(layout)));
+  out.channels_last = layout == "true";
   try {
     out.pipeline = inference_pipeline_from_json(required(m, "pipeline", origin), file.string());
   } catch (const DataError& e) {

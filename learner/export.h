@@ -9,6 +9,8 @@
 //   loss          the loss's name (its activation and decoding turn outputs into predictions);
 //   activation    "softmax", "sigmoid" or "none": what the loss applies to the model's outputs, for other readers;
 //   threshold     multi-label: the probability at which a class counts as predicted;
+//   channels_last "true" when the model's convolutions were in channels-last memory format (the loaded model is
+//                 too, and so computes the same values);
 //   pipeline      JSON of the InferencePipeline (data/inference_pipeline.h): image decoding, resizing and
 //                 normalization, a table's procs and column roles, item shape, classes or target names;
 //   fastlearn.crc32  every tensor's CRC-32, checked when the file is read.
@@ -32,6 +34,7 @@ struct ExportContents {
   std::string model_recipe;
   std::string loss;
   double threshold = 0.5;
+  bool channels_last = false;
   std::string fastlearn_version;  ///< the build that wrote it
 };
 

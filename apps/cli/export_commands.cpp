@@ -203,6 +203,7 @@ int run_predict_export(const std::string& export_file, const std::vector<std::st
   if (!out.empty()) {
     fs::create_directories(out);
     predictions.write_csv(fs::path(out) / "predictions.csv");
+    std::fflush(stdout);
     fmt::print(stderr, "wrote {}\n", excerpt((fs::path(out) / "predictions.csv").string(), 256));
   }
   return failed == 0 ? 0 : 1;

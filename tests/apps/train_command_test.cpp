@@ -182,6 +182,24 @@ TEST_F(TrainCommand, TrainsResnet18OnImageFoldersAndSavesTheClassNamesWithTheMod
             std::string::npos)
       << f.output;
 
+  // The export the run wrote predicts the same lines from the export alone, the training images moved away, in
+  // batches; --out writes predictions.csv with every class's probability.
+  const auto copies = dir_ / "new";
+  fs::create_directories(copies);
+  for (const auto& file : fs::directory_iterator(folder)) fs::copy_file(file.path(), copies / file.path().filename());
+  const auto old_form = run_cli(fmt::format("predict {} --checkpoint {} {}", config_.string(),
+                                            (out_ / "checkpoints" / "model.safetensors").string(), copies.string()));
+  ASSERT_EQ(old_form.exit_code, 0) << old_form.output;
+  fs::rename(dir_ / "images", dir_ / "moved");
+  const auto from_export = run_cli(fmt::format("predict {} {} --out {}", (out_ / "export.safetensors").string(),
+                                               copies.string(), (dir_ / "predicted").string()));
+  fs::rename(dir_ / "moved", dir_ / "images");
+  ASSERT_EQ(from_export.exit_code, 0) << from_export.output;
+  EXPECT_EQ(from_export.output.substr(0, from_export.output.find("wrote ")), old_form.output);
+  const auto csv = read(dir_ / "predicted" / "predictions.csv");
+  EXPECT_EQ(csv.rfind("input,prediction,Dress,Pullover,T-shirt_top,Trouser\n", 0), 0u) << csv;
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + std::distance(fs::directory_iterator(copies), {})) << csv;
+
   // interpret: the confusion matrix over the 16 validation images, and the grid of the 5 worst.
   const auto i =
       run_cli(fmt::format("interpret {} --checkpoint {} --top 5 --out {}", config_.string(),
@@ -360,6 +378,21 @@ seed = 3
   EXPECT_EQ(no_age.exit_code, 1) << no_age.output;
   EXPECT_NE(no_age.output.find("no_age.csv: no column age that the model reads"), std::string::npos) << no_age.output;
   EXPECT_EQ(no_age.output.find("no_age.csv:2\t"), std::string::npos) << no_age.output;
+
+  // The 2-rank run's export, in one process and without the table: the same lines, the same row refused.
+  fs::rename(census, dir_ / "moved.csv");
+  const auto e = run_cli(
+      fmt::format("predict {} {}", (out_ / "two" / "export.safetensors").string(), (dir_ / "rows.csv").string()));
+  fs::rename(dir_ / "moved.csv", census);
+  EXPECT_EQ(e.exit_code, 1) << e.output;
+  for (const char* row : {"rows.csv:2\t", "rows.csv:3\t"}) {
+    const auto line = [&](const std::string& out) {
+      const auto at = out.find(row);
+      return at == std::string::npos ? std::string("none") : out.substr(at, out.find('\n', at) - at);
+    };
+    EXPECT_EQ(line(e.output), line(p.output)) << e.output;
+  }
+  EXPECT_NE(e.output.find("column 'age': 'old' is not a number"), std::string::npos) << e.output;
 
   const auto i = run_cli(fmt::format("interpret {} --checkpoint {} --out {}", config_.string(), model.string(),
                                      (dir_ / "interp").string()));

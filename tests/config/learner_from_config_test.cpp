@@ -1,10 +1,20 @@
-// config/registry.h and config/learner_from_config.h: every name a config may give builds its Learner and trains on
-// tiny data of each kind a config reads; an unknown name is an error wherever it comes from; an app's own entries
-// follow the same rules and are then usable from a config file.
+// config/registry.h, config/learner_from_config.h and config/load_learner.h: every name a config may give builds its
+// Learner and trains on tiny data of each kind a config reads, and its export loads without that data into a Learner
+// that predicts new items exactly as the trained one; an unknown name is an error wherever it comes from; an app's own
+// entries follow the same rules and are then usable from a config file.
 #include <fastlearn/config/learner_from_config.h>
+#include <fastlearn/config/load_learner.h>
 #include <fastlearn/config/registry.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/safetensors.h>
+#include <fastlearn/data/csv.h>
+#include <fastlearn/data/image_dataloaders.h>
 #include <fastlearn/data/image_encode.h>
+#include <fastlearn/data/tabular_dataloaders.h>
+#include <fastlearn/learner/named_predictions.h>
+#include <fastlearn/learner/tabular_learner.h>
+#include <fastlearn/learner/vision_learner.h>
+#include <fastlearn/models/models.h>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -204,6 +214,183 @@ TEST_F(TinyConfigs, AnUnknownNameInAConfigBuiltInCodeIsAnErrorNamingTheKey) {
   EXPECT_THROW(fl::find_loss(config), fl::ConfigError);
   EXPECT_THROW(fl::find_metric("accuracy", base), fl::ConfigError);
   EXPECT_EQ(fl::find_metric("rmse", base).name, "rmse");
+}
+
+// Predictions of `learn` on new items of `dataset`'s kind, read from `dir` (written by write_new_items), as a program
+// serving the model gets them: image files and a table's rows through test_dl, tensors through a loader of its own.
+at::Tensor preds_on_new_items(fl::Learner& learn, const std::string& dataset, const fs::path& dir) {
+  if (dataset == "csv") {
+    auto dl = fl::TabularDataLoaders::test_dl(learn.dls(), fl::read_csv(dir / "rows.csv"), "rows.csv");
+    return learn.get_preds(&dl).preds;
+  }
+  if (dataset == "synthetic_regression") {
+    fl::DataLoader dl(std::make_shared<fl::TensorDataset>(
+                          std::vector<at::Tensor>{fl::load_safetensors(dir / "x.safetensors").tensors.at(0).second},
+                          std::vector<at::Tensor>{}),
+                      {.bs = 4});
+    return learn.get_preds(&dl).preds;
+  }
+  std::vector<fs::path> files;
+  for (int i = 0; i < 5; ++i) files.push_back(dir / fmt::format("{}.png", i));
+  auto dl = fl::ImageDataLoaders::test_dl(learn.dls(), files);
+  return learn.get_preds(&dl).preds;
+}
+
+// New items of every kind: RGB images of other sizes (the Fashion-MNIST models take them grey and squished), rows
+// with a missing number, a category never seen and a missing one, and tensors.
+void write_new_items(const fs::path& dir) {
+  fs::create_directories(dir);
+  for (int i = 0; i < 5; ++i) {
+    const auto image = torch::randint(0, 256, {3, 30 + 7 * i, 50 - 3 * i}, torch::kInt32).to(torch::kUInt8);
+    write_bytes(dir / fmt::format("{}.png", i), fl::encode_png(image));
+  }
+  write_bytes(dir / "rows.csv", "id,colour,size,kind\n1,red,1.5,big\n2,green,,small\n3,,7.25,\n4,blue,100,big\n");
+  fl::save_safetensors(dir / "x.safetensors", {{"x", torch::randn({6, 4})}});
+}
+
+// Every arch on each dataset it reads, a table's regression and a multi-label image task included: trained for an
+// epoch, exported, the training data deleted, loaded; the loaded Learner predicts new items bit for bit as the trained
+// one, and names its outputs the same way.
+TEST_F(TinyConfigs, AnExportLoadsWithoutTheDataAndPredictsNewItemsExactlyAsTheTrainedLearner) {
+  write_new_items(dir_ / "new");
+  struct Exported {
+    std::string what, dataset;
+    fs::path file;
+    at::Tensor preds;
+    std::vector<std::string> names;
+    bool values;
+  };
+  std::vector<Exported> exports;
+  std::vector<std::pair<std::string, fl::TrainConfig>> configs;
+  for (const auto& arch : fl::arch_choices())
+    for (const auto& dataset : arch.datasets)
+      configs.emplace_back(dataset, config_of(dataset, "model.arch", arch.name));
+  configs.emplace_back("csv", fl::parse_config("[data]\n" + data_tables().at("csv"), "regression.toml",
+                                               {"data.y_names=[\"size\"]", "data.cat_names=[\"colour\", \"kind\"]",
+                                                "data.cont_names=[]", "train.epochs=1", "train.device=\"cpu\""},
+                                               fl::regression_of_data));
+  ASSERT_EQ(configs.back().second.data.y_block, "regression");
+  for (const auto& [dataset, config] : configs) {
+    const auto what = config.model.arch + " on " + dataset + " (" + config.data.y_block + ")";
+    SCOPED_TRACE(what);
+    auto learn = fl::learner_from_config(config, {.run_callbacks = false, .progress = false});
+    fl::fit_from_config(*learn, config);
+    const auto file = learn->export_to(dir_ / "exports" / fmt::format("{}.safetensors", exports.size()));
+    exports.push_back({what, dataset, file, preds_on_new_items(*learn, dataset, dir_ / "new"), fl::output_names(*learn),
+                       fl::predicts_values(*learn)});
+  }
+  EXPECT_GE(exports.size(), 13u);
+  for (const char* data : {"mnist", "folders", "tagged", "table.csv"}) fs::remove_all(dir_ / data);
+  for (const auto& e : exports) {
+    SCOPED_TRACE(e.what);
+    auto loaded = fl::load_learner(e.file, {.device = torch::kCPU});
+    const auto preds = preds_on_new_items(*loaded, e.dataset, dir_ / "new");
+    ASSERT_EQ(preds.sizes(), e.preds.sizes());
+    EXPECT_TRUE(torch::equal(preds, e.preds)) << (preds - e.preds).abs().max().item<double>();
+    EXPECT_EQ(fl::output_names(*loaded), e.names);
+    EXPECT_EQ(fl::predicts_values(*loaded), e.values);
+  }
+}
+
+// vision_learner and tabular_learner built in C++ record the config keys of their model, so their exports load
+// without a factory, to the same predictions.
+TEST_F(TinyConfigs, VisionAndTabularLearnersMadeInCodeExportTheirRecipe) {
+  write_new_items(dir_ / "new");
+  auto images = fl::vision_learner(fl::ImageDataLoaders::from_folder(dir_ / "folders", {.bs = 4, .size = 24}),
+                                   {.arch = "resnet18"}, {.progress = false, .device = torch::kCPU});
+  auto table = fl::tabular_learner(
+      fl::TabularDataLoaders::from_csv(dir_ / "table.csv",
+                                       {.y_names = {"kind"}, .cat_names = {"colour"}, .cont_names = {"size"}, .bs = 8}),
+      {.layers = {8, 4}, .embed_p = 0.25}, {.progress = false, .device = torch::kCPU});
+  for (auto* learn : {images.get(), table.get()}) {
+    const bool is_table = learn == table.get();
+    SCOPED_TRACE(is_table ? "tabular_learner" : "vision_learner");
+    learn->fit(1, 1e-3);
+    const auto dataset = is_table ? "csv" : "image_folder";
+    const auto expected = preds_on_new_items(*learn, dataset, dir_ / "new");
+    auto loaded = fl::load_learner(learn->export_to(dir_ / "export.safetensors"), {.device = torch::kCPU});
+    EXPECT_TRUE(torch::equal(preds_on_new_items(*loaded, dataset, dir_ / "new"), expected));
+  }
+}
+
+// What an export holds is checked when it is read: a checkpoint, a truncated or altered file, a format version from
+// the future, a recipe this build cannot build and a model of one's own without its factory are errors that name the
+// file and the problem; with the factory, the model of one's own loads.
+TEST_F(TinyConfigs, ExportsThatCannotBeLoadedSayWhy) {
+  const auto config = config_of("synthetic_regression", "model.arch", "mlp");
+  auto learn = fl::learner_from_config(config, {.run_callbacks = false, .progress = false});
+  const auto file = learn->export_to(dir_ / "export.safetensors");
+  const auto bytes = [&] {
+    std::ifstream in(file, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  const auto error_of = [&](const std::string& name, const std::string& content, const fl::LoadLearnerOptions& o = {}) {
+    write_bytes(dir_ / name, content);
+    return message_of([&] { fl::load_learner(dir_ / name, o); });
+  };
+  EXPECT_NE(error_of("truncated.safetensors", bytes.substr(0, bytes.size() - 10)).find("truncated.safetensors"),
+            std::string::npos);
+  auto altered = bytes;
+  altered[altered.size() - 3] ^= 0x40;  // a bit of the last tensor's data
+  const auto crc = error_of("altered.safetensors", altered);
+  EXPECT_NE(crc.find("altered.safetensors"), std::string::npos) << crc;
+  EXPECT_NE(crc.find("does not match its checksum"), std::string::npos) << crc;
+
+  const auto content = fl::load_safetensors(file);
+  const auto with = [&](const std::string& key, const std::string& value) {
+    auto m = content.metadata;
+    m.erase(std::string(fl::kChecksumKey));
+    m[key] = value;
+    const auto name = fmt::format("{}.safetensors", key.empty() ? "plain" : key);
+    fl::save_checked_safetensors(dir_ / name, content.tensors, m);
+    return message_of([&] { fl::load_learner(dir_ / name); });
+  };
+  const auto future = with("format_version", "2");
+  EXPECT_NE(future.find("export format version '2' is not one this build reads (1)"), std::string::npos) << future;
+  const auto checkpoint = with("format", "fastlearn-checkpoint");
+  EXPECT_NE(checkpoint.find("it is a checkpoint: `fastlearn export CONFIG --checkpoint FILE --out DIR`"),
+            std::string::npos)
+      << checkpoint;
+  const auto pipeline =
+      with("pipeline", R"({"kind":"tensors","c":1,"vocab":[],"multi_label":false,"item_shape":[4, -1]})");
+  EXPECT_NE(pipeline.find("item_shape has a dimension -1 out of range"), std::string::npos) << pipeline;
+  const auto huge =
+      with("pipeline", R"({"kind":"tensors","c":1,"vocab":[],"multi_label":false,"item_shape":[65536, 65536, 65536]})");
+  EXPECT_NE(huge.find("out of range"), std::string::npos) << huge;
+  const auto vocab = with(
+      "pipeline", "{\"kind\":\"tensors\",\"c\":1,\"vocab\":[\"\\u00ff\"],\"multi_label\":false,\"item_shape\":[4]}");
+  EXPECT_EQ(vocab, "no error") << "a UTF-8 name loads";
+  const auto arch =
+      with("model_recipe", "[data]\ndataset = \"synthetic_regression\"\n[model]\narch = \"transformer\"\n");
+  EXPECT_NE(arch.find("model_recipe:4:8: model.arch must be one of \"mlp\", not the string \"transformer\""),
+            std::string::npos)
+      << arch;
+  const auto own = with("model_recipe", "");
+  EXPECT_NE(own.find("give LoadLearnerOptions::model"), std::string::npos) << own;
+  EXPECT_NE(with("threshold", "1.5").find("metadata 'threshold' is '1.5', not a number in (0, 1)"), std::string::npos);
+
+  // A model of one's own: its factory builds it, and without it the error names that option.
+  fl::save_checked_safetensors(dir_ / "own.safetensors", content.tensors, [&] {
+    auto m = content.metadata;
+    m.erase(std::string(fl::kChecksumKey));
+    m["model_recipe"] = "";
+    return m;
+  }());
+  const auto no_factory = message_of([&] { fl::load_learner(dir_ / "own.safetensors"); });
+  EXPECT_NE(no_factory.find("give LoadLearnerOptions::model"), std::string::npos) << no_factory;
+  auto loaded = fl::load_learner(dir_ / "own.safetensors",
+                                 {.device = torch::kCPU, .model = [&](const fl::DataLoaders& dls) {
+                                    return fl::BuiltModel::of(fl::models::mlp(4, config.model.hidden, dls.c()));
+                                  }});
+  const auto x = torch::randn({3, 4});
+  torch::NoGradGuard no_grad;
+  learn->model().eval();
+  EXPECT_TRUE(torch::equal(loaded->forward({x}), learn->forward({x})));
+  const auto wrong = message_of([&] {
+    fl::load_learner(dir_ / "own.safetensors",
+                     {.model = [](const fl::DataLoaders&) { return fl::BuiltModel::of(fl::models::mlp(4, {7}, 1)); }});
+  });
+  EXPECT_NE(wrong.find("own.safetensors"), std::string::npos) << wrong;
 }
 
 // An MNIST-format folder with no training image: refused by name, not by an index error of the model's factory.
