@@ -1,8 +1,15 @@
-// The distributed example apps, started by `fastlearn launch` as a user would: the tutorial's ring
-// allreduce on 3 ranks and its synchronous SGD on 2 ranks.
+// The example apps as a user runs them: the tutorial's ring allreduce on 3 ranks and its synchronous SGD on 2 ranks,
+// started by `fastlearn launch`, and serve_export predicting image files from the export of a `fastlearn train` run.
+#include <fastlearn/data/image_encode.h>
+
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "support/build_paths.h"
@@ -48,4 +55,39 @@ TEST(Examples, DistributedSgdKeepsTheReplicasIdentical) {
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("rank 0: replicas identical: yes"), std::string::npos) << out;
   EXPECT_NE(out.find("rank 1: replicas identical: yes"), std::string::npos) << out;
+}
+
+// A Fashion-MNIST model trained by `fastlearn train` serves PNG files of other sizes through the example: the lines
+// `fastlearn predict EXPORT` prints; a file that is not an image is an error naming it, with exit code 1.
+TEST(Examples, ServeExportPredictsWhatTheCliPredicts) {
+  if (FILE* f = std::fopen("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", "r")) {
+    std::fclose(f);
+  } else {
+    GTEST_SKIP() << "Debian's dataset-fashion-mnist is not installed";
+  }
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("fastlearn_serve_{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  std::string files;
+  for (int i = 0; i < 3; ++i) {
+    const auto file = dir / fmt::format("{}.png", i);
+    const auto image = torch::randint(0, 256, {3, 20 + 10 * i, 30}, torch::kInt32).to(torch::kUInt8);
+    std::ofstream(file, std::ios::binary) << fastlearn::encode_png(image);
+    files += " " + file.string();
+  }
+  const auto train =
+      run_shell(cli(fmt::format("train {}/configs/fashion_mnist.toml --set train.epochs=1 --set "
+                                "'model.arch=\"mlp\"' --set train.device=\"cpu\" --out {}",
+                                FASTLEARN_SOURCE_DIR, (dir / "run").string())));
+  ASSERT_EQ(train.first, 0) << train.second;
+  const auto exported = (dir / "run" / "export.safetensors").string();
+  const auto served = run_shell(bin("serve_export") + " " + exported + files);
+  const auto predicted = run_shell(cli("predict " + exported + files));
+  EXPECT_EQ(served.first, 0) << served.second;
+  EXPECT_EQ(served.second, predicted.second);
+  EXPECT_NE(served.second.find("0.png\t"), std::string::npos) << served.second;
+  const auto bad = run_shell(bin("serve_export") + " " + exported + " " + FASTLEARN_SOURCE_DIR + "/README.md");
+  EXPECT_EQ(bad.first, 1) << bad.second;
+  EXPECT_NE(bad.second.find("serve_export: "), std::string::npos) << bad.second;
+  EXPECT_NE(bad.second.find("README.md"), std::string::npos) << bad.second;
+  std::filesystem::remove_all(dir);
 }
