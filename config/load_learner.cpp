@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <set>
 #include <sstream>
 
 namespace fastlearn {
@@ -43,6 +44,31 @@ TrainConfig recipe_config(const std::string& recipe, const InferencePipeline& pi
   auto text = recipe;
   text.insert(at + header.size(), extra);
   return parse_config(text, origin + ": model_recipe");
+}
+
+// The widths a built-in arch's recipe gives (its layers' sizes, and the outputs), each of which is a dimension of one
+// of the file's tensors when the recipe describes them: checked before the model is built, so that a recipe cannot
+// make load_learner allocate a model of any size it claims.
+void check_widths(const TrainConfig& config, const InferencePipeline& pipeline, const NamedTensors& tensors,
+                  const std::string& origin) {
+  std::set<std::int64_t> sizes;
+  for (const auto& [name, t] : tensors)
+    for (const auto d : t.sizes()) sizes.insert(d);
+  const auto& m = config.model;
+  std::vector<std::pair<std::string, std::int64_t>> claimed{{"the outputs (c)", pipeline.c}};
+  const auto add = [&](const char* key, const std::vector<std::int64_t>& widths) {
+    for (const auto w : widths) claimed.emplace_back(key, w);
+  };
+  if (m.arch == "mlp") add("model.hidden", m.hidden);
+  if (m.arch == "conv_net" || m.arch == "resnet") add("model.widths", m.widths);
+  if (m.arch == "resnet") add("model.stem_width", {m.stem_width});
+  if (m.arch == "tabular") add("model.layers", m.layers);
+  for (const auto& [key, width] : claimed)
+    if (!sizes.contains(width))
+      throw CheckpointError(fmt::format(
+          "{}: the model recipe gives {} a size of {}, and no tensor of the file has that size: the recipe does not "
+          "describe the weights (the file was altered)",
+          excerpt(origin, 256), key, width));
 }
 
 Loss loss_named(const std::string& name, const TrainConfig& config, const std::string& origin) {
@@ -91,6 +117,7 @@ std::unique_ptr<Learner> load_learner(const std::filesystem::path& file, const L
   if (!contents.model_recipe.empty()) {
     config = recipe_config(contents.model_recipe, contents.pipeline, origin);
     if (!options.model) {
+      check_widths(config, contents.pipeline, contents.weights.tensors, origin);
       const auto arch = find_arch(config);
       model = arch.make(config, dls);
     }

@@ -20,7 +20,7 @@ namespace {
 using nlohmann::json;
 
 // Bounds on what a pipeline may claim, checked before anything of that size is made.
-constexpr std::int64_t kMaxImageSide = 1 << 16;
+constexpr std::int64_t kMaxImageSide = 4096;  // 3 x 4096 x 4096 bytes an item
 constexpr std::int64_t kMaxItemValues = std::int64_t{1} << 31;
 constexpr std::int64_t kMaxOutputs = 1 << 24;
 

@@ -98,7 +98,8 @@ ExportContents read_export(const std::filesystem::path& file) {
   }
   const auto& layout = required(m, "channels_last", origin);
   if (layout != "true" && layout != "false")
-    throw CheckpointError(fmt::format("{}: metadata 'channels_last' is '{}', not true or false", origin, excerpt(layout)));
+    throw CheckpointError(
+        fmt::format("{}: metadata 'channels_last' is '{}', not true or false", origin, excerpt(layout)));
   out.channels_last = layout == "true";
   try {
     out.pipeline = inference_pipeline_from_json(required(m, "pipeline", origin), file.string());

@@ -365,6 +365,12 @@ TEST_F(TinyConfigs, ExportsThatCannotBeLoadedSayWhy) {
   EXPECT_NE(arch.find("model_recipe:4:8: model.arch must be one of \"mlp\", not the string \"transformer\""),
             std::string::npos)
       << arch;
+  const auto wide = with("model_recipe",
+                         "[data]\ndataset = \"synthetic_regression\"\n[model]\narch = \"mlp\"\n"
+                         "hidden = [100000, 100000]\n");
+  EXPECT_NE(wide.find("the model recipe gives model.hidden a size of 100000, and no tensor of the file has that size"),
+            std::string::npos)
+      << wide;
   const auto own = with("model_recipe", "");
   EXPECT_NE(own.find("give LoadLearnerOptions::model"), std::string::npos) << own;
   EXPECT_NE(with("threshold", "1.5").find("metadata 'threshold' is '1.5', not a number in (0, 1)"), std::string::npos);
