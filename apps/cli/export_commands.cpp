@@ -170,6 +170,11 @@ int run_export(const TrainArgs& args, const std::string& checkpoint) {
 
 int run_predict_export(const std::string& export_file, const std::vector<std::string>& inputs, const std::string& out,
                        int workers) {
+  if (export_file.ends_with(".toml"))
+    throw ConfigError(fmt::format(
+        "predict: {} is a config: give the checkpoint whose weights go into its model (--checkpoint FILE), or "
+        "predict from the run's export.safetensors alone",
+        excerpt(export_file, 256)));
   auto learn = load_learner(export_file, {.num_workers = workers});
   const auto threshold = read_export(export_file).threshold;
   const bool table = tabular_dataset(learn->dls()) != nullptr;

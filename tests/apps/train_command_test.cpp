@@ -125,7 +125,7 @@ TEST_F(TrainCommand, WritesTheRunFolder) {
   EXPECT_EQ(csv.rfind("epoch,train_loss,valid_loss,rmse,time\n", 0), 0u) << csv;
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 3) << csv;
   for (const char* file : {"checkpoints/ckpt-e0001-b0000000.safetensors", "checkpoints/ckpt-e0002-b0000000.safetensors",
-                           "checkpoints/model.safetensors", "loss.svg"}) {
+                           "checkpoints/model.safetensors", "loss.svg", "export.safetensors"}) {
     EXPECT_TRUE(fs::is_regular_file(out_ / file)) << file;
   }
   EXPECT_NE(read(out_ / "loss.svg").find("<svg"), std::string::npos);
@@ -576,7 +576,7 @@ TEST_F(TrainCommand, ARunThatFailsInItsFirstEpochPutsTheOlderRunsFilesBack) {
   // As a run killed while its takeover was pending leaves the folder: the older files aside, its own in place.
   const auto kill_during_takeover = [this] {
     fs::create_directories(out_ / ".previous-run");
-    for (const char* name : {"config.toml", "metrics.json", "history.csv", "loss.svg"})
+    for (const char* name : {"config.toml", "metrics.json", "history.csv", "loss.svg", "export.safetensors"})
       fs::rename(out_ / name, out_ / ".previous-run" / name);
     fs::create_directories(out_ / "checkpoints" / ".previous-run");
     for (const char* name : {"ckpt-e0001-b0000000.safetensors", "model.safetensors"})
