@@ -336,6 +336,12 @@ TEST_F(TinyConfigs, ExportsThatCannotBeLoadedSayWhy) {
   EXPECT_NE(crc.find("altered.safetensors"), std::string::npos) << crc;
   EXPECT_NE(crc.find("does not match its checksum"), std::string::npos) << crc;
 
+  auto latin1 = bytes;  // a name in the metadata that is not UTF-8: the file's header is refused as it is read
+  latin1.replace(latin1.find("tensors"), 7, "tens\xffrs");
+  const auto not_utf8 = error_of("latin1.safetensors", latin1);
+  EXPECT_NE(not_utf8.find("latin1.safetensors"), std::string::npos) << not_utf8;
+  EXPECT_EQ(not_utf8.find("no error"), std::string::npos) << not_utf8;
+
   const auto content = fl::load_safetensors(file);
   const auto with = [&](const std::string& key, const std::string& value) {
     auto m = content.metadata;

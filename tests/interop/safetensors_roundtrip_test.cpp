@@ -2,7 +2,8 @@
 // Learner::save loads with safetensors.torch.load_file + load_state_dict (strict) into the equivalent
 // torch.nn module (tests/python/torch_twins.py), which predicts the same on the same inputs; weights saved
 // from Python load with Learner::load and fastlearn predicts what Python did. Both to 1e-5, for
-// simple_cnn, the BatchNorm ResNet and conv_net (buffers included). One Python run serves every model.
+// simple_cnn, the BatchNorm ResNet and conv_net (buffers included). One Python run serves every model. An export
+// (learner/export.h) is read by Python's safetensors too: its metadata, and its weights into the twin.
 #include <fastlearn/core/safetensors.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/models/models.h>
@@ -98,4 +99,33 @@ TEST(SafetensorsRoundTrip, WeightsCrossBetweenFastlearnAndPyTorchBothWays) {
     EXPECT_LE((preds - expected).abs().max().item<double>(), bound) << arch;
   }
   if (!HasFailure()) fs::remove_all(root);
+}
+
+TEST(SafetensorsRoundTrip, PythonReadsAnExportsMetadataAndWeights) {
+  const std::string python = FASTLEARN_PYTHON;
+  if (python.empty()) GTEST_SKIP() << "configured without -DFASTLEARN_PYTHON=<python with torch and safetensors>";
+  const auto dir = fs::temp_directory_path() / fmt::format("fastlearn-export-python-{}", getpid());
+  fs::remove_all(dir);
+  auto model = make_model("resnet");
+  fl::Learner learn(images(32), model, fl::cross_entropy(), {.path = dir, .progress = false});
+  learn.fit(1, 3e-3);
+  const auto file = learn.export_to("export.safetensors");
+  ASSERT_TRUE(fs::equivalent(file, dir / "export.safetensors")) << file;
+  torch::manual_seed(5);
+  const auto x = torch::randn({4, 1, 28, 28});
+  fl::save_safetensors(dir / "data.safetensors", {{"x", x}, {"preds", predict(model, x)}});
+  const auto script = fmt::format(
+      "import json, sys; sys.path.insert(0, '{}/tests/python'); import torch, torch_twins\n"
+      "from safetensors import safe_open; from safetensors.torch import load_file\n"
+      "meta = safe_open('{}', 'pt').metadata(); pipeline = json.loads(meta['pipeline'])\n"
+      "print(meta['format'], meta['format_version'], meta['activation'], meta['loss'], meta['model_recipe'] == '',\n"
+      "      pipeline['kind'], pipeline['item_shape'], pipeline['c'])\n"
+      "twin = torch_twins.resnet(); twin.load_state_dict(load_file('{}'), strict=True); twin.eval()\n"
+      "data = load_file('{}'); preds = twin(data['x']).detach()\n"
+      "print('same preds', bool((preds - data['preds']).abs().max() <= 1e-5 * max(1.0, float(preds.abs().max()))))\n",
+      FASTLEARN_SOURCE_DIR, file.string(), file.string(), (dir / "data.safetensors").string());
+  const auto [status, out] = run(fmt::format("'{}' -c \"$(cat <<'EOF'\n{}EOF\n)\" 2>&1", python, script));
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_EQ(out, "fastlearn-export 1 softmax cross_entropy True tensors [1, 28, 28] 3\nsame preds True\n");
+  if (!HasFailure()) fs::remove_all(dir);
 }
