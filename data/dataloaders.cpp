@@ -1,8 +1,10 @@
 #include <fastlearn/data/dataloaders.h>
 
 #include <fastlearn/core/detail/text.h>
+#include <fastlearn/data/dataset.h>
 
 #include <fmt/format.h>
+#include <torch/torch.h>
 
 namespace fastlearn {
 
@@ -24,6 +26,11 @@ DataLoaders::DataLoaders(DataLoader train, DataLoader valid, std::vector<std::st
 void DataLoaders::to(const c10::Device& device) {
   train_.set_device(device);
   valid_.set_device(device);
+}
+
+DataLoaders DataLoaders::none() {
+  auto items = std::make_shared<TensorDataset>(std::vector<at::Tensor>{at::zeros({0})}, std::vector<at::Tensor>{});
+  return DataLoaders(DataLoader(items, {.seed = 0}), DataLoader(items, {.seed = 0}), 0);
 }
 
 }  // namespace fastlearn

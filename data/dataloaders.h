@@ -17,6 +17,8 @@ class DataLoaders {
   /// Classes named by `vocab` (c = its size; class i is vocab[i]). `multi_label`: each item has any number of
   /// the classes (targets are multi-hot float rows of c values, for a BCE-with-logits loss).
   DataLoaders(DataLoader train, DataLoader valid, std::vector<std::string> vocab, bool multi_label = false);
+  /// Loaders of no items and no classes: a Learner's without data (the step API, inference).
+  static DataLoaders none();
 
   DataLoader& train() { return train_; }
   DataLoader& valid() { return valid_; }

@@ -27,6 +27,9 @@ class Dataset {
   /// What the DataLoader calls for each batch: `rng` is seeded by (seed, epoch, batch), so random item
   /// transforms give the same items whichever worker loads the batch. Default: get_batch(indices).
   virtual Batch load_batch(std::span<const std::int64_t> indices, at::Generator& rng) const;
+  /// Whether each process of a data parallel job has items of its own here (a running program's samples, the step
+  /// API's), rather than a share of items every process sees: DistributedDL then leaves its loader whole.
+  virtual bool per_process() const { return false; }
 };
 
 /// Stacks items position by position into a batch; every item must have the same structure and shapes.

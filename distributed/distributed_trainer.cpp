@@ -57,6 +57,7 @@ void DistributedTrainer::detach(Learner& learn) {
 
 void DistributedTrainer::wrap(DataLoader& loader) {
   unwrap_loaders();
+  if (loader.dataset().per_process()) return;  // each rank's own items (the step API's batches): nothing to share out
   wrapped_.emplace(DistributedDL::wrap(loader, options_.group));
 }
 

@@ -175,7 +175,11 @@ void Learner::to(const c10::Device& device) {
   device_ = device;
 }
 
+Learner::Learner(std::shared_ptr<torch::nn::Module> model, Forward forward, Loss loss_func, LearnerOptions options)
+    : Learner(DataLoaders::none(), std::move(model), std::move(forward), std::move(loss_func), std::move(options)) {}
+
 Learner::~Learner() {
+  steps_.reset();  // ends the steps' fit, which uses this learner, while it is whole
   for (auto& cb : cbs_) cb->learn_ = nullptr;
 }
 

@@ -17,6 +17,7 @@
 #include <fastlearn/learner/checkpoint.h>
 #include <fastlearn/learner/loss.h>
 #include <fastlearn/learner/metrics.h>
+#include <fastlearn/learner/step_session.h>
 #include <fastlearn/optim/adam.h>
 
 #include <torch/nn/module.h>
@@ -35,6 +36,7 @@
 namespace fastlearn {
 
 class Recorder;
+class StepRunner;
 
 /// Splits a model's parameters into groups (for discriminative learning rates and freezing).
 using Splitter = std::function<std::vector<std::vector<at::Tensor>>(torch::nn::Module&)>;
@@ -209,6 +211,11 @@ class Learner {
   /// A module and the function that runs it on a batch's inputs.
   Learner(DataLoaders dls, std::shared_ptr<torch::nn::Module> model, Forward forward, Loss loss_func,
           LearnerOptions options = {});
+  /// Without data: for the step API (begin_steps, train_step) and predict_batch; its loaders hold no items, so fit()
+  /// refuses to start and validate() has nothing to read until dls() gets loaders of items.
+  template <typename ModuleHolder>
+  Learner(ModuleHolder model, Loss loss_func, LearnerOptions options = {});
+  Learner(std::shared_ptr<torch::nn::Module> model, Forward forward, Loss loss_func, LearnerOptions options = {});
   ~Learner();
   Learner(const Learner&) = delete;
   Learner& operator=(const Learner&) = delete;
@@ -245,6 +252,28 @@ class Learner {
   /// one safetensors file, `file` relative to options().path; load_learner reads it. In a job of several the main
   /// process writes and every process waits until the file is complete. Returns the path.
   std::filesystem::path export_to(const std::filesystem::path& file = "export.safetensors", double threshold = 0.5);
+
+  // --- training inside a running program (learner/step_session.h) -----------------------------
+  /// Starts plan.steps training steps that the program hands over one batch at a time: one of the Learner's fits
+  /// (`fit`, default fit_one_cycle at options().lr) over plan.steps / plan.steps_per_epoch epochs, every event and
+  /// callback as in a fit, validation on dls().valid() after each epoch. Returns once the fit waits for its first
+  /// batch (a before_fit error is thrown here).
+  void begin_steps(StepPlan plan, StepFit fit = {});
+  /// One training step on the program's batch; returns its loss (detached, on the Learner's device: reading it on
+  /// the host waits for a GPU). When the step ends an epoch, validation and the epoch's callbacks run before it
+  /// returns; after the last planned step, the fit's end too. Error once the steps have ended.
+  at::Tensor train_step(std::vector<at::Tensor> inputs, std::vector<at::Tensor> targets);
+  at::Tensor train_step(const at::Tensor& x, const at::Tensor& y) {
+    return train_step(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
+  }
+  /// Ends the steps (before the planned number: as a cancelled fit, after_cancel_fit then after_fit) and gives the
+  /// training loader back; rethrows the steps' error. Nothing when none are under way.
+  void end_steps();
+  /// Whether steps are under way and not ended (a callback such as GracefulStop or EarlyStopping may end them).
+  bool stepping() const;
+  /// The model's activations (the loss's: softmax for cross entropy) on a batch of inputs, in eval mode without
+  /// gradients; between training steps too.
+  at::Tensor predict_batch(std::vector<at::Tensor> inputs);
 
   // --- callbacks ------------------------------------------------------------------------------
   void add_cb(CallbackPtr cb);
@@ -404,6 +433,8 @@ class Learner {
   std::unique_ptr<DataLoader> in_order_;
   void release_in_order_copy();
   Coordination coordination_;
+  friend class StepRunner;
+  std::shared_ptr<StepRunner> steps_;  // the steps under way (begin_steps)
 };
 
 // --- implementation details of the templates ------------------------------------------------
@@ -455,6 +486,10 @@ Learner::Learner(DataLoaders dls, ModuleHolder model, Loss loss_func, LearnerOpt
         if (!options.replicate) options.replicate = detail::replicate_of<ModuleHolder>();
         return std::move(options);
       }()) {}
+
+template <typename ModuleHolder>
+Learner::Learner(ModuleHolder model, Loss loss_func, LearnerOptions options)
+    : Learner(DataLoaders::none(), std::move(model), std::move(loss_func), std::move(options)) {}
 
 template <typename T>
 std::shared_ptr<T> Learner::cb() const {

@@ -716,3 +716,110 @@ TEST(LearnerDevice, OptimizerStateFollowsItsParameterWhereItWasMovedOrRestrided)
     EXPECT_TRUE(state.is_contiguous(at::MemoryFormat::ChannelsLast)) << name << " follows the parameter's layout";
   }
 }
+
+// The step API: a program that hands the Learner the same batches a fit's loader would, one train_step at a time,
+// gets that fit exactly: the same events in the same order, the same losses, weights and validation.
+TEST(LearnerSteps, TrainStepOverTheBatchesOfAFitIsThatFit) {
+  struct Losses : fl::Callback {
+    std::vector<at::Tensor> losses;
+    void after_batch() override {
+      if (learn().training) losses.push_back(learn().loss);
+    }
+  };
+  const auto data = [] { return flt::regression_data({.n_train = 32, .n_valid = 8, .bs = 8, .shuffle = false}); };
+  auto fitted = flt::regression_learner(data());
+  auto fit_log = std::make_shared<EventLog>();
+  auto fit_losses = std::make_shared<Losses>();
+  fitted->add_cbs({fit_log, fit_losses});
+  fitted->fit_one_cycle(2, 0.05);
+
+  auto stepped = flt::regression_learner(data());
+  auto step_log = std::make_shared<EventLog>();
+  stepped->add_cb(step_log);
+  fl::DataLoader batches(stepped->dls().train().dataset_ptr(), {.bs = 8, .seed = 0});
+  stepped->begin_steps({.steps = 8, .steps_per_epoch = 4}, [](fl::Learner& l, int n) { l.fit_one_cycle(n, 0.05); });
+  EXPECT_TRUE(stepped->stepping());
+  std::vector<at::Tensor> losses;
+  for (int epoch = 0; epoch < 2; ++epoch)
+    for (const auto& batch : batches) losses.push_back(stepped->train_step(batch.inputs, batch.targets));
+  EXPECT_FALSE(stepped->stepping()) << "the planned steps are done";
+  stepped->end_steps();
+
+  EXPECT_EQ(step_log->events, fit_log->events);
+  ASSERT_EQ(losses.size(), fit_losses->losses.size());
+  for (std::size_t i = 0; i < losses.size(); ++i) EXPECT_TRUE(torch::equal(losses[i], fit_losses->losses[i])) << i;
+  EXPECT_TRUE(flt::same_tensors(flt::snapshot(stepped->model()), flt::snapshot(fitted->model())));
+  EXPECT_EQ(stepped->recorder().losses(), fitted->recorder().losses());
+  EXPECT_EQ(stepped->recorder().lrs(), fitted->recorder().lrs());
+  ASSERT_EQ(stepped->recorder().history().size(), 2u);
+  for (std::size_t e = 0; e < 2; ++e)
+    EXPECT_EQ(stepped->recorder().history()[e].valid_loss, fitted->recorder().history()[e].valid_loss) << e;
+  EXPECT_EQ(stepped->dls().train().size(), 4) << "the training loader is the Learner's own again";
+  EXPECT_NE(fl::testing::message_of([&] { stepped->train_step(losses[0], losses[0]); }).find("no steps under way"),
+            std::string::npos);
+}
+
+// Ended before the planned steps, the steps end as a cancelled fit; predict_batch runs between steps in eval mode and
+// leaves the model as it was; a callback's error reaches the train_step whose batch raised it, and the Learner can
+// step again.
+TEST(LearnerSteps, EndStepsEarlyPredictBetweenStepsAndErrors) {
+  auto learn = flt::regression_learner(two_batches());
+  auto log = std::make_shared<EventLog>();
+  learn->add_cb(log);
+  const auto x = torch::randn({4, 4}), y = torch::randn({4, 1});
+  EXPECT_NE(fl::testing::message_of([&] {
+              learn->begin_steps({.steps = 10, .steps_per_epoch = 4});
+            }).find("steps_per_epoch 4 must divide steps 10"),
+            std::string::npos);
+  EXPECT_NE(fl::testing::message_of([&] { learn->begin_steps({.steps = 0}); }).find("steps must be positive"),
+            std::string::npos);
+  learn->begin_steps({.steps = 10});
+  learn->train_step(x, y);
+  EXPECT_TRUE(learn->model().is_training());
+  const auto predicted = learn->predict_batch({x});
+  EXPECT_TRUE(learn->model().is_training()) << "predict_batch puts the mode back";
+  {
+    torch::NoGradGuard no_grad;
+    learn->model().eval();
+    EXPECT_TRUE(torch::equal(predicted, learn->forward({x})));
+    learn->model().train();
+  }
+  learn->train_step(x, y);
+  learn->end_steps();
+  ASSERT_GE(log->events.size(), 2u);
+  EXPECT_EQ(log->events[log->events.size() - 2], "after_cancel_fit");
+  EXPECT_EQ(log->events.back(), "after_fit");
+  EXPECT_FALSE(learn->stepping());
+
+  log->cancel_at = Event::after_loss;
+  log->only_iter = 1;
+  log->thrower = [] { throw std::runtime_error("the simulation's sensor failed"); };
+  learn->begin_steps({.steps = 4});
+  learn->train_step(x, y);
+  EXPECT_NE(fl::testing::message_of([&] { learn->train_step(x, y); }).find("the simulation's sensor failed"),
+            std::string::npos);
+  EXPECT_NE(fl::testing::message_of([&] { learn->train_step(x, y); }).find("the steps have ended (2 of 4 trained"),
+            std::string::npos);
+  log->thrower = nullptr;
+  learn->begin_steps({.steps = 2});  // the ended steps are put away first
+  learn->train_step(x, y);
+  learn->train_step(x, y);
+  learn->end_steps();
+}
+
+// A Learner made without data trains from the program's batches alone.
+TEST(LearnerSteps, ALearnerWithoutDataTrainsFromTheProgramsBatches) {
+  torch::manual_seed(0);
+  fl::Learner learn(torch::nn::Linear(3, 1), fl::mse_loss(), {.progress = false, .device = torch::kCPU});
+  EXPECT_EQ(learn.dls().train().n(), 0);
+  EXPECT_THROW(learn.fit(1), fl::DataError);
+  const auto w = torch::tensor({{1.0F, -2.0F, 0.5F}});
+  learn.begin_steps({.steps = 200}, [](fl::Learner& l, int n) { l.fit(n, 0.05); });
+  at::Tensor loss;
+  for (int i = 0; i < 200; ++i) {
+    const auto x = torch::randn({16, 3});
+    loss = learn.train_step(x, x.mm(w.t()));
+  }
+  learn.end_steps();
+  EXPECT_LT(loss.item<double>(), 1e-3);
+}

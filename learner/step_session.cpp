@@ -1,0 +1,214 @@
+// The step API of the Learner (learner/step_session.h): a fit on a thread of its own whose training loader yields the
+// batches the program hands to train_step, one at a time, in lockstep with the program's thread.
+#include <fastlearn/learner/step_session.h>
+
+#include <fastlearn/core/detail/text.h>
+#include <fastlearn/core/error.h>
+#include <fastlearn/learner/callback.h>
+#include <fastlearn/learner/learner.h>
+
+#include <c10/core/DeviceGuard.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <condition_variable>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+namespace fastlearn {
+
+class StepRunner {
+ public:
+  StepRunner(Learner& learn, StepPlan plan, StepFit fit) : learn_(learn), plan_(plan), fit_(std::move(fit)) {}
+
+  ~StepRunner() {
+    try {
+      finish();
+    } catch (...) {  // the error was the program's to see at its last train_step or end_steps
+    }
+  }
+  StepRunner(const StepRunner&) = delete;
+  StepRunner& operator=(const StepRunner&) = delete;
+
+  // Starts the fit and returns once it waits for the first batch; its error (before_fit's) is rethrown.
+  void start(int n_epoch) {
+    saved_train_.emplace(learn_.dls().train());
+    // bs 1 over plan.steps_per_epoch "items": one batch per handed-over batch; seeded, so that making it draws
+    // nothing from torch's generator (a fit fed the same batches by a loader draws the same numbers).
+    learn_.dls().train() = DataLoader(std::make_shared<Source>(*this), {.bs = 1, .seed = 0});
+    loss_cb_ = std::make_shared<LastLoss>();
+    learn_.add_cb(loss_cb_);
+    thread_ = std::thread([this, n_epoch] { run(n_epoch); });
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return waiting_ || finished_; });
+    if (finished_) {
+      lock.unlock();
+      finish();  // rethrows the fit's error
+      throw Error("begin_steps: the fit ended before its first step");
+    }
+  }
+
+  at::Tensor step(std::vector<at::Tensor> inputs, std::vector<at::Tensor> targets) {
+    const std::lock_guard one_at_a_time(calls_);
+    std::unique_lock lock(mutex_);
+    if (finished_) throw ended();
+    handed_.emplace(Batch{std::move(inputs), std::move(targets)});
+    changed_.notify_all();
+    // Taken, trained, and what follows it done: the fit waits for the next batch, or has ended.
+    changed_.wait(lock, [&] { return (!handed_ && waiting_) || finished_; });
+    ++steps_;
+    if (finished_ && error_) {
+      lock.unlock();
+      finish();
+    }
+    return loss_cb_->loss;
+  }
+
+  // Ends the fit (early: as a cancelled fit), waits for its thread and rethrows its error; puts the training loader
+  // back.
+  void finish() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    if (loss_cb_ && loss_cb_->attached()) learn_.remove_cb(loss_cb_);
+    if (saved_train_) {
+      learn_.dls().train() = std::move(*saved_train_);
+      saved_train_.reset();
+    }
+    if (auto error = std::exchange(error_, nullptr)) std::rethrow_exception(error);
+  }
+
+  bool finished() {
+    std::lock_guard lock(mutex_);
+    return finished_;
+  }
+  std::int64_t steps() const { return steps_; }
+
+ private:
+  // The training items: each batch is the one the program hands over (on the fit's thread).
+  class Source : public Dataset {
+   public:
+    explicit Source(StepRunner& runner) : runner_(runner) {}
+    std::int64_t size() const override { return runner_.plan_.steps_per_epoch; }
+    Item get(std::int64_t) const override { throw Error("the steps' items are the program's batches"); }
+    Batch load_batch(std::span<const std::int64_t>, at::Generator&) const override { return runner_.next_batch(); }
+    bool per_process() const override { return true; }
+
+   private:
+    StepRunner& runner_;
+  };
+
+  // The loss of the last training batch.
+  struct LastLoss : Callback {
+    LastLoss() {
+      order = 100;  // after every other callback, which may change learn().loss
+      run_valid = false;
+    }
+    std::string name() const override { return "last_loss"; }
+    void after_batch() override { loss = learn().loss; }
+    at::Tensor loss;
+  };
+
+  Batch next_batch() {
+    std::unique_lock lock(mutex_);
+    waiting_ = true;
+    changed_.notify_all();
+    changed_.wait(lock, [&] { return handed_.has_value() || stop_; });
+    waiting_ = false;
+    if (!handed_) throw CancelFitException();  // end_steps before the planned steps: the fit ends as cancelled
+    Batch batch = std::move(*handed_);
+    handed_.reset();
+    lock.unlock();
+    return batch.to(learn_.device());
+  }
+
+  void run(int n_epoch) {
+    try {
+      const c10::DeviceGuard device(learn_.device());  // this thread's current device: the Learner's
+      if (fit_)
+        fit_(learn_, n_epoch);
+      else
+        learn_.fit_one_cycle(n_epoch);
+    } catch (...) {
+      std::lock_guard lock(mutex_);
+      error_ = std::current_exception();
+    }
+    std::lock_guard lock(mutex_);
+    finished_ = true;
+    waiting_ = false;
+    changed_.notify_all();
+  }
+
+  Error ended() const {
+    return Error(fmt::format("train_step: the steps have ended ({} of {} trained{}); begin_steps starts more", steps_,
+                             plan_.steps, learn_.training_stopped() ? ", stopped by a callback" : ""));
+  }
+
+  Learner& learn_;
+  const StepPlan plan_;
+  const StepFit fit_;
+  std::optional<DataLoader> saved_train_;
+  std::shared_ptr<LastLoss> loss_cb_;
+  std::thread thread_;
+  std::mutex calls_;  // one train_step at a time
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::optional<Batch> handed_;
+  bool waiting_ = false;   // the fit waits for a batch
+  bool finished_ = false;  // the fit has returned
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::int64_t steps_ = 0;
+};
+
+void Learner::begin_steps(StepPlan plan, StepFit fit) {
+  if (steps_ && !steps_->finished()) throw Error("begin_steps: steps are under way; end_steps() first");
+  end_steps();  // those that ended by themselves: their loader back, their error thrown
+  check_not_in_fit("begin_steps");
+  if (plan.steps <= 0) throw ConfigError(fmt::format("begin_steps: steps must be positive, got {}", plan.steps));
+  if (plan.steps_per_epoch == 0) plan.steps_per_epoch = plan.steps;
+  if (plan.steps_per_epoch < 0 || plan.steps % plan.steps_per_epoch != 0)
+    throw ConfigError(fmt::format("begin_steps: steps_per_epoch {} must divide steps {} (the epochs are whole)",
+                                  plan.steps_per_epoch, plan.steps));
+  const auto epochs = plan.steps / plan.steps_per_epoch;
+  if (epochs > std::numeric_limits<int>::max())
+    throw ConfigError(fmt::format("begin_steps: {} epochs of {} steps are too many", epochs, plan.steps_per_epoch));
+  auto runner = std::make_shared<StepRunner>(*this, plan, std::move(fit));
+  runner->start(static_cast<int>(epochs));
+  steps_ = std::move(runner);
+}
+
+at::Tensor Learner::train_step(std::vector<at::Tensor> inputs, std::vector<at::Tensor> targets) {
+  if (!steps_) throw Error("train_step: no steps under way; begin_steps(plan) starts them");
+  if (inputs.empty() || targets.empty()) throw DataError("train_step: a batch needs its inputs and its targets");
+  return steps_->step(std::move(inputs), std::move(targets));
+}
+
+void Learner::end_steps() {
+  if (!steps_) return;
+  auto runner = std::move(steps_);
+  runner->finish();
+}
+
+bool Learner::stepping() const { return steps_ && !steps_->finished(); }
+
+at::Tensor Learner::predict_batch(std::vector<at::Tensor> inputs) {
+  if (in_fit_ && !steps_) throw Error("predict_batch was called during a fit (from a callback?)");
+  for (auto& x : inputs) x = x.to(device_);
+  torch::NoGradGuard no_grad;
+  struct RestoreMode {
+    torch::nn::Module& m;
+    bool was_training;
+    ~RestoreMode() { m.train(was_training); }
+  } restore{*model_, model_->is_training()};
+  model_->eval();
+  return loss_func_.activate(forward_(inputs));
+}
+
+}  // namespace fastlearn

@@ -1,0 +1,32 @@
+#pragma once
+// Training inside a running program: the program owns the loop and hands the Learner one batch at a time
+// (Learner::begin_steps, train_step, end_steps; predict_batch in between). The steps are a real fit, run on a thread
+// of the session's while the program's thread waits: one of the Learner's fits (fit_one_cycle by default) over
+// plan.steps / plan.steps_per_epoch epochs of plan.steps_per_epoch batches, whose training loader yields the batches
+// train_step hands over. So every event fires in fit's order and every callback works as in a fit: schedules by step,
+// GradientClip, GradientAccumulation, MixedPrecision, Checkpointer, the logs, GracefulStop, validation and the
+// metrics after each epoch on the Learner's validation loader (when it has items). train_step returns once the step
+// and what follows it (an epoch's end, validation, the fit's end) are done, so nothing of the Learner runs while the
+// program's thread does.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace fastlearn {
+
+class Learner;
+
+struct StepPlan {
+  std::int64_t steps = 0;            ///< training steps the schedule is planned for; > 0
+  std::int64_t steps_per_epoch = 0;  ///< steps between epoch ends (validation, records, logs); 0: steps. Divides steps
+};
+
+/// Which fit trains the steps: called on the session's thread with the number of epochs, e.g.
+/// `[](fl::Learner& l, int n_epoch) { l.fit_flat_cos(n_epoch, 1e-3); }`. Default: fit_one_cycle(n_epoch) at the
+/// Learner's lr. FitOptions::resume_from is not supported here (a resumed fit would ask the program for the steps it
+/// skips).
+using StepFit = std::function<void(Learner& learn, int n_epoch)>;
+
+}  // namespace fastlearn
