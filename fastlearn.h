@@ -31,6 +31,7 @@
 #include <fastlearn/data/image_decode.h>
 #include <fastlearn/data/image_encode.h>
 #include <fastlearn/data/inference_pipeline.h>
+#include <fastlearn/data/sample_queue.h>
 #include <fastlearn/data/tabular_dataloaders.h>
 #include <fastlearn/data/tabular_procs.h>
 #include <fastlearn/data/untar_data.h>
@@ -56,6 +57,7 @@
 #include <fastlearn/learner/predict_tabular.h>
 #include <fastlearn/learner/progress.h>
 #include <fastlearn/learner/recorder.h>
+#include <fastlearn/learner/step_session.h>
 #include <fastlearn/learner/tabular_learner.h>
 #include <fastlearn/learner/top_losses_grid.h>
 #include <fastlearn/learner/vision_learner.h>

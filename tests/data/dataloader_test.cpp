@@ -1,7 +1,9 @@
-// Dataset, DataLoader, transforms and DataLoaders: order, counts, workers, augmentation, Fashion-MNIST.
+// Dataset, DataLoader, transforms and DataLoaders: order, counts, workers, augmentation, Fashion-MNIST; the SampleQueue
+// between a producing program and its trainer.
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/detail/buffer_pool.h>
 #include <fastlearn/data/image_dataloaders.h>
+#include <fastlearn/data/sample_queue.h>
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -9,8 +11,12 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <chrono>
 #include <numeric>
 #include <set>
+#include <thread>
+
+#include "support/message_of.h"
 
 namespace fl = fastlearn;
 
@@ -314,3 +320,65 @@ TEST(ImageDataLoaders, FashionMnistFromIdx) {
 }
 
 }  // namespace
+
+// A producer faster than its trainer, through a blocking SampleQueue: every sample is popped once, in order, none
+// lost or duplicated; the drop policies keep order too and count exactly what they dropped.
+TEST(SampleQueue, AFastProducerAndASlowTrainerLoseNothingOrCountWhatIsDropped) {
+  constexpr std::int64_t n = 5000;
+  for (const auto policy : {fl::QueueFull::block, fl::QueueFull::drop_oldest, fl::QueueFull::drop_newest}) {
+    SCOPED_TRACE(static_cast<int>(policy));
+    fl::SampleQueue queue({.capacity = 64, .when_full = policy});
+    std::thread producer([&] {
+      for (std::int64_t i = 0; i < n; ++i) queue.push({{torch::full({3}, static_cast<float>(i))}, {torch::tensor(i)}});
+      queue.close();
+    });
+    std::vector<std::int64_t> seen;
+    while (auto batch = queue.pop_batch(32)) {
+      const auto ids = batch->targets.at(0);
+      ASSERT_EQ(batch->inputs.at(0).size(1), 3);
+      EXPECT_TRUE(torch::equal(batch->inputs[0].select(1, 2).to(torch::kLong), ids)) << "rows stay whole";
+      for (std::int64_t k = 0; k < ids.size(0); ++k) seen.push_back(ids[k].item<std::int64_t>());
+      std::this_thread::sleep_for(std::chrono::microseconds(policy == fl::QueueFull::block ? 0 : 200));
+    }
+    producer.join();
+    const auto counts = queue.counts();
+    EXPECT_EQ(counts.pushed, n);
+    EXPECT_EQ(counts.popped, static_cast<std::int64_t>(seen.size()));
+    EXPECT_EQ(counts.popped + counts.dropped, n);
+    EXPECT_EQ(counts.queued, 0);
+    EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()) && std::adjacent_find(seen.begin(), seen.end()) == seen.end())
+        << "in order, each once";
+    if (policy == fl::QueueFull::block) {
+      EXPECT_EQ(counts.dropped, 0);
+    } else {
+      EXPECT_GT(counts.dropped, 0) << "the slow trainer let the queue fill";
+    }
+    if (policy == fl::QueueFull::drop_oldest) EXPECT_EQ(seen.back(), n - 1) << "the freshest sample is kept";
+  }
+}
+
+TEST(SampleQueue, ClosingWakesWaitersAndMismatchedSamplesAreRefused) {
+  fl::SampleQueue queue({.capacity = 2});
+  queue.push_rows({{torch::zeros({2, 4})}, {torch::zeros({2})}});
+  std::thread blocked([&] {
+    EXPECT_NE(fl::testing::message_of([&] {
+                queue.push({{torch::zeros({4})}, {torch::zeros({})}});
+              }).find("closed while this push waited"),
+              std::string::npos);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(queue.pop_batch(3, std::chrono::milliseconds(10)).has_value()) << "two queued, three asked";
+  EXPECT_EQ(queue.counts().queued, 2);
+  queue.close();
+  blocked.join();
+  const auto rest = queue.pop_batch(3);
+  ASSERT_TRUE(rest.has_value());
+  EXPECT_EQ(rest->size(), 2) << "a closed queue hands out what is left";
+  EXPECT_FALSE(queue.pop_batch(1).has_value());
+  fl::SampleQueue shapes;
+  shapes.push({{torch::zeros({4})}, {torch::zeros({})}});
+  const auto wrong = fl::testing::message_of([&] { shapes.push({{torch::zeros({5})}, {torch::zeros({})}}); });
+  EXPECT_NE(wrong.find("sample 1 has inputs [5] Float and targets [] Float; the first had inputs [4] Float"),
+            std::string::npos)
+      << wrong;
+}

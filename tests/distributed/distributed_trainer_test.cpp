@@ -408,3 +408,48 @@ TEST(DistributedTrainer, DistribCtxDetachesTheTrainerAtTheEndOfItsScope) {
       },
       {.timeout = std::chrono::seconds(120), .env = flt::torchrun_env(2)});
 }
+
+// The step API under DistribCtx, as a program started by a launcher runs it: each rank hands over its own samples
+// (no DistributedDL shares them out), the reducer averages the gradients, and 2 ranks of 8 samples each take the
+// steps of one process handed both ranks' 16 samples as one batch.
+TEST(DistributedTrainer, StepsOnTwoRanksWithTheirOwnSamplesAreOneProcessWithBoth) {
+  flt::run_on_ranks(2,
+                    [](const RankContext& ctx) {
+                      const auto samples = [](int step) {  // the same on every rank: 16 rows per step
+                        auto gen = at::detail::createCPUGenerator(100 + step);
+                        const auto x = at::randn({16, 4}, gen);
+                        return std::pair{x, x.sum(1, true) + 0.1 * at::randn({16, 1}, gen)};
+                      };
+                      const auto learner = [] {
+                        torch::manual_seed(0);
+                        return std::make_unique<fl::Learner>(
+                            torch::nn::Linear(4, 1), fl::mse_loss(),
+                            fl::LearnerOptions{.opt_func = fl::SGD(), .progress = false, .device = torch::kCPU});
+                      };
+                      const auto constant = [](fl::Learner& l, int n) { l.fit(n, 0.05); };
+                      std::vector<std::vector<at::Tensor>> alone, together;
+                      auto one = learner();
+                      one->begin_steps({.steps = 6, .steps_per_epoch = 3}, constant);
+                      for (int s = 0; s < 6; ++s) {
+                        const auto [x, y] = samples(s);
+                        one->train_step(x, y);
+                        alone.push_back(flt::snapshot(one->model()));
+                      }
+                      one->end_steps();
+
+                      auto mine = learner();
+                      {
+                        fl::DistribCtx distributed(*mine, {}, {.timeout = std::chrono::seconds(30)});
+                        mine->begin_steps({.steps = 6, .steps_per_epoch = 3}, constant);
+                        for (int s = 0; s < 6; ++s) {
+                          const auto [x, y] = samples(s);
+                          mine->train_step(x.narrow(0, 8 * ctx.rank, 8), y.narrow(0, 8 * ctx.rank, 8));
+                          together.push_back(flt::snapshot(mine->model()));
+                        }
+                        mine->end_steps();
+                      }
+                      fl::teardown_distrib();
+                      expect_same_steps(alone, together);
+                    },
+                    {.env = flt::torchrun_env(2)});
+}
