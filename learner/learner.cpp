@@ -431,6 +431,8 @@ void Learner::all_batches(DataLoader& loader) {
       rec->restore_epoch_state(state);
     }
     resume_.reset();
+    // The program's batches (the step API): those trained before the checkpoint are not asked for again.
+    if (skip > 0 && steps_ && loader.dataset().per_process()) skip_step_batches(skip);
   }
   std::int64_t i = 0;
   for (const Batch& batch : loader) {

@@ -434,7 +434,8 @@ class Learner {
   void release_in_order_copy();
   Coordination coordination_;
   friend class StepRunner;
-  std::shared_ptr<StepRunner> steps_;  // the steps under way (begin_steps)
+  std::shared_ptr<StepRunner> steps_;      // the steps under way (begin_steps)
+  void skip_step_batches(std::int64_t n);  // in learner/step_session.cpp
 };
 
 // --- implementation details of the templates ------------------------------------------------

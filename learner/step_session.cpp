@@ -90,6 +90,12 @@ class StepRunner {
   }
   std::int64_t steps() const { return steps_; }
 
+  // A resumed fit's first `n` batches were trained before its checkpoint: they come back empty, without the program.
+  void skip(std::int64_t n) {
+    std::lock_guard lock(mutex_);
+    skip_ = n;
+  }
+
  private:
   // The training items: each batch is the one the program hands over (on the fit's thread).
   class Source : public Dataset {
@@ -117,6 +123,10 @@ class StepRunner {
 
   Batch next_batch() {
     std::unique_lock lock(mutex_);
+    if (skip_ > 0) {
+      --skip_;
+      return {};
+    }
     waiting_ = true;
     changed_.notify_all();
     changed_.wait(lock, [&] { return handed_.has_value() || stop_; });
@@ -165,6 +175,7 @@ class StepRunner {
   bool stop_ = false;
   std::exception_ptr error_;
   std::int64_t steps_ = 0;
+  std::int64_t skip_ = 0;
 };
 
 void Learner::begin_steps(StepPlan plan, StepFit fit) {
@@ -179,9 +190,13 @@ void Learner::begin_steps(StepPlan plan, StepFit fit) {
   const auto epochs = plan.steps / plan.steps_per_epoch;
   if (epochs > std::numeric_limits<int>::max())
     throw ConfigError(fmt::format("begin_steps: {} epochs of {} steps are too many", epochs, plan.steps_per_epoch));
-  auto runner = std::make_shared<StepRunner>(*this, plan, std::move(fit));
-  runner->start(static_cast<int>(epochs));
-  steps_ = std::move(runner);
+  steps_ = std::make_shared<StepRunner>(*this, plan, std::move(fit));  // set first: the fit's thread asks for it
+  try {
+    steps_->start(static_cast<int>(epochs));
+  } catch (...) {
+    steps_.reset();
+    throw;
+  }
 }
 
 at::Tensor Learner::train_step(std::vector<at::Tensor> inputs, std::vector<at::Tensor> targets) {
@@ -195,6 +210,8 @@ void Learner::end_steps() {
   auto runner = std::move(steps_);
   runner->finish();
 }
+
+void Learner::skip_step_batches(std::int64_t n) { steps_->skip(n); }
 
 bool Learner::stepping() const { return steps_ && !steps_->finished(); }
 

@@ -25,8 +25,9 @@ struct StepPlan {
 
 /// Which fit trains the steps: called on the session's thread with the number of epochs, e.g.
 /// `[](fl::Learner& l, int n_epoch) { l.fit_flat_cos(n_epoch, 1e-3); }`. Default: fit_one_cycle(n_epoch) at the
-/// Learner's lr. FitOptions::resume_from is not supported here (a resumed fit would ask the program for the steps it
-/// skips).
+/// Learner's lr. With FitOptions::resume_from (a Checkpointer's checkpoint of earlier steps) the fit continues where
+/// the checkpoint was taken, bit for bit on the CPU: when begin_steps returns, learn.train_iter is the number of steps
+/// already trained, and the program hands over its batches from that step on.
 using StepFit = std::function<void(Learner& learn, int n_epoch)>;
 
 }  // namespace fastlearn

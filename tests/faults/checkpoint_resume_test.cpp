@@ -473,3 +473,37 @@ TEST(GracefulStop, ASignalOnOneRankStopsEveryRankAtTheSameBatch) {
 }
 
 }  // namespace
+
+// The step API resumed from a Checkpointer's checkpoint taken between steps: begin_steps says how many steps were
+// trained (learn.train_iter), the program hands over the rest, and the run ends bit for bit like the uninterrupted
+// one (dropout and validation included).
+TEST(Resume, StepsResumedFromACheckpointEndBitForBitLikeTheUninterruptedSteps) {
+  TempDir dir("steps");
+  const auto run = [&](const fs::path& path, std::int64_t stop_after, const fs::path& resume_from) {
+    auto log = std::make_shared<LossLog>();
+    auto learn = make_learner(
+        path, {log, std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.every_n_batches = 4, .keep = 0})});
+    std::vector<fl::Batch> program;  // the program's samples: step s hands over program[s % 6]
+    for (const auto& batch : fl::DataLoader(learn->dls().train().dataset_ptr(), {.bs = 8, .seed = 0}))
+      program.push_back(batch);
+    learn->begin_steps({.steps = 18, .steps_per_epoch = 6},
+                       [&](fl::Learner& l, int n) { l.fit_one_cycle(n, 1e-2, {.fit = {.resume_from = resume_from}}); });
+    const auto first = learn->train_iter;
+    for (auto s = first; s < stop_after; ++s) {
+      const auto& b = program[static_cast<std::size_t>(s % 6)];
+      learn->train_step(b.inputs, b.targets);
+    }
+    learn->end_steps();
+    return std::pair{first, ::Run{log->losses, flt::snapshot(learn->model()), learn->recorder().history().back()}};
+  };
+  const auto [start, reference] = run(dir.path / "whole", 18, {});
+  EXPECT_EQ(start, 0);
+  // Killed after 11 steps: its checkpoints are after 4 steps of each epoch (steps 4 and 10) and after epoch 0.
+  run(dir.path / "cut", 11, {});
+  const auto checkpoint = fl::latest_checkpoint(dir.path / "cut" / "checkpoints");
+  ASSERT_TRUE(checkpoint.has_value());
+  const auto [resumed_at, resumed] = run(dir.path / "cut", 18, *checkpoint);
+  EXPECT_EQ(resumed_at, 10) << checkpoint->string();
+  EXPECT_EQ(resumed.losses.size(), 8u) << "steps 10 to 17";
+  expect_same_end(reference, resumed, "steps resumed after 10");
+}
