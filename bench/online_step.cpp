@@ -1,0 +1,104 @@
+// online_step: training steps per second of a program that learns a surrogate while it runs (the step API), on a
+// fixed surrogate: the MLP 128-512-512-128 (ReLU), batch 256 of 128 values (16 batches made beforehand, in turn), MSE,
+// Adam (fastai's defaults, lr 1e-3), 2 threads, the loss read on the host after each step. Three sides, interleaved:
+//   ours    Learner::train_step (begin_steps with a constant-lr fit: every event, the Recorder, a fit's thread);
+//   anchor  the same step in a PyTorch loop driven from Python (bench/python/online_step.py), torch.optim.Adam;
+//   bare    the same model and fastlearn Adam stepped by a hand-written C++ loop (forward, loss, backward, step,
+//           zero_grad): the Learner's own cost per step is ours against it.
+// Median and range of FASTLEARN_BENCH_REPEATS (default 5) runs of --steps (default 300) each. Prints one JSON object.
+// Goals: ratio (ours / anchor steps/s) >= 2; learner_cost (1 - ours / bare) <= 5%.
+#include <fastlearn/core/random.h>
+#include <fastlearn/learner/learner.h>
+#include <fastlearn/optim/adam.h>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "support/bench_support.h"
+#include "support/source_dir.h"
+
+namespace fl = fastlearn;
+
+namespace {
+
+torch::nn::Sequential surrogate() {
+  return torch::nn::Sequential(torch::nn::Linear(128, 512), torch::nn::ReLU(), torch::nn::Linear(512, 512),
+                               torch::nn::ReLU(), torch::nn::Linear(512, 128));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int steps = bench::int_flag(argc, argv, "--steps", 300);
+  const int repeats = bench::repeats(5);
+  torch::set_num_threads(2);
+  fl::set_seed(0);
+  std::vector<at::Tensor> xs, ys;
+  for (int i = 0; i < 16; ++i) {
+    xs.push_back(torch::randn({256, 128}));
+    ys.push_back(torch::tanh(xs.back()));
+  }
+
+  fl::Learner learn(surrogate(), fl::mse_loss(), {.opt_func = fl::Adam(), .progress = false, .device = torch::kCPU});
+  // One long run of steps, timed in slices: the Learner's fit stays up across them, as in a running program.
+  learn.begin_steps({.steps = static_cast<std::int64_t>(steps) * (repeats + 1)},
+                    [](fl::Learner& l, int n) { l.fit(n, 1e-3); });
+  std::int64_t next = 0;
+  double our_loss = 0;
+  auto ours_run = [&] {
+    const auto start = bench::Clock::now();
+    for (int s = 0; s < steps; ++s, ++next)
+      our_loss = learn.train_step(xs[static_cast<std::size_t>(next % 16)], ys[static_cast<std::size_t>(next % 16)])
+                     .item<double>();
+    return steps / bench::seconds_since(start);
+  };
+
+  auto bare_model = surrogate();
+  auto opt = fl::Adam()(fl::trainable_params(*bare_model), 1e-3);
+  double bare_loss = 0;
+  std::int64_t bare_next = 0;
+  auto bare_run = [&] {
+    const auto start = bench::Clock::now();
+    for (int s = 0; s < steps; ++s, ++bare_next) {
+      const auto i = static_cast<std::size_t>(bare_next % 16);
+      auto loss = torch::mse_loss(bare_model->forward(xs[i]), ys[i]);
+      loss.backward();
+      opt->step();
+      opt->zero_grad();
+      bare_loss = loss.item<double>();
+    }
+    return steps / bench::seconds_since(start);
+  };
+
+  bench::Coprocess theirs({FASTLEARN_PYTHON, std::string(FASTLEARN_SOURCE_DIR) + "/bench/python/online_step.py", "2"});
+  if (theirs.read_line() != "ready") return 1;
+  double their_loss = 0;
+  auto their_run = [&] {
+    const auto reply = bench::numbers(theirs.request(fmt::format("run {}", steps)), 2);  // seconds, last loss
+    their_loss = reply[1];
+    return steps / reply[0];
+  };
+  ours_run(), their_run(), bare_run();  // warm-up
+  std::vector<double> ours, anchor, bare;
+  for (int r = 0; r < repeats; ++r) {
+    ours.push_back(ours_run());
+    anchor.push_back(their_run());
+    bare.push_back(bare_run());
+  }
+  learn.end_steps();
+  const auto o = bench::summarize(ours), a = bench::summarize(anchor), b = bench::summarize(bare);
+  fmt::print(
+      R"({{"online_step": {{"ours": {:.1f}, "anchor": {:.1f}, "ratio": {:.3f}, "unit": "steps/s", )"
+      R"("higher_is_better": true, "ours_range": [{:.1f}, {:.1f}], "anchor_range": [{:.1f}, {:.1f}], )"
+      R"("bare": {:.1f}, "bare_range": [{:.1f}, {:.1f}], "learner_cost": {:.4f}, "last_losses": [{:.5f}, {:.5f}, {:.5f}], )"
+      R"("repeats": {}, "steps": {}, )"
+      R"x("what": "train_step of an MLP 128-512-512-128 surrogate, batch 256, MSE, Adam, 2 threads, loss read each )x"
+      R"x(step: Learner::train_step vs a PyTorch loop in Python (anchor) and a bare C++ loop (bare)"}}}})x"
+      "\n",
+      o.median, a.median, o.median / a.median, o.min, o.max, a.min, a.max, b.median, b.min, b.max,
+      1.0 - o.median / b.median, our_loss, their_loss, bare_loss, repeats, steps);
+  return 0;
+}
