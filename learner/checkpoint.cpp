@@ -23,6 +23,7 @@ constexpr std::string_view kFormat = "fastlearn-checkpoint";
 constexpr std::string_view kFormatVersion = "1";
 constexpr std::string_view kOptimizerPrefix = "optimizer/";
 constexpr std::string_view kRngPrefix = "rng/";
+constexpr std::string_view kStepsPrefix = "steps/held_out/";  // the step API's held-out samples
 
 std::vector<at::Generator> rng_generators() {
   std::vector<at::Generator> gens{at::detail::getDefaultCPUGenerator()};
@@ -105,6 +106,7 @@ CheckpointState capture_state(Learner& learn, SaveOptions options) {
   }
   const auto gens = rng_generators();
   for (std::size_t i = 0; i < gens.size(); ++i) state.tensors.emplace_back(rng_name(i), gens[i].get_state());
+  for (auto& [name, t] : learn.step_state()) state.tensors.emplace_back(std::string(kStepsPrefix) + name, t);
   state.metadata["epochs_completed"] = std::to_string(learn.epochs_completed());
   state.metadata["train_dl_epoch"] = std::to_string(learn.dls().train().epoch());
   state.metadata["train_dl_seed"] = std::to_string(learn.dls().train().seed());
@@ -218,7 +220,17 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
   // 1. Check every model tensor before changing anything.
   const auto copies = models::match_weights(
       learn.model(), state.tensors, origin,
-      {.strict = options.strict, .ignore_prefixes = {std::string(kOptimizerPrefix), std::string(kRngPrefix)}});
+      {.strict = options.strict,
+       .ignore_prefixes = {std::string(kOptimizerPrefix), std::string(kRngPrefix), std::string(kStepsPrefix)}});
+  // The step API's held-out samples: every tensor with the same number of rows.
+  NamedTensors held_out;
+  for (const auto& [name, t] : state.tensors)
+    if (starts_with(name, kStepsPrefix)) held_out.emplace_back(name.substr(kStepsPrefix.size()), t);
+  for (const auto& [name, t] : held_out)
+    if (t.dim() == 0 || t.size(0) != held_out.front().second.size(0) ||
+        !(name.starts_with("input") || name.starts_with("target")))
+      throw CheckpointError(fmt::format("{}: tensor '{}{}' is not one of the held-out samples' (rows of {})",
+                                        excerpt(origin, 256), kStepsPrefix, name, held_out.front().second.size(0)));
 
   // 2. The optimizer and training position, if wanted and present (load_state checks before it changes).
   const bool restore_training = options.with_opt && state.metadata.contains("epochs_completed");
@@ -275,6 +287,7 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
         gen.set_state(*it->second);
       }
     }
+    learn.restore_step_state(held_out);
     learn.set_epochs_completed(epochs_completed);
     learn.dls().train().set_epoch(train_dl_epoch);
     if (train_dl_seed) learn.dls().train().set_seed(*train_dl_seed);

@@ -271,6 +271,9 @@ class Learner {
   void end_steps();
   /// Whether steps are under way and not ended (a callback such as GracefulStop or EarlyStopping may end them).
   bool stepping() const;
+  /// Sets the rows of a batch aside for validation (StepPlan::held_out keeps the last ones); call it from the thread
+  /// that calls train_step. Error without steps under way, or when the plan holds none out.
+  void hold_out(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
   /// The model's activations (the loss's: softmax for cross entropy) on a batch of inputs, in eval mode without
   /// gradients; between training steps too.
   at::Tensor predict_batch(std::vector<at::Tensor> inputs);
@@ -434,8 +437,12 @@ class Learner {
   void release_in_order_copy();
   Coordination coordination_;
   friend class StepRunner;
+  friend CheckpointState capture_state(Learner& learn, SaveOptions options);
+  friend void restore_state(Learner& learn, const CheckpointState& state, LoadOptions options, std::string_view origin);
   std::shared_ptr<StepRunner> steps_;      // the steps under way (begin_steps)
   void skip_step_batches(std::int64_t n);  // in learner/step_session.cpp
+  NamedTensors step_state() const;         // the held-out samples, for checkpoints
+  void restore_step_state(const NamedTensors& tensors);
 };
 
 // --- implementation details of the templates ------------------------------------------------

@@ -4,6 +4,7 @@
 
 #include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/data/dataset.h>
 #include <fastlearn/learner/callback.h>
 #include <fastlearn/learner/learner.h>
 
@@ -12,6 +13,7 @@
 #include <torch/torch.h>
 
 #include <condition_variable>
+#include <deque>
 #include <exception>
 #include <limits>
 #include <mutex>
@@ -41,6 +43,11 @@ class StepRunner {
     learn_.dls().train() = DataLoader(std::make_shared<Source>(*this), {.bs = 1, .seed = 0});
     loss_cb_ = std::make_shared<LastLoss>();
     learn_.add_cb(loss_cb_);
+    if (plan_.held_out > 0) {
+      saved_valid_.emplace(learn_.dls().valid());
+      held_out_cb_ = std::make_shared<HeldOutValidation>(*this);
+      learn_.add_cb(held_out_cb_);
+    }
     thread_ = std::thread([this, n_epoch] { run(n_epoch); });
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [&] { return waiting_ || finished_; });
@@ -77,6 +84,11 @@ class StepRunner {
     changed_.notify_all();
     if (thread_.joinable()) thread_.join();
     if (loss_cb_ && loss_cb_->attached()) learn_.remove_cb(loss_cb_);
+    if (held_out_cb_ && held_out_cb_->attached()) learn_.remove_cb(held_out_cb_);
+    if (saved_valid_) {
+      learn_.dls().valid() = std::move(*saved_valid_);
+      saved_valid_.reset();
+    }
     if (saved_train_) {
       learn_.dls().train() = std::move(*saved_train_);
       saved_train_.reset();
@@ -89,6 +101,56 @@ class StepRunner {
     return finished_;
   }
   std::int64_t steps() const { return steps_; }
+
+  bool holds_out() const { return plan_.held_out > 0; }
+
+  // Adds the rows of a batch to the held-out samples, keeping the last plan.held_out.
+  void hold_out(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets) {
+    const Batch rows{inputs, targets};
+    const auto n = rows.size();
+    for (const auto& t : inputs)
+      if (t.dim() == 0 || t.size(0) != n) throw DataError("hold_out: every tensor needs the same number of rows");
+    for (const auto& t : targets)
+      if (t.dim() == 0 || t.size(0) != n) throw DataError("hold_out: every tensor needs the same number of rows");
+    const std::lock_guard lock(held_mutex_);
+    for (std::int64_t i = 0; i < n; ++i) {
+      Item row;
+      for (const auto& t : inputs) row.inputs.push_back(t[i].detach().to(at::kCPU).clone());
+      for (const auto& t : targets) row.targets.push_back(t[i].detach().to(at::kCPU).clone());
+      if (!held_.empty() &&
+          (row.inputs.size() != held_.front().inputs.size() || row.targets.size() != held_.front().targets.size()))
+        throw DataError("hold_out: the samples have another number of tensors than those held out before");
+      held_.push_back(std::move(row));
+      if (static_cast<std::int64_t>(held_.size()) > plan_.held_out) held_.pop_front();
+    }
+  }
+
+  // The held-out samples, stacked: "input<i>" and "target<i>" (none when there are none).
+  NamedTensors held_out_tensors() {
+    const std::lock_guard lock(held_mutex_);
+    NamedTensors out;
+    if (held_.empty()) return out;
+    const auto batch = collate(std::vector<Item>(held_.begin(), held_.end()));
+    for (std::size_t i = 0; i < batch.inputs.size(); ++i) out.emplace_back(fmt::format("input{}", i), batch.inputs[i]);
+    for (std::size_t i = 0; i < batch.targets.size(); ++i)
+      out.emplace_back(fmt::format("target{}", i), batch.targets[i]);
+    return out;
+  }
+
+  // Puts back what held_out_tensors gave (checked by the caller: the same first dimension everywhere).
+  void restore_held_out(const NamedTensors& tensors) {
+    std::vector<at::Tensor> inputs, targets;
+    for (const auto& [name, t] : tensors) (name.starts_with("input") ? inputs : targets).push_back(t);
+    const std::lock_guard lock(held_mutex_);
+    held_.clear();
+    const auto n = inputs.empty() ? 0 : inputs.front().size(0);
+    for (std::int64_t i = std::max<std::int64_t>(0, n - plan_.held_out); i < n; ++i) {
+      Item row;
+      for (const auto& t : inputs) row.inputs.push_back(t[i].clone());
+      for (const auto& t : targets) row.targets.push_back(t[i].clone());
+      held_.push_back(std::move(row));
+    }
+  }
 
   // A resumed fit's first `n` batches were trained before its checkpoint: they come back empty, without the program.
   void skip(std::int64_t n) {
@@ -119,6 +181,26 @@ class StepRunner {
     std::string name() const override { return "last_loss"; }
     void after_batch() override { loss = learn().loss; }
     at::Tensor loss;
+  };
+
+  // Before each validation: the validation loader becomes one over the held-out samples as they are now. First, so
+  // that the callbacks after it (a DistributedTrainer sharing the loader out) see that loader.
+  struct HeldOutValidation : Callback {
+    explicit HeldOutValidation(StepRunner& runner) : runner_(runner) { order = -100; }
+    std::string name() const override { return "held_out_validation"; }
+    void before_validate() override {
+      if (learn().dl != &learn().dls().valid()) return;  // get_preds / validate on a loader of the caller's
+      auto tensors = runner_.held_out_tensors();
+      std::vector<at::Tensor> inputs, targets;
+      for (auto& [name, t] : tensors) (name.starts_with("input") ? inputs : targets).push_back(std::move(t));
+      std::shared_ptr<const Dataset> items;
+      if (inputs.empty())
+        items = DataLoaders::none().valid().dataset_ptr();
+      else
+        items = std::make_shared<TensorDataset>(std::move(inputs), std::move(targets));
+      learn().dls().valid() = DataLoader(std::move(items), {.bs = runner_.plan_.valid_bs, .seed = 0});
+    }
+    StepRunner& runner_;
   };
 
   Batch next_batch() {
@@ -176,6 +258,10 @@ class StepRunner {
   std::exception_ptr error_;
   std::int64_t steps_ = 0;
   std::int64_t skip_ = 0;
+  std::optional<DataLoader> saved_valid_;
+  std::shared_ptr<HeldOutValidation> held_out_cb_;
+  std::mutex held_mutex_;
+  std::deque<Item> held_;  // the last plan.held_out samples set aside (on the CPU)
 };
 
 void Learner::begin_steps(StepPlan plan, StepFit fit) {
@@ -212,6 +298,20 @@ void Learner::end_steps() {
 }
 
 void Learner::skip_step_batches(std::int64_t n) { steps_->skip(n); }
+
+void Learner::hold_out(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets) {
+  if (!steps_) throw Error("hold_out: no steps under way; begin_steps(plan) starts them");
+  if (!steps_->holds_out()) throw ConfigError("hold_out: the steps' plan holds no sample out (StepPlan::held_out)");
+  steps_->hold_out(inputs, targets);
+}
+
+NamedTensors Learner::step_state() const {
+  return steps_ && steps_->holds_out() ? steps_->held_out_tensors() : NamedTensors{};
+}
+
+void Learner::restore_step_state(const NamedTensors& tensors) {
+  if (steps_ && steps_->holds_out()) steps_->restore_held_out(tensors);
+}
 
 bool Learner::stepping() const { return steps_ && !steps_->finished(); }
 

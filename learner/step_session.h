@@ -5,7 +5,7 @@
 // plan.steps / plan.steps_per_epoch epochs of plan.steps_per_epoch batches, whose training loader yields the batches
 // train_step hands over. So every event fires in fit's order and every callback works as in a fit: schedules by step,
 // GradientClip, GradientAccumulation, MixedPrecision, Checkpointer, the logs, GracefulStop, validation and the
-// metrics after each epoch on the Learner's validation loader (when it has items). train_step returns once the step
+// metrics after each epoch (on the samples the program held out, or the Learner's validation loader). train_step returns once the step
 // and what follows it (an epoch's end, validation, the fit's end) are done, so nothing of the Learner runs while the
 // program's thread does.
 #include <ATen/core/Tensor.h>
@@ -21,6 +21,10 @@ class Learner;
 struct StepPlan {
   std::int64_t steps = 0;            ///< training steps the schedule is planned for; > 0
   std::int64_t steps_per_epoch = 0;  ///< steps between epoch ends (validation, records, logs); 0: steps. Divides steps
+  /// > 0: the validation set of every epoch end is the last this many samples the program set aside with
+  /// Learner::hold_out (instead of dls().valid()), kept in checkpoints so that a resumed run validates on the same.
+  std::int64_t held_out = 0;
+  std::int64_t valid_bs = 256;  ///< batch size of the held-out samples' validation
 };
 
 /// Which fit trains the steps: called on the session's thread with the number of epochs, e.g.

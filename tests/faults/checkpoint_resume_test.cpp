@@ -476,7 +476,7 @@ TEST(GracefulStop, ASignalOnOneRankStopsEveryRankAtTheSameBatch) {
 
 // The step API resumed from a Checkpointer's checkpoint taken between steps: begin_steps says how many steps were
 // trained (learn.train_iter), the program hands over the rest, and the run ends bit for bit like the uninterrupted
-// one (dropout and validation included).
+// one (dropout included, and the validation on the held-out samples, which the checkpoint keeps).
 TEST(Resume, StepsResumedFromACheckpointEndBitForBitLikeTheUninterruptedSteps) {
   TempDir dir("steps");
   const auto run = [&](const fs::path& path, std::int64_t stop_after, const fs::path& resume_from) {
@@ -486,12 +486,14 @@ TEST(Resume, StepsResumedFromACheckpointEndBitForBitLikeTheUninterruptedSteps) {
     std::vector<fl::Batch> program;  // the program's samples: step s hands over program[s % 6]
     for (const auto& batch : fl::DataLoader(learn->dls().train().dataset_ptr(), {.bs = 8, .seed = 0}))
       program.push_back(batch);
-    learn->begin_steps({.steps = 18, .steps_per_epoch = 6},
+    learn->begin_steps({.steps = 18, .steps_per_epoch = 6, .held_out = 12},
                        [&](fl::Learner& l, int n) { l.fit_one_cycle(n, 1e-2, {.fit = {.resume_from = resume_from}}); });
     const auto first = learn->train_iter;
     for (auto s = first; s < stop_after; ++s) {
       const auto& b = program[static_cast<std::size_t>(s % 6)];
       learn->train_step(b.inputs, b.targets);
+      const auto& v = program[static_cast<std::size_t>((s + 3) % 6)];  // 4 rows set aside after every step
+      learn->hold_out({v.inputs[0].narrow(0, 0, 4)}, {v.targets[0].narrow(0, 0, 4)});
     }
     learn->end_steps();
     return std::pair{first, ::Run{log->losses, flt::snapshot(learn->model()), learn->recorder().history().back()}};

@@ -823,3 +823,36 @@ TEST(LearnerSteps, ALearnerWithoutDataTrainsFromTheProgramsBatches) {
   learn.end_steps();
   EXPECT_LT(loss.item<double>(), 1e-3);
 }
+
+// Samples the program sets aside are the validation set of every epoch end: the last StepPlan::held_out of them.
+TEST(LearnerSteps, TheLastHeldOutSamplesAreValidatedAtEachEpochEnd) {
+  torch::manual_seed(0);
+  fl::Learner learn(torch::nn::Linear(3, 1), fl::mse_loss(), {.progress = false, .device = torch::kCPU});
+  EXPECT_THROW(learn.hold_out({torch::zeros({1, 3})}, {torch::zeros({1, 1})}), fl::Error);
+  learn.begin_steps({.steps = 20, .steps_per_epoch = 10, .held_out = 8, .valid_bs = 3},
+                    [](fl::Learner& l, int n) { l.fit(n, 0.05); });
+  at::Tensor held, validated;  // the rows set aside (the last 8 kept); those when the last step ended the epoch
+  for (int s = 0; s < 20; ++s) {
+    const auto x = torch::randn({6, 3});
+    learn.train_step(x, x.sum(1, true));
+    if (s == 19) validated = held;  // the epoch's validation ran inside this train_step
+    const auto v = torch::randn({4, 3});
+    learn.hold_out({v}, {v.sum(1, true) + 1});
+    held = s == 0 ? v : torch::cat({held, v});
+    if (held.size(0) > 8) held = held.narrow(0, held.size(0) - 8, 8);
+  }
+  learn.end_steps();
+  const auto& history = learn.recorder().history();
+  ASSERT_EQ(history.size(), 2u);
+  torch::NoGradGuard no_grad;
+  const double expected = torch::mse_loss(learn.forward({validated}), validated.sum(1, true) + 1).item<double>();
+  EXPECT_NEAR(history.back().valid_loss, expected, 1e-6) << "the last 8 rows set aside, in batches of 3";
+  EXPECT_EQ(learn.dls().valid().n(), 0) << "the Learner's own (empty) validation loader is back";
+  auto plain = flt::regression_learner(two_batches());
+  plain->begin_steps({.steps = 2});
+  EXPECT_NE(fl::testing::message_of([&] {
+              plain->hold_out({torch::zeros({1, 4})}, {torch::zeros({1, 1})});
+            }).find("holds no sample out"),
+            std::string::npos);
+  plain->end_steps();
+}
