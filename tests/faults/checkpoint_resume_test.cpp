@@ -479,7 +479,8 @@ TEST(GracefulStop, ASignalOnOneRankStopsEveryRankAtTheSameBatch) {
 // one (dropout included, and the validation on the held-out samples, which the checkpoint keeps).
 TEST(Resume, StepsResumedFromACheckpointEndBitForBitLikeTheUninterruptedSteps) {
   TempDir dir("steps");
-  const auto run = [&](const fs::path& path, std::int64_t stop_after, const fs::path& resume_from) {
+  // `kill`: the process is killed (SIGKILL) after `stop_after` steps, in the middle of its steps.
+  const auto run = [&](const fs::path& path, std::int64_t stop_after, const fs::path& resume_from, bool kill) {
     auto log = std::make_shared<LossLog>();
     auto learn = make_learner(
         path, {log, std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.every_n_batches = 4, .keep = 0})});
@@ -495,16 +496,20 @@ TEST(Resume, StepsResumedFromACheckpointEndBitForBitLikeTheUninterruptedSteps) {
       const auto& v = program[static_cast<std::size_t>((s + 3) % 6)];  // 4 rows set aside after every step
       learn->hold_out({v.inputs[0].narrow(0, 0, 4)}, {v.targets[0].narrow(0, 0, 4)});
     }
+    if (kill) std::raise(SIGKILL);
     learn->end_steps();
     return std::pair{first, ::Run{log->losses, flt::snapshot(learn->model()), learn->recorder().history().back()}};
   };
-  const auto [start, reference] = run(dir.path / "whole", 18, {});
+  // A process killed after 11 steps: its checkpoints are after 4 steps of each epoch (steps 4 and 10) and after
+  // epoch 0.
+  const auto killed = flt::run_ranks(1, [&](const RankContext&) { run(dir.path / "cut", 11, {}, true); });
+  ASSERT_EQ(killed.size(), 1u);
+  EXPECT_EQ(killed[0].signal, SIGKILL) << killed[0].summary() << "\n" << killed[0].output;
+  const auto [start, reference] = run(dir.path / "whole", 18, {}, false);
   EXPECT_EQ(start, 0);
-  // Killed after 11 steps: its checkpoints are after 4 steps of each epoch (steps 4 and 10) and after epoch 0.
-  run(dir.path / "cut", 11, {});
   const auto checkpoint = fl::latest_checkpoint(dir.path / "cut" / "checkpoints");
   ASSERT_TRUE(checkpoint.has_value());
-  const auto [resumed_at, resumed] = run(dir.path / "cut", 18, *checkpoint);
+  const auto [resumed_at, resumed] = run(dir.path / "cut", 18, *checkpoint, false);
   EXPECT_EQ(resumed_at, 10) << checkpoint->string();
   EXPECT_EQ(resumed.losses.size(), 8u) << "steps 10 to 17";
   expect_same_end(reference, resumed, "steps resumed after 10");
