@@ -5,9 +5,9 @@
 // plan.steps / plan.steps_per_epoch epochs of plan.steps_per_epoch batches, whose training loader yields the batches
 // train_step hands over. So every event fires in fit's order and every callback works as in a fit: schedules by step,
 // GradientClip, GradientAccumulation, MixedPrecision, Checkpointer, the logs, GracefulStop, validation and the
-// metrics after each epoch (on the samples the program held out, or the Learner's validation loader). train_step returns once the step
-// and what follows it (an epoch's end, validation, the fit's end) are done, so nothing of the Learner runs while the
-// program's thread does.
+// metrics after each epoch (on the samples the program held out, or the Learner's validation loader). train_step
+// returns once the step and what follows it (an epoch's end, validation, the fit's end) are done, so nothing of the
+// Learner runs while the program's thread does.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
