@@ -101,7 +101,11 @@ std::string model_recipe(const TrainConfig& c) {
 }
 
 std::unique_ptr<Learner> load_learner(const std::filesystem::path& file, const LoadLearnerOptions& options) {
-  auto contents = read_export(file);
+  return load_learner(read_export(file), file, options);
+}
+
+std::unique_ptr<Learner> load_learner(const ExportContents& contents, const std::filesystem::path& file,
+                                      const LoadLearnerOptions& options) {
   const auto origin = file.string();
   auto dls = inference_dataloaders(contents.pipeline, {.bs = options.bs, .num_workers = options.num_workers});
   TrainConfig config;

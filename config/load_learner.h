@@ -38,6 +38,9 @@ struct LoadLearnerOptions {
 /// your own when options.model is not given (the error names that option); ConfigError for a recipe this build's
 /// registry does not know.
 std::unique_ptr<Learner> load_learner(const std::filesystem::path& file, const LoadLearnerOptions& options = {});
+/// The same from an export already read (read_export(file)), for a caller that also needs its metadata.
+std::unique_ptr<Learner> load_learner(const ExportContents& contents, const std::filesystem::path& file,
+                                      const LoadLearnerOptions& options = {});
 
 /// The model recipe of a config (LearnerOptions::model_recipe): data.dataset and its task keys and the [model] table
 /// without its pretrained weights, as TOML.

@@ -546,6 +546,11 @@ Prediction Learner::predict(const Item& item) {
   at::Generator generator = at::detail::createCPUGenerator(0);
   for (const auto& tfm : dls_.valid().options().batch_tfms) tfm(batch, generator);
   if (auto device = dls_.device()) batch = batch.to(*device);
+  const auto probs = activations_in_eval(batch.inputs);
+  return {.decoded = loss_func_.decode(probs)[0], .probs = probs[0]};
+}
+
+at::Tensor Learner::activations_in_eval(const std::vector<at::Tensor>& inputs) {
   torch::NoGradGuard no_grad;
   struct RestoreMode {
     torch::nn::Module& m;
@@ -553,9 +558,7 @@ Prediction Learner::predict(const Item& item) {
     ~RestoreMode() { m.train(was_training); }
   } restore{*model_, model_->is_training()};
   model_->eval();
-  auto out = forward_(batch.inputs);
-  auto probs = loss_func_.activate(out);
-  return {.decoded = loss_func_.decode(probs)[0], .probs = probs[0]};
+  return loss_func_.activate(forward_(inputs));
 }
 
 }  // namespace fastlearn

@@ -417,6 +417,7 @@ class Learner {
   void sort_cbs();
   void check_not_in_fit(const char* what) const;
   c10::Device initial_device() const;
+  at::Tensor activations_in_eval(const std::vector<at::Tensor>& inputs);  // no grad, eval mode, then back
 
   DataLoaders dls_;
   std::shared_ptr<torch::nn::Module> model_;

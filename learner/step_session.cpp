@@ -318,14 +318,7 @@ bool Learner::stepping() const { return steps_ && !steps_->finished(); }
 at::Tensor Learner::predict_batch(std::vector<at::Tensor> inputs) {
   if (in_fit_ && !steps_) throw Error("predict_batch was called during a fit (from a callback?)");
   for (auto& x : inputs) x = x.to(device_);
-  torch::NoGradGuard no_grad;
-  struct RestoreMode {
-    torch::nn::Module& m;
-    bool was_training;
-    ~RestoreMode() { m.train(was_training); }
-  } restore{*model_, model_->is_training()};
-  model_->eval();
-  return loss_func_.activate(forward_(inputs));
+  return activations_in_eval(inputs);
 }
 
 }  // namespace fastlearn

@@ -175,8 +175,9 @@ int run_predict_export(const std::string& export_file, const std::vector<std::st
         "predict: {} is a config: give the checkpoint whose weights go into its model (--checkpoint FILE), or "
         "predict from the run's export.safetensors alone",
         excerpt(export_file, 256)));
-  auto learn = load_learner(export_file, {.num_workers = workers});
-  const auto threshold = read_export(export_file).threshold;
+  const auto contents = read_export(export_file);  // read once: the Learner and the threshold
+  auto learn = load_learner(contents, export_file, {.num_workers = workers});
+  const auto threshold = contents.threshold;
   const bool table = tabular_dataset(learn->dls()) != nullptr;
   if (!table && learn->dls().image_pipeline() == nullptr)
     throw ConfigError(
