@@ -8,7 +8,7 @@ set(FASTLEARN_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/fastlearn")
 
 install(FILES fastlearn.h DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/fastlearn")
 # The public headers only: what only fastlearn's own files use lives in <folder>/detail/ and is not installed.
-foreach(folder core launch comm data optim models learner callbacks distributed config)
+foreach(folder core launch comm data optim models learner callbacks distributed config c)
   install(DIRECTORY "${folder}/" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/fastlearn/${folder}"
           FILES_MATCHING PATTERN "*.h" PATTERN "detail" EXCLUDE)
 endforeach()
@@ -28,6 +28,12 @@ endfunction()
 install(TARGETS fastlearn EXPORT fastlearnTargets
         ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}" LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}")
 fastlearn_strip_installed(fastlearn "${CMAKE_INSTALL_LIBDIR}")
+# The Fortran module: compiled (fastlearn.mod, for the gfortran it was built with) with its library, and its source.
+install(FILES c/fastlearn.f90 DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/fastlearn/c")
+if(TARGET fastlearn_fortran)
+  install(TARGETS fastlearn_fortran EXPORT fastlearnTargets ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}")
+  install(FILES "${FASTLEARN_FORTRAN_MODULES}/fastlearn.mod" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/fastlearn/fortran")
+endif()
 install(EXPORT fastlearnTargets NAMESPACE fastlearn:: DESTINATION "${FASTLEARN_CMAKE_DIR}")
 
 # The LibTorch the library was built with: the package config looks there first, and insists on its version.

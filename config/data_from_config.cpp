@@ -5,6 +5,7 @@
 #include <fastlearn/data/csv.h>
 #include <fastlearn/data/dataset.h>
 #include <fastlearn/data/image_dataloaders.h>
+#include <fastlearn/data/inference_pipeline.h>
 #include <fastlearn/data/untar_data.h>
 
 #include <ATen/ATen.h>
@@ -20,6 +21,15 @@ namespace fastlearn {
 namespace fs = std::filesystem;
 
 namespace {
+
+// A running program hands the samples over (the step API, the C interface): loaders without items that describe them
+// (an export records the input shape; the model's outputs are the target's values).
+DataLoaders program_samples(const DataConfig& d) {
+  std::int64_t outputs = 1;
+  for (const auto n : d.target_shape) outputs *= n;
+  return inference_dataloaders({.kind = InferencePipeline::Kind::tensors, .item_shape = d.input_shape, .c = outputs},
+                               {.bs = d.bs, .num_workers = static_cast<int>(d.workers)});
+}
 
 // y = x . w + b + noise with x ~ N(0, 1); w, b and the noise all drawn from the seed.
 DataLoaders synthetic_regression(const DataConfig& d) {
@@ -119,6 +129,7 @@ namespace {
 DataLoaders read_data(const TrainConfig& c) {
   const auto& dataset = c.data.dataset;
   if (dataset == "synthetic_regression") return synthetic_regression(c.data);
+  if (dataset == "program") return program_samples(c.data);
   if (dataset == "csv") return TabularDataLoaders::from_csv(c.data.path, tabular_options(c));
   if (dataset == "image_folder" || dataset == "image_csv") return image_files(c);
   if (dataset == "fashion_mnist") return idx_images(c);
@@ -131,7 +142,7 @@ DataLoaders read_data(const TrainConfig& c) {
 DataLoaders dataloaders_from_config(const TrainConfig& c) {
   auto dls = read_data(c);
   // A model's factory may read the first item (the mlp's width): nothing to train on is said here, by name.
-  if (dls.train().dataset().size() == 0)
+  if (dls.train().dataset().size() == 0 && c.data.dataset != "program")
     throw DataError(fmt::format("data.dataset = \"{}\"{}: the training split has no items", c.data.dataset,
                                 c.data.path.empty() ? "" : fmt::format(" at '{}'", excerpt(c.data.path, 256))));
   return dls;

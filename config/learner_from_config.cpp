@@ -90,7 +90,33 @@ std::unique_ptr<Learner> learner_from_config(const TrainConfig& config, const Le
 }
 
 void fit_from_config(Learner& learn, const TrainConfig& config, const FitOptions& options) {
+  if (config.data.dataset == "program")
+    throw ConfigError(
+        "data.dataset = \"program\": the samples come from a running program, which hands them to the Learner's "
+        "train_step (the step API: begin_steps(step_plan(config), step_fit(config))) or to the C interface's "
+        "fl_train_step; there is nothing to train on from the config alone");
   find_schedule(config).fit(learn, config, options);
+}
+
+StepPlan step_plan(const TrainConfig& config) {
+  const auto& d = config.data;
+  if (d.dataset != "program")
+    throw ConfigError(fmt::format(
+        "step_plan: data.dataset = \"{}\" reads its data itself; the steps of a config are those of dataset = "
+        "\"program\"",
+        excerpt(d.dataset)));
+  return {.steps = config.train.epochs * d.steps_per_epoch,
+          .steps_per_epoch = d.steps_per_epoch,
+          .held_out = d.held_out,
+          .valid_bs = d.valid_bs > 0 ? d.valid_bs : 2 * d.bs};
+}
+
+StepFit step_fit(const TrainConfig& config, const FitOptions& options) {
+  return [schedule = find_schedule(config), config, options](Learner& learn, int n_epoch) {
+    auto c = config;
+    c.train.epochs = n_epoch;
+    schedule.fit(learn, c, options);
+  };
 }
 
 SetupOptions setup_options(const DistributedConfig& d) {

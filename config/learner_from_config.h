@@ -11,6 +11,7 @@
 #include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/distributed/parallel_trainer.h>
 #include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/step_session.h>
 
 #include <filesystem>
 #include <memory>
@@ -41,8 +42,19 @@ struct LearnerFromConfigOptions {
 std::unique_ptr<Learner> learner_from_config(const TrainConfig& config, const LearnerFromConfigOptions& options = {});
 
 /// Trains `learn` as train.schedule says, for train.epochs at train.lr (train.pct_start), with `options` (callbacks
-/// for this fit, a checkpoint to resume from).
+/// for this fit, a checkpoint to resume from). ConfigError for data.dataset = "program", whose samples a running
+/// program hands over (step_plan).
 void fit_from_config(Learner& learn, const TrainConfig& config, const FitOptions& options = {});
+
+/// The steps of a config with data.dataset = "program" (the samples come from a running program, which hands them to
+/// Learner::train_step): train.epochs epochs of data.steps_per_epoch steps, data.held_out samples held out for
+/// validation, data.valid_bs (0: twice data.bs) their batch size. ConfigError for another dataset.
+StepPlan step_plan(const TrainConfig& config);
+/// The fit of those steps: train.schedule at train.lr, with `options` (a checkpoint to resume from). Together:
+///
+///   auto learn = fl::learner_from_config(config);
+///   learn->begin_steps(fl::step_plan(config), fl::step_fit(config));
+StepFit step_fit(const TrainConfig& config, const FitOptions& options = {});
 
 /// distributed.backend and distributed.timeout_seconds, for DistribCtx / setup_distrib.
 SetupOptions setup_options(const DistributedConfig& config);

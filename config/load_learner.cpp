@@ -55,11 +55,20 @@ void check_widths(const TrainConfig& config, const InferencePipeline& pipeline, 
   for (const auto& [name, t] : tensors)
     for (const auto d : t.sizes()) sizes.insert(d);
   const auto& m = config.model;
-  std::vector<std::pair<std::string, std::int64_t>> claimed{{"the outputs (c)", pipeline.c}};
+  std::vector<std::pair<std::string, std::int64_t>> claimed;
   const auto add = [&](const char* key, const std::vector<std::int64_t>& widths) {
     for (const auto w : widths) claimed.emplace_back(key, w);
   };
-  if (m.arch == "mlp") add("model.hidden", m.hidden);
+  const auto& d = config.data;
+  if (d.dataset == "program" && d.input_shape != pipeline.item_shape)
+    throw CheckpointError(fmt::format(
+        "{}: the model recipe's data.input_shape [{}] is not the pipeline's item shape [{}] (the file was altered)",
+        excerpt(origin, 256), fmt::join(d.input_shape, ", "), fmt::join(pipeline.item_shape, ", ")));
+  if (m.arch == "field_cnn")  // its outputs are channels of a field; its weights do not depend on the field's size
+    claimed.emplace_back("data.target_shape's channels", d.target_shape.size() == 3 ? d.target_shape[0] : 1);
+  else
+    claimed.emplace_back("the outputs (c)", pipeline.c);
+  if (m.arch == "mlp" || m.arch == "field_cnn") add("model.hidden", m.hidden);
   if (m.arch == "conv_net" || m.arch == "resnet") add("model.widths", m.widths);
   if (m.arch == "resnet") add("model.stem_width", {m.stem_width});
   if (m.arch == "tabular") add("model.layers", m.layers);
@@ -90,6 +99,9 @@ std::string model_recipe(const TrainConfig& c) {
   std::string recipe = fmt::format("[data]\ndataset = {}\n", quoted(c.data.dataset));
   if (!c.data.y_block.empty()) recipe += fmt::format("y_block = {}\n", quoted(c.data.y_block));
   if (!c.data.label_delim.empty()) recipe += fmt::format("label_delim = {}\n", quoted(c.data.label_delim));
+  if (c.data.dataset == "program")
+    recipe += fmt::format("input_shape = [{}]\ntarget_shape = [{}]\n", fmt::join(c.data.input_shape, ", "),
+                          fmt::join(c.data.target_shape, ", "));
   // The [model] table as the resolved config writes it, without the pretrained weights (the export holds them all).
   std::istringstream resolved(to_toml(c));
   bool in_model = false;

@@ -72,9 +72,25 @@ std::vector<ArchChoice> builtin_archs() {
        [](const TrainConfig&, const DataLoaders& dls) { return BuiltModel::of(models::simple_cnn(dls.c())); },
        true},
       {"mlp",
-       {"fashion_mnist", "synthetic_regression"},
+       {"fashion_mnist", "synthetic_regression", "program"},
        [](const TrainConfig& c, const DataLoaders& dls) {
-         return BuiltModel::of(models::mlp(item_width(dls), c.model.hidden, dls.c()));
+         auto model = models::mlp(item_width(dls), c.model.hidden, dls.c());
+         // A program's targets of several dimensions: the outputs take their shape.
+         if (const auto& target = c.data.target_shape; c.data.dataset == "program" && target.size() > 1)
+           model->push_back(torch::nn::Unflatten(torch::nn::UnflattenOptions(1, target)));
+         return BuiltModel::of(model);
+       }},
+      {"field_cnn",
+       {"program"},
+       [](const TrainConfig& c, const DataLoaders&) {
+         const auto& in = c.data.input_shape;
+         const auto& out = c.data.target_shape;
+         const bool channels = in.size() == 3;
+         return BuiltModel::of(models::field_cnn({.in_channels = channels ? in[0] : 1,
+                                                  .out_channels = channels ? out[0] : 1,
+                                                  .hidden = c.model.hidden,
+                                                  .kernel_size = c.model.kernel_size,
+                                                  .height = channels ? 0 : in[0]}));
        }},
       {"conv_net",
        {"fashion_mnist"},

@@ -115,8 +115,11 @@ constexpr Condition csv_only{[](const TrainConfig& c) { return c.data.dataset ==
                              "applies to dataset = \"image_csv\" only"};
 constexpr Condition tabular_only{[](const TrainConfig& c) { return is_tabular(c.data); },
                                  "applies to dataset = \"csv\" only"};
-constexpr Condition has_files{[](const TrainConfig& c) { return c.data.dataset != "synthetic_regression"; },
-                              "does not apply to dataset = \"synthetic_regression\""};
+constexpr Condition has_files{
+    [](const TrainConfig& c) { return c.data.dataset != "synthetic_regression" && c.data.dataset != "program"; },
+    "does not apply to dataset = \"synthetic_regression\" or \"program\""};
+constexpr Condition program_only{[](const TrainConfig& c) { return c.data.dataset == "program"; },
+                                 "applies to dataset = \"program\" only"};
 constexpr Condition split_by_pct{[](const TrainConfig& c) { return is_image_files(c.data) || is_tabular(c.data); },
                                  "applies to dataset = \"image_folder\", \"image_csv\" or \"csv\" only"};
 constexpr Condition valid_col_applies{
@@ -129,8 +132,11 @@ constexpr Condition torchvision_only{
     "applies to arch = \"resnet18\", \"resnet34\" or \"resnet50\" only"};
 constexpr Condition synthetic_only{[](const TrainConfig& c) { return c.data.dataset == "synthetic_regression"; },
                                    "applies to dataset = \"synthetic_regression\" only"};
-constexpr Condition mlp_only{[](const TrainConfig& c) { return c.model.arch == "mlp"; },
-                             "applies to arch = \"mlp\" only"};
+constexpr Condition hidden_applies{
+    [](const TrainConfig& c) { return c.model.arch == "mlp" || c.model.arch == "field_cnn"; },
+    "applies to arch = \"mlp\" or \"field_cnn\" only"};
+constexpr Condition field_cnn_only{[](const TrainConfig& c) { return c.model.arch == "field_cnn"; },
+                                   "applies to arch = \"field_cnn\" only"};
 constexpr Condition resnet_only{[](const TrainConfig& c) { return c.model.arch == "resnet"; },
                                 "applies to arch = \"resnet\" only"};
 constexpr Condition staged_only{
@@ -253,6 +259,66 @@ std::string save_best_monitor_recorded(const TrainConfig& c) {
   return recorded(c.callbacks.save_best->monitor, c.train);
 }
 
+// A layer's width: more than this many units or channels is a mistake, not a model (and would be allocated as given).
+constexpr std::int64_t kMaxWidth = 1 << 20;
+
+std::string widths_bounded(const std::vector<std::int64_t>& widths) {
+  for (const auto w : widths)
+    if (w > kMaxWidth) return fmt::format("holds {}; a layer is at most {} wide", w, kMaxWidth);
+  return {};
+}
+std::string hidden_bounded(const TrainConfig& c) { return widths_bounded(c.model.hidden); }
+std::string widths_key_bounded(const TrainConfig& c) { return widths_bounded(c.model.widths); }
+std::string layers_bounded(const TrainConfig& c) { return widths_bounded(c.model.layers); }
+
+// A program's sample shape: a few dimensions, each and their product bounded (a batch of them is allocated).
+std::string sample_shape(const std::vector<std::int64_t>& shape) {
+  if (shape.size() > 6) return fmt::format("has {} dimensions; a sample has at most 6", shape.size());
+  std::int64_t n = 1;
+  for (const auto d : shape) {
+    if (d > (std::int64_t{1} << 24)) return fmt::format("holds {}; a dimension is at most {}", d, 1 << 24);
+    n *= d;
+    if (n > (std::int64_t{1} << 31)) return "describes a sample of more than 2^31 values";
+  }
+  return {};
+}
+std::string input_shape_fits(const TrainConfig& c) {
+  if (c.data.dataset == "program" && c.data.input_shape.empty())
+    return "dataset = \"program\" needs it: one sample's input shape, without the batch dimension (e.g. [64, 64])";
+  return sample_shape(c.data.input_shape);
+}
+std::string target_shape_fits(const TrainConfig& c) {
+  if (c.data.dataset == "program" && c.data.target_shape.empty())
+    return "dataset = \"program\" needs it: one sample's target shape, without the batch dimension (e.g. [64, 64])";
+  return sample_shape(c.data.target_shape);
+}
+
+// field_cnn maps a field to a field of the same height and width: (C, H, W) or (H, W) samples, the target's H and W
+// the input's.
+std::string arch_fits_shapes(const TrainConfig& c) {
+  if (c.model.arch != "field_cnn" || c.data.dataset != "program") return {};
+  const auto& in = c.data.input_shape;
+  const auto& out = c.data.target_shape;
+  const auto spatial = [](const std::vector<std::int64_t>& s) {
+    return std::vector<std::int64_t>(s.end() - 2, s.end());
+  };
+  if (in.size() < 2 || in.size() > 3 || out.size() != in.size())
+    return fmt::format(
+        "model.arch = \"field_cnn\" maps fields to fields: data.input_shape and data.target_shape are both [H, W] "
+        "(one channel) or both [C, H, W]; got [{}] and [{}]",
+        fmt::join(in, ", "), fmt::join(out, ", "));
+  if (spatial(in) != spatial(out))
+    return fmt::format(
+        "model.arch = \"field_cnn\" keeps a field's height and width: data.input_shape [{}] and data.target_shape "
+        "[{}] differ in them",
+        fmt::join(in, ", "), fmt::join(out, ", "));
+  return {};
+}
+
+std::string kernel_size_odd(const TrainConfig& c) {
+  return c.model.kernel_size % 2 == 1 ? "" : "must be odd (zero padding then keeps a field's size)";
+}
+
 std::string dir_not_empty(const TrainConfig& c) { return c.output.dir.empty() ? "must not be empty" : ""; }
 
 // "auto", "cpu", "cuda" or "cuda:N" (N a GPU index).
@@ -316,6 +382,13 @@ const std::vector<Key>& schema() {
       Key("data.procs", in::data, &DataConfig::procs, {}, {.applies = tabular_only, .check = known_procs}),
       Key("data.y_block", in::data, &DataConfig::y_block, {.choices = {"category", "regression"}},
           {.applies = tabular_only}),
+      Key("data.input_shape", in::data, &DataConfig::input_shape, {.min = 1, .allow_empty = false},
+          {.applies = program_only, .check = input_shape_fits}),
+      Key("data.target_shape", in::data, &DataConfig::target_shape, {.min = 1, .allow_empty = false},
+          {.applies = program_only, .check = target_shape_fits}),
+      Key("data.steps_per_epoch", in::data, &DataConfig::steps_per_epoch, {.min = 1, .max = 1'000'000'000},
+          {.applies = program_only}),
+      Key("data.held_out", in::data, &DataConfig::held_out, {.max = 100'000'000}, {.applies = program_only}),
       Key::table("data.transforms", images_only),
       Key("data.transforms.normalize", in::transforms, &TransformsConfig::normalize),
       Key("data.transforms.random_crop_padding", in::transforms, &TransformsConfig::random_crop_padding, {.max = 64},
@@ -337,15 +410,20 @@ const std::vector<Key>& schema() {
       Key("data.synthetic.noise", in::synthetic, &SyntheticRegressionConfig::noise),
       Key("data.synthetic.seed", in::synthetic, &SyntheticRegressionConfig::seed),
 
-      Key("model.arch", in::model, &ModelConfig::arch, {}, {.choices = arch_names}),
+      Key("model.arch", in::model, &ModelConfig::arch, {}, {.choices = arch_names, .check = arch_fits_shapes}),
       Key("model.weights", in::model, &ModelConfig::weights, {}, {.applies = torchvision_only, .omit_empty = true}),
-      Key("model.hidden", in::model, &ModelConfig::hidden, {.min = 1}, {.applies = mlp_only}),
-      Key("model.widths", in::model, &ModelConfig::widths, {.min = 1, .allow_empty = false}, {.applies = staged_only}),
+      Key("model.hidden", in::model, &ModelConfig::hidden, {.min = 1},
+          {.applies = hidden_applies, .check = hidden_bounded}),
+      Key("model.kernel_size", in::model, &ModelConfig::kernel_size, {.min = 1, .max = 31},
+          {.applies = field_cnn_only, .check = kernel_size_odd}),
+      Key("model.widths", in::model, &ModelConfig::widths, {.min = 1, .allow_empty = false},
+          {.applies = staged_only, .check = widths_key_bounded}),
       Key("model.blocks_per_stage", in::model, &ModelConfig::blocks_per_stage, {.min = 1, .max = 64},
           {.applies = resnet_only}),
-      Key("model.stem_width", in::model, &ModelConfig::stem_width, {.min = 1}, {.applies = resnet_only}),
+      Key("model.stem_width", in::model, &ModelConfig::stem_width, {.min = 1, .max = kMaxWidth},
+          {.applies = resnet_only}),
       Key("model.layers", in::model, &ModelConfig::layers, {.min = 1, .allow_empty = false},
-          {.applies = tabular_model_only}),
+          {.applies = tabular_model_only, .check = layers_bounded}),
       Key("model.embed_p", in::model, &ModelConfig::embed_p, {.max = 0.99}, {.applies = tabular_model_only}),
 
       Key("train.epochs", in::train, &TrainSectionConfig::epochs, {.min = 1, .max = 1'000'000}),
@@ -512,8 +590,8 @@ std::string_view to_string(Task task) {
 }
 
 const std::vector<std::string>& dataset_names() {
-  static const std::vector<std::string> names{"fashion_mnist", "image_folder", "image_csv", "csv",
-                                              "synthetic_regression"};
+  static const std::vector<std::string> names{"fashion_mnist", "image_folder",         "image_csv",
+                                              "csv",           "synthetic_regression", "program"};
   return names;
 }
 

@@ -40,7 +40,8 @@ struct SyntheticRegressionConfig {
 };
 
 struct DataConfig {
-  std::string dataset = "fashion_mnist";  ///< fashion_mnist | image_folder | image_csv | csv | synthetic_regression
+  /// fashion_mnist | image_folder | image_csv | csv | synthetic_regression | program
+  std::string dataset = "fashion_mnist";
   std::string path;  ///< fashion_mnist: a local MNIST-format folder (default: url); image_*: the data; csv: the file
   std::string url;   ///< fashion_mnist: an archive for untar_data (default: Debian's copy)
   std::int64_t bs = 128;
@@ -63,6 +64,12 @@ struct DataConfig {
   /// (TabularOptions::regression): several targets, or one whose training values are all numbers, make a
   /// regression; a target with another value, a classification (see RegressionProbe).
   std::string y_block;
+  /// program (samples a running program hands over: the step API, the C interface): one sample's input and target,
+  /// without the batch dimension (e.g. [64, 64] for a 64 x 64 field; [3, 64, 64] with 3 channels)
+  std::vector<std::int64_t> input_shape;
+  std::vector<std::int64_t> target_shape;
+  std::int64_t steps_per_epoch = 100;  ///< program: training steps between epoch ends; train.epochs of them in all
+  std::int64_t held_out = 0;           ///< program: the last samples held out for validation (0: none)
   TransformsConfig transforms;
   SyntheticRegressionConfig synthetic;  ///< synthetic_regression only
   bool operator==(const DataConfig&) const = default;
@@ -70,9 +77,10 @@ struct DataConfig {
 
 struct ModelConfig {
   std::string arch =
-      "simple_cnn";     ///< mlp | simple_cnn | conv_net | resnet (fashion_mnist); resnet18 | 34 | 50; tabular
-  std::string weights;  ///< resnet18/34/50: a torchvision state dict (safetensors) for the body
-  std::vector<std::int64_t> hidden{256, 128};     ///< mlp: hidden layer sizes
+      "simple_cnn";  ///< mlp | simple_cnn | conv_net | resnet (fashion_mnist); resnet18 | 34 | 50; tabular; field_cnn
+  std::string weights;                         ///< resnet18/34/50: a torchvision state dict (safetensors) for the body
+  std::vector<std::int64_t> hidden{256, 128};  ///< mlp: hidden layer sizes; field_cnn: hidden layers' channels
+  std::int64_t kernel_size = 3;                ///< field_cnn: odd
   std::vector<std::int64_t> widths{32, 64, 128};  ///< resnet: channels of each stage; conv_net: of each stride-2 layer
   std::int64_t blocks_per_stage = 1;              ///< resnet
   std::int64_t stem_width = 32;                   ///< resnet

@@ -27,6 +27,30 @@ nn::Sequential mlp(std::int64_t in, const std::vector<std::int64_t>& hidden, std
   return model;
 }
 
+nn::Sequential field_cnn(const FieldCnnOptions& o) {
+  if (o.kernel_size < 1 || o.kernel_size % 2 == 0)
+    throw ConfigError("field_cnn: kernel_size must be odd (a field keeps its size), got " +
+                      std::to_string(o.kernel_size));
+  nn::Sequential model;
+  if (o.height > 0) {
+    if (o.in_channels != 1 || o.out_channels != 1)
+      throw ConfigError("field_cnn: fields without a channel dimension (height > 0) have one channel in and out");
+    model->push_back(nn::Unflatten(nn::UnflattenOptions(1, {1, o.height})));
+  }
+  const auto conv = [&](std::int64_t in, std::int64_t out) {
+    return Conv2d(nn::Conv2dOptions(in, out, o.kernel_size).padding(o.kernel_size / 2));
+  };
+  std::int64_t width = o.in_channels;
+  for (const auto h : o.hidden) {
+    model->push_back(conv(width, h));
+    model->push_back(nn::ReLU());
+    width = h;
+  }
+  model->push_back(conv(width, o.out_channels));
+  if (o.height > 0) model->push_back(nn::Flatten(nn::FlattenOptions().start_dim(1).end_dim(2)));
+  return model;
+}
+
 nn::Sequential simple_cnn(std::int64_t classes, std::int64_t in_channels) {
   auto conv = [](std::int64_t in, std::int64_t out) {
     return Conv2d(nn::Conv2dOptions(in, out, 3).stride(2).padding(1));

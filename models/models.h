@@ -1,7 +1,7 @@
 #pragma once
-// Ready-made models for apps and tests: an MLP, a small CNN (with BatchNorm: conv_net), and a small
-// xresnet-style ResNet with BatchNorm. Each is a torch::nn::Sequential, so parameter names are "<index>.<name>" as in a
-// Python nn.Sequential of the same layers.
+// Ready-made models for apps and tests: an MLP, a small CNN (with BatchNorm: conv_net), a small
+// xresnet-style ResNet with BatchNorm, and a fully convolutional net from fields to fields (field_cnn). Each is a
+// torch::nn::Sequential, so parameter names are "<index>.<name>" as in a Python nn.Sequential of the same layers.
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cstdint>
@@ -40,6 +40,23 @@ struct ResNetOptions {
 /// conv-BN, the second BN's scale starting at zero, average-pool + 1x1 conv shortcut when the shape
 /// changes), global average pooling and a linear head. Any input size.
 torch::nn::Sequential resnet(const ResNetOptions& options = {});
+
+struct FieldCnnOptions {
+  std::int64_t in_channels = 1;
+  std::int64_t out_channels = 1;
+  std::vector<std::int64_t>
+      hidden;                    ///< channels of each hidden layer (a convolution and a ReLU); empty: one convolution
+  std::int64_t kernel_size = 3;  ///< odd: zero padding keeps the field's height and width
+  /// > 0: the samples are fields of one channel without a channel dimension, (height, W), and so are the outputs.
+  std::int64_t height = 0;
+};
+
+/// A surrogate of a grid's update (a stencil, a solver's time step): stride-1 convolutions with zero padding, so each
+/// output point sees the input points within (kernel_size / 2) * (hidden layers + 1) of it, and a field of any size
+/// maps to one of the same size. With no hidden layer it is one linear convolution, which can represent an explicit
+/// finite-difference step exactly (zero padding: a boundary held at zero). Input (N, in_channels, H, W), or (N, height,
+/// W) with options.height.
+torch::nn::Sequential field_cnn(const FieldCnnOptions& options = {});
 
 /// Parameter groups for fine_tune: everything but the last layer (the body), and the last layer (the head).
 std::vector<std::vector<at::Tensor>> body_head_split(torch::nn::Module& model);

@@ -132,6 +132,11 @@ int relaunch(const TrainArgs& args, const std::string& out) {
 
 int run_train(const TrainArgs& args) {
   auto config = read_config_file(args);  // throws before anything is written
+  if (config.data.dataset == "program")
+    throw ConfigError(fmt::format(
+        "{}: data.dataset = \"program\" trains on samples a running program hands over (the step API, or fl_train_step "
+        "of the C interface; docs/c_fortran.md); `fastlearn train` has no program to take them from",
+        excerpt(args.config_path, 256)));
   const fs::path out = args.out.empty() ? fs::path(config.output.dir) : fs::path(args.out);
   config.output.dir = out.string();
   // The ranks on this host: the launch about to start them, or the job this process is one of.

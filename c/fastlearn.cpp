@@ -1,0 +1,437 @@
+// The C interface (c/fastlearn.h) over the step API: each handle owns a Learner built from a config (or an export)
+// and, once the program sets it up, the data parallel scope around it. Every entry point runs its body inside
+// `guarded`, which turns any exception into a status and the calling thread's last error.
+#include <fastlearn/c/fastlearn.h>
+
+#include <fastlearn/callbacks/checkpointing.h>
+#include <fastlearn/comm/runtime.h>
+#include <fastlearn/config/learner_from_config.h>
+#include <fastlearn/config/load_learner.h>
+#include <fastlearn/core/build_info.h>
+#include <fastlearn/core/detail/text.h>
+#include <fastlearn/core/error.h>
+#include <fastlearn/data/inference_pipeline.h>
+#include <fastlearn/distributed/distrib_ctx.h>
+#include <fastlearn/learner/checkpoint.h>
+#include <fastlearn/learner/export.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+namespace fl = fastlearn;
+namespace fs = std::filesystem;
+
+namespace {
+
+thread_local std::string last_error;
+
+// An error of the interface's own checks, with its status.
+struct CallError : std::runtime_error {
+  CallError(fl_status s, const std::string& message) : std::runtime_error(message), status(s) {}
+  fl_status status;
+};
+
+// What a handle holds while it is alive.
+struct LearnerState {
+  std::optional<fl::TrainConfig> config;  // none for a Learner loaded from an export
+  std::unique_ptr<fl::Learner> learn;
+  std::unique_ptr<fl::DistribCtx> distributed;
+  std::vector<std::int64_t> input_shape;   // one sample's
+  std::vector<std::int64_t> target_shape;  // empty for an export (the outputs are whatever the model gives)
+  bool steps_begun = false;
+
+  LearnerState() = default;
+  LearnerState(const LearnerState&) = delete;
+  LearnerState& operator=(const LearnerState&) = delete;
+  ~LearnerState() {
+    try {
+      if (learn) learn->end_steps();
+    } catch (...) {  // the steps' error was reported by the call that met it; freeing goes on
+    }
+    distributed.reset();  // detaches the Learner first: the scope refers to it
+    learn.reset();
+  }
+};
+
+}  // namespace
+
+// A handle is never deleted: once freed it stays, empty, so that a later call with it (or with a copy of it) is told
+// so instead of reading freed memory, and no new handle reuses its address. Freeing releases everything it held.
+struct fl_learner {
+  std::mutex mutex;  // one call at a time
+  std::unique_ptr<LearnerState> state;
+};
+
+namespace {
+
+std::mutex handles_mutex;
+std::unordered_set<const fl_learner*>& handles() {
+  static auto* all = new std::unordered_set<const fl_learner*>();  // every handle ever made; never destroyed
+  return *all;
+}
+
+fl_status status_of(const std::exception& e) {
+  if (const auto* call = dynamic_cast<const CallError*>(&e)) return call->status;
+  if (dynamic_cast<const fl::ConfigError*>(&e)) return FL_ERROR_CONFIG;
+  if (dynamic_cast<const fl::CheckpointError*>(&e) || dynamic_cast<const fl::DataError*>(&e)) return FL_ERROR_IO;
+  if (dynamic_cast<const fl::DistributedError*>(&e)) return FL_ERROR_DISTRIBUTED;
+  if (dynamic_cast<const fs::filesystem_error*>(&e)) return FL_ERROR_IO;
+  return FL_ERROR_INTERNAL;
+}
+
+// Runs `body`, turning what it throws into a status and this thread's last error, prefixed with the function's name.
+template <class Body>
+fl_status guarded(const char* function, Body&& body) noexcept {
+  try {
+    last_error.clear();
+    body();
+    return FL_OK;
+  } catch (const std::exception& e) {
+    const auto status = status_of(e);
+    try {
+      std::string message = e.what();
+      if (const auto* torch_error = dynamic_cast<const c10::Error*>(&e))
+        message = torch_error->what_without_backtrace();
+      last_error = std::string(function) + ": " + message;
+    } catch (...) {
+      last_error.clear();  // out of memory for the message itself
+    }
+    return status;
+  } catch (...) {
+    last_error = std::string(function) + ": an unknown error";
+    return FL_ERROR_INTERNAL;
+  }
+}
+
+// Runs `body` with the live state of `handle`, one call at a time.
+template <class Body>
+fl_status with_learner(const char* function, fl_learner* handle, Body&& body) noexcept {
+  return guarded(function, [&] {
+    if (handle == nullptr) throw CallError(FL_ERROR_NULL, "the learner is NULL");
+    {
+      const std::lock_guard lock(handles_mutex);
+      if (!handles().contains(handle))
+        throw CallError(FL_ERROR_STATE, "this is not a learner that fl_create or fl_load_export made");
+    }
+    const std::lock_guard lock(handle->mutex);
+    if (!handle->state) throw CallError(FL_ERROR_STATE, "the learner was freed (fl_free)");
+    body(*handle->state);
+  });
+}
+
+const char* needed(const char* text, const char* what) {
+  if (text == nullptr) throw CallError(FL_ERROR_NULL, fmt::format("{} is NULL", what));
+  return text;
+}
+
+fl_learner* make_handle(std::unique_ptr<LearnerState> state) {
+  auto* handle = new fl_learner();
+  handle->state = std::move(state);
+  const std::lock_guard lock(handles_mutex);
+  handles().insert(handle);
+  return handle;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+// The array as the caller declared it, for messages: "(8, 32, 32) column-major float64".
+std::string declared(const fl_array& a) {
+  return fmt::format("({}) {} {}", fmt::join(std::vector<std::int64_t>(a.shape, a.shape + a.ndim), ", "),
+                     a.layout == FL_COLUMN_MAJOR ? "column-major" : "row-major",
+                     a.dtype == FL_FLOAT64 ? "float64" : "float32");
+}
+
+// The caller's array as a tensor over its memory, batch first: row-major as declared, column-major with the shape
+// reversed (the same memory read in C order). Checked before anything is read.
+at::Tensor view_of(const fl_array* a, const char* what) {
+  if (a == nullptr) throw CallError(FL_ERROR_NULL, fmt::format("{} is NULL", what));
+  if (a->dtype != FL_FLOAT32 && a->dtype != FL_FLOAT64)
+    throw CallError(FL_ERROR_SHAPE,
+                    fmt::format("{}: dtype {} is neither FL_FLOAT32 (0) nor FL_FLOAT64 (1)", what, a->dtype));
+  if (a->layout != FL_ROW_MAJOR && a->layout != FL_COLUMN_MAJOR)
+    throw CallError(FL_ERROR_SHAPE,
+                    fmt::format("{}: layout {} is neither FL_ROW_MAJOR (0) nor FL_COLUMN_MAJOR (1)", what, a->layout));
+  if (a->ndim < 1 || a->ndim > FL_MAX_DIMS)
+    throw CallError(FL_ERROR_SHAPE, fmt::format("{}: ndim {} is not in [1, {}]", what, a->ndim, FL_MAX_DIMS));
+  std::vector<std::int64_t> sizes(a->shape, a->shape + a->ndim);
+  std::int64_t elements = 1;
+  for (const auto d : sizes) {
+    if (d < 1) throw CallError(FL_ERROR_SHAPE, fmt::format("{}: shape {} has a dimension below 1", what, declared(*a)));
+    if (d > (std::int64_t{1} << 40) / elements)
+      throw CallError(FL_ERROR_SHAPE, fmt::format("{}: shape {} holds more than 2^40 values", what, declared(*a)));
+    elements *= d;
+  }
+  if (a->data == nullptr) throw CallError(FL_ERROR_NULL, fmt::format("{}: data is NULL", what));
+  if (a->layout == FL_COLUMN_MAJOR) std::reverse(sizes.begin(), sizes.end());
+  return torch::from_blob(a->data, sizes, a->dtype == FL_FLOAT64 ? torch::kFloat64 : torch::kFloat32);
+}
+
+// A batch of samples of `sample` shape, as float32 (no copy when it is float32 already), every value finite.
+at::Tensor batch_of(const fl_array* a, const char* what, const std::vector<std::int64_t>& sample, const char* key) {
+  auto t = view_of(a, what);
+  const auto sizes = t.sizes().vec();
+  if (!sample.empty() && std::vector<std::int64_t>(sizes.begin() + 1, sizes.end()) != sample)
+    throw CallError(FL_ERROR_SHAPE,
+                    fmt::format("{}: {} is a batch of {} samples of shape {}, and {} is {}{}", what, declared(*a),
+                                sizes[0], shape_text({sizes.begin() + 1, sizes.end()}), key, shape_text(sample),
+                                a->layout == FL_COLUMN_MAJOR
+                                    ? " (a column-major array lists its dimensions in reverse, the batch last)"
+                                    : ""));
+  if (t.scalar_type() != torch::kFloat32) t = t.to(torch::kFloat32);
+  const auto finite = torch::isfinite(t);
+  if (!finite.all().item<bool>()) {
+    const auto first = (~finite).flatten().nonzero()[0].item<std::int64_t>();
+    throw CallError(FL_ERROR_VALUE, fmt::format("{}: element {} (0-based, in memory order) of {} is {}", what, first,
+                                                declared(*a), t.flatten()[first].item<float>()));
+  }
+  return t;
+}
+
+// The batch sizes of inputs and targets agree.
+void same_batch(const at::Tensor& inputs, const at::Tensor& targets) {
+  if (inputs.size(0) != targets.size(0))
+    throw CallError(FL_ERROR_SHAPE, fmt::format("inputs hold a batch of {} samples and targets one of {}",
+                                                inputs.size(0), targets.size(0)));
+}
+
+void needs_config(const LearnerState& s, const char* what) {
+  if (!s.config)
+    throw CallError(FL_ERROR_STATE,
+                    fmt::format("a learner loaded from an export predicts only; {} needs one from fl_create", what));
+}
+
+// The steps the config plans start with the first step (or hold_out, or resume).
+void begin_steps(LearnerState& s, const fl::FitOptions& fit = {}) {
+  if (s.steps_begun) return;
+  s.learn->begin_steps(fl::step_plan(*s.config), fl::step_fit(*s.config, fit));
+  s.steps_begun = true;
+}
+
+std::unique_ptr<LearnerState> state_of_config(fl::TrainConfig config, const std::string& origin) {
+  if (config.data.dataset != "program")
+    throw CallError(FL_ERROR_CONFIG,
+                    fmt::format("{}: data.dataset is \"{}\"; a program's learner takes its samples from the program: "
+                                "set data.dataset = \"program\" with data.input_shape and data.target_shape",
+                                fl::excerpt(origin, 256), fl::excerpt(config.data.dataset)));
+  fl::check_devices(config, fl::local_world_size(), origin);
+  auto state = std::make_unique<LearnerState>();
+  state->learn = fl::learner_from_config(config, {.progress = false, .checked = true});
+  state->input_shape = config.data.input_shape;
+  state->target_shape = config.data.target_shape;
+  state->config = std::move(config);
+  return state;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* fl_version(void) {
+  static const std::string version = [] {
+    try {
+      return fl::build_info().fastlearn_version;
+    } catch (...) {
+      return std::string("?");
+    }
+  }();
+  return version.c_str();
+}
+
+const char* fl_last_error(void) { return last_error.c_str(); }
+
+fl_status fl_create(const char* config_file, fl_learner** learner) {
+  return guarded("fl_create", [&] {
+    if (learner == nullptr) throw CallError(FL_ERROR_NULL, "the learner pointer is NULL");
+    *learner = nullptr;
+    const std::string path = needed(config_file, "the config file");
+    *learner = make_handle(state_of_config(fl::load_config(path), path));
+  });
+}
+
+fl_status fl_create_from_toml(const char* toml, const char* source_name, fl_learner** learner) {
+  return guarded("fl_create_from_toml", [&] {
+    if (learner == nullptr) throw CallError(FL_ERROR_NULL, "the learner pointer is NULL");
+    *learner = nullptr;
+    const std::string name = source_name != nullptr ? source_name : "config";
+    *learner = make_handle(state_of_config(fl::parse_config(needed(toml, "the config text"), name), name));
+  });
+}
+
+fl_status fl_load_export(const char* export_file, const char* device, fl_learner** learner) {
+  return guarded("fl_load_export", [&] {
+    if (learner == nullptr) throw CallError(FL_ERROR_NULL, "the learner pointer is NULL");
+    *learner = nullptr;
+    const std::string file = needed(export_file, "the export file");
+    const std::string where = device != nullptr ? device : "auto";
+    fl::LoadLearnerOptions options;
+    if (where != "auto") {
+      try {
+        options.device = c10::Device(where);
+      } catch (const std::exception&) {
+        throw CallError(FL_ERROR_CONFIG, fmt::format("device \"{}\" is not \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"",
+                                                     fl::excerpt(where)));
+      }
+    }
+    const auto contents = fl::read_export(file);
+    if (contents.pipeline.kind != fl::InferencePipeline::Kind::tensors)
+      throw CallError(FL_ERROR_CONFIG,
+                      fmt::format("{}: the model reads {}; the C interface hands it arrays (an export of a learner "
+                                  "trained on arrays, such as one of data.dataset = \"program\")",
+                                  fl::excerpt(file, 256),
+                                  contents.pipeline.kind == fl::InferencePipeline::Kind::images ? "image files"
+                                                                                                : "a table's rows"));
+    auto state = std::make_unique<LearnerState>();
+    state->learn = fl::load_learner(contents, file, options);
+    state->input_shape = contents.pipeline.item_shape;
+    *learner = make_handle(std::move(state));
+  });
+}
+
+fl_status fl_free(fl_learner** learner) {
+  return guarded("fl_free", [&] {
+    if (learner == nullptr || *learner == nullptr) return;
+    fl_learner* handle = std::exchange(*learner, nullptr);
+    {
+      const std::lock_guard lock(handles_mutex);
+      if (!handles().contains(handle))
+        throw CallError(FL_ERROR_STATE, "this is not a learner that fl_create or fl_load_export made");
+    }
+    std::unique_ptr<LearnerState> state;
+    {
+      const std::lock_guard lock(handle->mutex);
+      if (!handle->state) throw CallError(FL_ERROR_STATE, "the learner was freed already");
+      state = std::move(handle->state);
+    }
+    state.reset();
+  });
+}
+
+fl_status fl_distributed_init(fl_learner* learner) {
+  return with_learner("fl_distributed_init", learner, [&](LearnerState& s) {
+    needs_config(s, "data parallel training");
+    if (s.steps_begun)
+      throw CallError(FL_ERROR_STATE, "the steps have begun; set up data parallel training before the first step");
+    if (s.distributed) return;
+    const auto& d = s.config->distributed;
+    s.distributed = std::make_unique<fl::DistribCtx>(*s.learn, fl::trainer_options(d), fl::setup_options(d));
+  });
+}
+
+fl_status fl_rank(fl_learner* learner, int32_t* rank, int32_t* world_size) {
+  return with_learner("fl_rank", learner, [&](LearnerState&) {
+    if (rank != nullptr) *rank = fl::rank();
+    if (world_size != nullptr) *world_size = fl::world_size();
+  });
+}
+
+fl_status fl_train_step(fl_learner* learner, const fl_array* inputs, const fl_array* targets, double* loss) {
+  return with_learner("fl_train_step", learner, [&](LearnerState& s) {
+    needs_config(s, "training");
+    auto x = batch_of(inputs, "inputs", s.input_shape, "data.input_shape");
+    auto y = batch_of(targets, "targets", s.target_shape, "data.target_shape");
+    same_batch(x, y);
+    begin_steps(s);
+    if (!s.learn->stepping()) {
+      const auto trained = s.learn->train_iter;
+      throw CallError(
+          FL_ERROR_STATE,
+          fmt::format("the steps have ended after {} of the {} planned{}", trained, fl::step_plan(*s.config).steps,
+                      trained < fl::step_plan(*s.config).steps ? " (stopped by a callback)" : ""));
+    }
+    const auto value = s.learn->train_step(x, y);
+    // The step is done and nothing reads the caller's arrays again: the Learner keeps no view of them.
+    s.learn->xb.clear();
+    s.learn->yb.clear();
+    if (loss != nullptr) *loss = value.defined() ? value.item<double>() : std::nan("");
+  });
+}
+
+fl_status fl_hold_out(fl_learner* learner, const fl_array* inputs, const fl_array* targets) {
+  return with_learner("fl_hold_out", learner, [&](LearnerState& s) {
+    needs_config(s, "holding samples out");
+    if (s.config->data.held_out == 0)
+      throw CallError(FL_ERROR_CONFIG, "the config holds no samples out: set data.held_out to how many to keep");
+    auto x = batch_of(inputs, "inputs", s.input_shape, "data.input_shape");
+    auto y = batch_of(targets, "targets", s.target_shape, "data.target_shape");
+    same_batch(x, y);
+    begin_steps(s);
+    if (!s.learn->stepping()) throw CallError(FL_ERROR_STATE, "the steps have ended");
+    s.learn->hold_out({x}, {y});  // copies the rows
+  });
+}
+
+fl_status fl_predict(fl_learner* learner, const fl_array* inputs, fl_array* outputs) {
+  return with_learner("fl_predict", learner, [&](LearnerState& s) {
+    auto x = batch_of(inputs, "inputs", s.input_shape, "data.input_shape");
+    auto out = view_of(outputs, "outputs");
+    const auto pred = s.learn->predict_batch({x});
+    if (out.sizes() != pred.sizes())
+      throw CallError(FL_ERROR_SHAPE,
+                      fmt::format("outputs: {} is read as {}, and the model's outputs for these inputs are {}{}",
+                                  declared(*outputs), shape_text(out.sizes().vec()), shape_text(pred.sizes().vec()),
+                                  outputs->layout == FL_COLUMN_MAJOR
+                                      ? " (a column-major array lists its dimensions in reverse, the batch last)"
+                                      : ""));
+    out.copy_(pred);
+  });
+}
+
+fl_status fl_end_steps(fl_learner* learner) {
+  return with_learner("fl_end_steps", learner, [&](LearnerState& s) { s.learn->end_steps(); });
+}
+
+fl_status fl_steps(fl_learner* learner, int64_t* trained, int64_t* planned, int32_t* running) {
+  return with_learner("fl_steps", learner, [&](LearnerState& s) {
+    if (trained != nullptr) *trained = s.steps_begun ? s.learn->train_iter : 0;
+    if (planned != nullptr) *planned = s.config ? fl::step_plan(*s.config).steps : 0;
+    if (running != nullptr) *running = s.config && (!s.steps_begun || s.learn->stepping()) ? 1 : 0;
+  });
+}
+
+fl_status fl_resume(fl_learner* learner, const char* checkpoint) {
+  return with_learner("fl_resume", learner, [&](LearnerState& s) {
+    needs_config(s, "resuming");
+    fs::path file = needed(checkpoint, "the checkpoint");
+    if (s.steps_begun)
+      throw CallError(FL_ERROR_STATE, "the steps have begun; resume before the first step (and fl_hold_out)");
+    if (fs::is_directory(file)) {
+      const auto latest = fl::latest_checkpoint(file);
+      if (!latest)
+        throw CallError(FL_ERROR_IO, fmt::format("'{}' holds no complete checkpoint", fl::excerpt(file.string(), 256)));
+      file = *latest;
+    } else if (!fs::exists(file)) {
+      throw CallError(FL_ERROR_IO, fmt::format("'{}' does not exist", fl::excerpt(file.string(), 256)));
+    }
+    begin_steps(s, {.resume_from = file});
+  });
+}
+
+fl_status fl_save(fl_learner* learner, const char* file) {
+  return with_learner("fl_save", learner, [&](LearnerState& s) {
+    const fs::path path = needed(file, "the file");
+    if (s.learn->coordination().is_main()) fl::save_checkpoint(*s.learn, path);
+  });
+}
+
+fl_status fl_load(fl_learner* learner, const char* file) {
+  return with_learner("fl_load", learner, [&](LearnerState& s) {
+    const fs::path path = needed(file, "the file");
+    if (s.learn->stepping()) throw CallError(FL_ERROR_STATE, "steps are under way; fl_end_steps first");
+    fl::load_checkpoint(*s.learn, path);
+  });
+}
+
+fl_status fl_export(fl_learner* learner, const char* file) {
+  return with_learner("fl_export", learner, [&](LearnerState& s) { s.learn->export_to(needed(file, "the file")); });
+}
+
+}  // extern "C"
