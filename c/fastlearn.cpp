@@ -282,13 +282,15 @@ fl_status fl_load_export(const char* export_file, const char* device, fl_learner
       }
     }
     const auto contents = fl::read_export(file);
-    if (contents.pipeline.kind != fl::InferencePipeline::Kind::tensors)
+    using Kind = fl::InferencePipeline::Kind;
+    if (const auto kind = contents.pipeline.kind; kind != Kind::tensors)
       throw CallError(FL_ERROR_CONFIG,
                       fmt::format("{}: the model reads {}; the C interface hands it arrays (an export of a learner "
                                   "trained on arrays, such as one of data.dataset = \"program\")",
                                   fl::excerpt(file, 256),
-                                  contents.pipeline.kind == fl::InferencePipeline::Kind::images ? "image files"
-                                                                                                : "a table's rows"));
+                                  kind == Kind::images  ? "image files"
+                                  : kind == Kind::table ? "a table's rows"
+                                                        : "data of its own, which the export does not describe"));
     auto state = std::make_unique<LearnerState>();
     state->learn = fl::load_learner(contents, file, options);
     state->input_shape = contents.pipeline.item_shape;

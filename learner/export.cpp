@@ -54,7 +54,7 @@ std::filesystem::path export_learner(Learner& learn, const std::filesystem::path
                     {"activation", activation_of(loss)},
                     {"threshold", fmt::format("{}", threshold)},
                     {"channels_last", channels_last ? "true" : "false"},
-                    {"pipeline", to_json(inference_pipeline(learn.dls()))}};
+                    {"pipeline", to_json(inference_pipeline(learn.given_dls()))}};
   if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
   save_checked_safetensors(file, tensors, std::move(metadata));
   return file;

@@ -306,6 +306,9 @@ class Learner {
   /// and that option when the model cannot be copied.
   ModelCopy replicate(const c10::Device& device);
   DataLoaders& dls() { return dls_; }
+  /// The DataLoaders the Learner was given: dls(), except during steps, whose loaders of the program's batches and
+  /// held-out samples stand in for the training and validation loaders set aside (what an export describes).
+  DataLoaders given_dls() const;
   /// Where this learner computes: LearnerOptions::device, resolved.
   const c10::Device& device() const { return device_; }
   /// Whether LearnerOptions::device was left to fastlearn (data parallel training then moves the learner to its

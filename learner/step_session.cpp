@@ -104,6 +104,12 @@ class StepRunner {
 
   bool holds_out() const { return plan_.held_out > 0; }
 
+  // Puts the loaders the steps set aside into `dls`.
+  void set_aside_into(DataLoaders& dls) const {
+    if (saved_train_) dls.train() = *saved_train_;
+    if (saved_valid_) dls.valid() = *saved_valid_;
+  }
+
   // Adds the rows of a batch to the held-out samples, keeping the last plan.held_out.
   void hold_out(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets) {
     const Batch rows{inputs, targets};
@@ -314,6 +320,12 @@ void Learner::restore_step_state(const NamedTensors& tensors) {
 }
 
 bool Learner::stepping() const { return steps_ && !steps_->finished(); }
+
+DataLoaders Learner::given_dls() const {
+  auto dls = dls_;
+  if (steps_) steps_->set_aside_into(dls);
+  return dls;
+}
 
 at::Tensor Learner::predict_batch(std::vector<at::Tensor> inputs) {
   if (in_fit_ && !steps_) throw Error("predict_batch was called during a fit (from a callback?)");

@@ -1,5 +1,6 @@
 // The configuration of `fastlearn train`: strict validation (the message content is what a user relies
 // on), --set overrides with their types, and the resolved config's round trip.
+#include <fastlearn/config/learner_from_config.h>
 #include <fastlearn/config/train_config.h>
 
 #include <gtest/gtest.h>
@@ -94,7 +95,8 @@ TEST(Config, AnOutOfRangeValueNamesTheKeyAndTheRange) {
 }
 
 TEST(Config, KeysThatDoNotApplyAreErrors) {
-  expect_contains(error_of("[model]\nhidden = [64]\n").what(), "model.hidden: applies to arch = \"mlp\" only");
+  expect_contains(error_of("[model]\nhidden = [64]\n").what(),
+                  "model.hidden: applies to arch = \"mlp\" or \"field_cnn\" only");
   expect_contains(error_of("[model]\nwidths = [8]\n").what(),
                   "model.widths: applies to arch = \"resnet\" or \"conv_net\" only");
   expect_contains(error_of("[model]\narch = \"conv_net\"\nstem_width = 8\n").what(),
@@ -408,4 +410,42 @@ TEST(Config, DistributedDevicesAreSpelledAndAtLeastTwo) {
   expect_contains(error_of("[distributed]\ndevices = [\"cpu\"]\n").what(), "give at least two");
   expect_contains(error_of("[distributed]\ndevices = [\"tpu:0\", \"cpu\"]\n").what(), "lists \"tpu:0\"");
   expect_contains(error_of("[distributed]\ndevices = [\"cuda\", \"cuda:1\"]\n").what(), "give it alone");
+}
+
+TEST(Config, AProgramsSamplesAreDescribedByTheirShapesAndPlannedAsSteps) {
+  const std::string program =
+      "[data]\ndataset = \"program\"\ninput_shape = [2, 16, 16]\ntarget_shape = [1, 16, 16]\nsteps_per_epoch = 50\n"
+      "held_out = 32\nvalid_bs = 16\n";
+  const auto c = parse_config(program + "[model]\narch = \"field_cnn\"\nhidden = []\n[train]\nepochs = 4\n", "p.toml");
+  EXPECT_EQ(c.train.loss, "mse");  // a regression
+  EXPECT_EQ(parse_config(program, "p.toml").model.arch, "mlp");
+  const auto plan = fastlearn::step_plan(c);
+  EXPECT_EQ(plan.steps, 200);
+  EXPECT_EQ(plan.steps_per_epoch, 50);
+  EXPECT_EQ(plan.held_out, 32);
+  EXPECT_EQ(plan.valid_bs, 16);
+  EXPECT_EQ(parse_config(to_toml(c), "resolved.toml"), c);
+  // What does not fit is said by key.
+  expect_contains(error_of("[data]\ndataset = \"program\"\ntarget_shape = [1]\n").what(),
+                  "data.input_shape: dataset = \"program\" needs it");
+  expect_contains(error_of(program + "[model]\narch = \"field_cnn\"\n", {"data.target_shape=[1, 8, 8]"}).what(),
+                  "keeps a field's height and width");
+  expect_contains(error_of(program + "[model]\narch = \"field_cnn\"\n", {"data.target_shape=[256]"}).what(),
+                  "maps fields to fields");
+  expect_contains(error_of(program + "[model]\narch = \"field_cnn\"\nkernel_size = 4\n").what(),
+                  "model.kernel_size: must be odd");
+  expect_contains(error_of(program + "[model]\nhidden = [2000000]\n").what(), "a layer is at most 1048576 wide");
+  expect_contains(error_of(program, {"data.input_shape=[1, 1, 1, 1, 1, 1, 1]"}).what(), "at most 6");
+  expect_contains(error_of(program, {"data.input_shape=[65536, 65536]"}).what(), "more than 2^31 values");
+  expect_contains(error_of("[data]\ninput_shape = [4]\n").what(), "applies to dataset = \"program\" only");
+  expect_contains(error_of("[model]\narch = \"field_cnn\"\n").what(), "model.arch");
+  // Such a config trains only from a program's steps.
+  EXPECT_THROW(fastlearn::step_plan(parse_config("", "fashion.toml")), fastlearn::ConfigError);
+  auto learn = fastlearn::learner_from_config(c, {.run_callbacks = false, .progress = false});
+  try {
+    fastlearn::fit_from_config(*learn, c);
+    ADD_FAILURE() << "fit_from_config trained a program's config";
+  } catch (const fastlearn::ConfigError& e) {
+    expect_contains(e.what(), "the samples come from a running program");
+  }
 }

@@ -26,8 +26,10 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/build_paths.h"
@@ -104,7 +106,10 @@ class TinyConfigs : public ::testing::Test {
                                       (dir_ / "tagged").string())},
             {"csv", fmt::format("dataset = \"csv\"\npath = \"{}\"\ny_names = [\"kind\"]\ncat_names = [\"colour\"]\n"
                                 "cont_names = [\"size\"]\nbs = 8\nworkers = 0\n",
-                                (dir_ / "table.csv").string())}};
+                                (dir_ / "table.csv").string())},
+            {"program",
+             "dataset = \"program\"\ninput_shape = [2, 6, 6]\ntarget_shape = [2, 6, 6]\nsteps_per_epoch = 3\n"
+             "held_out = 4\n"}};
   }
 
   // The config of `dataset` with `key = "value"` set (key "model.arch", "train.loss", ...): one epoch, no metric
@@ -143,11 +148,43 @@ class TinyConfigs : public ::testing::Test {
     SCOPED_TRACE(what);
     auto learn = fl::learner_from_config(config, {.run_callbacks = false, .progress = false});
     const auto before = fl::testing::snapshot(learn->model());
-    fl::fit_from_config(*learn, config);
+    train_as_configured(*learn, config);
     EXPECT_FALSE(fl::testing::same_tensors(before, fl::testing::snapshot(learn->model())));
-    const auto result = learn->validate();
+    auto program_valid = program_samples(config, 4);
+    const auto result = learn->validate(program_valid ? &*program_valid : nullptr);
     EXPECT_TRUE(std::isfinite(result.loss)) << result.loss;
     for (const auto& [name, value] : result.metrics) EXPECT_TRUE(std::isfinite(value)) << name;
+  }
+
+  // `n` random samples (inputs, targets) of the shapes of a config with data.dataset = "program".
+  static std::pair<at::Tensor, at::Tensor> random_samples(const fl::TrainConfig& config, std::int64_t n) {
+    const auto batch = [&](const std::vector<std::int64_t>& sample) {
+      std::vector<std::int64_t> shape{n};
+      shape.insert(shape.end(), sample.begin(), sample.end());
+      return torch::randn(shape);
+    };
+    return {batch(config.data.input_shape), batch(config.data.target_shape)};
+  }
+
+  // A loader of such samples for a program's config (none for another).
+  static std::optional<fl::DataLoader> program_samples(const fl::TrainConfig& config, std::int64_t n) {
+    if (config.data.dataset != "program") return std::nullopt;
+    auto [x, y] = random_samples(config, n);
+    return fl::DataLoader(std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y}),
+                          {.bs = n});
+  }
+
+  // fit_from_config, or for a program's samples the steps the config plans, on random batches (4 of them held out).
+  static void train_as_configured(fl::Learner& learn, const fl::TrainConfig& config) {
+    if (config.data.dataset != "program") return fl::fit_from_config(learn, config);
+    learn.begin_steps(fl::step_plan(config), fl::step_fit(config));
+    const auto [held_x, held_y] = random_samples(config, 4);
+    learn.hold_out({held_x}, {held_y});
+    while (learn.stepping()) {
+      const auto [x, y] = random_samples(config, 4);
+      learn.train_step(x, y);
+    }
+    learn.end_steps();
   }
 
   fs::path dir_;
@@ -163,7 +200,8 @@ TEST_F(TinyConfigs, EveryArchBuildsAndTrainsOnEachDatasetItReads) {
       ++trained;
     }
   }
-  EXPECT_GE(trained, 12);  // simple_cnn, mlp (twice), conv_net, resnet, resnet18/34/50 (twice each), tabular
+  // simple_cnn, mlp (three times), conv_net, resnet, resnet18/34/50 (twice each), tabular, field_cnn
+  EXPECT_GE(trained, 14);
 }
 
 TEST_F(TinyConfigs, EveryLossMetricOptimizerAndScheduleBuildsAndTrains) {
@@ -223,11 +261,12 @@ at::Tensor preds_on_new_items(fl::Learner& learn, const std::string& dataset, co
     auto dl = fl::TabularDataLoaders::test_dl(learn.dls(), fl::read_csv(dir / "rows.csv"), "rows.csv");
     return learn.get_preds(&dl).preds;
   }
-  if (dataset == "synthetic_regression") {
-    fl::DataLoader dl(std::make_shared<fl::TensorDataset>(
-                          std::vector<at::Tensor>{fl::load_safetensors(dir / "x.safetensors").tensors.at(0).second},
-                          std::vector<at::Tensor>{}),
-                      {.bs = 4});
+  if (dataset == "synthetic_regression" || dataset == "program") {
+    const auto file = dir / (dataset == "program" ? "fields.safetensors" : "x.safetensors");
+    fl::DataLoader dl(
+        std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{fl::load_safetensors(file).tensors.at(0).second},
+                                            std::vector<at::Tensor>{}),
+        {.bs = 4});
     return learn.get_preds(&dl).preds;
   }
   std::vector<fs::path> files;
@@ -246,6 +285,7 @@ void write_new_items(const fs::path& dir) {
   }
   write_bytes(dir / "rows.csv", "id,colour,size,kind\n1,red,1.5,big\n2,green,,small\n3,,7.25,\n4,blue,100,big\n");
   fl::save_safetensors(dir / "x.safetensors", {{"x", torch::randn({6, 4})}});
+  fl::save_safetensors(dir / "fields.safetensors", {{"x", torch::randn({6, 2, 6, 6})}});
 }
 
 // Every arch on each dataset it reads, a table's regression and a multi-label image task included: trained for an
@@ -274,12 +314,12 @@ TEST_F(TinyConfigs, AnExportLoadsWithoutTheDataAndPredictsNewItemsExactlyAsTheTr
     const auto what = config.model.arch + " on " + dataset + " (" + config.data.y_block + ")";
     SCOPED_TRACE(what);
     auto learn = fl::learner_from_config(config, {.run_callbacks = false, .progress = false});
-    fl::fit_from_config(*learn, config);
+    train_as_configured(*learn, config);
     const auto file = learn->export_to(dir_ / "exports" / fmt::format("{}.safetensors", exports.size()));
     exports.push_back({what, dataset, file, preds_on_new_items(*learn, dataset, dir_ / "new"), fl::output_names(*learn),
                        fl::predicts_values(*learn)});
   }
-  EXPECT_GE(exports.size(), 13u);
+  EXPECT_GE(exports.size(), 15u);
   for (const char* data : {"mnist", "folders", "tagged", "table.csv"}) fs::remove_all(dir_ / data);
   for (const auto& e : exports) {
     SCOPED_TRACE(e.what);

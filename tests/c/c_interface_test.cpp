@@ -1,0 +1,401 @@
+// The C interface (c/fastlearn.h) as a C or Fortran program meets it: the same weights as the C++ step API on the
+// same samples, whatever the layout and type of the arrays; every misuse a status with a message, never a crash;
+// resume and exports; and the heat solver example in C++, C and Fortran on one and two ranks.
+#include <fastlearn/c/fastlearn.h>
+
+#include <fastlearn/config/learner_from_config.h>
+#include <fastlearn/core/safetensors.h>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/build_paths.h"
+#include "support/processes.h"
+
+namespace fl = fastlearn;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Samples of 3 x 4 inputs and 2 targets, an mlp, 2 epochs of 4 steps, 8 samples held out.
+std::string config_text(const fs::path& out, const std::string& extra = "") {
+  return fmt::format(R"([data]
+dataset = "program"
+input_shape = [3, 4]
+target_shape = [2]
+steps_per_epoch = 4
+held_out = 8
+[model]
+arch = "mlp"
+hidden = [16]
+[train]
+epochs = 2
+lr = 0.01
+device = "cpu"
+metrics = ["rmse"]
+{}
+[output]
+dir = "{}"
+plots = false
+)",
+                     extra, out.string());
+}
+
+class CInterface : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           fmt::format("fastlearn_c_{}_{}", getpid(), ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A learner of config_text (or `text`), freed at the end of the test.
+  fl_learner* create(const std::string& text = "") {
+    fl_learner* learn = nullptr;
+    const auto toml = text.empty() ? config_text(dir_ / "run") : text;
+    EXPECT_EQ(fl_create_from_toml(toml.c_str(), "test.toml", &learn), FL_OK) << fl_last_error();
+    learners_.push_back(learn);
+    return learn;
+  }
+
+  ~CInterface() override {
+    for (auto* learn : learners_) fl_free(&learn);
+  }
+
+  fs::path dir_;
+  std::vector<fl_learner*> learners_;
+};
+
+// A row-major description of a contiguous float tensor.
+fl_array row_major(const at::Tensor& t) {
+  fl_array a{.data = t.data_ptr(),
+             .dtype = t.scalar_type() == torch::kFloat64 ? FL_FLOAT64 : FL_FLOAT32,
+             .layout = FL_ROW_MAJOR,
+             .ndim = static_cast<int32_t>(t.dim())};
+  for (int d = 0; d < t.dim(); ++d) a.shape[d] = t.size(d);
+  return a;
+}
+
+// The same memory as Fortran declares it: column-major, the dimensions reversed.
+fl_array column_major(const at::Tensor& t) {
+  auto a = row_major(t);
+  a.layout = FL_COLUMN_MAJOR;
+  for (int d = 0; d < t.dim(); ++d) a.shape[d] = t.size(t.dim() - 1 - d);
+  return a;
+}
+
+std::vector<at::Tensor> weights_of(fl::Learner& learn) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : learn.model().parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+std::vector<at::Tensor> weights_in(const fs::path& file) {
+  std::vector<at::Tensor> out;
+  for (const auto& [name, t] : fl::load_safetensors(file).tensors)
+    if (!name.starts_with("optimizer/") && !name.starts_with("rng/") && !name.starts_with("steps/")) out.push_back(t);
+  return out;
+}
+
+void expect_equal(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "tensor " << i;
+}
+
+}  // namespace
+
+TEST_F(CInterface, TrainsTheSameWeightsAsTheStepApiOnTheSameSamples) {
+  torch::manual_seed(7);
+  const auto x = torch::randn({8, 4, 3, 4}), y = torch::randn({8, 4, 2});
+  const auto held_x = torch::randn({8, 3, 4}), held_y = torch::randn({8, 2});
+
+  // C++: the step API on the config's Learner.
+  const auto config = fl::parse_config(config_text(dir_ / "cpp"), "test.toml");
+  auto cpp = fl::learner_from_config(config, {.progress = false});
+  cpp->begin_steps(fl::step_plan(config), fl::step_fit(config));
+  cpp->hold_out({held_x}, {held_y});
+  std::vector<double> cpp_losses;
+  for (int s = 0; s < 8; ++s) cpp_losses.push_back(cpp->train_step(x[s], y[s]).item<double>());
+  EXPECT_FALSE(cpp->stepping());
+  cpp->end_steps();
+
+  // C: float32 row-major (read in place), float64 (converted), and Fortran's column-major view of the same memory.
+  auto* c = create();
+  const auto held_x64 = held_x.to(torch::kFloat64), held_y64 = held_y.to(torch::kFloat64);
+  auto hx = column_major(held_x64), hy = column_major(held_y64);
+  ASSERT_EQ(fl_hold_out(c, &hx, &hy), FL_OK) << fl_last_error();
+  for (int s = 0; s < 8; ++s) {
+    const auto xs = s % 2 ? x[s].to(torch::kFloat64) : x[s].contiguous();
+    const auto ys = s % 2 ? y[s].to(torch::kFloat64) : y[s].contiguous();
+    auto xa = s % 4 < 2 ? row_major(xs) : column_major(xs);
+    auto ya = s % 4 < 2 ? row_major(ys) : column_major(ys);
+    double loss = 0;
+    ASSERT_EQ(fl_train_step(c, &xa, &ya, &loss), FL_OK) << fl_last_error();
+    EXPECT_EQ(loss, cpp_losses[s]) << "step " << s;
+  }
+  int64_t trained = 0, planned = 0;
+  int32_t running = 1;
+  ASSERT_EQ(fl_steps(c, &trained, &planned, &running), FL_OK);
+  EXPECT_EQ(trained, 8);
+  EXPECT_EQ(planned, 8);
+  EXPECT_EQ(running, 0);
+  ASSERT_EQ(fl_save(c, (dir_ / "c.safetensors").c_str()), FL_OK) << fl_last_error();
+  expect_equal(weights_in(dir_ / "c.safetensors"), weights_of(*cpp));
+
+  // Predictions into the caller's array, in its type and layout.
+  const auto new_x = torch::randn({5, 3, 4});
+  const auto expected = cpp->predict_batch({new_x});
+  auto out = torch::zeros({5, 2}, torch::kFloat64);
+  auto in = row_major(new_x), outputs = row_major(out);
+  outputs.layout = FL_COLUMN_MAJOR;  // declared (5, 2) column-major: C's (2, 5)
+  ASSERT_EQ(fl_predict(c, &in, &outputs), FL_ERROR_SHAPE);
+  outputs = column_major(out);  // (2, 5) column-major: the (5, 2) batch of outputs
+  ASSERT_EQ(fl_predict(c, &in, &outputs), FL_OK) << fl_last_error();
+  EXPECT_TRUE(torch::equal(out.to(torch::kFloat32), expected));
+  // Validation ran on the held-out samples after each epoch: history.csv has both epochs' valid_loss.
+  std::ifstream history(dir_ / "run" / "history.csv");
+  std::string line;
+  int rows = 0;
+  while (std::getline(history, line)) ++rows;
+  EXPECT_EQ(rows, 3);
+}
+
+TEST_F(CInterface, MisuseIsAStatusWithAMessageNeverACrash) {
+  fl_learner* learn = nullptr;
+  // Bad configs: the message names the key, the line or the file.
+  EXPECT_EQ(fl_create(nullptr, &learn), FL_ERROR_NULL);
+  EXPECT_EQ(fl_create("x.toml", nullptr), FL_ERROR_NULL);
+  EXPECT_EQ(fl_create((dir_ / "missing.toml").c_str(), &learn), FL_ERROR_CONFIG);
+  EXPECT_NE(std::string(fl_last_error()).find("missing.toml"), std::string::npos) << fl_last_error();
+  EXPECT_EQ(learn, nullptr);
+  const auto base = config_text(dir_ / "run");
+  auto with = [&](const std::string& from, const std::string& to) {
+    auto text = base;
+    text.replace(text.find(from), from.size(), to);
+    return text;
+  };
+  EXPECT_EQ(fl_create_from_toml(with("hidden = [16]", "hiden = [16]").c_str(), "bad.toml", &learn), FL_ERROR_CONFIG);
+  EXPECT_NE(std::string(fl_last_error()).find("model.hidden"), std::string::npos) << fl_last_error();
+  EXPECT_EQ(
+      fl_create_from_toml(with("dataset = \"program\"", "dataset = \"fashion_mnist\"").c_str(), "bad.toml", &learn),
+      FL_ERROR_CONFIG);
+  EXPECT_EQ(fl_create_from_toml(with("input_shape = [3, 4]\n", "").c_str(), "bad.toml", &learn), FL_ERROR_CONFIG);
+  EXPECT_NE(std::string(fl_last_error()).find("data.input_shape"), std::string::npos) << fl_last_error();
+  EXPECT_EQ(
+      fl_create_from_toml(with("arch = \"mlp\"\nhidden = [16]", "arch = \"field_cnn\"").c_str(), "bad.toml", &learn),
+      FL_ERROR_CONFIG);
+  EXPECT_NE(std::string(fl_last_error()).find("field_cnn"), std::string::npos) << fl_last_error();
+  EXPECT_EQ(fl_create_from_toml("[data\n", "bad.toml", &learn), FL_ERROR_CONFIG);
+  EXPECT_EQ(learn, nullptr);
+
+  learn = create();
+  const auto x = torch::randn({4, 3, 4}), y = torch::randn({4, 2});
+  auto xa = row_major(x), ya = row_major(y);
+  // Null pointers.
+  EXPECT_EQ(fl_train_step(nullptr, &xa, &ya, nullptr), FL_ERROR_NULL);
+  EXPECT_EQ(fl_train_step(learn, nullptr, &ya, nullptr), FL_ERROR_NULL);
+  auto no_data = xa;
+  no_data.data = nullptr;
+  EXPECT_EQ(fl_train_step(learn, &no_data, &ya, nullptr), FL_ERROR_NULL);
+  EXPECT_EQ(fl_save(learn, nullptr), FL_ERROR_NULL);
+  // Wrong shapes, types and layouts, each said with what was expected.
+  const auto wrong = torch::randn({4, 4, 3});
+  auto wa = row_major(wrong);
+  EXPECT_EQ(fl_train_step(learn, &wa, &ya, nullptr), FL_ERROR_SHAPE);
+  EXPECT_NE(std::string(fl_last_error()).find("data.input_shape is [3, 4]"), std::string::npos) << fl_last_error();
+  auto column = column_major(x);  // (4, 3, 4) column-major is a batch of 4 x 3 samples: not [3, 4]
+  column.shape[0] = 3;
+  column.shape[1] = 4;
+  EXPECT_EQ(fl_train_step(learn, &column, &ya, nullptr), FL_ERROR_SHAPE);
+  EXPECT_NE(std::string(fl_last_error()).find("in reverse"), std::string::npos) << fl_last_error();
+  const auto more = torch::randn({5, 2});
+  auto ma = row_major(more);
+  EXPECT_EQ(fl_train_step(learn, &xa, &ma, nullptr), FL_ERROR_SHAPE);
+  for (auto [field, value] : {std::pair{0, 7}, std::pair{1, -1}, std::pair{2, 0}, std::pair{2, 9}}) {
+    auto bad = xa;
+    (field == 0 ? bad.dtype : field == 1 ? bad.layout : bad.ndim) = value;
+    EXPECT_EQ(fl_train_step(learn, &bad, &ya, nullptr), FL_ERROR_SHAPE) << field << " = " << value;
+  }
+  auto negative = xa;
+  negative.shape[0] = -4;
+  EXPECT_EQ(fl_train_step(learn, &negative, &ya, nullptr), FL_ERROR_SHAPE);
+  auto huge = xa;
+  huge.shape[0] = int64_t{1} << 62;  // claimed, never allocated nor read
+  EXPECT_EQ(fl_train_step(learn, &huge, &ya, nullptr), FL_ERROR_SHAPE);
+  // NaN and infinite values, by position.
+  auto nan_x = x.clone();
+  nan_x[2][1][3] = std::nan("");
+  auto na = row_major(nan_x);
+  EXPECT_EQ(fl_train_step(learn, &na, &ya, nullptr), FL_ERROR_VALUE);
+  EXPECT_NE(std::string(fl_last_error()).find("element 31"), std::string::npos) << fl_last_error();
+  auto inf_y = y.to(torch::kFloat64);
+  inf_y[0][1] = INFINITY;
+  auto ia = row_major(inf_y);
+  EXPECT_EQ(fl_train_step(learn, &xa, &ia, nullptr), FL_ERROR_VALUE);
+  // None of that started the steps: they start with a good batch.
+  int64_t trained = -1;
+  ASSERT_EQ(fl_steps(learn, &trained, nullptr, nullptr), FL_OK);
+  EXPECT_EQ(trained, 0);
+  EXPECT_EQ(fl_train_step(learn, &xa, &ya, nullptr), FL_OK) << fl_last_error();
+  // Not now: setup after the first step, loading during the steps, predictions into the wrong shape.
+  EXPECT_EQ(fl_distributed_init(learn), FL_ERROR_STATE);
+  EXPECT_EQ(fl_resume(learn, dir_.c_str()), FL_ERROR_STATE);
+  EXPECT_EQ(fl_load(learn, (dir_ / "none.safetensors").c_str()), FL_ERROR_STATE);
+  const auto out = torch::zeros({4, 3});
+  auto oa = row_major(out);
+  EXPECT_EQ(fl_predict(learn, &xa, &oa), FL_ERROR_SHAPE);
+  EXPECT_NE(std::string(fl_last_error()).find("[4, 2]"), std::string::npos) << fl_last_error();
+  // After the planned steps, a step is refused and says how many were trained.
+  for (int s = 1; s < 8; ++s) ASSERT_EQ(fl_train_step(learn, &xa, &ya, nullptr), FL_OK) << fl_last_error();
+  EXPECT_EQ(fl_train_step(learn, &xa, &ya, nullptr), FL_ERROR_STATE);
+  EXPECT_NE(std::string(fl_last_error()).find("8 of the 8"), std::string::npos) << fl_last_error();
+  EXPECT_EQ(fl_load(learn, (dir_ / "none.safetensors").c_str()), FL_ERROR_IO);
+  EXPECT_NE(std::string(fl_last_error()).find("none.safetensors"), std::string::npos) << fl_last_error();
+  // Holding out needs a config that holds out.
+  auto* no_hold = create([&] {
+    auto text = config_text(dir_ / "c");
+    text.replace(text.find("held_out = 8"), 12, "held_out = 0");
+    return text;
+  }());
+  EXPECT_EQ(fl_hold_out(no_hold, &xa, &ya), FL_ERROR_CONFIG);
+  EXPECT_NE(std::string(fl_last_error()).find("data.held_out"), std::string::npos) << fl_last_error();
+  EXPECT_EQ(fl_resume(no_hold, (dir_ / "nowhere").c_str()), FL_ERROR_IO);
+}
+
+TEST_F(CInterface, AFreedLearnerIsRefusedThroughEveryCopyOfItsHandle) {
+  fl_learner* learn = nullptr;
+  ASSERT_EQ(fl_create_from_toml(config_text(dir_ / "run").c_str(), nullptr, &learn), FL_OK) << fl_last_error();
+  fl_learner* copy = learn;
+  ASSERT_EQ(fl_free(&learn), FL_OK);
+  EXPECT_EQ(learn, nullptr);
+  EXPECT_EQ(fl_free(&learn), FL_OK) << "freeing NULL does nothing";
+  EXPECT_EQ(fl_free(nullptr), FL_OK);
+  const auto x = torch::randn({4, 3, 4}), y = torch::randn({4, 2});
+  auto xa = row_major(x), ya = row_major(y);
+  EXPECT_EQ(fl_train_step(copy, &xa, &ya, nullptr), FL_ERROR_STATE);
+  EXPECT_NE(std::string(fl_last_error()).find("freed"), std::string::npos) << fl_last_error();
+  EXPECT_EQ(fl_steps(copy, nullptr, nullptr, nullptr), FL_ERROR_STATE);
+  EXPECT_EQ(fl_free(&copy), FL_ERROR_STATE) << "a second free through a copy";
+  EXPECT_EQ(copy, nullptr);
+  // A pointer that never was a learner.
+  int not_a_learner = 0;
+  EXPECT_EQ(fl_end_steps(reinterpret_cast<fl_learner*>(&not_a_learner)), FL_ERROR_STATE);
+  EXPECT_NE(std::string(fl_last_error()).find("not a learner"), std::string::npos) << fl_last_error();
+}
+
+TEST_F(CInterface, TheLastErrorBelongsToTheThreadThatMetIt) {
+  EXPECT_EQ(fl_create(nullptr, nullptr), FL_ERROR_NULL);
+  const std::string mine = fl_last_error();
+  EXPECT_FALSE(mine.empty());
+  std::string other = "unset";
+  std::thread([&] { other = fl_last_error(); }).join();
+  EXPECT_EQ(other, "");
+  EXPECT_EQ(std::string(fl_last_error()), mine);
+  EXPECT_STREQ(fl_version(), FASTLEARN_VERSION_FOR_TESTS);
+  // A successful call clears it.
+  auto* learn = create();
+  int32_t rank = -1, world = -1;
+  EXPECT_EQ(fl_rank(learn, &rank, &world), FL_OK);
+  EXPECT_EQ(rank, 0);
+  EXPECT_EQ(world, 1);
+  EXPECT_STREQ(fl_last_error(), "");
+}
+
+TEST_F(CInterface, ResumesFromItsCheckpointToTheWeightsOfAnUninterruptedRun) {
+  torch::manual_seed(3);
+  const auto x = torch::randn({8, 4, 3, 4}), y = torch::randn({8, 4, 2}), held_x = torch::randn({8, 3, 4}),
+             held_y = torch::randn({8, 2});
+  const auto run = [&](const fs::path& out, int from, int to, bool resume) {
+    fl_learner* learn = nullptr;
+    EXPECT_EQ(fl_create_from_toml(config_text(out).c_str(), "resume.toml", &learn), FL_OK) << fl_last_error();
+    if (resume) {
+      EXPECT_EQ(fl_resume(learn, (out / "checkpoints").c_str()), FL_OK) << fl_last_error();
+      int64_t trained = -1;
+      EXPECT_EQ(fl_steps(learn, &trained, nullptr, nullptr), FL_OK);
+      EXPECT_EQ(trained, from) << "the checkpoint after the first epoch";
+    } else {
+      auto hx = row_major(held_x), hy = row_major(held_y);
+      EXPECT_EQ(fl_hold_out(learn, &hx, &hy), FL_OK) << fl_last_error();
+    }
+    for (int s = from; s < to; ++s) {
+      const auto xs = x[s].contiguous(), ys = y[s].contiguous();
+      auto xa = row_major(xs), ya = row_major(ys);
+      EXPECT_EQ(fl_train_step(learn, &xa, &ya, nullptr), FL_OK) << fl_last_error();
+    }
+    EXPECT_EQ(fl_save(learn, (out / "weights.safetensors").c_str()), FL_OK) << fl_last_error();
+    EXPECT_EQ(fl_free(&learn), FL_OK) << fl_last_error();  // before the planned steps: ends them as cancelled
+  };
+  run(dir_ / "whole", 0, 8, false);
+  run(dir_ / "parts", 0, 4, false);  // the program stops after the first epoch's checkpoint
+  run(dir_ / "parts", 4, 8, true);
+  expect_equal(weights_in(dir_ / "parts" / "weights.safetensors"), weights_in(dir_ / "whole" / "weights.safetensors"));
+}
+
+TEST_F(CInterface, AnExportPredictsAsTheLearnerThatTrainedIt) {
+  auto* learn = create();
+  const auto x = torch::randn({4, 3, 4}), y = torch::randn({4, 2});
+  auto xa = row_major(x), ya = row_major(y);
+  for (int s = 0; s < 3; ++s) ASSERT_EQ(fl_train_step(learn, &xa, &ya, nullptr), FL_OK) << fl_last_error();
+  const auto file = dir_ / "export.safetensors";
+  ASSERT_EQ(fl_export(learn, file.c_str()), FL_OK) << fl_last_error();
+  auto trained = torch::zeros({4, 2}), loaded = torch::zeros({4, 2});
+  auto ta = row_major(trained), la = row_major(loaded);
+  ASSERT_EQ(fl_predict(learn, &xa, &ta), FL_OK) << fl_last_error();
+  fl_learner* served = nullptr;
+  ASSERT_EQ(fl_load_export(file.c_str(), "cpu", &served), FL_OK) << fl_last_error();
+  learners_.push_back(served);
+  ASSERT_EQ(fl_predict(served, &xa, &la), FL_OK) << fl_last_error();
+  EXPECT_TRUE(torch::equal(trained, loaded));
+  EXPECT_EQ(fl_train_step(served, &xa, &ya, nullptr), FL_ERROR_STATE);
+  EXPECT_NE(std::string(fl_last_error()).find("predicts only"), std::string::npos) << fl_last_error();
+  fl_learner* none = nullptr;
+  EXPECT_EQ(fl_load_export(file.c_str(), "tpu", &none), FL_ERROR_CONFIG);
+  EXPECT_EQ(fl_load_export((dir_ / "missing").c_str(), nullptr, &none), FL_ERROR_IO);
+  EXPECT_EQ(none, nullptr);
+}
+
+// apps/examples/heat_surrogate in C++, C and Fortran: the solver trains its surrogate on 1 and on 2 ranks, the three
+// train the same weights, and the surrogate stands in for the solver for 20 steps within 1%.
+TEST(HeatSurrogate, CppCAndFortranTrainTheSameSurrogateOnOneAndTwoRanks) {
+  const auto dir = fs::temp_directory_path() / fmt::format("fastlearn_heat_{}", getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto config = fs::path(FASTLEARN_SOURCE_DIR) / "configs" / "heat_surrogate.toml";
+  for (const int ranks : {1, 2}) {
+    std::vector<std::vector<at::Tensor>> weights;
+    for (const char* program : {"heat_surrogate", "heat_surrogate_c", "heat_surrogate_fortran"}) {
+      SCOPED_TRACE(fmt::format("{} on {} rank(s)", program, ranks));
+      const auto binary = fs::path(FASTLEARN_BIN_DIR) / program;
+      const auto file = dir / fmt::format("{}_{}.safetensors", program, ranks);
+      const auto command =
+          fmt::format("cd '{}' && {}'{}' '{}' '{}' 2>&1", dir.string(),
+                      ranks > 1 ? fmt::format("'{}' launch --nproc-per-node {} ", FASTLEARN_CLI, ranks) : std::string(),
+                      binary.string(), config.string(), file.string());
+      const auto [status, out] = fl::testing::run_shell(command);
+      ASSERT_EQ(status, 0) << out;
+      std::smatch m;
+      ASSERT_TRUE(
+          std::regex_search(out, m, std::regex(R"((\d+) steps on (\d+) rank\(s\).* surrogate is ([0-9.eE+-]+)% off)")))
+          << out;
+      EXPECT_EQ(m[1], "1000");
+      EXPECT_EQ(std::stoi(m[2]), ranks);
+      EXPECT_LT(std::stod(m[3]), 1.0) << out;
+      weights.push_back(weights_in(file));
+    }
+    expect_equal(weights[1], weights[0]);
+    expect_equal(weights[2], weights[0]);
+  }
+  fs::remove_all(dir);
+}
