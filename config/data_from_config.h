@@ -1,7 +1,8 @@
 #pragma once
 // The training and validation data a config's [data] table describes, as DataLoaders: Fashion-MNIST (or a
 // local MNIST-format folder), the user's image files (class folders or a CSV table), a CSV table of rows, or
-// a seeded synthetic regression. Under a launcher, the download happens once per host (rank0_first).
+// a seeded synthetic regression, or (dataset = "program") loaders without items that describe the samples a running
+// program hands over. Under a launcher, the download happens once per host (rank0_first).
 #include <fastlearn/config/train_config.h>
 #include <fastlearn/data/dataloaders.h>
 #include <fastlearn/data/tabular_dataloaders.h>

@@ -59,7 +59,9 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
        {"include/fastlearn/fastlearn.h", "include/fastlearn/learner/learner.h",
         "include/fastlearn/callbacks/tensorboard.h", "include/fastlearn/comm/runtime.h", "lib/libfastlearn.a",
         "lib/cmake/fastlearn/fastlearnConfig.cmake", "lib/cmake/fastlearn/fastlearnConfigVersion.cmake",
-        "lib/cmake/fastlearn/fastlearnTargets.cmake", "bin/fastlearn", "libexec/fastlearn/fastlearn-torch"}) {
+        "lib/cmake/fastlearn/fastlearnTargets.cmake", "bin/fastlearn", "libexec/fastlearn/fastlearn-torch",
+        "include/fastlearn/c/fastlearn.h", "include/fastlearn/c/fastlearn.f90",
+        "include/fastlearn/fortran/fastlearn.mod", "lib/libfastlearn_fortran.a"}) {
     EXPECT_TRUE(fs::exists(prefix / file)) << file;
   }
   EXPECT_FALSE(fs::exists(prefix / "include/fastlearn/learner/learner.cpp")) << "sources are not headers";
@@ -73,10 +75,13 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
   fmt::print("installed package: {:.1f} MiB\n", static_cast<double>(package_bytes) / (1 << 20));
   EXPECT_LE(package_bytes, 60u << 20) << "the installed package holds " << package_bytes / (1 << 20) << " MiB";
 
+  const auto examples = fs::path(FASTLEARN_SOURCE_DIR) / "apps" / "examples";
   std::tie(status, out) = run_shell(
-      fmt::format("'{}' -S '{}' -B '{}' -G Ninja -DCMAKE_BUILD_TYPE=Release {} {} -DFASTLEARN_README_APP='{}'",
+      fmt::format("'{}' -S '{}' -B '{}' -G Ninja -DCMAKE_BUILD_TYPE=Release {} {} -DFASTLEARN_README_APP='{}' "
+                  "-DFASTLEARN_C_APP='{}' -DFASTLEARN_FORTRAN_APP='{}'",
                   FASTLEARN_CMAKE, kConsumer.string(), build.string(), prefix_path_flag(prefix.string()), launcher(),
-                  (fs::path(FASTLEARN_BUILD_DIR) / "tests/readme/src/quick_start.cpp").string()));
+                  (fs::path(FASTLEARN_BUILD_DIR) / "tests/readme/src/quick_start.cpp").string(),
+                  (examples / "heat_surrogate.c").string(), (examples / "heat_surrogate.f90").string()));
   ASSERT_EQ(status, 0) << out;
   // It was the installed package, not the build tree, that the consumer found.
   EXPECT_NE(slurp(build / "CMakeCache.txt").find("fastlearn_DIR:PATH=" + (prefix / "lib/cmake/fastlearn").string()),
@@ -87,6 +92,14 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
   EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("consumer: accuracy"), std::string::npos) << out;
   EXPECT_TRUE(fs::exists(build / "readme_app")) << "the README's first program builds from the installed headers";
+  // The C and Fortran programs, out of the tree, train their surrogate through the installed C interface and module.
+  for (const char* app : {"c_app", "fortran_app"}) {
+    std::tie(status, out) =
+        run_shell(fmt::format("cd '{}' && '{}' '{}'", build.string(), (build / app).string(),
+                              (fs::path(FASTLEARN_SOURCE_DIR) / "configs/heat_surrogate.toml").string()));
+    EXPECT_EQ(status, 0) << app << ": " << out;
+    EXPECT_NE(out.find(": 1000 steps on 1 rank(s)"), std::string::npos) << app << ": " << out;
+  }
 
   // The installed CLI runs from the prefix (it finds LibTorch without the build tree).
   std::tie(status, out) = run_shell((prefix / "bin/fastlearn").string() + " --version");

@@ -11,6 +11,8 @@ Each GUIDE (docs/GUIDE.md), one program for the whole page, guide_GUIDE.cpp:
   every ```cpp block of the page, in order, each the body of a function that main() calls in turn (a block's local
   names stay its own); the blocks' #include lines and namespace aliases go to the top of the file, once each. A
   block is statements, and the types it needs (a callback, a dataset) are classes defined inside it.
+A guide with a ```c, ```fortran or ```toml block (at most one of each: a whole program, a whole config) also gets
+guide_GUIDE.c, guide_GUIDE.f90 or guide_GUIDE.toml, as written.
 """
 import pathlib
 import re
@@ -19,8 +21,26 @@ import sys
 HEADER = "// Extracted by tests/readme/extract_examples.py; edit {} instead.\n"
 
 
-def blocks(text):
-    return [m.group(1) for m in re.finditer(r"```cpp\n(.*?)```", text, re.S)]
+def blocks(text, language="cpp"):
+    return [m.group(1) for m in re.finditer(rf"```{language}\n(.*?)```", text, re.S)]
+
+
+# The whole programs and configs of other languages a guide shows: file suffix by the block's language.
+OTHER_LANGUAGES = {"c": "c", "fortran": "f90", "toml": "toml"}
+
+
+def other_files(page):
+    files = {}
+    for language, suffix in OTHER_LANGUAGES.items():
+        found = blocks(page.read_text(encoding="utf-8"), language)
+        if len(found) > 1:
+            sys.exit(f"{page}: {len(found)} ```{language} blocks; a guide has at most one (a whole program or config)")
+        if found:
+            comment = "!" if language == "fortran" else "#" if language == "toml" else None
+            note = HEADER.format(f"docs/{page.name}").removeprefix("// ")
+            header = f"{comment} {note}" if comment else f"/* {note.rstrip()} */\n"
+            files[f"guide_{page.stem}.{suffix}"] = header + found[0]
+    return files
 
 
 def is_file_scope(line):
@@ -76,6 +96,7 @@ def main():
     files = readme_programs(readme)
     for guide in sys.argv[4:]:
         files[f"guide_{guide}.cpp"] = guide_program(docs / f"{guide}.md")
+        files.update(other_files(docs / f"{guide}.md"))
     out.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         path = out / name
