@@ -4,7 +4,9 @@
 //     GPU memory over epochs;
 //   - NCCL without host waits (a collective and a whole training step return before the GPU is done), point-to-
 //     point with CUDA tensors over Gloo, an NCCL group under a Gloo world;
-//   - `fastlearn train` on the GPU: Fashion-MNIST, an image folder, a table.
+//   - `fastlearn train` on the GPU: Fashion-MNIST, an image folder, a table;
+//   - the C interface: a program's host arrays trained on the GPU.
+#include <fastlearn/c/fastlearn.h>
 #include <fastlearn/callbacks/checkpointing.h>
 #include <fastlearn/callbacks/grad_accumulation.h>
 #include <fastlearn/callbacks/grad_clip.h>
@@ -35,6 +37,7 @@
 
 #include <unistd.h>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -480,4 +483,59 @@ epochs = 2
   r = cli_train(dir.path / "table.toml", dir.path / "table-run", {});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("training on cuda:0"), std::string::npos) << r.output;
+}
+
+// The C interface on the GPU: the program's host arrays are copied to the GPU for each step and the outputs back into
+// the caller's array; the steps are those of the same config on the CPU, to float rounding.
+TEST(GpuCInterface, AProgramsHostArraysTrainOnTheGpuAsOnTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  TempDir dir("c-interface");
+  const auto config = [&](const char* device) {
+    return fmt::format(R"([data]
+dataset = "program"
+input_shape = [1, 16, 16]
+target_shape = [1, 16, 16]
+steps_per_epoch = 10
+[model]
+arch = "field_cnn"
+hidden = [8]
+[train]
+epochs = 2
+lr = 0.01
+device = "{}"
+[output]
+dir = "{}"
+checkpoints = false
+)",
+                       device, (dir.path / device).string());
+  };
+  torch::manual_seed(1);
+  const auto x = torch::rand({20, 4, 1, 16, 16}, torch::kFloat64), y = torch::rand({20, 4, 1, 16, 16}, torch::kFloat64);
+  const auto array = [](const at::Tensor& t) {
+    fl_array a{
+        .data = t.data_ptr(), .dtype = FL_FLOAT64, .layout = FL_ROW_MAJOR, .ndim = static_cast<int32_t>(t.dim())};
+    for (int d = 0; d < t.dim(); ++d) a.shape[d] = t.size(d);
+    return a;
+  };
+  std::vector<at::Tensor> outputs;
+  for (const char* device : {"cpu", "cuda"}) {
+    SCOPED_TRACE(device);
+    fl_learner* learn = nullptr;
+    ASSERT_EQ(fl_create_from_toml(config(device).c_str(), device, &learn), FL_OK) << fl_last_error();
+    for (int s = 0; s < 20; ++s) {
+      const auto xs = x[s].contiguous(), ys = y[s].contiguous();
+      auto xa = array(xs), ya = array(ys);
+      double loss = 0;
+      ASSERT_EQ(fl_train_step(learn, &xa, &ya, &loss), FL_OK) << fl_last_error();
+      EXPECT_TRUE(std::isfinite(loss));
+    }
+    auto out = torch::zeros({4, 1, 16, 16}, torch::kFloat64);
+    const auto in = x[0].contiguous();
+    auto ia = array(in), oa = array(out);
+    ASSERT_EQ(fl_predict(learn, &ia, &oa), FL_OK) << fl_last_error();
+    outputs.push_back(out);
+    ASSERT_EQ(fl_free(&learn), FL_OK) << fl_last_error();
+  }
+  EXPECT_TRUE(torch::allclose(outputs[1], outputs[0], 1e-4, 1e-5))
+      << (outputs[1] - outputs[0]).abs().max().item<double>();
 }
