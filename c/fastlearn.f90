@@ -183,7 +183,7 @@ contains
     version = from_c(c_version())
   end function
 
-  !> The message of this thread's last failed call ("" when none failed).
+  !> The message of this thread's last call when it failed ("" after one that succeeded).
   function fl_last_error() result(message)
     character(len=:), allocatable :: message
     message = from_c(c_last_error())

@@ -59,7 +59,8 @@ typedef struct fl_learner fl_learner;
 /* fastlearn's version, e.g. "0.1.0". */
 const char* fl_version(void);
 
-/* The message of the last call on this thread that failed ("" when none has); valid until this thread's next call. */
+/* The message of this thread's last call when it failed ("" after one that succeeded, or before any): what failed
+ * and why, naming the function, the key, the array or the file. Valid until this thread's next call. */
 const char* fl_last_error(void);
 
 /* A Learner from a TOML config as `fastlearn train` reads it (docs/cli.md), with data.dataset = "program":
