@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/nn/modules/linear.h>
 
 #include <algorithm>
 #include <mutex>

@@ -180,10 +180,11 @@ int run_predict_export(const std::string& export_file, const std::vector<std::st
   const auto threshold = contents.threshold;
   const bool table = tabular_dataset(learn->dls()) != nullptr;
   if (!table && learn->dls().image_pipeline() == nullptr)
-    throw ConfigError(
-        fmt::format("predict: {} holds a model of tensors (no image or table pipeline); predict it from a program "
-                    "(load_learner, then get_preds on a DataLoader of your tensors)",
-                    excerpt(export_file, 256)));
+    throw ConfigError(fmt::format(
+        "predict: {} holds a model of tensors (no image or table pipeline); predict it from a program "
+        "(load_learner, then get_preds on a DataLoader of your tensors; or fl_load_export and fl_predict of "
+        "the C interface)",
+        excerpt(export_file, 256)));
   Predictions predictions(*learn);
   int failed = 0;
   std::vector<fs::path> files;  // image files, predicted together

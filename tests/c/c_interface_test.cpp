@@ -399,3 +399,29 @@ TEST(HeatSurrogate, CppCAndFortranTrainTheSameSurrogateOnOneAndTwoRanks) {
   }
   fs::remove_all(dir);
 }
+
+// The command line has no program to take a program's samples from: `fastlearn train` refuses its config by name, and
+// `fastlearn predict` its export, each pointing to where they belong.
+TEST(HeatSurrogate, TheCommandLineSaysWhereAProgramsConfigAndExportBelong) {
+  const auto dir = fs::temp_directory_path() / fmt::format("fastlearn_heat_cli_{}", getpid());
+  fs::remove_all(dir);
+  const auto config = (fs::path(FASTLEARN_SOURCE_DIR) / "configs" / "heat_surrogate.toml").string();
+  const auto train = fl::testing::run_cli(fmt::format("train {} --out {}", config, (dir / "run").string()));
+  EXPECT_NE(train.exit_code, 0) << train.output;
+  EXPECT_NE(train.output.find("data.dataset = \"program\" trains on samples a running program hands over"),
+            std::string::npos)
+      << train.output;
+  EXPECT_FALSE(fs::exists(dir / "run")) << "refused before anything is written";
+  // An export of the surrogate, as fl_export writes it.
+  fl_learner* learn = nullptr;
+  ASSERT_EQ(fl_create(config.c_str(), &learn), FL_OK) << fl_last_error();
+  const auto file = dir / "surrogate.safetensors";
+  ASSERT_EQ(fl_export(learn, file.c_str()), FL_OK) << fl_last_error();
+  ASSERT_EQ(fl_free(&learn), FL_OK);
+  fl::save_safetensors(dir / "field.safetensors", {{"x", torch::zeros({32, 32})}});
+  const auto predict =
+      fl::testing::run_cli(fmt::format("predict {} {}", file.string(), (dir / "field.safetensors").string()));
+  EXPECT_NE(predict.exit_code, 0) << predict.output;
+  EXPECT_NE(predict.output.find("fl_load_export"), std::string::npos) << predict.output;
+  fs::remove_all(dir);
+}
