@@ -48,6 +48,7 @@ struct LearnerState {
   std::vector<std::int64_t> input_shape;   // one sample's
   std::vector<std::int64_t> target_shape;  // empty for an export (the outputs are whatever the model gives)
   bool steps_begun = false;
+  bool ended_by_program = false;  // fl_end_steps ended the steps, not their plan or a callback
 
   LearnerState() = default;
   LearnerState(const LearnerState&) = delete;
@@ -223,6 +224,10 @@ std::unique_ptr<LearnerState> state_of_config(fl::TrainConfig config, const std:
                                 "set data.dataset = \"program\" with data.input_shape and data.target_shape",
                                 fl::excerpt(origin, 256), fl::excerpt(config.data.dataset)));
   fl::check_devices(config, fl::local_world_size(), origin);
+  // The run's folder now, so that one that cannot be written is said here rather than at the first epoch's end.
+  if (std::error_code ec; !fs::create_directories(config.output.dir, ec) && ec)
+    throw CallError(FL_ERROR_IO, fmt::format("{}: output.dir '{}' cannot be created: {}", fl::excerpt(origin, 256),
+                                             fl::excerpt(config.output.dir, 256), ec.message()));
   auto state = std::make_unique<LearnerState>();
   state->learn = fl::learner_from_config(config, {.progress = false, .checked = true});
   state->input_shape = config.data.input_shape;
@@ -344,10 +349,12 @@ fl_status fl_train_step(fl_learner* learner, const fl_array* inputs, const fl_ar
     begin_steps(s);
     if (!s.learn->stepping()) {
       const auto trained = s.learn->train_iter;
-      throw CallError(
-          FL_ERROR_STATE,
-          fmt::format("the steps have ended after {} of the {} planned{}", trained, fl::step_plan(*s.config).steps,
-                      trained < fl::step_plan(*s.config).steps ? " (stopped by a callback)" : ""));
+      const auto planned = fl::step_plan(*s.config).steps;
+      const char* why = trained == planned   ? ""
+                        : s.ended_by_program ? " (fl_end_steps ended them)"
+                                             : " (stopped by a callback)";
+      throw CallError(FL_ERROR_STATE,
+                      fmt::format("the steps have ended after {} of the {} planned{}", trained, planned, why));
     }
     const auto value = s.learn->train_step(x, y);
     // The step is done and nothing reads the caller's arrays again: the Learner keeps no view of them.
@@ -388,7 +395,10 @@ fl_status fl_predict(fl_learner* learner, const fl_array* inputs, fl_array* outp
 }
 
 fl_status fl_end_steps(fl_learner* learner) {
-  return with_learner("fl_end_steps", learner, [&](LearnerState& s) { s.learn->end_steps(); });
+  return with_learner("fl_end_steps", learner, [&](LearnerState& s) {
+    if (s.learn->stepping()) s.ended_by_program = true;
+    s.learn->end_steps();
+  });
 }
 
 fl_status fl_steps(fl_learner* learner, int64_t* trained, int64_t* planned, int32_t* running) {

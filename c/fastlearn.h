@@ -66,8 +66,9 @@ const char* fl_last_error(void);
 /* A Learner from a TOML config as `fastlearn train` reads it (docs/cli.md), with data.dataset = "program":
  * data.input_shape and data.target_shape give one sample's shapes, data.steps_per_epoch and train.epochs the steps
  * (train.epochs x data.steps_per_epoch in all, scheduled by train.schedule), data.held_out the samples held out for
- * validation; [model], the loss, optimizer, callbacks, device and output as for any run. The Learner writes into
- * output.dir what a training run writes (history.csv, metrics.json, checkpoints/ when output.checkpoints). */
+ * validation; [model], the loss, optimizer, callbacks, device and output as for any run. output.dir is created here;
+ * the Learner writes into it what a training run writes (history.csv, metrics.json, checkpoints/ when
+ * output.checkpoints). */
 fl_status fl_create(const char* config_file, fl_learner** learner);
 /* The same from the config's text (`source_name` names it in messages; NULL: "config"). */
 fl_status fl_create_from_toml(const char* toml, const char* source_name, fl_learner** learner);
@@ -107,7 +108,9 @@ fl_status fl_steps(fl_learner* learner, int64_t* trained, int64_t* planned, int3
  * schedule, random streams and held-out samples come back; fl_steps then says how many steps were trained, and the
  * program hands over its batches from there. */
 fl_status fl_resume(fl_learner* learner, const char* checkpoint);
-/* The model's weights and the optimizer state now, written atomically to `file` (safetensors), on rank 0 only. */
+/* The model's weights and the optimizer state now, written atomically to `file` (safetensors), on rank 0 only (for
+ * fl_load, or other tools). Not the schedule's position nor the random streams: a program that restarts continues
+ * its steps with fl_resume, from the checkpoints the config has the Learner write. */
 fl_status fl_save(fl_learner* learner, const char* file);
 /* Weights (and the optimizer state, when the file has it) from fl_save's file or a checkpoint; not while steps are
  * under way. */

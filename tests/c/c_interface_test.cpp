@@ -14,6 +14,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <regex>
 #include <string>
 #include <thread>
@@ -261,6 +262,7 @@ TEST_F(CInterface, MisuseIsAStatusWithAMessageNeverACrash) {
   for (int s = 1; s < 8; ++s) ASSERT_EQ(fl_train_step(learn, &xa, &ya, nullptr), FL_OK) << fl_last_error();
   EXPECT_EQ(fl_train_step(learn, &xa, &ya, nullptr), FL_ERROR_STATE);
   EXPECT_NE(std::string(fl_last_error()).find("8 of the 8"), std::string::npos) << fl_last_error();
+  EXPECT_EQ(fl_end_steps(learn), FL_OK) << "ended already: nothing to do";
   EXPECT_EQ(fl_load(learn, (dir_ / "none.safetensors").c_str()), FL_ERROR_IO);
   EXPECT_NE(std::string(fl_last_error()).find("none.safetensors"), std::string::npos) << fl_last_error();
   // Holding out needs a config that holds out.
@@ -272,6 +274,16 @@ TEST_F(CInterface, MisuseIsAStatusWithAMessageNeverACrash) {
   EXPECT_EQ(fl_hold_out(no_hold, &xa, &ya), FL_ERROR_CONFIG);
   EXPECT_NE(std::string(fl_last_error()).find("data.held_out"), std::string::npos) << fl_last_error();
   EXPECT_EQ(fl_resume(no_hold, (dir_ / "nowhere").c_str()), FL_ERROR_IO);
+  // Steps the program ended are said to be so; an output folder that cannot be made is said at creation.
+  ASSERT_EQ(fl_train_step(no_hold, &xa, &ya, nullptr), FL_OK) << fl_last_error();
+  ASSERT_EQ(fl_end_steps(no_hold), FL_OK) << fl_last_error();
+  EXPECT_EQ(fl_train_step(no_hold, &xa, &ya, nullptr), FL_ERROR_STATE);
+  EXPECT_NE(std::string(fl_last_error()).find("after 1 of the 8 planned (fl_end_steps ended them)"), std::string::npos)
+      << fl_last_error();
+  fl_learner* unwritable = nullptr;
+  EXPECT_EQ(fl_create_from_toml(config_text("/proc/no/such/run").c_str(), "run.toml", &unwritable), FL_ERROR_IO);
+  EXPECT_NE(std::string(fl_last_error()).find("output.dir '/proc/no/such/run' cannot be created"), std::string::npos)
+      << fl_last_error();
 }
 
 TEST_F(CInterface, AFreedLearnerIsRefusedThroughEveryCopyOfItsHandle) {
@@ -412,9 +424,12 @@ TEST(HeatSurrogate, TheCommandLineSaysWhereAProgramsConfigAndExportBelong) {
             std::string::npos)
       << train.output;
   EXPECT_FALSE(fs::exists(dir / "run")) << "refused before anything is written";
-  // An export of the surrogate, as fl_export writes it.
+  // An export of the surrogate, as fl_export writes it (its run folder in the test's).
+  std::ifstream in(config);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  text.replace(text.find("runs/heat_surrogate"), 19, (dir / "program").string());
   fl_learner* learn = nullptr;
-  ASSERT_EQ(fl_create(config.c_str(), &learn), FL_OK) << fl_last_error();
+  ASSERT_EQ(fl_create_from_toml(text.c_str(), "heat_surrogate.toml", &learn), FL_OK) << fl_last_error();
   const auto file = dir / "surrogate.safetensors";
   ASSERT_EQ(fl_export(learn, file.c_str()), FL_OK) << fl_last_error();
   ASSERT_EQ(fl_free(&learn), FL_OK);
