@@ -4,6 +4,7 @@
 #include <fastlearn/c/fastlearn.h>
 
 #include <fastlearn/callbacks/checkpointing.h>
+#include <fastlearn/callbacks/epoch_logs.h>
 #include <fastlearn/comm/runtime.h>
 #include <fastlearn/config/learner_from_config.h>
 #include <fastlearn/config/load_learner.h>
@@ -33,6 +34,9 @@ namespace fs = std::filesystem;
 namespace {
 
 thread_local std::string last_error;
+
+// fl_array::reserved as the Fortran module's fl_array_of sets it for an array it cannot describe in place.
+constexpr int32_t kNotContiguous = 1;
 
 // An error of the interface's own checks, with its status.
 struct CallError : std::runtime_error {
@@ -171,6 +175,11 @@ at::Tensor view_of(const fl_array* a, const char* what) {
       throw CallError(FL_ERROR_SHAPE, fmt::format("{}: shape {} holds more than 2^40 values", what, declared(*a)));
     elements *= d;
   }
+  if (a->reserved == kNotContiguous)
+    throw CallError(FL_ERROR_SHAPE,
+                    fmt::format("{}: the Fortran array is not contiguous (an array section with a stride, or a "
+                                "non-contiguous pointer): hand fl_array_of a whole array, or a copy of the section",
+                                what));
   if (a->data == nullptr) throw CallError(FL_ERROR_NULL, fmt::format("{}: data is NULL", what));
   if (a->layout == FL_COLUMN_MAJOR) std::reverse(sizes.begin(), sizes.end());
   return torch::from_blob(a->data, sizes, a->dtype == FL_FLOAT64 ? torch::kFloat64 : torch::kFloat32);
@@ -258,6 +267,8 @@ fl_status fl_create(const char* config_file, fl_learner** learner) {
     if (learner == nullptr) throw CallError(FL_ERROR_NULL, "the learner pointer is NULL");
     *learner = nullptr;
     const std::string path = needed(config_file, "the config file");
+    if (fs::is_directory(path))
+      throw CallError(FL_ERROR_CONFIG, fmt::format("{}: is a folder, not a config file", fl::excerpt(path, 256)));
     *learner = make_handle(state_of_config(fl::load_config(path), path));
   });
 }
@@ -422,6 +433,12 @@ fl_status fl_resume(fl_learner* learner, const char* checkpoint) {
       file = *latest;
     } else if (!fs::exists(file)) {
       throw CallError(FL_ERROR_IO, fmt::format("'{}' does not exist", fl::excerpt(file.string(), 256)));
+    }
+    // The run goes on: its history.csv keeps the rows of the epochs before the checkpoint, as `fastlearn train
+    // --resume` keeps them.
+    if (auto log = s.learn->cb<fl::CSVLogger>()) {
+      s.learn->remove_cb(log);
+      s.learn->add_cb(std::make_shared<fl::CSVLogger>(fl::CSVLoggerOptions{.append = true}));
     }
     begin_steps(s, {.resume_from = file});
   });

@@ -10,8 +10,9 @@
 !   if (fl_train_step(learn, fl_array_of(u), fl_array_of(u_next), loss) /= FL_OK) error stop fl_last_error()
 !   if (fl_free(learn) /= FL_OK) error stop fl_last_error()
 !
-! An array handed to fl_array_of must be contiguous and stay where it is until the call that uses the description
-! returns (a whole array, allocatable or with the target attribute; not an expression). The description lists the
+! An array handed to fl_array_of must stay where it is until the call that uses the description returns: a whole
+! array or a contiguous section, allocatable or with the target attribute, never an expression (whose temporary is
+! gone by then). A section with a stride is refused by the library (FL_ERROR_SHAPE), not copied. The description lists the
 ! dimensions as Fortran declares them, column-major: a u(nx, ny, batch) is a batch of samples that the config
 ! describes as data.input_shape = [ny, nx], the reverse order (C's view of the same memory).
 module fastlearn
@@ -303,90 +304,130 @@ contains
   end function
 
   function array_r4_1(x) result(a)
-    real(c_float), intent(in), target, contiguous :: x(:)
+    real(c_float), intent(in), target :: x(:)
     type(fl_array) :: a
-    a%data = c_loc(x)
+    if (is_contiguous(x)) then
+      a%data = c_loc(x)
+    else
+      a%reserved = 1  ! the library refuses it by name (a copy of it would be gone when the call comes)
+    end if
     a%dtype = FL_FLOAT32
     a%layout = FL_COLUMN_MAJOR
     a%ndim = 1
     a%shape(1:1) = shape(x, kind=c_int64_t)
   end function
   function array_r4_2(x) result(a)
-    real(c_float), intent(in), target, contiguous :: x(:,:)
+    real(c_float), intent(in), target :: x(:,:)
     type(fl_array) :: a
-    a%data = c_loc(x)
+    if (is_contiguous(x)) then
+      a%data = c_loc(x)
+    else
+      a%reserved = 1  ! the library refuses it by name (a copy of it would be gone when the call comes)
+    end if
     a%dtype = FL_FLOAT32
     a%layout = FL_COLUMN_MAJOR
     a%ndim = 2
     a%shape(1:2) = shape(x, kind=c_int64_t)
   end function
   function array_r4_3(x) result(a)
-    real(c_float), intent(in), target, contiguous :: x(:,:,:)
+    real(c_float), intent(in), target :: x(:,:,:)
     type(fl_array) :: a
-    a%data = c_loc(x)
+    if (is_contiguous(x)) then
+      a%data = c_loc(x)
+    else
+      a%reserved = 1  ! the library refuses it by name (a copy of it would be gone when the call comes)
+    end if
     a%dtype = FL_FLOAT32
     a%layout = FL_COLUMN_MAJOR
     a%ndim = 3
     a%shape(1:3) = shape(x, kind=c_int64_t)
   end function
   function array_r4_4(x) result(a)
-    real(c_float), intent(in), target, contiguous :: x(:,:,:,:)
+    real(c_float), intent(in), target :: x(:,:,:,:)
     type(fl_array) :: a
-    a%data = c_loc(x)
+    if (is_contiguous(x)) then
+      a%data = c_loc(x)
+    else
+      a%reserved = 1  ! the library refuses it by name (a copy of it would be gone when the call comes)
+    end if
     a%dtype = FL_FLOAT32
     a%layout = FL_COLUMN_MAJOR
     a%ndim = 4
     a%shape(1:4) = shape(x, kind=c_int64_t)
   end function
   function array_r4_5(x) result(a)
-    real(c_float), intent(in), target, contiguous :: x(:,:,:,:,:)
+    real(c_float), intent(in), target :: x(:,:,:,:,:)
     type(fl_array) :: a
-    a%data = c_loc(x)
+    if (is_contiguous(x)) then
+      a%data = c_loc(x)
+    else
+      a%reserved = 1  ! the library refuses it by name (a copy of it would be gone when the call comes)
+    end if
     a%dtype = FL_FLOAT32
     a%layout = FL_COLUMN_MAJOR
     a%ndim = 5
     a%shape(1:5) = shape(x, kind=c_int64_t)
   end function
   function array_r8_1(x) result(a)
-    real(c_double), intent(in), target, contiguous :: x(:)
+    real(c_double), intent(in), target :: x(:)
     type(fl_array) :: a
-    a%data = c_loc(x)
+    if (is_contiguous(x)) then
+      a%data = c_loc(x)
+    else
+      a%reserved = 1  ! the library refuses it by name (a copy of it would be gone when the call comes)
+    end if
     a%dtype = FL_FLOAT64
     a%layout = FL_COLUMN_MAJOR
     a%ndim = 1
     a%shape(1:1) = shape(x, kind=c_int64_t)
   end function
   function array_r8_2(x) result(a)
-    real(c_double), intent(in), target, contiguous :: x(:,:)
+    real(c_double), intent(in), target :: x(:,:)
     type(fl_array) :: a
-    a%data = c_loc(x)
+    if (is_contiguous(x)) then
+      a%data = c_loc(x)
+    else
+      a%reserved = 1  ! the library refuses it by name (a copy of it would be gone when the call comes)
+    end if
     a%dtype = FL_FLOAT64
     a%layout = FL_COLUMN_MAJOR
     a%ndim = 2
     a%shape(1:2) = shape(x, kind=c_int64_t)
   end function
   function array_r8_3(x) result(a)
-    real(c_double), intent(in), target, contiguous :: x(:,:,:)
+    real(c_double), intent(in), target :: x(:,:,:)
     type(fl_array) :: a
-    a%data = c_loc(x)
+    if (is_contiguous(x)) then
+      a%data = c_loc(x)
+    else
+      a%reserved = 1  ! the library refuses it by name (a copy of it would be gone when the call comes)
+    end if
     a%dtype = FL_FLOAT64
     a%layout = FL_COLUMN_MAJOR
     a%ndim = 3
     a%shape(1:3) = shape(x, kind=c_int64_t)
   end function
   function array_r8_4(x) result(a)
-    real(c_double), intent(in), target, contiguous :: x(:,:,:,:)
+    real(c_double), intent(in), target :: x(:,:,:,:)
     type(fl_array) :: a
-    a%data = c_loc(x)
+    if (is_contiguous(x)) then
+      a%data = c_loc(x)
+    else
+      a%reserved = 1  ! the library refuses it by name (a copy of it would be gone when the call comes)
+    end if
     a%dtype = FL_FLOAT64
     a%layout = FL_COLUMN_MAJOR
     a%ndim = 4
     a%shape(1:4) = shape(x, kind=c_int64_t)
   end function
   function array_r8_5(x) result(a)
-    real(c_double), intent(in), target, contiguous :: x(:,:,:,:,:)
+    real(c_double), intent(in), target :: x(:,:,:,:,:)
     type(fl_array) :: a
-    a%data = c_loc(x)
+    if (is_contiguous(x)) then
+      a%data = c_loc(x)
+    else
+      a%reserved = 1  ! the library refuses it by name (a copy of it would be gone when the call comes)
+    end if
     a%dtype = FL_FLOAT64
     a%layout = FL_COLUMN_MAJOR
     a%ndim = 5

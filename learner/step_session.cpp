@@ -185,6 +185,8 @@ class StepRunner {
       run_valid = false;
     }
     std::string name() const override { return "last_loss"; }
+    // Taken once computed too: a callback that ends the fit at this batch's end (GracefulStop) cuts after_batch short.
+    void after_loss() override { loss = learn().loss; }
     void after_batch() override { loss = learn().loss; }
     at::Tensor loss;
   };

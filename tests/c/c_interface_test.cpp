@@ -199,6 +199,8 @@ TEST_F(CInterface, MisuseIsAStatusWithAMessageNeverACrash) {
       FL_ERROR_CONFIG);
   EXPECT_NE(std::string(fl_last_error()).find("field_cnn"), std::string::npos) << fl_last_error();
   EXPECT_EQ(fl_create_from_toml("[data\n", "bad.toml", &learn), FL_ERROR_CONFIG);
+  EXPECT_EQ(fl_create(dir_.c_str(), &learn), FL_ERROR_CONFIG);
+  EXPECT_NE(std::string(fl_last_error()).find("is a folder, not a config file"), std::string::npos) << fl_last_error();
   EXPECT_EQ(learn, nullptr);
 
   learn = create();
@@ -229,6 +231,10 @@ TEST_F(CInterface, MisuseIsAStatusWithAMessageNeverACrash) {
     (field == 0 ? bad.dtype : field == 1 ? bad.layout : bad.ndim) = value;
     EXPECT_EQ(fl_train_step(learn, &bad, &ya, nullptr), FL_ERROR_SHAPE) << field << " = " << value;
   }
+  auto strided = xa;  // what the Fortran module's fl_array_of hands over for a section with a stride
+  strided.reserved = 1;
+  EXPECT_EQ(fl_train_step(learn, &strided, &ya, nullptr), FL_ERROR_SHAPE);
+  EXPECT_NE(std::string(fl_last_error()).find("not contiguous"), std::string::npos) << fl_last_error();
   auto negative = xa;
   negative.shape[0] = -4;
   EXPECT_EQ(fl_train_step(learn, &negative, &ya, nullptr), FL_ERROR_SHAPE);
@@ -353,6 +359,15 @@ TEST_F(CInterface, ResumesFromItsCheckpointToTheWeightsOfAnUninterruptedRun) {
   run(dir_ / "parts", 0, 4, false);  // the program stops after the first epoch's checkpoint
   run(dir_ / "parts", 4, 8, true);
   expect_equal(weights_in(dir_ / "parts" / "weights.safetensors"), weights_in(dir_ / "whole" / "weights.safetensors"));
+  // The resumed run's history.csv keeps the first epoch's row, as the uninterrupted one has it.
+  const auto rows = [](const fs::path& file) {
+    std::ifstream in(file);
+    std::vector<std::string> out;
+    for (std::string line; std::getline(in, line);) out.push_back(line.substr(0, line.find(',', line.find(',') + 1)));
+    return out;
+  };
+  EXPECT_EQ(rows(dir_ / "parts" / "history.csv"), rows(dir_ / "whole" / "history.csv"));
+  EXPECT_EQ(rows(dir_ / "whole" / "history.csv").size(), 3u);
 }
 
 TEST_F(CInterface, AnExportPredictsAsTheLearnerThatTrainedIt) {
