@@ -155,6 +155,11 @@ std::string declared(const fl_array& a) {
                      a.dtype == FL_FLOAT64 ? "float64" : "float32");
 }
 
+// What a shape error about a column-major array adds.
+const char* reversed_hint(const fl_array& a) {
+  return a.layout == FL_COLUMN_MAJOR ? " (a column-major array lists its dimensions in reverse, the batch last)" : "";
+}
+
 // The caller's array as a tensor over its memory, batch first: row-major as declared, column-major with the shape
 // reversed (the same memory read in C order). Checked before anything is read.
 at::Tensor view_of(const fl_array* a, const char* what) {
@@ -190,12 +195,9 @@ at::Tensor batch_of(const fl_array* a, const char* what, const std::vector<std::
   auto t = view_of(a, what);
   const auto sizes = t.sizes().vec();
   if (!sample.empty() && std::vector<std::int64_t>(sizes.begin() + 1, sizes.end()) != sample)
-    throw CallError(FL_ERROR_SHAPE,
-                    fmt::format("{}: {} is a batch of {} samples of shape {}, and {} is {}{}", what, declared(*a),
-                                sizes[0], shape_text({sizes.begin() + 1, sizes.end()}), key, shape_text(sample),
-                                a->layout == FL_COLUMN_MAJOR
-                                    ? " (a column-major array lists its dimensions in reverse, the batch last)"
-                                    : ""));
+    throw CallError(FL_ERROR_SHAPE, fmt::format("{}: {} is a batch of {} samples of shape {}, and {} is {}{}", what,
+                                                declared(*a), sizes[0], shape_text({sizes.begin() + 1, sizes.end()}),
+                                                key, shape_text(sample), reversed_hint(*a)));
   if (t.scalar_type() != torch::kFloat32) t = t.to(torch::kFloat32);
   const auto finite = torch::isfinite(t);
   if (!finite.all().item<bool>()) {
@@ -398,9 +400,7 @@ fl_status fl_predict(fl_learner* learner, const fl_array* inputs, fl_array* outp
       throw CallError(FL_ERROR_SHAPE,
                       fmt::format("outputs: {} is read as {}, and the model's outputs for these inputs are {}{}",
                                   declared(*outputs), shape_text(out.sizes().vec()), shape_text(pred.sizes().vec()),
-                                  outputs->layout == FL_COLUMN_MAJOR
-                                      ? " (a column-major array lists its dimensions in reverse, the batch last)"
-                                      : ""));
+                                  reversed_hint(*outputs)));
     out.copy_(pred);
   });
 }
