@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <initializer_list>
 
 namespace fastlearn {
@@ -35,8 +36,68 @@ AdamOptimizer::AdamOptimizer(std::vector<std::vector<at::Tensor>> param_groups, 
 
 std::vector<std::string> AdamOptimizer::state_names() const { return {"exp_avg", "exp_avg_sq"}; }
 
+// The update with every hyper-parameter and step count read from the device (device_hypers): the same formula as
+// below, each factor a 0-dim tensor, and no branch on a value that changes between steps.
+void AdamOptimizer::step_group_on_device(ParamGroup& group, GroupState& state, const std::vector<std::size_t>& active) {
+  const auto& lr = hyper_on_device(state, "lr", "Adam");
+  const auto& beta1 = hyper_on_device(state, "mom", "Adam");
+  const auto& beta2 = hyper_on_device(state, "sqr_mom", "Adam");
+  const auto& eps = hyper_on_device(state, "eps", "Adam");
+  const auto& wd = hyper_on_device(state, "wd", "Adam");
+  auto& exp_avg = state.tensors["exp_avg"];
+  auto& exp_avg_sq = state.tensors["exp_avg_sq"];
+  exp_avg.resize(group.params.size());
+  exp_avg_sq.resize(group.params.size());
+  // Bias corrections in float64 from each parameter's count: step size lr / (1 - beta1^t), sqrt(1 - beta2^t).
+  const auto t = state.steps_on_device.to(at::kDouble);
+  const auto step_size = lr / (1 - at::pow(beta1, t));
+  const auto bc2_sqrt = at::sqrt(1 - at::pow(beta2, t));
+  const auto keep = 1 - lr * wd;
+  // One list per dtype (a group's parameters are on one device).
+  struct Lists {
+    at::ScalarType dtype;
+    std::vector<at::Tensor> p, g, m, v, step_size, bc2_sqrt;
+  };
+  std::vector<Lists> lists;
+  for (const auto i : active) {
+    const auto& p = group.params[i];
+    if (state.steps[i] == 1) {
+      exp_avg[i] = at::zeros_like(p, at::MemoryFormat::Preserve);
+      exp_avg_sq[i] = at::zeros_like(p, at::MemoryFormat::Preserve);
+    }
+    auto it = std::find_if(lists.begin(), lists.end(), [&](const Lists& l) { return l.dtype == p.scalar_type(); });
+    auto& l = it != lists.end() ? *it : lists.emplace_back(Lists{.dtype = p.scalar_type()});
+    l.p.push_back(p);
+    l.g.push_back(p.grad());
+    l.m.push_back(exp_avg[i]);
+    l.v.push_back(exp_avg_sq[i]);
+    const auto at_i = static_cast<std::int64_t>(i);
+    l.step_size.push_back(step_size.select(0, at_i).to(p.scalar_type()));
+    l.bc2_sqrt.push_back(bc2_sqrt.select(0, at_i).to(p.scalar_type()));
+  }
+  for (auto& l : lists) {
+    const auto as = [&](const at::Tensor& x) { return x.to(l.dtype); };
+    auto grads = l.g;
+    if (options_.decouple_wd)
+      at::_foreach_mul_(l.p, as(keep));
+    else
+      grads = at::_foreach_add(l.g, at::_foreach_mul(l.p, as(wd)));  // a new list: the gradients stay untouched
+    at::_foreach_mul_(l.m, as(beta1));
+    at::_foreach_add_(l.m, at::_foreach_mul(grads, as(1 - beta1)));
+    at::_foreach_mul_(l.v, as(beta2));
+    at::_foreach_add_(l.v, at::_foreach_mul(at::_foreach_mul(grads, grads), as(1 - beta2)));
+    auto denom = at::_foreach_sqrt(l.v);
+    at::_foreach_div_(denom, l.bc2_sqrt);
+    at::_foreach_add_(denom, as(eps));
+    auto update = at::_foreach_div(l.m, denom);
+    at::_foreach_mul_(update, l.step_size);
+    at::_foreach_add_(l.p, update, -1);
+  }
+}
+
 void AdamOptimizer::step_group(ParamGroup& group, GroupState& state, const std::vector<std::size_t>& active) {
   check_grads(group, active, "Adam");
+  if (reads_device_hypers()) return step_group_on_device(group, state, active);
   const double lr = read_hyper(group, "lr", "Adam");
   const double beta1 = read_hyper(group, "mom", "Adam");
   const double beta2 = read_hyper(group, "sqr_mom", "Adam");

@@ -28,6 +28,7 @@ class AdamOptimizer : public Optimizer {
   std::vector<std::string> state_names() const override;
 
  private:
+  void step_group_on_device(ParamGroup& group, GroupState& state, const std::vector<std::size_t>& active);
   AdamOptions options_;
 };
 

@@ -1,5 +1,6 @@
 #include <fastlearn/optim/optimizer.h>
 
+#include <fastlearn/core/detail/cuda_graph.h>
 #include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
 #include <fmt/format.h>
@@ -192,7 +193,14 @@ void Optimizer::step_group_with_exemptions(std::size_t g, const std::vector<std:
   if (!decayed.empty()) step_group(group, state, decayed);
   ParamGroup without_wd = group;
   without_wd.hypers["wd"] = 0.0;
-  step_group(without_wd, state, exempt);
+  state.exempt_pass = true;
+  try {
+    step_group(without_wd, state, exempt);
+  } catch (...) {
+    state.exempt_pass = false;
+    throw;
+  }
+  state.exempt_pass = false;
 }
 
 void Optimizer::step() {
@@ -214,21 +222,122 @@ void Optimizer::step() {
     active.clear();
     for (std::size_t i = 0; i < params.size(); ++i)
       if (params[i].grad().defined()) active.push_back(i);
-    if (active.empty()) continue;
     auto& st = states_[g];
+    st.last_active = active;
+    if (active.empty()) continue;
+    if (device_hypers_) make_device_state(g);  // from the counts before this step
     float* steps_f = st.step_tensor.data_ptr<float>();
     for (const auto i : active) steps_f[i] = static_cast<float>(++st.steps[i]);
     st.device_step_views.clear();  // last step's counts
-    follow_params(params, st, active);
+    std::vector<at::Tensor> counted;  // device_hypers: the device counts this step advanced
     try {
+      follow_params(params, st, active);
+      if (device_hypers_) {
+        if (!stream_capturing(params[active.front()].device())) stage_group(g);
+        for (const auto i : active) counted.push_back(st.device_steps[i]);
+        at::_foreach_add_(counted, 1.0);
+      }
       step_group_with_exemptions(g, active);
     } catch (...) {
       // Subclasses validate before they touch anything, so undoing the counts restores the state.
       for (const auto i : active) steps_f[i] = static_cast<float>(--st.steps[i]);
+      if (!counted.empty()) at::_foreach_add_(counted, -1.0);
       throw;
     }
   }
   ++step_count_;
+}
+
+void Optimizer::set_device_hypers(bool on) {
+  device_hypers_ = on;
+  if (on) return;
+  for (auto& st : states_) {
+    st.hypers_on_device = st.steps_on_device = at::Tensor();
+    st.hyper_names.clear();
+    st.hyper_views.clear();
+    st.device_steps.clear();
+  }
+}
+
+// Made at the first step with device_hypers, and again when the parameters moved to another device or a checkpoint
+// replaced the state; the counts start from the host's, which are always current.
+void Optimizer::make_device_state(std::size_t g) {
+  auto& st = states_[g];
+  const auto& params = groups_[g].params;
+  const auto device = params.front().device();
+  for (const auto& p : params)
+    if (p.device() != device)
+      throw ConfigError(fmt::format("{}: device hyper-parameters need each group's parameters on one device; group {} "
+                                    "has parameters on {} and on {}",
+                                    type(), g, device.str(), p.device().str()));
+  if (st.hypers_on_device.defined() && st.hypers_on_device.device() == device) return;
+  if (stream_capturing(device))
+    throw Error(fmt::format("{}: the device hyper-parameters of group {} must exist before a step is captured; run "
+                            "a step without capture first",
+                            type(), g));
+  st.hyper_names = keys_of(groups_[g].hypers);
+  st.hypers_on_device = at::zeros({static_cast<std::int64_t>(st.hyper_names.size()) + 1},
+                                  at::TensorOptions().dtype(at::kDouble).device(device));
+  st.hyper_views.clear();
+  for (std::int64_t k = 0; k < st.hypers_on_device.size(0); ++k) st.hyper_views.push_back(st.hypers_on_device.select(0, k));
+  st.steps_on_device = st.step_tensor.to(device, /*non_blocking=*/false, /*copy=*/true);  // never the host counts
+  st.device_steps.clear();
+  for (std::int64_t i = 0; i < st.steps_on_device.size(0); ++i) st.device_steps.push_back(st.steps_on_device.select(0, i));
+  stage_group(g);
+}
+
+void Optimizer::stage_group(std::size_t g) {
+  auto& st = states_[g];
+  if (!st.hypers_on_device.defined()) return;
+  const auto& hypers = groups_[g].hypers;
+  const bool to_gpu = !st.hypers_on_device.is_cpu();
+  // Pinned memory, so that the copy does not wait for the host; the caching host allocator keeps each buffer until
+  // its copy has run, so the next step's values never overwrite this step's in flight.
+  auto host = at::empty({st.hypers_on_device.size(0)}, at::TensorOptions().dtype(at::kDouble).pinned_memory(to_gpu));
+  auto* values = host.data_ptr<double>();
+  for (std::size_t k = 0; k < st.hyper_names.size(); ++k) values[k] = hypers.at(st.hyper_names[k]);
+  values[st.hyper_names.size()] = 0.0;
+  st.hypers_on_device.copy_(host, /*non_blocking=*/to_gpu);
+}
+
+void Optimizer::stage_hypers() {
+  if (!device_hypers_) return;
+  for (std::size_t g = 0; g < groups_.size(); ++g) stage_group(g);
+}
+
+void Optimizer::count_replayed_step() {
+  for (auto& st : states_) {
+    float* steps_f = st.step_tensor.data_ptr<float>();
+    for (const auto i : st.last_active) steps_f[i] = static_cast<float>(++st.steps[i]);
+  }
+  ++step_count_;
+}
+
+bool Optimizer::next_step_makes_state() const {
+  for (std::size_t g = 0; g < groups_.size(); ++g)
+    for (std::size_t i = 0; i < groups_[g].params.size(); ++i)
+      if (groups_[g].params[i].grad().defined() && states_[g].steps[i] == 0) return true;
+  return false;
+}
+
+NamedTensors Optimizer::device_hyper_tensors() const {
+  NamedTensors out;
+  for (std::size_t g = 0; g < states_.size(); ++g) {
+    if (!states_[g].hypers_on_device.defined()) continue;
+    out.emplace_back(fmt::format("{}.hypers", g), states_[g].hypers_on_device);
+    out.emplace_back(fmt::format("{}.steps", g), states_[g].steps_on_device);
+  }
+  return out;
+}
+
+const at::Tensor& Optimizer::hyper_on_device(const GroupState& state, const char* name, const char* algorithm) {
+  const auto zero = state.hyper_names.size();
+  if (state.exempt_pass && std::string_view(name) == "wd") return state.hyper_views.at(zero);
+  for (std::size_t k = 0; k < state.hyper_names.size(); ++k)
+    if (state.hyper_names[k] == name) return state.hyper_views.at(k);
+  throw ConfigError(fmt::format("{}: a parameter group has no hyper-parameter '{}' (it has: {}); keep the hypers the "
+                                "optimizer was created with",
+                                algorithm, name, fmt::join(state.hyper_names, ", ")));
 }
 
 // State loaded from a checkpoint takes its parameter's layout at load time; a callback may restride the model

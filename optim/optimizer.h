@@ -63,6 +63,28 @@ class Optimizer {
   /// Calls of step() so far (restored by load_state).
   std::int64_t step_count() const { return step_count_; }
 
+  // --- device hyper-parameters: what a step captured in a CUDA graph reads (LearnerOptions::cuda_graph) ---
+  /// A graph replays its kernels with the arguments they were launched with, so whatever changes between steps
+  /// must be in memory the kernels read. With this on, each group's hyper-parameters are also kept in a tensor on
+  /// its parameters' device, refreshed from the host values before each step by a copy that does not make the host
+  /// wait (stage_hypers), and the step counts live there too, advanced by the step's own kernels; the update then
+  /// takes no host value that changes between steps and branches on none. The results equal the host path's to
+  /// float rounding. Off by default: launched step by step, the host path's fused kernels are faster.
+  void set_device_hypers(bool on);
+  bool device_hypers() const { return device_hypers_; }
+  /// Copies the host hyper-parameters into their device tensors (nothing without device_hypers). step() does it
+  /// itself except while its stream is being captured; whoever replays a captured step calls it before the replay.
+  void stage_hypers();
+  /// The host's bookkeeping of a step whose kernels ran without step() (a replay of a captured step): the step
+  /// counts of the parameters the last step() updated, and step_count().
+  void count_replayed_step();
+  /// Whether the next step() would be the first update of one of the parameters that have a gradient now: that step
+  /// makes their state, so it cannot be captured and replayed.
+  bool next_step_makes_state() const;
+  /// The device tensors of device_hypers ("<group>.hypers", "<group>.steps"), for whoever must know whether they
+  /// moved; empty without device_hypers or before the first step made them.
+  NamedTensors device_hyper_tensors() const;
+
   /// A short name of the algorithm ("SGD", "Adam"), recorded in checkpoints and checked on load.
   virtual std::string type() const = 0;
 
@@ -114,7 +136,25 @@ class Optimizer {
     std::vector<at::Tensor> step_views;
     /// This step's copies of step_tensor on the GPUs that asked for them (step_views_on), as 0-dim views.
     std::vector<std::pair<c10::Device, std::vector<at::Tensor>>> device_step_views;
+
+    // device_hypers only (made at the first step with it on, on the group's device):
+    /// The group's hyper-parameters in the order of `hyper_names`, then a 0 ("wd" of the exempt parameters), float64.
+    at::Tensor hypers_on_device;
+    std::vector<std::string> hyper_names;
+    std::vector<at::Tensor> hyper_views;  ///< 0-dim views of hypers_on_device
+    /// The step counts there (float32, as `step_tensor`), counted by the step's kernels, and their 0-dim views.
+    at::Tensor steps_on_device;
+    std::vector<at::Tensor> device_steps;
+    /// The parameters the last step() updated (count_replayed_step counts them again).
+    std::vector<std::size_t> last_active;
+    /// Set while step_group updates the parameters exempt from weight decay: hyper_on_device gives 0 for "wd".
+    bool exempt_pass = false;
   };
+
+  /// Whether step_group is to read the hyper-parameters from the device (device_hypers is on).
+  bool reads_device_hypers() const { return device_hypers_; }
+  /// Hyper-parameter `name` of the group as a 0-dim float64 tensor on its device (device_hypers only).
+  static const at::Tensor& hyper_on_device(const GroupState& state, const char* name, const char* algorithm);
 
   /// `state`'s step counts where a fused kernel on `device` reads them: step_views on the CPU; on a GPU, views of
   /// a copy made once per step through pinned memory, so that the host never waits for the GPU.
@@ -138,6 +178,11 @@ class Optimizer {
   std::vector<GroupState> states_;
   std::vector<std::vector<bool>> exempt_;  ///< per group and parameter: no weight decay
   std::int64_t step_count_ = 0;
+  bool device_hypers_ = false;
+  /// Makes (or remakes, when the device moved) a group's device tensors from the host's values.
+  void make_device_state(std::size_t g);
+  /// Copies group `g`'s host hyper-parameters into its device tensor.
+  void stage_group(std::size_t g);
 };
 
 using OptFunc = std::function<std::unique_ptr<Optimizer>(std::vector<std::vector<at::Tensor>> param_groups, double lr)>;

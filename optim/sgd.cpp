@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <initializer_list>
 
 namespace fastlearn {
@@ -32,8 +33,59 @@ std::vector<std::string> SGDOptimizer::state_names() const {
   return has_momentum_ ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
 }
 
+// The update with every hyper-parameter read from the device (device_hypers): the same formula as below, each factor
+// a 0-dim tensor, and no branch on a value that changes between steps.
+void SGDOptimizer::step_group_on_device(ParamGroup& group, GroupState& state, const std::vector<std::size_t>& active) {
+  const auto& lr = hyper_on_device(state, "lr", "SGD");
+  const auto& wd = hyper_on_device(state, "wd", "SGD");
+  auto* bufs = has_momentum_ ? &state.tensors["momentum_buffer"] : nullptr;
+  if (bufs) bufs->resize(group.params.size());
+  const auto keep = 1 - lr * wd;
+  struct Lists {
+    at::ScalarType dtype;
+    std::vector<at::Tensor> p, g, first_p, first_g, bufs;  // first_*: first updates (the buffer starts as the gradient)
+    std::vector<std::size_t> first;
+  };
+  std::vector<Lists> lists;
+  for (const auto i : active) {
+    const auto& p = group.params[i];
+    auto it = std::find_if(lists.begin(), lists.end(), [&](const Lists& l) { return l.dtype == p.scalar_type(); });
+    auto& l = it != lists.end() ? *it : lists.emplace_back(Lists{.dtype = p.scalar_type()});
+    l.p.push_back(p);
+    l.g.push_back(p.grad());
+    if (bufs) {
+      if (state.steps[i] == 1) (*bufs)[i] = at::empty_like(p, at::MemoryFormat::Preserve);
+      l.bufs.push_back((*bufs)[i]);
+      if (state.steps[i] == 1) l.first.push_back(l.bufs.size() - 1);
+    }
+  }
+  for (auto& l : lists) {
+    const auto as = [&](const at::Tensor& x) { return x.to(l.dtype); };
+    auto d = l.g;
+    if (options_.decouple_wd)
+      at::_foreach_mul_(l.p, as(keep));
+    else
+      d = at::_foreach_add(l.g, at::_foreach_mul(l.p, as(wd)));  // a new list: the gradients stay untouched
+    if (bufs) {
+      const auto mom = as(hyper_on_device(state, "mom", "SGD"));
+      at::_foreach_mul_(l.bufs, mom);  // a first update's buffer is then overwritten with the gradient
+      for (const auto k : l.first) l.bufs[k].copy_(d[k]);
+      std::vector<at::Tensor> old_bufs, old_d;
+      for (std::size_t k = 0; k < l.bufs.size(); ++k)
+        if (std::find(l.first.begin(), l.first.end(), k) == l.first.end()) {
+          old_bufs.push_back(l.bufs[k]);
+          old_d.push_back(d[k]);
+        }
+      if (!old_bufs.empty()) at::_foreach_add_(old_bufs, old_d);
+      d = options_.nesterov ? at::_foreach_add(d, at::_foreach_mul(l.bufs, mom)) : l.bufs;
+    }
+    at::_foreach_add_(l.p, at::_foreach_mul(d, as(lr)), -1);
+  }
+}
+
 void SGDOptimizer::step_group(ParamGroup& group, GroupState& state, const std::vector<std::size_t>& active) {
   check_grads(group, active, "SGD");
+  if (reads_device_hypers()) return step_group_on_device(group, state, active);
   const double lr = read_hyper(group, "lr", "SGD");
   const double wd = read_hyper(group, "wd", "SGD");
   const double mom = has_momentum_ ? read_hyper(group, "mom", "SGD") : 0.0;

@@ -27,6 +27,7 @@ class SGDOptimizer : public Optimizer {
   std::vector<std::string> state_names() const override;
 
  private:
+  void step_group_on_device(ParamGroup& group, GroupState& state, const std::vector<std::size_t>& active);
   SGDOptions options_;
   bool has_momentum_;
 };

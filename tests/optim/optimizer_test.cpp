@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -597,3 +598,93 @@ TEST(Optimizer, DeterministicAcrossThreadCounts) {
 }
 
 }  // namespace
+
+// Device hyper-parameters (what a step captured in a CUDA graph reads) train like the host path, on the CPU here: the
+// same algorithms with hypers that change every step (a one-cycle lr and momentum, wd changed midway), two groups,
+// parameters exempt from weight decay, parameters without gradients on some steps (their own step counts), float32
+// and float64; equal to float rounding, the state and its checkpoint the same.
+TEST(DeviceHypers, TrainLikeTheHostPathWithHypersChangingEveryStep) {
+  const std::vector<std::pair<std::string, fl::OptFunc>> cases{
+      {"SGD", fl::SGD()},
+      {"SGD momentum", fl::SGD({.mom = 0.9})},
+      {"SGD nesterov decoupled wd", fl::SGD({.mom = 0.9, .wd = 0.05, .nesterov = true})},
+      {"SGD momentum L2", fl::SGD({.mom = 0.8, .wd = 0.05, .decouple_wd = false})},
+      {"Adam (fastai)", fl::Adam()},
+      {"AdamW", fl::AdamW()},
+      {"Adam L2", fl::Adam({.wd = 0.05, .decouple_wd = false})}};
+  const Skip skip = [](int step, std::size_t i) { return (i == 1 && step % 3 != 2) || (i == 4 && step < 5); };
+  for (const auto dtype : {at::kFloat, at::kDouble}) {
+    for (const auto& [name, f] : cases) {
+      const auto what = name + " " + c10::toString(dtype);
+      auto host_p = make_params(dtype), device_p = copy(host_p);
+      const auto groups = [](const Params& ps) {
+        return std::vector<Params>{Params(ps.begin(), ps.begin() + 3), Params(ps.begin() + 3, ps.end())};
+      };
+      auto host = f(groups(host_p), 1e-2), device = f(groups(device_p), 1e-2);
+      device->set_device_hypers(true);
+      host->exempt_from_weight_decay({host_p[2]});
+      device->exempt_from_weight_decay({device_p[2]});
+      for (int s = 0; s < kSteps; ++s) {
+        const double pct = static_cast<double>(s) / kSteps;
+        for (auto* opt : {host.get(), device.get()}) {
+          opt->set_hyper("lr", std::vector<double>{1e-2 * (1 + 3 * pct), 2e-3 * (1 - pct)});
+          opt->set_hyper("mom", 0.95 - 0.1 * pct);
+          if (s == 6) opt->set_hyper("wd", std::vector<double>{0.0, 0.1});
+        }
+        set_grads(host_p, s, skip);
+        set_grads(device_p, s, skip);
+        host->step();
+        device->step();
+        expect_close(device_p, host_p, what + " step " + std::to_string(s), dtype == at::kFloat ? 2e-5 : 1e-12);
+      }
+      EXPECT_EQ(device->state_json(), host->state_json()) << what;
+      const auto host_state = host->state_tensors(), device_state = device->state_tensors();
+      ASSERT_EQ(device_state.size(), host_state.size()) << what;
+      for (std::size_t k = 0; k < host_state.size(); ++k) EXPECT_EQ(device_state[k].first, host_state[k].first);
+    }
+  }
+}
+
+// What a caller replaying a captured step relies on: staging copies the host's values (and a 0, the exempt
+// parameters' "wd") into the device tensor in the hypers' order; count_replayed_step counts the parameters the last
+// step updated, as that step did; a state loaded from a checkpoint remakes the device tensors from its counts; the
+// first update of a parameter is known before it happens.
+TEST(DeviceHypers, StagingCountsAndCheckpointsKeepHostAndDeviceInStep) {
+  auto ps = make_params(at::kFloat);
+  auto opt = fl::Adam()({ps}, 1e-2);
+  EXPECT_TRUE(opt->device_hyper_tensors().empty());
+  opt->set_device_hypers(true);
+  set_grads(ps, 0, [](int, std::size_t i) { return i == 5; });
+  EXPECT_TRUE(opt->next_step_makes_state());
+  opt->step();
+  EXPECT_FALSE(opt->next_step_makes_state());  // parameter 5 still has no gradient
+  ps[5].mutable_grad() = at::ones_like(ps[5]);
+  EXPECT_TRUE(opt->next_step_makes_state());
+  ps[5].mutable_grad() = at::Tensor();
+
+  const auto tensors = opt->device_hyper_tensors();
+  ASSERT_EQ(tensors.size(), 2U);
+  EXPECT_EQ(tensors[0].first, "0.hypers");
+  opt->set_hyper("lr", 0.25);
+  opt->set_hyper("eps", 1e-3);
+  opt->stage_hypers();
+  // Alphabetical, as the hypers' map: eps, lr, mom, sqr_mom, wd, then the exempt parameters' 0.
+  EXPECT_TRUE(torch::equal(tensors[0].second, at::tensor({1e-3, 0.25, 0.9, 0.99, 0.01, 0.0}, at::kDouble)));
+  EXPECT_TRUE(torch::equal(tensors[1].second, at::tensor({1.F, 1.F, 1.F, 1.F, 1.F, 0.F})));
+
+  opt->count_replayed_step();  // as if the step's kernels ran again: the device counted itself; the host catches up
+  at::_foreach_add_(std::vector<at::Tensor>{tensors[1].second.narrow(0, 0, 5)}, 1.0);
+  EXPECT_EQ(opt->step_count(), 2);
+  EXPECT_EQ(nlohmann::json::parse(opt->state_json())["groups"][0]["steps"].dump(), "[2,2,2,2,2,0]");
+
+  // A checkpoint loaded into a fresh optimizer: its device tensors start from the loaded counts.
+  auto ps2 = copy(ps);
+  auto loaded = fl::Adam()({ps2}, 1e-2);
+  loaded->set_device_hypers(true);
+  loaded->load_state(opt->state_tensors(), opt->state_json());
+  set_grads(ps2, 3, [](int, std::size_t i) { return i == 5; });
+  loaded->step();
+  EXPECT_TRUE(torch::equal(loaded->device_hyper_tensors()[1].second, at::tensor({3.F, 3.F, 3.F, 3.F, 3.F, 0.F})));
+  loaded->set_device_hypers(false);
+  EXPECT_TRUE(loaded->device_hyper_tensors().empty());
+}
