@@ -16,6 +16,9 @@ class GradientAccumulation : public Callback {
   void before_fit() override;
   void after_loss() override;
   void before_step() override;
+  CaptureSupport step_capture() const override {
+    return {.kind = StepCapture::eager_only, .why = "it decides on the host, batch by batch, whether the optimizer steps"};
+  }
 
  private:
   std::int64_t n_acc_;

@@ -18,6 +18,8 @@ class GradientClip : public Callback {
   explicit GradientClip(GradientClipOptions options = {});
   std::string name() const override { return "gradient_clip"; }
   void before_step() override;
+  /// Capturable: the norm and the scaling are computed on the gradients' device, with nothing read back.
+  CaptureSupport step_capture() const override { return {.kind = StepCapture::capturable, .why = {}}; }
   /// The total norm before clipping at the last step (read from the device when asked: a GPU is not made
   /// to wait for the host at every step, unlike LibTorch's clip_grad_norm_, which returns a double).
   double last_norm() const;

@@ -57,6 +57,15 @@ void MixedPrecision::before_batch() { enter_autocast(); }
 void MixedPrecision::after_loss() { exit_autocast(); }
 // Any cancel can leave the batch between before_batch and after_loss: close the region at every exit.
 void MixedPrecision::after_cancel_batch() { exit_autocast(); }
+// A replayed step (LearnerOptions::cuda_graph) fires no after_loss.
+void MixedPrecision::after_batch() { exit_autocast(); }
+
+CaptureSupport MixedPrecision::step_capture() const {
+  if (!scaling_) return {.kind = StepCapture::capturable, .why = {}};
+  return {.kind = StepCapture::eager_only,
+          .why = "float16 loss scaling reads back whether a gradient overflowed to skip that step; bfloat16 "
+                 "(MixedPrecisionOptions::dtype = at::kBFloat16) needs no scaling and is captured"};
+}
 void MixedPrecision::after_train() { exit_autocast(); }
 void MixedPrecision::after_validate() { exit_autocast(); }
 void MixedPrecision::after_epoch() { exit_autocast(); }

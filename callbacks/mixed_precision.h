@@ -36,6 +36,10 @@ class MixedPrecision : public Callback {
   void before_step() override;
   void after_step() override;
   void after_cancel_batch() override;
+  void after_batch() override;
+  /// Capturable with bfloat16 (autocast is the thread's state at capture); float16's loss scaling reads back whether
+  /// a gradient overflowed, to skip that step, so it runs eagerly.
+  CaptureSupport step_capture() const override;
   void after_train() override;
   void after_validate() override;
   void after_epoch() override;

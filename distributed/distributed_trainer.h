@@ -40,6 +40,10 @@ class DistributedTrainer : public Callback {
   void before_batch() override;
   void before_backward() override;
   void after_backward() override;
+  CaptureSupport step_capture() const override {
+    return {.kind = StepCapture::eager_only,
+            .why = "its gradient all-reduces are waited for on the host; steps under DistribCtx are not captured yet"};
+  }
   void after_fit() override;
 
   /// The reducer of the running fit (null outside a fit).

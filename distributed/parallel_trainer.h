@@ -53,6 +53,9 @@ class ParallelTrainer : public Callback {
   void before_fit() override;
   void before_batch() override;
   void after_step() override;
+  CaptureSupport step_capture() const override {
+    return {.kind = StepCapture::eager_only, .why = "its replicas run on threads of their own, one per device"};
+  }
   void after_fit() override;
 
   const std::vector<c10::Device>& devices() const { return devices_; }

@@ -75,7 +75,31 @@ bool is_inner_loop(Event event) {
   }
 }
 
+bool is_in_step(Event event) {
+  switch (event) {
+    case Event::after_pred:
+    case Event::after_loss:
+    case Event::before_backward:
+    case Event::after_cancel_backward:
+    case Event::after_backward:
+    case Event::before_step:
+    case Event::after_cancel_step:
+    case Event::after_step:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::vector<Event> Callback::in_step_events_handled() const {
+  std::vector<Event> handled;
+  for (auto e = static_cast<unsigned>(Event::before_fit); e <= static_cast<unsigned>(Event::after_fit); ++e)
+    if ((in_step_received_ & ~in_step_defaulted_) & (1U << e)) handled.push_back(static_cast<Event>(e));
+  return handled;
+}
+
 void Callback::handle(Event event) {
+  if (is_in_step(event)) in_step_received_ |= 1U << static_cast<unsigned>(event);
   switch (event) {
     case Event::before_fit:
       return before_fit();

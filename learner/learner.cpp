@@ -6,6 +6,7 @@
 #include <fastlearn/core/device.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/sampler.h>
+#include <fastlearn/learner/detail/step_graphs.h>
 #include <fastlearn/learner/progress.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/learner/train_eval.h>
@@ -365,8 +366,11 @@ void Learner::run_fit(int n_epoch_, const std::vector<double>& lrs, FitOptions o
       l.dl = nullptr;
       l.xb.clear(), l.yb.clear();
       l.pred = l.loss = l.loss_grad = at::Tensor();
+      l.step_graphs_.reset();  // the graphs read this fit's callbacks' tensors too
     }
   } cleanup{*this};
+  step_graph_stats_ = {};
+  if (options_.cuda_graph) step_graphs_ = std::make_unique<StepGraphs>();
   with_events<CancelFitException>([&] { do_fit(options.start_epoch); }, Event::before_fit, Event::after_cancel_fit,
                                   Event::after_fit);
 }
@@ -454,6 +458,16 @@ void Learner::one_batch(std::int64_t i, const Batch& batch) {
 }
 
 void Learner::do_one_batch() {
+  if (!step_graphs_ || !training || yb.empty()) return do_step();
+  step_graphs_->run(*this, [this] { do_step(); });
+  const auto& plan = step_graphs_->plan();
+  step_graph_stats_ = {.captures = plan.captures(),
+                       .replays = plan.replays(),
+                       .eager_steps = plan.eager_steps(),
+                       .eager_because = plan.why()};
+}
+
+void Learner::do_step() {
   pred = forward_(xb);
   fire(Event::after_pred);
   if (!yb.empty()) {

@@ -36,6 +36,7 @@
 namespace fastlearn {
 
 class Recorder;
+class StepGraphs;
 class StepRunner;
 
 /// Splits a model's parameters into groups (for discriminative learning rates and freezing).
@@ -109,6 +110,20 @@ struct LearnerOptions {
   /// an export records so that load_learner can rebuild the model from the registry. Set by learner_from_config,
   /// vision_learner and tabular_learner; empty for a model of your own (load_learner then takes a factory).
   std::string model_recipe;
+  /// Capture each training step (forward, loss, backward, optimizer step) in a CUDA graph and replay it: on a GPU a
+  /// step is then one launch instead of one per kernel, which is what bounds small models (docs/gpu.md, "Training
+  /// steps as CUDA graphs"). After warm-up steps each batch shape is captured once; the events inside the step run at
+  /// capture only, and a callback that needs the host there makes the fit's steps run eagerly, with one warning that
+  /// names it (Callback::step_capture). On the CPU the steps run eagerly.
+  bool cuda_graph = false;
+};
+
+/// What LearnerOptions::cuda_graph did in the last fit (all 0 without it).
+struct StepGraphStats {
+  std::int64_t captures = 0;     ///< graphs captured: one per batch shape, again after what they read moved
+  std::int64_t replays = 0;      ///< training steps run as a replay (the step of each capture included)
+  std::int64_t eager_steps = 0;  ///< training steps run eagerly (warm-up, a parameter's first update, fallbacks)
+  std::string eager_because;     ///< why the fit's steps ran eagerly; empty when they could be captured
 };
 
 struct FitOptions {
@@ -319,6 +334,8 @@ class Learner {
   const Loss& loss_func() const { return loss_func_; }
   const std::vector<MetricPtr>& metrics() const { return options_.metrics; }
   const LearnerOptions& options() const { return options_; }
+  /// What LearnerOptions::cuda_graph did in the last (or the running) fit.
+  const StepGraphStats& step_graph_stats() const { return step_graph_stats_; }
 
   /// Creates the optimizer over the splitter's parameter groups (done by fit when there is none).
   void create_opt();
@@ -416,6 +433,7 @@ class Learner {
   int load_resume_point(const std::filesystem::path& file, int n_epoch);  // in learner/checkpoint.cpp
   void one_batch(std::int64_t i, const Batch& batch);
   void do_one_batch();
+  void do_step();  // the body of do_one_batch, which StepGraphs may run, capture or replay
   void do_grad_opt();
   void sort_cbs();
   void check_not_in_fit(const char* what) const;
@@ -441,6 +459,8 @@ class Learner {
   void release_in_order_copy();
   Coordination coordination_;
   friend class StepRunner;
+  std::unique_ptr<StepGraphs> step_graphs_;  // during a fit with options_.cuda_graph
+  StepGraphStats step_graph_stats_;
   friend CheckpointState capture_state(Learner& learn, SaveOptions options);
   friend void restore_state(Learner& learn, const CheckpointState& state, LoadOptions options, std::string_view origin);
   std::shared_ptr<StepRunner> steps_;      // the steps under way (begin_steps)

@@ -32,6 +32,11 @@ void LRFinder::after_loss() {
   if (gather && l.training) l.loss = gather(l.loss.detach().mean().reshape({1})).mean();
 }
 
+CaptureSupport LRFinder::step_capture() const {
+  if (!learn().coordination().all_gather_rows) return {.kind = StepCapture::capturable, .why = {}};
+  return {.kind = StepCapture::eager_only, .why = "in a job of several processes it gathers each batch's loss"};
+}
+
 void LRFinder::after_batch() {
   ParamScheduler::after_batch();
   auto& l = learn();

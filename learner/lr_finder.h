@@ -23,6 +23,8 @@ class LRFinder : public ParamScheduler {
   void before_fit() override;
   void before_batch() override;
   void after_loss() override;
+  /// Capturable in one process; in a job of several its after_loss gathers every rank's loss.
+  CaptureSupport step_capture() const override;
   void after_batch() override;
   void before_validate() override;
   void after_fit() override;

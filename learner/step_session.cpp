@@ -187,6 +187,8 @@ class StepRunner {
     std::string name() const override { return "last_loss"; }
     // Taken once computed too: a callback that ends the fit at this batch's end (GracefulStop) cuts after_batch short.
     void after_loss() override { loss = learn().loss; }
+    // At capture it keeps the graph's loss; after_batch then takes the step's own.
+    CaptureSupport step_capture() const override { return {.kind = StepCapture::capturable, .why = {}}; }
     void after_batch() override { loss = learn().loss; }
     at::Tensor loss;
   };

@@ -2,6 +2,11 @@
 // callbacks added and removed at run time, evaluation helpers, freezing, and bit-for-bit determinism.
 #include <fastlearn/core/device.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/callbacks/grad_accumulation.h>
+#include <fastlearn/callbacks/grad_clip.h>
+#include <fastlearn/callbacks/mixed_precision.h>
+#include <fastlearn/learner/detail/capture_plan.h>
+#include <fastlearn/learner/detail/step_graphs.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/models/models.h>
@@ -855,4 +860,175 @@ TEST(LearnerSteps, TheLastHeldOutSamplesAreValidatedAtEachEpochEnd) {
             }).find("holds no sample out"),
             std::string::npos);
   plain->end_steps();
+}
+
+// --- LearnerOptions::cuda_graph: the plan and the decisions that need no GPU --------------------------------------
+
+namespace {
+
+fl::BatchKey key_of(std::int64_t n) { return fl::BatchKey{.values = {n}}; }
+
+using Action = fl::CapturePlan::Action;
+
+}  // namespace
+
+// Warm-up steps first (three for the fit's first shape, one for each further shape), then one capture per shape, then
+// replays; a moved state drops every graph and each shape warms up (one step) and captures again; shapes past the
+// limit run eagerly with one notice; a refusal makes every further step eager and keeps its first reason.
+TEST(CapturePlan, WarmsUpCapturesEachShapeOnceAndReplays) {
+  fl::CapturePlan plan({.warmup_steps = 3, .shape_warmup_steps = 1, .max_graphs = 2});
+  const auto a = key_of(256), b = key_of(96), c = key_of(7);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(plan.next(a), Action::eager) << i;
+  EXPECT_EQ(plan.next(a), Action::capture);
+  plan.captured(a);
+  EXPECT_EQ(plan.next(a), Action::replay);
+  EXPECT_EQ(plan.next(b), Action::eager);  // a ragged last batch: its own warm-up step
+  EXPECT_EQ(plan.next(b), Action::capture);
+  plan.captured(b);
+  EXPECT_EQ(plan.next(b), Action::replay);
+  EXPECT_EQ(plan.next(a), Action::replay);
+  EXPECT_EQ(plan.graphs(), 2U);
+  EXPECT_FALSE(plan.take_notice());
+  EXPECT_EQ(plan.next(c), Action::eager);  // a third shape, past max_graphs
+  EXPECT_EQ(plan.next(c), Action::eager);
+  const auto notice = plan.take_notice();
+  ASSERT_TRUE(notice);
+  EXPECT_NE(notice->find("more than 2 shapes"), std::string::npos) << *notice;
+  EXPECT_FALSE(plan.take_notice());
+  EXPECT_EQ(plan.captures(), 2);
+  EXPECT_EQ(plan.replays(), 5);  // the two capturing steps and three replays
+  EXPECT_EQ(plan.eager_steps(), 6);
+
+  plan.invalidate();
+  EXPECT_EQ(plan.graphs(), 0U);
+  EXPECT_EQ(plan.next(a), Action::eager);
+  EXPECT_EQ(plan.next(a), Action::capture);
+  plan.captured(a);
+  EXPECT_EQ(plan.next(a), Action::replay);
+  EXPECT_EQ(plan.captures(), 3);
+
+  plan.refuse("first reason");
+  plan.refuse("second reason");
+  EXPECT_TRUE(plan.refused());
+  EXPECT_EQ(plan.why(), "first reason");
+  EXPECT_EQ(plan.next(a), Action::eager);
+  EXPECT_EQ(plan.next(b), Action::eager);
+  EXPECT_THROW(fl::CapturePlan({.warmup_steps = 0}), fl::ConfigError);
+}
+
+// A graph's batch buffers are made for one shape, dtype, device and layout: any difference is another key.
+TEST(CapturePlan, BatchKeysTellShapesDtypesAndLayoutsApart) {
+  const auto x = torch::zeros({8, 3, 4, 4}), y = torch::zeros({8}, torch::kLong);
+  const auto key = fl::batch_key({x}, {y});
+  EXPECT_EQ(key, fl::batch_key({torch::ones({8, 3, 4, 4})}, {torch::ones({8}, torch::kLong)}));
+  EXPECT_NE(key, fl::batch_key({torch::zeros({7, 3, 4, 4})}, {torch::zeros({7}, torch::kLong)}));
+  EXPECT_NE(key, fl::batch_key({x.to(torch::kHalf)}, {y}));
+  EXPECT_NE(key, fl::batch_key({x.contiguous(at::MemoryFormat::ChannelsLast)}, {y}));
+  EXPECT_NE(key, fl::batch_key({x}, {y.to(torch::kInt)}));
+  EXPECT_NE(key, fl::batch_key({x, x}, {y}));
+  EXPECT_NE(key, fl::batch_key({x}, {}));
+}
+
+namespace {
+
+// Handles before_step with a body of its own, declaring nothing.
+struct ReadsInTheStep : fl::Callback {
+  std::string name() const override { return "reads_in_the_step"; }
+  void before_step() override { ++calls; }
+  int calls = 0;
+};
+
+// The same work, declared capturable.
+struct DeclaredCapturable : ReadsInTheStep {
+  std::string name() const override { return "declared_capturable"; }
+  fl::CaptureSupport step_capture() const override { return {.kind = fl::StepCapture::capturable, .why = {}}; }
+};
+
+// Only around the step.
+struct AroundTheStep : fl::Callback {
+  std::string name() const override { return "around_the_step"; }
+  void before_batch() override {}
+  void after_batch() override {}
+};
+
+struct Outcome {
+  fl::StepGraphStats stats;
+  std::vector<at::Tensor> weights;
+  std::string warnings;
+};
+
+Outcome fit_with_cuda_graph(std::vector<fl::CallbackPtr> cbs, bool cuda_graph = true) {
+  auto learn = flt::regression_learner(flt::regression_data({.shuffle = false}),
+                                       {.opt_func = fl::Adam(), .cbs = std::move(cbs), .cuda_graph = cuda_graph});
+  ::testing::internal::CaptureStderr();
+  learn->fit_one_cycle(2, 1e-2);
+  return {learn->step_graph_stats(), flt::snapshot(learn->model()), ::testing::internal::GetCapturedStderr()};
+}
+
+}  // namespace
+
+// On the CPU the steps run eagerly, exactly as without the option, with one warning that says why; the reason a fit
+// cannot be captured comes first from the callbacks: those that say so (GradientAccumulation, float16 loss scaling),
+// then undeclared ones that handled an event inside the step. Declared or step-free callbacks pass.
+TEST(StepCapture, OnTheCpuTheStepsRunEagerlyAsWithoutItAndTheReasonNamesWhatNeedsTheHost) {
+  const auto plain = fit_with_cuda_graph({}, /*cuda_graph=*/false);
+  EXPECT_EQ(plain.stats.eager_steps, 0);
+  EXPECT_TRUE(plain.warnings.empty()) << plain.warnings;
+
+  const auto on_cpu = fit_with_cuda_graph({std::make_shared<AroundTheStep>()});
+  EXPECT_TRUE(flt::same_tensors(on_cpu.weights, plain.weights));
+  EXPECT_EQ(on_cpu.stats.eager_steps, 8);  // 2 epochs of 4 batches
+  EXPECT_EQ(on_cpu.stats.captures, 0);
+  EXPECT_EQ(on_cpu.stats.replays, 0);
+  EXPECT_NE(on_cpu.stats.eager_because.find("computes on cpu; CUDA graphs need a GPU"), std::string::npos)
+      << on_cpu.stats.eager_because;
+  EXPECT_EQ(on_cpu.warnings,
+            "fastlearn: warning: cuda_graph: the training steps of this fit run eagerly: " + on_cpu.stats.eager_because +
+                "\n");
+
+  const auto declared = fit_with_cuda_graph({std::make_shared<DeclaredCapturable>()});
+  EXPECT_NE(declared.stats.eager_because.find("computes on cpu"), std::string::npos) << declared.stats.eager_because;
+
+  const auto undeclared = fit_with_cuda_graph({std::make_shared<ReadsInTheStep>()});
+  EXPECT_NE(undeclared.stats.eager_because.find("'reads_in_the_step' handles before_step inside the step"),
+            std::string::npos)
+      << undeclared.stats.eager_because;
+  EXPECT_TRUE(flt::same_tensors(undeclared.weights, plain.weights));
+
+  const auto accumulating = fit_with_cuda_graph({std::make_shared<fl::GradientAccumulation>(16)});
+  EXPECT_NE(accumulating.stats.eager_because.find("'gradient_accumulation' needs the host inside each step"),
+            std::string::npos)
+      << accumulating.stats.eager_because;
+
+  const auto scaled = fit_with_cuda_graph({std::make_shared<fl::MixedPrecision>(fl::MixedPrecisionOptions{
+      .dtype = at::kBFloat16, .loss_scaling = true})});
+  EXPECT_NE(scaled.stats.eager_because.find("'mixed_precision' needs the host inside each step: float16 loss scaling"),
+            std::string::npos)
+      << scaled.stats.eager_because;
+  const auto bf16 = fit_with_cuda_graph({std::make_shared<fl::MixedPrecision>(fl::MixedPrecisionOptions{
+      .dtype = at::kBFloat16})});
+  EXPECT_NE(bf16.stats.eager_because.find("computes on cpu"), std::string::npos) << bf16.stats.eager_because;
+  const auto clipped = fit_with_cuda_graph({std::make_shared<fl::GradientClip>()});
+  EXPECT_NE(clipped.stats.eager_because.find("computes on cpu"), std::string::npos) << clipped.stats.eager_because;
+}
+
+// What the run-time check reads: the in-step events a callback received and handled itself.
+TEST(StepCapture, ACallbackReportsTheInStepEventsItHandled) {
+  auto log = std::make_shared<EventLog>();
+  auto around = std::make_shared<AroundTheStep>();
+  auto reads = std::make_shared<ReadsInTheStep>();
+  learner_with(log);
+  auto learn = flt::regression_learner(two_batches(), {.opt_func = fl::SGD()});
+  learn->add_cbs({around, reads});
+  learn->fit(1, 0.01);
+  const std::vector<fl::Event> in_step{fl::Event::after_pred,     fl::Event::after_loss,  fl::Event::before_backward,
+                                       fl::Event::after_backward, fl::Event::before_step, fl::Event::after_step};
+  EXPECT_EQ(log->in_step_events_handled(), in_step);
+  EXPECT_TRUE(around->in_step_events_handled().empty());
+  EXPECT_EQ(reads->in_step_events_handled(), std::vector<fl::Event>{fl::Event::before_step});
+  reads->forget_in_step_events();
+  EXPECT_TRUE(reads->in_step_events_handled().empty());
+  EXPECT_TRUE(fl::is_in_step(fl::Event::before_step));
+  EXPECT_FALSE(fl::is_in_step(fl::Event::before_batch));
+  EXPECT_FALSE(fl::is_in_step(fl::Event::after_batch));
 }
