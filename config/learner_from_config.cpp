@@ -36,6 +36,7 @@ LearnerOptions learner_options(const TrainConfig& c, const LearnerFromConfigOpti
   for (const auto& name : t.metrics) o.metrics.push_back(find_metric(name, c).make(c));
   o.wd_bn_bias = t.wd_bn_bias;
   o.progress = from.progress;
+  o.cuda_graph = t.cuda_graph;
   if (t.device != "auto") o.device = c10::Device(t.device);  // "cuda" without an index: the rank's GPU
   if (t.grad_accumulation > 0) o.cbs.push_back(std::make_shared<GradientAccumulation>(t.grad_accumulation));
   if (t.grad_clip > 0) o.cbs.push_back(std::make_shared<GradientClip>(GradientClipOptions{.max_norm = t.grad_clip}));

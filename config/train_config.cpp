@@ -439,6 +439,7 @@ const std::vector<Key>& schema() {
       Key("train.seed", in::train, &TrainSectionConfig::seed),
       Key("train.mixed_precision", in::train, &TrainSectionConfig::mixed_precision),
       Key("train.channels_last", in::train, &TrainSectionConfig::channels_last),
+      Key("train.cuda_graph", in::train, &TrainSectionConfig::cuda_graph),
       Key("train.grad_accumulation", in::train, &TrainSectionConfig::grad_accumulation),
       Key("train.grad_clip", in::train, &TrainSectionConfig::grad_clip),
       Key("train.loss", in::train, &TrainSectionConfig::loss, {},

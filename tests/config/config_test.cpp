@@ -55,7 +55,7 @@ TEST(Config, AnUnknownKeyIsNamedWithItsLineAndTheClosestValidKey) {
   expect_contains(e.what(), "did you mean train.");
   const auto typo = error_of("[train]\nepoch = 3\n");
   expect_contains(typo.what(), "run.toml:2:1: unknown key train.epoch; did you mean train.epochs?");
-  expect_contains(typo.what(), "valid keys in [train]: channels_last, device, epochs, ");
+  expect_contains(typo.what(), "valid keys in [train]: channels_last, cuda_graph, device, epochs, ");
 }
 
 TEST(Config, AKeyInTheWrongSectionSuggestsItsSection) {
@@ -174,6 +174,19 @@ TEST(Config, CsvTablesNameTheirColumnsAndTakeTheTabularModel) {
   const auto spared = parse_config(table + "[train]\nwd_bn_bias = true\n", "run.toml");
   EXPECT_TRUE(spared.train.wd_bn_bias);
   EXPECT_EQ(parse_config(to_toml(spared), "resolved.toml"), spared);
+  // train.cuda_graph: a boolean, off by default, written back, and what the Learner is given.
+  EXPECT_FALSE(parse_config("", "run.toml").train.cuda_graph);
+  const auto graphed = parse_config("[train]\ncuda_graph = true\n", "run.toml");
+  EXPECT_TRUE(graphed.train.cuda_graph);
+  EXPECT_EQ(parse_config(to_toml(graphed), "resolved.toml"), graphed);
+  expect_contains(error_of("[train]\ncuda_graph = \"yes\"\n").what(), "train.cuda_graph");
+  EXPECT_TRUE(fastlearn::learner_from_config(
+                  parse_config("[data]\ndataset = \"synthetic_regression\"\n[model]\narch = \"mlp\"\n[train]\n"
+                               "cuda_graph = true\n",
+                               "run.toml"),
+                  {.out = ::testing::TempDir(), .run_callbacks = false, .progress = false})
+                  ->options()
+                  .cuda_graph);
 }
 
 TEST(Config, ChannelsLastIsTrueFalseOrAutoWhichPicksTheConvModels) {
