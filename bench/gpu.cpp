@@ -13,8 +13,12 @@
 //   gpu_replicas_one_gpu: conv_net on Fashion-MNIST, batch 256, fp32, Learner.fit(1) samples/s of 2 ParallelTrainer
 //     replicas sharing the GPU (sync_bn off: replicas on one GPU) against the same Learner alone; reported as it
 //     is (two replicas on one GPU only split its work: the row checks the path's cost, not a speed-up).
+//   gpu_conv_net_graph_vs_torch / _vs_eager: the same, with each training step captured in a CUDA graph
+//     (LearnerOptions::cuda_graph), against the PyTorch loop and against our eager Learner (interleaved fits).
+//     Goal: >= 3x the loop, the GPU busy >= 60% of an epoch (--trace).
 //   gpu_time_to_92: seconds of fit_one_cycle(6, 1e-2) of conv_net until the test accuracy reaches 92%,
-//     against fastai's fit_one_cycle of the same model (lower is better; ratio = fastai / ours).
+//     against fastai's fit_one_cycle of the same model (lower is better; ratio = fastai / ours); _graph: ours with
+//     cuda_graph, against the same fastai run.
 // With --trace DIR, each comparison then traces one more epoch of each side with the profiler (Kineto on ours,
 // torch.profiler on theirs) into DIR/<name>_ours.json and _anchor.json; bench/python/trace_summary.py sets
 // them side by side (GPU busy and idle time, host waits, the kernels that differ).
@@ -87,7 +91,7 @@ torch::nn::Sequential model_named(const std::string& name) {
 // wd_bn_bias: weight decay on every parameter, as torch.optim does in the hand-written loop (fastai, like the
 // Learner's default, spares normalization layers and biases).
 std::unique_ptr<fl::Learner> learner(const Data& d, const std::string& model, std::int64_t bs,
-                                     bool wd_bn_bias = false) {
+                                     bool wd_bn_bias = false, bool cuda_graph = false) {
   auto train = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{d.xt}, std::vector<at::Tensor>{d.yt});
   auto valid = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{d.xv}, std::vector<at::Tensor>{d.yv});
   fl::DataLoaders dls(fl::DataLoader(train, {.bs = bs, .shuffle = true, .drop_last = true, .seed = 0}),
@@ -97,7 +101,11 @@ std::unique_ptr<fl::Learner> learner(const Data& d, const std::string& model, st
   auto learn = std::make_unique<fl::Learner>(
       dls, net, fl::cross_entropy(),
       fl::LearnerOptions{
-          .opt_func = fl::Adam(), .metrics = {fl::accuracy()}, .wd_bn_bias = wd_bn_bias, .progress = false});
+          .opt_func = fl::Adam(),
+          .metrics = {fl::accuracy()},
+          .wd_bn_bias = wd_bn_bias,
+          .progress = false,
+          .cuda_graph = cuda_graph});
   learn->add_cb(std::make_shared<fl::MixedPrecision>(fl::MixedPrecisionOptions{.dtype = at::kBFloat16}));
   learn->add_cb(std::make_shared<fl::ChannelsLast>());
   return learn;
@@ -139,10 +147,10 @@ void trace_to(const std::string& path, Work&& work) {
 // with one more epoch of ours while it is 0.
 Comparison compare_epochs(const std::string& side, const Data& d, const std::string& model,
                           const std::string& data_spec, std::int64_t bs, int repeats, const std::string& trace,
-                          const std::string& off_switch = "") {
+                          const std::string& off_switch = "", bool cuda_graph = false) {
   bench::Coprocess python(server(side, model, data_spec, bs, 1e-3));
   if (python.read_line() != "ready") throw std::runtime_error("bench_gpu: gpu_server.py did not start");
-  auto learn = learner(d, model, bs, /*wd_bn_bias=*/side == "torch");
+  auto learn = learner(d, model, bs, /*wd_bn_bias=*/side == "torch", cuda_graph);
   const double items = static_cast<double>(learn->dls().train().size() * bs);
   Comparison c{.repeats = repeats, .off_switch = off_switch};
   auto python_epoch = [&] {
@@ -204,9 +212,35 @@ std::string json_member(const std::string& name, const Comparison& c, const std:
       c.anchor.max, c.repeats, c.ours_accuracy, c.anchor_accuracy, switched_off, device, what);
 }
 
+// The captured Learner against the eager one, interleaved: both ours, the same settings otherwise.
+Comparison graph_vs_eager(const Data& d, int repeats, std::string& eager_because) {
+  auto graphed = learner(d, "conv_net_32_64_128_256", 256, false, /*cuda_graph=*/true);
+  auto eager = learner(d, "conv_net_32_64_128_256", 256);
+  const double items = static_cast<double>(eager->dls().train().size() * 256);
+  auto epoch = [&](fl::Learner& l) {
+    torch::cuda::synchronize();
+    const auto start = bench::Clock::now();
+    l.fit(1, 1e-3);
+    torch::cuda::synchronize();
+    return items / bench::seconds_since(start);
+  };
+  epoch(*graphed);
+  epoch(*eager);
+  std::vector<double> ours, anchor;
+  for (int r = 0; r < repeats; ++r) {
+    ours.push_back(epoch(*graphed));
+    anchor.push_back(epoch(*eager));
+  }
+  eager_because = graphed->step_graph_stats().eager_because;
+  Comparison c{.ours = bench::summarize(ours), .anchor = bench::summarize(anchor), .repeats = repeats};
+  c.ours_accuracy = graphed->recorder().history().back().metrics.at(0);
+  c.anchor_accuracy = eager->recorder().history().back().metrics.at(0);
+  return c;
+}
+
 // Seconds until the test accuracy first reaches `target` in fit_one_cycle(epochs, lr), or -1.
-double our_time_to(const Data& d, double target, int epochs, double lr, double& best) {
-  auto learn = learner(d, "conv_net_32_64_128_256", 256);
+double our_time_to(const Data& d, double target, int epochs, double lr, double& best, bool cuda_graph = false) {
+  auto learn = learner(d, "conv_net_32_64_128_256", 256, false, cuda_graph);
   struct StopAtTarget : fl::Callback {
     double target = 0, reached = -1, best = 0;
     bench::Clock::time_point start;
@@ -314,6 +348,20 @@ int main(int argc, char** argv) {
                            device));
       }
     }
+    if (want("gpu_conv_net_graph")) {
+      const auto d = fashion(data_dir);
+      const std::string what = ", conv_net on Fashion-MNIST, batch 256, bf16 + channels-last, data on the GPU, each "
+                               "training step a CUDA graph replay (cuda_graph)";
+      const auto c = compare_epochs("torch", d, "conv_net_32_64_128_256", "fashion:" + data_dir, 256, n,
+                                    trace_of("gpu_conv_net_graph_vs_torch"), "", /*cuda_graph=*/true);
+      report(json_member("gpu_conv_net_graph_vs_torch", c, "train samples/s", true, "Learner.fit(1) vs torch" + what,
+                         device));
+      std::string eager_because;
+      const auto e = graph_vs_eager(d, n, eager_because);
+      if (!eager_because.empty()) std::cerr << "bench_gpu: the captured Learner ran eagerly: " << eager_because << "\n";
+      report(json_member("gpu_conv_net_graph_vs_eager", e, "train samples/s", true,
+                         "Learner.fit(1) with cuda_graph vs the same Learner without" + what, device));
+    }
     if (want("gpu_resnet224")) {
       const auto d = synthetic(2048);
       const std::string model = "resnet_64_128_256_512_s32";
@@ -349,6 +397,14 @@ int main(int argc, char** argv) {
       c.anchor = {theirs, theirs, theirs};
       report(json_member("gpu_time_to_92", c, "s", false,
                          "fit_one_cycle(6, 1e-2) of conv_net until 92% test accuracy (-1: not reached), vs fastai's",
+                         device));
+      double graph_best = 0;
+      const double graphed = our_time_to(d, 0.92, 6, 1e-2, graph_best, /*cuda_graph=*/true);
+      c.ours = {graphed, graphed, graphed};
+      c.ours_accuracy = graph_best;
+      report(json_member("gpu_time_to_92_graph", c, "s", false,
+                         "fit_one_cycle(6, 1e-2) of conv_net with cuda_graph until 92% test accuracy (-1: not "
+                         "reached), vs fastai's",
                          device));
     }
     std::string json = "{";
