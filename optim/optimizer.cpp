@@ -330,6 +330,15 @@ NamedTensors Optimizer::device_hyper_tensors() const {
   return out;
 }
 
+void Optimizer::append_state_addresses(std::vector<const void*>& out) const {
+  for (const auto& st : states_) {
+    out.push_back(st.hypers_on_device.defined() ? st.hypers_on_device.data_ptr() : nullptr);
+    out.push_back(st.steps_on_device.defined() ? st.steps_on_device.data_ptr() : nullptr);
+    for (const auto& [name, tensors] : st.tensors)
+      for (const auto& t : tensors) out.push_back(t.defined() ? t.data_ptr() : nullptr);
+  }
+}
+
 const at::Tensor& Optimizer::hyper_on_device(const GroupState& state, const char* name, const char* algorithm) {
   const auto zero = state.hyper_names.size();
   if (state.exempt_pass && std::string_view(name) == "wd") return state.hyper_views.at(zero);

@@ -84,6 +84,9 @@ class Optimizer {
   /// The device tensors of device_hypers ("<group>.hypers", "<group>.steps"), for whoever must know whether they
   /// moved; empty without device_hypers or before the first step made them.
   NamedTensors device_hyper_tensors() const;
+  /// Appends where every state tensor and device hyper tensor is (their data pointers, in a fixed order): what a
+  /// caller replaying a captured step compares to see that none was replaced (a checkpoint loaded, a state made).
+  void append_state_addresses(std::vector<const void*>& out) const;
 
   /// A short name of the algorithm ("SGD", "Adam"), recorded in checkpoints and checked on load.
   virtual std::string type() const = 0;

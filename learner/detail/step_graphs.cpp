@@ -77,9 +77,7 @@ std::vector<const void*> StepGraphs::fingerprint(Learner& learn) const {
   std::vector<const void*> where;
   for (const auto& p : learn.model().parameters()) where.push_back(p.data_ptr());
   for (const auto& b : learn.model().buffers()) where.push_back(b.defined() ? b.data_ptr() : nullptr);
-  auto& opt = learn.opt();
-  for (const auto& [name, t] : opt.state_tensors()) where.push_back(t.data_ptr());
-  for (const auto& [name, t] : opt.device_hyper_tensors()) where.push_back(t.data_ptr());
+  learn.opt().append_state_addresses(where);
   return where;
 }
 

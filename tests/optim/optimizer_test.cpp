@@ -685,6 +685,15 @@ TEST(DeviceHypers, StagingCountsAndCheckpointsKeepHostAndDeviceInStep) {
   set_grads(ps2, 3, [](int, std::size_t i) { return i == 5; });
   loaded->step();
   EXPECT_TRUE(torch::equal(loaded->device_hyper_tensors()[1].second, at::tensor({3.F, 3.F, 3.F, 3.F, 3.F, 0.F})));
+  // Where the state is: the same from step to step, elsewhere once a checkpoint is loaded.
+  std::vector<const void*> before, after_step, after_load;
+  loaded->append_state_addresses(before);
+  loaded->step();
+  loaded->append_state_addresses(after_step);
+  EXPECT_EQ(after_step, before);
+  loaded->load_state(loaded->state_tensors(), loaded->state_json());
+  loaded->append_state_addresses(after_load);
+  EXPECT_NE(after_load, before);
   loaded->set_device_hypers(false);
   EXPECT_TRUE(loaded->device_hyper_tensors().empty());
 }
