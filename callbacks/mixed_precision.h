@@ -50,6 +50,7 @@ class MixedPrecision : public Callback {
   /// Steps skipped because a gradient was not finite.
   std::int64_t skipped_steps() const { return skipped_; }
   c10::ScalarType dtype() const { return dtype_; }
+  const MixedPrecisionOptions& options() const { return options_; }
 
  private:
   void enter_autocast();

@@ -40,7 +40,12 @@ LearnerOptions learner_options(const TrainConfig& c, const LearnerFromConfigOpti
   if (t.device != "auto") o.device = c10::Device(t.device);  // "cuda" without an index: the rank's GPU
   if (t.grad_accumulation > 0) o.cbs.push_back(std::make_shared<GradientAccumulation>(t.grad_accumulation));
   if (t.grad_clip > 0) o.cbs.push_back(std::make_shared<GradientClip>(GradientClipOptions{.max_norm = t.grad_clip}));
-  if (t.mixed_precision) o.cbs.push_back(std::make_shared<MixedPrecision>());
+  if (t.mixed_precision) {
+    MixedPrecisionOptions precision;
+    if (t.mixed_precision_dtype == "bf16") precision.dtype = at::kBFloat16;
+    if (t.mixed_precision_dtype == "fp16") precision.dtype = at::kHalf;
+    o.cbs.push_back(std::make_shared<MixedPrecision>(precision));
+  }
   if (channels_last_on(c)) o.cbs.push_back(std::make_shared<ChannelsLast>());
   if (!from.run_callbacks) return o;
   o.cbs.push_back(std::make_shared<MetricsJson>());

@@ -144,6 +144,8 @@ constexpr Condition staged_only{
     "applies to arch = \"resnet\" or \"conv_net\" only"};
 constexpr Condition sgd_only{[](const TrainConfig& c) { return c.train.optimizer == "sgd"; },
                              "applies to optimizer = \"sgd\" only"};
+constexpr Condition mixed_precision_only{[](const TrainConfig& c) { return c.train.mixed_precision; },
+                                         "applies to mixed_precision = true only"};
 constexpr Condition top_k_metric{[](const TrainConfig& c) {
                                    return std::find(c.train.metrics.begin(), c.train.metrics.end(), "top_k_accuracy") !=
                                           c.train.metrics.end();
@@ -438,6 +440,8 @@ const std::vector<Key>& schema() {
       Key("train.momentum", in::train, &TrainSectionConfig::momentum, fraction, {.applies = sgd_only}),
       Key("train.seed", in::train, &TrainSectionConfig::seed),
       Key("train.mixed_precision", in::train, &TrainSectionConfig::mixed_precision),
+      Key("train.mixed_precision_dtype", in::train, &TrainSectionConfig::mixed_precision_dtype,
+          {.choices = {"auto", "bf16", "fp16"}}, {.applies = mixed_precision_only}),
       Key("train.channels_last", in::train, &TrainSectionConfig::channels_last),
       Key("train.cuda_graph", in::train, &TrainSectionConfig::cuda_graph),
       Key("train.grad_accumulation", in::train, &TrainSectionConfig::grad_accumulation),

@@ -100,6 +100,7 @@ struct TrainSectionConfig {
   double momentum = 0.9;               ///< sgd only
   std::int64_t seed = 0;
   bool mixed_precision = false;  ///< bf16 autocast on CPU, fp16 with loss scaling on CUDA
+  std::string mixed_precision_dtype = "auto";  ///< auto (as above) | bf16 | fp16 (with loss scaling)
   /// ChannelsLast (conv nets in NHWC memory format: faster oneDNN kernels); auto: as the arch's entry says
   /// (registry.h: on for simple_cnn, conv_net, resnet, resnet18/34/50, off for mlp and tabular).
   Switch channels_last = Switch::automatic;

@@ -22,6 +22,23 @@ bool stream_capturing(const c10::Device& device) {
   return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
 }
 
+void run_on_side_stream(const c10::Device& device, const std::function<void()>& body) {
+  if (!device.is_cuda()) return body();
+  const c10::cuda::CUDAGuard guard(device);
+  auto ambient = c10::cuda::getCurrentCUDAStream(device.index());
+  auto side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+  at::cuda::CUDAEvent queued;
+  queued.record(ambient);
+  queued.block(side);
+  {
+    const c10::cuda::CUDAStreamGuard on_side(side);
+    body();
+  }
+  at::cuda::CUDAEvent done;
+  done.record(side);
+  done.block(ambient);
+}
+
 struct CapturedGraph::Impl {
   at::cuda::CUDAGraph graph;
   c10::Device device{c10::kCUDA};
@@ -34,15 +51,8 @@ CapturedGraph::~CapturedGraph() = default;
 void CapturedGraph::capture(const c10::Device& device, GraphPool& pool, const std::function<void()>& body) {
   if (!device.is_cuda()) throw Error("CapturedGraph::capture: " + device.str() + " is not a CUDA device");
   if (impl_->captured) throw Error("CapturedGraph::capture: this graph is captured already");
-  const c10::cuda::CUDAGuard guard(device);
-  auto ambient = c10::cuda::getCurrentCUDAStream(device.index());
-  // Capture cannot run on the default stream; the side stream starts after what the ambient one queued.
-  auto side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
-  at::cuda::CUDAEvent queued;
-  queued.record(ambient);
-  queued.block(side);
-  {
-    const c10::cuda::CUDAStreamGuard on_side(side);
+  // Capture cannot run on the default stream: it runs on a side stream, in order with the ambient one.
+  run_on_side_stream(device, [&] {
     // Thread-local mode: the loader's threads may pin and copy memory while this thread captures.
     impl_->graph.capture_begin(pool.id, cudaStreamCaptureModeThreadLocal);
     try {
@@ -56,10 +66,7 @@ void CapturedGraph::capture(const c10::Device& device, GraphPool& pool, const st
       throw;
     }
     impl_->graph.capture_end();
-  }
-  at::cuda::CUDAEvent done;
-  done.record(side);
-  done.block(ambient);
+  });
   if (pool.id == std::pair<unsigned long long, unsigned long long>{0, 0}) pool.id = impl_->graph.pool();
   impl_->device = device;
   impl_->captured = true;
@@ -77,6 +84,7 @@ bool CapturedGraph::captured() const { return impl_->captured; }
 
 bool cuda_graphs_built() { return false; }
 bool stream_capturing(const c10::Device& /*device*/) { return false; }
+void run_on_side_stream(const c10::Device& /*device*/, const std::function<void()>& body) { body(); }
 
 struct CapturedGraph::Impl {};
 CapturedGraph::CapturedGraph() = default;

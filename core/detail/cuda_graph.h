@@ -15,6 +15,10 @@ bool cuda_graphs_built();
 /// Whether the current stream of `device` is being captured (false on the CPU).
 bool stream_capturing(const c10::Device& device);
 
+/// Runs `body` with a side stream of `device` as its current stream, after what the current stream queued (which then
+/// waits for it): the way warm-up steps run before a capture (as PyTorch's recipe has them). On the CPU, just `body`.
+void run_on_side_stream(const c10::Device& device, const std::function<void()>& body);
+
 /// The memory pool the graphs of one owner share: they are replayed one at a time on one stream, so what one graph
 /// frees at the end of its capture another may use, and the memory stays bounded by the largest graph's.
 struct GraphPool {

@@ -1,6 +1,7 @@
 // The configuration of `fastlearn train`: strict validation (the message content is what a user relies
 // on), --set overrides with their types, and the resolved config's round trip.
 #include <fastlearn/config/learner_from_config.h>
+#include <fastlearn/callbacks/mixed_precision.h>
 #include <fastlearn/config/train_config.h>
 
 #include <gtest/gtest.h>
@@ -180,6 +181,26 @@ TEST(Config, CsvTablesNameTheirColumnsAndTakeTheTabularModel) {
   EXPECT_TRUE(graphed.train.cuda_graph);
   EXPECT_EQ(parse_config(to_toml(graphed), "resolved.toml"), graphed);
   expect_contains(error_of("[train]\ncuda_graph = \"yes\"\n").what(), "train.cuda_graph");
+  // train.mixed_precision_dtype: bf16, fp16 or auto, with mixed precision only.
+  const auto bf16 = parse_config("[train]\nmixed_precision = true\nmixed_precision_dtype = \"bf16\"\n", "run.toml");
+  EXPECT_EQ(bf16.train.mixed_precision_dtype, "bf16");
+  EXPECT_EQ(parse_config(to_toml(bf16), "resolved.toml"), bf16);
+  expect_contains(error_of("[train]\nmixed_precision_dtype = \"bf16\"\n").what(),
+                  "train.mixed_precision_dtype: applies to mixed_precision = true only");
+  expect_contains(error_of("[train]\nmixed_precision = true\nmixed_precision_dtype = \"fp8\"\n").what(),
+                  "train.mixed_precision_dtype");
+  const auto precision_of = [](const std::string& dtype) {
+    auto learn = fastlearn::learner_from_config(
+        parse_config("[data]\ndataset = \"synthetic_regression\"\n[model]\narch = \"mlp\"\n[train]\n"
+                     "mixed_precision = true\nmixed_precision_dtype = \"" +
+                         dtype + "\"\n",
+                     "run.toml"),
+        {.out = ::testing::TempDir(), .run_callbacks = false, .progress = false});
+    return learn->cb<fastlearn::MixedPrecision>()->options().dtype;
+  };
+  EXPECT_EQ(precision_of("bf16"), at::kBFloat16);
+  EXPECT_EQ(precision_of("fp16"), at::kHalf);
+  EXPECT_FALSE(precision_of("auto"));
   EXPECT_TRUE(fastlearn::learner_from_config(
                   parse_config("[data]\ndataset = \"synthetic_regression\"\n[model]\narch = \"mlp\"\n[train]\n"
                                "cuda_graph = true\n",
