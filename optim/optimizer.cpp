@@ -313,11 +313,12 @@ void Optimizer::count_replayed_step() {
   ++step_count_;
 }
 
-bool Optimizer::next_step_makes_state() const {
+std::string Optimizer::never_updated_trainable() const {
   for (std::size_t g = 0; g < groups_.size(); ++g)
     for (std::size_t i = 0; i < groups_[g].params.size(); ++i)
-      if (groups_[g].params[i].grad().defined() && states_[g].steps[i] == 0) return true;
-  return false;
+      if (groups_[g].params[i].requires_grad() && states_[g].steps[i] == 0)
+        return fmt::format("parameter {} of group {}", i, g);
+  return {};
 }
 
 NamedTensors Optimizer::device_hyper_tensors() const {

@@ -78,9 +78,9 @@ class Optimizer {
   /// The host's bookkeeping of a step whose kernels ran without step() (a replay of a captured step): the step
   /// counts of the parameters the last step() updated, and step_count().
   void count_replayed_step();
-  /// Whether the next step() would be the first update of one of the parameters that have a gradient now: that step
-  /// makes their state, so it cannot be captured and replayed.
-  bool next_step_makes_state() const;
+  /// A parameter that requires a gradient and was never updated ("parameter 3 of group 0"), or empty: its first update
+  /// makes its state, so a step that may be its first cannot be captured and replayed.
+  std::string never_updated_trainable() const;
   /// The device tensors of device_hypers ("<group>.hypers", "<group>.steps"), for whoever must know whether they
   /// moved; empty without device_hypers or before the first step made them.
   NamedTensors device_hyper_tensors() const;

@@ -146,11 +146,15 @@ void StepGraphs::run(Learner& learn, const std::function<void()>& eager_step) {
     plan_.invalidate();
     action = plan_.next(key);
   }
-  if (action == CapturePlan::Action::capture && learn.opt().next_step_makes_state()) {
-    // A parameter's first update makes its state (a parameter unfrozen): eagerly, and then every shape warms up again.
-    graphs_.clear();
-    plan_.invalidate();
-    action = plan_.next(key);
+  if (action == CapturePlan::Action::capture) {
+    // After the warm-up steps every trainable parameter has its state, unless one gets no gradient in a step.
+    if (const auto untouched = learn.opt().never_updated_trainable(); !untouched.empty()) {
+      refuse(learn, fmt::format("{} of the optimizer requires a gradient but got none in {} steps; its first update "
+                                "would make its state inside a captured step (freeze what does not train)",
+                                untouched, plan_.eager_steps()));
+      plan_.next(key);  // counts this step as eager
+      return eager_step();
+    }
   }
   if (auto notice = plan_.take_notice()) warn(*notice);
   switch (action) {

@@ -169,7 +169,8 @@ TEST(GpuStepGraphs, ResumeFromACheckpointBetweenReplaysAndMemoryFlatOverEpochs) 
 }
 
 // The benchmark's setting captured: bf16 autocast, channels-last, gradient clipping; it trains. A callback that needs
-// the host inside the step (GradientAccumulation) makes the fit eager with the reason, and it trains as without graphs.
+// the host inside the step (GradientAccumulation) makes the fit eager with the reason, and it trains as without graphs;
+// so does a trainable parameter that never gets a gradient.
 TEST(GpuStepGraphs, Bf16ChannelsLastAndClippingAreCapturedAndAccumulationFallsBack) {
   SKIP_WITHOUT_CUDA();
   auto captured = conv_learner(gpu_images(512, 64), fl::Adam(), true,
@@ -188,4 +189,13 @@ TEST(GpuStepGraphs, Bf16ChannelsLastAndClippingAreCapturedAndAccumulationFallsBa
   auto eager = conv_learner(gpu_images(512, 64), fl::Adam(), false, {std::make_shared<fl::GradientAccumulation>(128)});
   eager->fit_one_cycle(2, 1e-2);
   EXPECT_LT(worst_relative(flt::snapshot(accumulating->model()), flt::snapshot(eager->model())), 1e-5);
+
+  // A trainable parameter that never gets a gradient: its first update could come inside a graph, so the fit is eager.
+  auto unused = conv_learner(gpu_images(512, 64), fl::Adam(), true);
+  unused->model().register_parameter("unused", torch::zeros({3}, kGpu));
+  unused->fit_one_cycle(1, 1e-2);
+  EXPECT_NE(unused->step_graph_stats().eager_because.find("requires a gradient but got none in 3 steps"),
+            std::string::npos)
+      << unused->step_graph_stats().eager_because;
+  EXPECT_EQ(unused->step_graph_stats().eager_steps, 8);
 }

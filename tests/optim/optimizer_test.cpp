@@ -655,12 +655,12 @@ TEST(DeviceHypers, StagingCountsAndCheckpointsKeepHostAndDeviceInStep) {
   EXPECT_TRUE(opt->device_hyper_tensors().empty());
   opt->set_device_hypers(true);
   set_grads(ps, 0, [](int, std::size_t i) { return i == 5; });
-  EXPECT_TRUE(opt->next_step_makes_state());
+  EXPECT_EQ(opt->never_updated_trainable(), "parameter 0 of group 0");
   opt->step();
-  EXPECT_FALSE(opt->next_step_makes_state());  // parameter 5 still has no gradient
-  ps[5].mutable_grad() = at::ones_like(ps[5]);
-  EXPECT_TRUE(opt->next_step_makes_state());
-  ps[5].mutable_grad() = at::Tensor();
+  EXPECT_EQ(opt->never_updated_trainable(), "parameter 5 of group 0");
+  ps[5].requires_grad_(false);  // frozen: it will get no gradient
+  EXPECT_EQ(opt->never_updated_trainable(), "");
+  ps[5].requires_grad_(true);
 
   const auto tensors = opt->device_hyper_tensors();
   ASSERT_EQ(tensors.size(), 2U);
