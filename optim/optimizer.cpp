@@ -305,10 +305,24 @@ void Optimizer::stage_hypers() {
   for (std::size_t g = 0; g < groups_.size(); ++g) stage_group(g);
 }
 
-void Optimizer::count_replayed_step() {
-  for (auto& st : states_) {
+std::vector<std::vector<std::size_t>> Optimizer::last_updated() const {
+  std::vector<std::vector<std::size_t>> updated;
+  for (const auto& st : states_) updated.push_back(st.last_active);
+  return updated;
+}
+
+void Optimizer::count_replayed_step(const std::vector<std::vector<std::size_t>>& updated) {
+  if (updated.size() != states_.size())
+    throw Error(fmt::format("Optimizer::count_replayed_step: {} groups given, the optimizer has {}", updated.size(),
+                            states_.size()));
+  for (std::size_t g = 0; g < states_.size(); ++g) {
+    auto& st = states_[g];
     float* steps_f = st.step_tensor.data_ptr<float>();
-    for (const auto i : st.last_active) steps_f[i] = static_cast<float>(++st.steps[i]);
+    for (const auto i : updated[g]) {
+      if (i >= st.steps.size())
+        throw Error(fmt::format("Optimizer::count_replayed_step: no parameter {} in group {}", i, g));
+      steps_f[i] = static_cast<float>(++st.steps[i]);
+    }
   }
   ++step_count_;
 }

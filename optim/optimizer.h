@@ -75,9 +75,11 @@ class Optimizer {
   /// Copies the host hyper-parameters into their device tensors (nothing without device_hypers). step() does it
   /// itself except while its stream is being captured; whoever replays a captured step calls it before the replay.
   void stage_hypers();
-  /// The host's bookkeeping of a step whose kernels ran without step() (a replay of a captured step): the step
-  /// counts of the parameters the last step() updated, and step_count().
-  void count_replayed_step();
+  /// Per group, the indices of the parameters the last step() updated.
+  std::vector<std::vector<std::size_t>> last_updated() const;
+  /// The host's bookkeeping of a step whose kernels ran without step() (a replay of a captured step): the step counts
+  /// of the parameters that step updated (`updated`, as last_updated() gave it after the capture), and step_count().
+  void count_replayed_step(const std::vector<std::vector<std::size_t>>& updated);
   /// A parameter that requires a gradient and was never updated ("parameter 3 of group 0"), or empty: its first update
   /// makes its state, so a step that may be its first cannot be captured and replayed.
   std::string never_updated_trainable() const;

@@ -108,6 +108,7 @@ void StepGraphs::capture(Learner& learn, const BatchKey& key, const std::functio
   learn.xb = batch_xb, learn.yb = batch_yb;
   graph->pred = learn.pred;
   graph->loss = learn.loss;
+  graph->updated = opt.last_updated();
   graph->graph.replay();  // capture ran nothing: this batch's step is the graph's first replay
   learn.pred = graph->pred.clone();
   learn.loss = graph->loss.clone();
@@ -122,7 +123,7 @@ void StepGraphs::replay(Learner& learn, Graph& graph) {
   for (std::size_t i = 0; i < graph.xb.size(); ++i) graph.xb[i].copy_(learn.xb[i], /*non_blocking=*/true);
   for (std::size_t i = 0; i < graph.yb.size(); ++i) graph.yb[i].copy_(learn.yb[i], /*non_blocking=*/true);
   graph.graph.replay();
-  opt.count_replayed_step();
+  opt.count_replayed_step(graph.updated);
   // Copies, as an eager step makes new tensors: the next replay overwrites the graph's own.
   learn.pred = graph.pred.clone();
   learn.loss = graph.loss.clone();

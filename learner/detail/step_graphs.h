@@ -34,6 +34,7 @@ class StepGraphs {
     CapturedGraph graph;
     std::vector<at::Tensor> xb, yb;  ///< the buffers each batch is copied into
     at::Tensor pred, loss;           ///< where the graph leaves its results
+    std::vector<std::vector<std::size_t>> updated;  ///< the parameters its optimizer step updates, per group
   };
   void check_callbacks(Learner& learn);
   void check_after_eager_step(Learner& learn);

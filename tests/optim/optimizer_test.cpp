@@ -672,7 +672,8 @@ TEST(DeviceHypers, StagingCountsAndCheckpointsKeepHostAndDeviceInStep) {
   EXPECT_TRUE(torch::equal(tensors[0].second, at::tensor({1e-3, 0.25, 0.9, 0.99, 0.01, 0.0}, at::kDouble)));
   EXPECT_TRUE(torch::equal(tensors[1].second, at::tensor({1.F, 1.F, 1.F, 1.F, 1.F, 0.F})));
 
-  opt->count_replayed_step();  // as if the step's kernels ran again: the device counted itself; the host catches up
+  EXPECT_EQ(opt->last_updated(), (std::vector<std::vector<std::size_t>>{{0, 1, 2, 3, 4}}));
+  opt->count_replayed_step(opt->last_updated());  // as if the step's kernels ran again: the host catches up
   at::_foreach_add_(std::vector<at::Tensor>{tensors[1].second.narrow(0, 0, 5)}, 1.0);
   EXPECT_EQ(opt->step_count(), 2);
   EXPECT_EQ(nlohmann::json::parse(opt->state_json())["groups"][0]["steps"].dump(), "[2,2,2,2,2,0]");
