@@ -90,22 +90,20 @@ torch::nn::Sequential model_named(const std::string& name) {
 
 // wd_bn_bias: weight decay on every parameter, as torch.optim does in the hand-written loop (fastai, like the
 // Learner's default, spares normalization layers and biases).
-std::unique_ptr<fl::Learner> learner(const Data& d, const std::string& model, std::int64_t bs,
-                                     bool wd_bn_bias = false, bool cuda_graph = false) {
+std::unique_ptr<fl::Learner> learner(const Data& d, const std::string& model, std::int64_t bs, bool wd_bn_bias = false,
+                                     bool cuda_graph = false) {
   auto train = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{d.xt}, std::vector<at::Tensor>{d.yt});
   auto valid = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{d.xv}, std::vector<at::Tensor>{d.yv});
   fl::DataLoaders dls(fl::DataLoader(train, {.bs = bs, .shuffle = true, .drop_last = true, .seed = 0}),
                       fl::DataLoader(valid, {.bs = 2 * bs}), 10);
   auto net = model_named(model);
   net->to(kGpu);
-  auto learn = std::make_unique<fl::Learner>(
-      dls, net, fl::cross_entropy(),
-      fl::LearnerOptions{
-          .opt_func = fl::Adam(),
-          .metrics = {fl::accuracy()},
-          .wd_bn_bias = wd_bn_bias,
-          .progress = false,
-          .cuda_graph = cuda_graph});
+  auto learn = std::make_unique<fl::Learner>(dls, net, fl::cross_entropy(),
+                                             fl::LearnerOptions{.opt_func = fl::Adam(),
+                                                                .metrics = {fl::accuracy()},
+                                                                .wd_bn_bias = wd_bn_bias,
+                                                                .progress = false,
+                                                                .cuda_graph = cuda_graph});
   learn->add_cb(std::make_shared<fl::MixedPrecision>(fl::MixedPrecisionOptions{.dtype = at::kBFloat16}));
   learn->add_cb(std::make_shared<fl::ChannelsLast>());
   return learn;
@@ -350,8 +348,9 @@ int main(int argc, char** argv) {
     }
     if (want("gpu_conv_net_graph")) {
       const auto d = fashion(data_dir);
-      const std::string what = ", conv_net on Fashion-MNIST, batch 256, bf16 + channels-last, data on the GPU, each "
-                               "training step a CUDA graph replay (cuda_graph)";
+      const std::string what =
+          ", conv_net on Fashion-MNIST, batch 256, bf16 + channels-last, data on the GPU, each "
+          "training step a CUDA graph replay (cuda_graph)";
       const auto c = compare_epochs("torch", d, "conv_net_32_64_128_256", "fashion:" + data_dir, 256, n,
                                     trace_of("gpu_conv_net_graph_vs_torch"), "", /*cuda_graph=*/true);
       report(json_member("gpu_conv_net_graph_vs_torch", c, "train samples/s", true, "Learner.fit(1) vs torch" + what,

@@ -17,7 +17,8 @@ class GradientAccumulation : public Callback {
   void after_loss() override;
   void before_step() override;
   CaptureSupport step_capture() const override {
-    return {.kind = StepCapture::eager_only, .why = "it decides on the host, batch by batch, whether the optimizer steps"};
+    return {.kind = StepCapture::eager_only,
+            .why = "it decides on the host, batch by batch, whether the optimizer steps"};
   }
 
  private:

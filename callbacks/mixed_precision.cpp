@@ -63,8 +63,9 @@ void MixedPrecision::after_batch() { exit_autocast(); }
 CaptureSupport MixedPrecision::step_capture() const {
   if (!scaling_) return {.kind = StepCapture::capturable, .why = {}};
   return {.kind = StepCapture::eager_only,
-          .why = "float16 loss scaling reads back whether a gradient overflowed to skip that step; bfloat16 "
-                 "(MixedPrecisionOptions::dtype = at::kBFloat16) needs no scaling and is captured"};
+          .why =
+              "float16 loss scaling reads back whether a gradient overflowed to skip that step; bfloat16 "
+              "(MixedPrecisionOptions::dtype = at::kBFloat16) needs no scaling and is captured"};
 }
 void MixedPrecision::after_train() { exit_autocast(); }
 void MixedPrecision::after_validate() { exit_autocast(); }

@@ -99,12 +99,12 @@ struct TrainSectionConfig {
   bool wd_bn_bias = false;             ///< weight decay on normalization layers and biases too (fastai's default: no)
   double momentum = 0.9;               ///< sgd only
   std::int64_t seed = 0;
-  bool mixed_precision = false;  ///< bf16 autocast on CPU, fp16 with loss scaling on CUDA
+  bool mixed_precision = false;                ///< bf16 autocast on CPU, fp16 with loss scaling on CUDA
   std::string mixed_precision_dtype = "auto";  ///< auto (as above) | bf16 | fp16 (with loss scaling)
   /// ChannelsLast (conv nets in NHWC memory format: faster oneDNN kernels); auto: as the arch's entry says
   /// (registry.h: on for simple_cnn, conv_net, resnet, resnet18/34/50, off for mlp and tabular).
   Switch channels_last = Switch::automatic;
-  bool cuda_graph = false;             ///< LearnerOptions::cuda_graph: each training step captured and replayed on a GPU
+  bool cuda_graph = false;  ///< LearnerOptions::cuda_graph: each training step captured and replayed on a GPU
   std::int64_t grad_accumulation = 0;  ///< > 0: step once this many items were seen
   double grad_clip = 0.0;              ///< > 0: clip the gradients' global norm to this
   /// A loss that fits the task (registry.h): cross_entropy (classification, the default), bce_with_logits

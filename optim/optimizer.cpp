@@ -228,7 +228,7 @@ void Optimizer::step() {
     if (device_hypers_) make_device_state(g);  // from the counts before this step
     float* steps_f = st.step_tensor.data_ptr<float>();
     for (const auto i : active) steps_f[i] = static_cast<float>(++st.steps[i]);
-    st.device_step_views.clear();  // last step's counts
+    st.device_step_views.clear();     // last step's counts
     std::vector<at::Tensor> counted;  // device_hypers: the device counts this step advanced
     try {
       follow_params(params, st, active);
@@ -267,22 +267,26 @@ void Optimizer::make_device_state(std::size_t g) {
   const auto device = params.front().device();
   for (const auto& p : params)
     if (p.device() != device)
-      throw ConfigError(fmt::format("{}: device hyper-parameters need each group's parameters on one device; group {} "
-                                    "has parameters on {} and on {}",
-                                    type(), g, device.str(), p.device().str()));
+      throw ConfigError(
+          fmt::format("{}: device hyper-parameters need each group's parameters on one device; group {} "
+                      "has parameters on {} and on {}",
+                      type(), g, device.str(), p.device().str()));
   if (st.hypers_on_device.defined() && st.hypers_on_device.device() == device) return;
   if (stream_capturing(device))
-    throw Error(fmt::format("{}: the device hyper-parameters of group {} must exist before a step is captured; run "
-                            "a step without capture first",
-                            type(), g));
+    throw Error(
+        fmt::format("{}: the device hyper-parameters of group {} must exist before a step is captured; run "
+                    "a step without capture first",
+                    type(), g));
   st.hyper_names = keys_of(groups_[g].hypers);
   st.hypers_on_device = at::zeros({static_cast<std::int64_t>(st.hyper_names.size()) + 1},
                                   at::TensorOptions().dtype(at::kDouble).device(device));
   st.hyper_views.clear();
-  for (std::int64_t k = 0; k < st.hypers_on_device.size(0); ++k) st.hyper_views.push_back(st.hypers_on_device.select(0, k));
+  for (std::int64_t k = 0; k < st.hypers_on_device.size(0); ++k)
+    st.hyper_views.push_back(st.hypers_on_device.select(0, k));
   st.steps_on_device = st.step_tensor.to(device, /*non_blocking=*/false, /*copy=*/true);  // never the host counts
   st.device_steps.clear();
-  for (std::int64_t i = 0; i < st.steps_on_device.size(0); ++i) st.device_steps.push_back(st.steps_on_device.select(0, i));
+  for (std::int64_t i = 0; i < st.steps_on_device.size(0); ++i)
+    st.device_steps.push_back(st.steps_on_device.select(0, i));
   stage_group(g);
 }
 
@@ -359,9 +363,10 @@ const at::Tensor& Optimizer::hyper_on_device(const GroupState& state, const char
   if (state.exempt_pass && std::string_view(name) == "wd") return state.hyper_views.at(zero);
   for (std::size_t k = 0; k < state.hyper_names.size(); ++k)
     if (state.hyper_names[k] == name) return state.hyper_views.at(k);
-  throw ConfigError(fmt::format("{}: a parameter group has no hyper-parameter '{}' (it has: {}); keep the hypers the "
-                                "optimizer was created with",
-                                algorithm, name, fmt::join(state.hyper_names, ", ")));
+  throw ConfigError(
+      fmt::format("{}: a parameter group has no hyper-parameter '{}' (it has: {}); keep the hypers the "
+                  "optimizer was created with",
+                  algorithm, name, fmt::join(state.hyper_names, ", ")));
 }
 
 // State loaded from a checkpoint takes its parameter's layout at load time; a callback may restride the model

@@ -8,9 +8,10 @@ namespace fastlearn {
 
 CapturePlan::CapturePlan(Options options) : options_(options) {
   if (options_.warmup_steps < 1 || options_.shape_warmup_steps < 1)
-    throw ConfigError(fmt::format("CapturePlan: warm-up steps must be >= 1 (got {} and {}): a step that makes the "
-                                  "optimizer's state cannot be captured",
-                                  options_.warmup_steps, options_.shape_warmup_steps));
+    throw ConfigError(
+        fmt::format("CapturePlan: warm-up steps must be >= 1 (got {} and {}): a step that makes the "
+                    "optimizer's state cannot be captured",
+                    options_.warmup_steps, options_.shape_warmup_steps));
 }
 
 CapturePlan::Action CapturePlan::next(const BatchKey& key) {
@@ -66,9 +67,10 @@ void CapturePlan::refuse(std::string why) {
 std::optional<std::string> CapturePlan::take_notice() {
   if (!over_limit_ || notice_given_) return std::nullopt;
   notice_given_ = true;
-  return fmt::format("cuda_graph: the training batches come in more than {} shapes; the batches of the others run "
-                     "eagerly (a DataLoader with drop_last, or fewer sizes, keeps every step captured)",
-                     options_.max_graphs);
+  return fmt::format(
+      "cuda_graph: the training batches come in more than {} shapes; the batches of the others run "
+      "eagerly (a DataLoader with drop_last, or fewer sizes, keeps every step captured)",
+      options_.max_graphs);
 }
 
 }  // namespace fastlearn

@@ -34,8 +34,8 @@ class CapturePlan {
   Action next(const BatchKey& key);
   /// The capture of `key` succeeded and its batch ran as the graph's first replay.
   void captured(const BatchKey& key);
-  /// What the graphs read has moved (the optimizer's state loaded or made anew, the model moved): every graph is dropped;
-  /// each shape warms up again before it is captured again.
+  /// What the graphs read has moved (the optimizer's state loaded or made anew, the model moved): every graph is
+  /// dropped; each shape warms up again before it is captured again.
   void invalidate();
   /// Every further step runs eagerly, because of `why` (the first reason is kept).
   void refuse(std::string why);

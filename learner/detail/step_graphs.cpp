@@ -44,7 +44,8 @@ void StepGraphs::check_callbacks(Learner& learn) {
     if (!cb->run || !cb->run_train) continue;
     const auto support = cb->step_capture();
     if (support.kind == StepCapture::eager_only)
-      return refuse(learn, fmt::format("the callback '{}' needs the host inside each step: {}", cb->name(), support.why));
+      return refuse(learn,
+                    fmt::format("the callback '{}' needs the host inside each step: {}", cb->name(), support.why));
   }
 }
 
@@ -57,9 +58,10 @@ void StepGraphs::check_after_eager_step(Learner& learn) {
     if (handled.empty()) continue;
     std::vector<std::string> names;
     for (const auto e : handled) names.emplace_back(to_string(e));
-    return refuse(learn, fmt::format("the callback '{}' handles {} inside the step and does not say that its work there "
-                                     "can be captured (Callback::step_capture)",
-                                     cb->name(), fmt::join(names, ", ")));
+    return refuse(learn,
+                  fmt::format("the callback '{}' handles {} inside the step and does not say that its work there "
+                              "can be captured (Callback::step_capture)",
+                              cb->name(), fmt::join(names, ", ")));
   }
   if (device_checked_) return;
   device_checked_ = true;
@@ -100,10 +102,11 @@ void StepGraphs::capture(Learner& learn, const BatchKey& key, const std::functio
     throw;
   } catch (const std::exception& e) {
     learn.xb = batch_xb, learn.yb = batch_yb;
-    throw Error(fmt::format("cuda_graph: capturing the training step failed: {}; something in the step (a callback "
-                            "that says it can be captured, the model's forward) makes the host wait for the GPU or "
-                            "decides on a value it reads back. Set cuda_graph off to train eagerly",
-                            e.what()));
+    throw Error(
+        fmt::format("cuda_graph: capturing the training step failed: {}; something in the step (a callback "
+                    "that says it can be captured, the model's forward) makes the host wait for the GPU or "
+                    "decides on a value it reads back. Set cuda_graph off to train eagerly",
+                    e.what()));
   }
   learn.xb = batch_xb, learn.yb = batch_yb;
   graph->pred = learn.pred;

@@ -32,8 +32,8 @@ class StepGraphs {
  private:
   struct Graph {
     CapturedGraph graph;
-    std::vector<at::Tensor> xb, yb;  ///< the buffers each batch is copied into
-    at::Tensor pred, loss;           ///< where the graph leaves its results
+    std::vector<at::Tensor> xb, yb;                 ///< the buffers each batch is copied into
+    at::Tensor pred, loss;                          ///< where the graph leaves its results
     std::vector<std::vector<std::size_t>> updated;  ///< the parameters its optimizer step updates, per group
   };
   void check_callbacks(Learner& learn);

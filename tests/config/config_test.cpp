@@ -1,7 +1,7 @@
 // The configuration of `fastlearn train`: strict validation (the message content is what a user relies
 // on), --set overrides with their types, and the resolved config's round trip.
-#include <fastlearn/config/learner_from_config.h>
 #include <fastlearn/callbacks/mixed_precision.h>
+#include <fastlearn/config/learner_from_config.h>
 #include <fastlearn/config/train_config.h>
 
 #include <gtest/gtest.h>

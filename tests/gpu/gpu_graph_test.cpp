@@ -47,12 +47,14 @@ fl::DataLoaders gpu_images(std::int64_t n, std::int64_t bs) {
   auto gen = at::detail::createCPUGenerator(7);
   auto y = at::randint(0, 3, {n}, gen, at::TensorOptions().dtype(at::kLong));
   auto x = at::randn({n, 1, 28, 28}, gen) + y.to(at::kFloat).view({n, 1, 1, 1});
-  auto ds = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x.to(kGpu)}, std::vector<at::Tensor>{y.to(kGpu)});
-  return fl::DataLoaders(fl::DataLoader(ds, {.bs = bs, .shuffle = true, .seed = 3}),
-                         fl::DataLoader(ds, {.bs = 256}), 3);
+  auto ds =
+      std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x.to(kGpu)}, std::vector<at::Tensor>{y.to(kGpu)});
+  return fl::DataLoaders(fl::DataLoader(ds, {.bs = bs, .shuffle = true, .seed = 3}), fl::DataLoader(ds, {.bs = 256}),
+                         3);
 }
 
-// Puts the optimizer on the device-hyper path in an eager fit: the kernels a captured step replays, launched one by one.
+// Puts the optimizer on the device-hyper path in an eager fit: the kernels a captured step replays, launched one by
+// one.
 struct DeviceHypersEagerly : fl::Callback {
   void before_fit() override { learn().opt().set_device_hypers(true); }
 };
@@ -100,7 +102,7 @@ struct TempDir {
 TEST(GpuStepGraphs, CapturedStepsTrainTheWeightsOfEagerStepsForSgdAndAdam) {
   SKIP_WITHOUT_CUDA();
   const std::vector<std::pair<std::string, fl::OptFunc>> optimizers{{"SGD", fl::SGD({.mom = 0.9, .wd = 1e-3})},
-                                                                     {"Adam", fl::Adam()}};
+                                                                    {"Adam", fl::Adam()}};
   for (const auto& [name, opt] : optimizers) {
     for (const std::int64_t n : {512, 500}) {
       const auto what = fmt::format("{}, {} items", name, n);

@@ -1,10 +1,10 @@
 // The Learner loop: the order of every event, each Cancel* effect, callback ordering and filtering,
 // callbacks added and removed at run time, evaluation helpers, freezing, and bit-for-bit determinism.
-#include <fastlearn/core/device.h>
-#include <fastlearn/core/error.h>
 #include <fastlearn/callbacks/grad_accumulation.h>
 #include <fastlearn/callbacks/grad_clip.h>
 #include <fastlearn/callbacks/mixed_precision.h>
+#include <fastlearn/core/device.h>
+#include <fastlearn/core/error.h>
 #include <fastlearn/learner/detail/capture_plan.h>
 #include <fastlearn/learner/detail/step_graphs.h>
 #include <fastlearn/learner/learner.h>
@@ -982,9 +982,8 @@ TEST(StepCapture, OnTheCpuTheStepsRunEagerlyAsWithoutItAndTheReasonNamesWhatNeed
   EXPECT_EQ(on_cpu.stats.replays, 0);
   EXPECT_NE(on_cpu.stats.eager_because.find("computes on cpu; CUDA graphs need a GPU"), std::string::npos)
       << on_cpu.stats.eager_because;
-  EXPECT_EQ(on_cpu.warnings,
-            "fastlearn: warning: cuda_graph: the training steps of this fit run eagerly: " + on_cpu.stats.eager_because +
-                "\n");
+  EXPECT_EQ(on_cpu.warnings, "fastlearn: warning: cuda_graph: the training steps of this fit run eagerly: " +
+                                 on_cpu.stats.eager_because + "\n");
 
   const auto declared = fit_with_cuda_graph({std::make_shared<DeclaredCapturable>()});
   EXPECT_NE(declared.stats.eager_because.find("computes on cpu"), std::string::npos) << declared.stats.eager_because;
@@ -1000,13 +999,13 @@ TEST(StepCapture, OnTheCpuTheStepsRunEagerlyAsWithoutItAndTheReasonNamesWhatNeed
             std::string::npos)
       << accumulating.stats.eager_because;
 
-  const auto scaled = fit_with_cuda_graph({std::make_shared<fl::MixedPrecision>(fl::MixedPrecisionOptions{
-      .dtype = at::kBFloat16, .loss_scaling = true})});
+  const auto scaled = fit_with_cuda_graph(
+      {std::make_shared<fl::MixedPrecision>(fl::MixedPrecisionOptions{.dtype = at::kBFloat16, .loss_scaling = true})});
   EXPECT_NE(scaled.stats.eager_because.find("'mixed_precision' needs the host inside each step: float16 loss scaling"),
             std::string::npos)
       << scaled.stats.eager_because;
-  const auto bf16 = fit_with_cuda_graph({std::make_shared<fl::MixedPrecision>(fl::MixedPrecisionOptions{
-      .dtype = at::kBFloat16})});
+  const auto bf16 =
+      fit_with_cuda_graph({std::make_shared<fl::MixedPrecision>(fl::MixedPrecisionOptions{.dtype = at::kBFloat16})});
   EXPECT_NE(bf16.stats.eager_because.find("computes on cpu"), std::string::npos) << bf16.stats.eager_because;
   const auto clipped = fit_with_cuda_graph({std::make_shared<fl::GradientClip>()});
   EXPECT_NE(clipped.stats.eager_because.find("computes on cpu"), std::string::npos) << clipped.stats.eager_because;
