@@ -26,8 +26,10 @@ void GradientClip::before_step() {
   // The global norm is the norm of the per-tensor norms (any p); all on the gradients' device, no host read.
   std::vector<at::Tensor> norms;
   for (const auto& n : at::_foreach_norm(grads, options_.norm_type)) norms.push_back(n.to(at::kFloat));
-  last_norm_ = at::linalg_vector_norm(at::stack(norms), options_.norm_type);
-  const auto coef = (options_.max_norm / (last_norm_ + 1e-6)).clamp_max(1.0);
+  const auto norm = at::linalg_vector_norm(at::stack(norms), options_.norm_type);
+  if (!last_norm_.defined() || last_norm_.device() != norm.device()) last_norm_ = at::empty_like(norm);
+  last_norm_.copy_(norm);
+  const auto coef = (options_.max_norm / (norm + 1e-6)).clamp_max(1.0);
   at::_foreach_mul_(grads, coef);
 }
 

@@ -26,7 +26,7 @@ class GradientClip : public Callback {
 
  private:
   GradientClipOptions options_;
-  at::Tensor last_norm_;
+  at::Tensor last_norm_;  ///< one buffer, written in place: a replayed step (cuda_graph) updates the one it captured
 };
 
 }  // namespace fastlearn

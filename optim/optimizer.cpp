@@ -249,6 +249,19 @@ void Optimizer::step() {
 }
 
 void Optimizer::set_device_hypers(bool on) {
+  if (on) {
+    // A factor rounded to bfloat16 or float16 would change the update (1 - lr*wd becomes 1): the host path computes
+    // those parameters' updates in float32, the device path in their own dtype.
+    for (std::size_t g = 0; g < groups_.size(); ++g)
+      for (std::size_t i = 0; i < groups_[g].params.size(); ++i) {
+        const auto dtype = groups_[g].params[i].scalar_type();
+        if (dtype != at::kFloat && dtype != at::kDouble)
+          throw ConfigError(
+              fmt::format("{}: device hyper-parameters need float32 or float64 parameters; parameter {} "
+                          "of group {} is {} (keep the weights in float32 and train in mixed precision)",
+                          type(), i, g, c10::toString(dtype)));
+      }
+  }
   device_hypers_ = on;
   if (on) return;
   for (auto& st : states_) {

@@ -3,8 +3,10 @@
 #include <fastlearn/core/error.h>
 
 #ifdef FASTLEARN_WITH_CUDA
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -30,13 +32,21 @@ void run_on_side_stream(const c10::Device& device, const std::function<void()>& 
   at::cuda::CUDAEvent queued;
   queued.record(ambient);
   queued.block(side);
-  {
-    const c10::cuda::CUDAStreamGuard on_side(side);
-    body();
-  }
-  at::cuda::CUDAEvent done;
-  done.record(side);
-  done.block(ambient);
+  // The ambient stream waits for the side stream also when body throws (a callback cancelling the batch).
+  struct Join {
+    c10::cuda::CUDAStream& side;
+    c10::cuda::CUDAStream& ambient;
+    ~Join() {
+      try {
+        at::cuda::CUDAEvent done;
+        done.record(side);
+        done.block(ambient);
+      } catch (...) {  // a destructor must not throw; a failing CUDA call shows again at the next one
+      }
+    }
+  } join{side, ambient};
+  const c10::cuda::CUDAStreamGuard on_side(side);
+  body();
 }
 
 struct CapturedGraph::Impl {
@@ -55,6 +65,22 @@ void CapturedGraph::capture(const c10::Device& device, GraphPool& pool, const st
   run_on_side_stream(device, [&] {
     // Thread-local mode: the loader's threads may pin and copy memory while this thread captures.
     impl_->graph.capture_begin(pool.id, cudaStreamCaptureModeThreadLocal);
+    // A capture that fails must not leave the allocators routing this thread's allocations into its pool.
+    const auto abandon = [&] {
+      const auto id = impl_->graph.pool();
+      try {
+        c10::cuda::CUDACachingAllocator::endAllocateToPool(device.index(), id);
+      } catch (...) {  // capture_end got that far already
+      }
+      try {
+        at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(id);
+      } catch (...) {  // likewise, or this LibTorch's host allocator keeps no pools
+      }
+      try {
+        impl_->graph.reset();
+      } catch (...) {  // the graph is dropped either way
+      }
+    };
     try {
       body();
     } catch (...) {
@@ -62,10 +88,15 @@ void CapturedGraph::capture(const c10::Device& device, GraphPool& pool, const st
         impl_->graph.capture_end();
       } catch (...) {  // the capture was invalid anyway: what body threw says why
       }
-      impl_->graph.reset();
+      abandon();
       throw;
     }
-    impl_->graph.capture_end();
+    try {
+      impl_->graph.capture_end();
+    } catch (...) {
+      abandon();
+      throw;
+    }
   });
   if (pool.id == std::pair<unsigned long long, unsigned long long>{0, 0}) pool.id = impl_->graph.pool();
   impl_->device = device;

@@ -33,7 +33,7 @@ void StepGraphs::refuse(Learner& learn, std::string why) {
   if (plan_.refused()) return;
   warn(fmt::format("cuda_graph: the training steps of this fit run eagerly: {}", why));
   plan_.refuse(std::move(why));
-  graphs_.clear();
+  drop_graphs();
   if (learn.has_opt()) learn.opt().set_device_hypers(false);  // the host path's fused kernels are faster eagerly
 }
 
@@ -53,7 +53,7 @@ void StepGraphs::check_callbacks(Learner& learn) {
 void StepGraphs::check_after_eager_step(Learner& learn) {
   if (plan_.refused()) return;
   for (const auto& cb : learn.cbs()) {
-    if (cb->step_capture().kind != StepCapture::undeclared) continue;
+    if (!cb->run || !cb->run_train || cb->step_capture().kind != StepCapture::undeclared) continue;
     const auto handled = cb->in_step_events_handled();
     if (handled.empty()) continue;
     std::vector<std::string> names;
@@ -70,14 +70,26 @@ void StepGraphs::check_after_eager_step(Learner& learn) {
   if (!cuda_graphs_built()) return refuse(learn, "this build of fastlearn has no CUDA");
 }
 
-void StepGraphs::eager(Learner& learn, const std::function<void()>& eager_step) {
-  run_on_side_stream(learn.device(), eager_step);
-  check_after_eager_step(learn);
+void StepGraphs::drop_graphs() {
+  graphs_.clear();
+  pool_ = {};
 }
 
+void StepGraphs::eager(Learner& learn, const std::function<void()>& eager_step) {
+  for (const auto& cb : learn.cbs()) cb->forget_in_step_events();  // this step's only, not validation's
+  run_on_side_stream(learn.device(), eager_step);
+  check_after_eager_step(learn);
+  if (!plan_.refused()) settled_ = fingerprint(learn);
+}
+
+// Where everything the graphs read is, and what decides which parameters a step updates: the optimizer itself, and
+// which parameters require a gradient.
 std::vector<const void*> StepGraphs::fingerprint(Learner& learn) const {
-  std::vector<const void*> where;
-  for (const auto& p : learn.model().parameters()) where.push_back(p.data_ptr());
+  std::vector<const void*> where{&learn.opt()};
+  for (const auto& p : learn.model().parameters()) {
+    where.push_back(p.data_ptr());
+    where.push_back(p.requires_grad() ? &learn : nullptr);
+  }
   for (const auto& b : learn.model().buffers()) where.push_back(b.defined() ? b.data_ptr() : nullptr);
   learn.opt().append_state_addresses(where);
   return where;
@@ -112,10 +124,10 @@ void StepGraphs::capture(Learner& learn, const BatchKey& key, const std::functio
   graph->pred = learn.pred;
   graph->loss = learn.loss;
   graph->updated = opt.last_updated();
+  graph->fingerprint = fingerprint(learn);
   graph->graph.replay();  // capture ran nothing: this batch's step is the graph's first replay
   learn.pred = graph->pred.clone();
   learn.loss = graph->loss.clone();
-  fingerprint_ = fingerprint(learn);
   plan_.captured(key);
   graphs_[key] = std::move(graph);
 }
@@ -142,11 +154,23 @@ void StepGraphs::run(Learner& learn, const std::function<void()>& eager_step) {
     plan_.next(key);  // counts it
     return eager_step();
   }
-  if (learn.device().is_cuda() && !learn.opt().device_hypers()) learn.opt().set_device_hypers(true);
+  if (learn.device().is_cuda() && !learn.opt().device_hypers()) {
+    try {
+      learn.opt().set_device_hypers(true);
+    } catch (const ConfigError& e) {
+      refuse(learn, e.what());
+      plan_.next(key);  // counts it
+      return eager_step();
+    }
+  }
+  // The optimizer's state loaded or made anew, a parameter frozen, the model moved: what the graphs read is elsewhere.
+  if (const auto it = graphs_.find(key); it != graphs_.end() && fingerprint(learn) != it->second->fingerprint) {
+    drop_graphs();
+    plan_.invalidate();
+  }
   auto action = plan_.next(key);
-  if (action == CapturePlan::Action::replay && fingerprint(learn) != fingerprint_) {
-    // The optimizer's state was loaded or made anew, or the model moved: what the graphs read is elsewhere.
-    graphs_.clear();
+  if (action == CapturePlan::Action::capture && fingerprint(learn) != settled_) {
+    drop_graphs();  // changed since the last eager step: that step did not see it
     plan_.invalidate();
     action = plan_.next(key);
   }

@@ -35,6 +35,7 @@ class StepGraphs {
     std::vector<at::Tensor> xb, yb;                 ///< the buffers each batch is copied into
     at::Tensor pred, loss;                          ///< where the graph leaves its results
     std::vector<std::vector<std::size_t>> updated;  ///< the parameters its optimizer step updates, per group
+    std::vector<const void*> fingerprint;           ///< what it reads, as fingerprint() saw it at its capture
   };
   void check_callbacks(Learner& learn);
   void check_after_eager_step(Learner& learn);
@@ -43,11 +44,13 @@ class StepGraphs {
   void capture(Learner& learn, const BatchKey& key, const std::function<void()>& eager_step);
   void replay(Learner& learn, Graph& graph);
   std::vector<const void*> fingerprint(Learner& learn) const;
+  /// Drops every graph, and the pool with the last of them (a pool whose graphs are gone cannot be captured into).
+  void drop_graphs();
 
   CapturePlan plan_;
   GraphPool pool_;
   std::map<BatchKey, std::unique_ptr<Graph>> graphs_;
-  std::vector<const void*> fingerprint_;  ///< where the graphs' parameters, buffers and optimizer state were
+  std::vector<const void*> settled_;  ///< fingerprint() after the last eager step: a capture must see the same
   bool first_batch_ = true;
   bool device_checked_ = false;
 };

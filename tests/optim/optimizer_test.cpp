@@ -697,4 +697,14 @@ TEST(DeviceHypers, StagingCountsAndCheckpointsKeepHostAndDeviceInStep) {
   EXPECT_NE(after_load, before);
   loaded->set_device_hypers(false);
   EXPECT_TRUE(loaded->device_hyper_tensors().empty());
+
+  // bfloat16 weights would have their factors rounded (1 - lr*wd to 1): refused by name, the optimizer unchanged.
+  auto half = fl::Adam()({{at::zeros({2}, at::kBFloat16).requires_grad_()}}, 1e-2);
+  try {
+    half->set_device_hypers(true);
+    ADD_FAILURE() << "bfloat16 parameters were accepted";
+  } catch (const fl::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter 0 of group 0 is BFloat16"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(half->device_hypers());
 }
