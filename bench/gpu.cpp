@@ -210,11 +210,9 @@ std::string json_member(const std::string& name, const Comparison& c, const std:
       c.anchor.max, c.repeats, c.ours_accuracy, c.anchor_accuracy, switched_off, device, what);
 }
 
-// The captured Learner against the eager one, interleaved: both ours, the same settings otherwise.
-Comparison graph_vs_eager(const Data& d, int repeats, std::string& eager_because) {
-  auto graphed = learner(d, "conv_net_32_64_128_256", 256, false, /*cuda_graph=*/true);
-  auto eager = learner(d, "conv_net_32_64_128_256", 256);
-  const double items = static_cast<double>(eager->dls().train().size() * 256);
+// Two of our Learners on the same batches, interleaved: samples/s of fit(1) after one warm-up fit each.
+Comparison interleave_fits(fl::Learner& ours_learner, fl::Learner& anchor_learner, std::int64_t bs, int repeats) {
+  const double items = static_cast<double>(anchor_learner.dls().train().size() * bs);
   auto epoch = [&](fl::Learner& l) {
     torch::cuda::synchronize();
     const auto start = bench::Clock::now();
@@ -222,17 +220,25 @@ Comparison graph_vs_eager(const Data& d, int repeats, std::string& eager_because
     torch::cuda::synchronize();
     return items / bench::seconds_since(start);
   };
-  epoch(*graphed);
-  epoch(*eager);
+  epoch(ours_learner);
+  epoch(anchor_learner);
   std::vector<double> ours, anchor;
   for (int r = 0; r < repeats; ++r) {
-    ours.push_back(epoch(*graphed));
-    anchor.push_back(epoch(*eager));
+    ours.push_back(epoch(ours_learner));
+    anchor.push_back(epoch(anchor_learner));
   }
-  eager_because = graphed->step_graph_stats().eager_because;
   Comparison c{.ours = bench::summarize(ours), .anchor = bench::summarize(anchor), .repeats = repeats};
-  c.ours_accuracy = graphed->recorder().history().back().metrics.at(0);
-  c.anchor_accuracy = eager->recorder().history().back().metrics.at(0);
+  c.ours_accuracy = ours_learner.recorder().history().back().metrics.at(0);
+  c.anchor_accuracy = anchor_learner.recorder().history().back().metrics.at(0);
+  return c;
+}
+
+// The captured Learner against the eager one: both ours, the same settings otherwise.
+Comparison graph_vs_eager(const Data& d, int repeats, std::string& eager_because) {
+  auto graphed = learner(d, "conv_net_32_64_128_256", 256, false, /*cuda_graph=*/true);
+  auto eager = learner(d, "conv_net_32_64_128_256", 256);
+  auto c = interleave_fits(*graphed, *eager, 256, repeats);
+  eager_because = graphed->step_graph_stats().eager_because;
   return c;
 }
 
@@ -273,25 +279,7 @@ Comparison replicas_on_one_gpu(const Data& d, int repeats) {
   };
   auto one = make(), two = make();
   fl::to_parallel(*two, {kGpu, kGpu}, {.sync_bn = false});
-  const double items = static_cast<double>(one->dls().train().size() * 256);
-  auto epoch = [&](fl::Learner& l) {
-    torch::cuda::synchronize();
-    const auto start = bench::Clock::now();
-    l.fit(1, 1e-3);
-    torch::cuda::synchronize();
-    return items / bench::seconds_since(start);
-  };
-  epoch(*two);
-  epoch(*one);
-  std::vector<double> ours, anchor;
-  for (int r = 0; r < repeats; ++r) {
-    ours.push_back(epoch(*two));
-    anchor.push_back(epoch(*one));
-  }
-  Comparison c{.ours = bench::summarize(ours), .anchor = bench::summarize(anchor), .repeats = repeats};
-  c.ours_accuracy = two->recorder().history().back().metrics.at(0);
-  c.anchor_accuracy = one->recorder().history().back().metrics.at(0);
-  return c;
+  return interleave_fits(*two, *one, 256, repeats);
 }
 
 std::string device_name() {

@@ -366,6 +366,7 @@ void Learner::run_fit(int n_epoch_, const std::vector<double>& lrs, FitOptions o
       l.dl = nullptr;
       l.xb.clear(), l.yb.clear();
       l.pred = l.loss = l.loss_grad = at::Tensor();
+      l.step_graph_stats_ = l.step_graph_stats();
       l.step_graphs_.reset();  // the graphs read this fit's callbacks' tensors too
     }
   } cleanup{*this};
@@ -460,11 +461,15 @@ void Learner::one_batch(std::int64_t i, const Batch& batch) {
 void Learner::do_one_batch() {
   if (!step_graphs_ || !training || yb.empty()) return do_step();
   step_graphs_->run(*this, [this] { do_step(); });
+}
+
+StepGraphStats Learner::step_graph_stats() const {
+  if (!step_graphs_) return step_graph_stats_;
   const auto& plan = step_graphs_->plan();
-  step_graph_stats_ = {.captures = plan.captures(),
-                       .replays = plan.replays(),
-                       .eager_steps = plan.eager_steps(),
-                       .eager_because = plan.why()};
+  return {.captures = plan.captures(),
+          .replays = plan.replays(),
+          .eager_steps = plan.eager_steps(),
+          .eager_because = plan.why()};
 }
 
 void Learner::do_step() {

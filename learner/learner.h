@@ -335,7 +335,7 @@ class Learner {
   const std::vector<MetricPtr>& metrics() const { return options_.metrics; }
   const LearnerOptions& options() const { return options_; }
   /// What LearnerOptions::cuda_graph did in the last (or the running) fit.
-  const StepGraphStats& step_graph_stats() const { return step_graph_stats_; }
+  StepGraphStats step_graph_stats() const;
 
   /// Creates the optimizer over the splitter's parameter groups (done by fit when there is none).
   void create_opt();
@@ -460,7 +460,7 @@ class Learner {
   Coordination coordination_;
   friend class StepRunner;
   std::unique_ptr<StepGraphs> step_graphs_;  // during a fit with options_.cuda_graph
-  StepGraphStats step_graph_stats_;
+  StepGraphStats step_graph_stats_;          // of the last fit, kept when step_graphs_ goes
   friend CheckpointState capture_state(Learner& learn, SaveOptions options);
   friend void restore_state(Learner& learn, const CheckpointState& state, LoadOptions options, std::string_view origin);
   std::shared_ptr<StepRunner> steps_;      // the steps under way (begin_steps)

@@ -116,7 +116,7 @@ TEST(GpuStepGraphs, CapturedStepsTrainTheWeightsOfEagerStepsForSgdAndAdam) {
       const auto what = fmt::format("{}, {} items", name, n);
       auto graphed = conv_learner(gpu_images(n, 64), opt, true);
       graphed->fit_one_cycle(3, 1e-2);
-      const auto& stats = graphed->step_graph_stats();
+      const auto stats = graphed->step_graph_stats();
       ASSERT_TRUE(stats.eager_because.empty()) << what << ": " << stats.eager_because;
       const std::int64_t batches = (n + 63) / 64, steps = 3 * batches;
       EXPECT_EQ(stats.captures, n == 512 ? 1 : 2) << what;
