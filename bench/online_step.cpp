@@ -1,12 +1,18 @@
-// online_step: training steps per second of a program that learns a surrogate while it runs (the step API), on a
-// fixed surrogate: the MLP 128-512-512-128 (ReLU), batch 256 of 128 values (16 batches made beforehand, in turn), MSE,
-// Adam (fastai's defaults, lr 1e-3), 2 threads, the loss read on the host after each step. Three sides, interleaved:
-//   ours    Learner::train_step (begin_steps with a constant-lr fit: every event, the Recorder, a fit's thread);
+// online_step (and online_step_small, the same program built with FASTLEARN_BENCH_SMALL_SURROGATE): training steps per
+// second of a program that learns a surrogate while it runs (the step API). The surrogate:
+//   online_step        the MLP 128-512-512-128 (ReLU), batch 256, 2 threads, the Learner without Progress;
+//   online_step_small  the MLP 8-64-64-8 (ReLU), batch 32, 1 thread, the Learner's default callbacks;
+// both: 16 batches made beforehand, in turn, MSE, Adam (fastai's defaults, lr 1e-3), the loss read on the host after
+// each step. Three sides, interleaved:
+//   ours    Learner::train_step (begin_steps with a constant-lr fit: every event, the Recorder, the fit's fiber);
 //   anchor  the same step in a PyTorch loop driven from Python (bench/python/online_step.py), torch.optim.Adam;
 //   bare    the same model and fastlearn Adam stepped by a hand-written C++ loop (forward, loss, backward, step,
 //           zero_grad): the Learner's own cost per step is ours against it.
-// Median and range of FASTLEARN_BENCH_REPEATS (default 5) runs of --steps (default 300) each. Prints one JSON object.
-// Goals: ratio (ours / anchor steps/s) >= 2; learner_cost (1 - ours / bare) <= 5%.
+// And host_loop_after: the bare loop's speed while the steps are under way over its speed before they began (a
+// Learner that slows the program it lives in shows there). Median and range of FASTLEARN_BENCH_REPEATS (default 5)
+// runs of --steps (default 300; 3000 for the small surrogate) each. Prints one JSON object.
+// Goals: online_step ratio >= 1.2, learner_cost <= 5%, host_loop_after >= 0.97; online_step_small ratio >= 3,
+// learner_cost <= 25%.
 #include <fastlearn/core/random.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/optim/adam.h>
@@ -24,37 +30,46 @@ namespace fl = fastlearn;
 
 namespace {
 
+struct Surrogate {
+  const char* name;
+  std::int64_t width, hidden, batch;
+  int threads, steps;
+  bool progress;
+  const char* what;
+};
+
+#ifdef FASTLEARN_BENCH_SMALL_SURROGATE
+constexpr Surrogate kSurrogate{"online_step_small", 8,     64,   32,
+                               1,                   3000,  true,
+                               "train_step of an MLP 8-64-64-8 surrogate, batch 32, MSE, Adam, 1 thread, the "
+                               "default callbacks, loss read each step: Learner::train_step vs a PyTorch loop in "
+                               "Python (anchor) and a bare C++ loop (bare)"};
+#else
+constexpr Surrogate kSurrogate{"online_step", 128,   512,   256,
+                               2,             300,   false,
+                               "train_step of an MLP 128-512-512-128 surrogate, batch 256, MSE, Adam, 2 threads, "
+                               "loss read each step: Learner::train_step vs a PyTorch loop in Python (anchor) and a "
+                               "bare C++ loop (bare)"};
+#endif
+
 torch::nn::Sequential surrogate() {
-  return torch::nn::Sequential(torch::nn::Linear(128, 512), torch::nn::ReLU(), torch::nn::Linear(512, 512),
-                               torch::nn::ReLU(), torch::nn::Linear(512, 128));
+  const auto w = kSurrogate.width, h = kSurrogate.hidden;
+  return torch::nn::Sequential(torch::nn::Linear(w, h), torch::nn::ReLU(), torch::nn::Linear(h, h), torch::nn::ReLU(),
+                               torch::nn::Linear(h, w));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int steps = bench::int_flag(argc, argv, "--steps", 300);
+  const int steps = bench::int_flag(argc, argv, "--steps", kSurrogate.steps);
   const int repeats = bench::repeats(5);
-  torch::set_num_threads(2);
+  torch::set_num_threads(kSurrogate.threads);
   fl::set_seed(0);
   std::vector<at::Tensor> xs, ys;
   for (int i = 0; i < 16; ++i) {
-    xs.push_back(torch::randn({256, 128}));
+    xs.push_back(torch::randn({kSurrogate.batch, kSurrogate.width}));
     ys.push_back(torch::tanh(xs.back()));
   }
-
-  fl::Learner learn(surrogate(), fl::mse_loss(), {.opt_func = fl::Adam(), .progress = false, .device = torch::kCPU});
-  // One long run of steps, timed in slices: the Learner's fit stays up across them, as in a running program.
-  learn.begin_steps({.steps = static_cast<std::int64_t>(steps) * (repeats + 1)},
-                    [](fl::Learner& l, int n) { l.fit(n, 1e-3); });
-  std::int64_t next = 0;
-  double our_loss = 0;
-  auto ours_run = [&] {
-    const auto start = bench::Clock::now();
-    for (int s = 0; s < steps; ++s, ++next)
-      our_loss = learn.train_step(xs[static_cast<std::size_t>(next % 16)], ys[static_cast<std::size_t>(next % 16)])
-                     .item<double>();
-    return steps / bench::seconds_since(start);
-  };
 
   auto bare_model = surrogate();
   auto opt = fl::Adam()(fl::trainable_params(*bare_model), 1e-3);
@@ -72,8 +87,28 @@ int main(int argc, char** argv) {
     }
     return steps / bench::seconds_since(start);
   };
+  bare_run();  // warm-up
+  std::vector<double> bare_before;
+  for (int r = 0; r < repeats; ++r) bare_before.push_back(bare_run());
 
-  bench::Coprocess theirs({FASTLEARN_PYTHON, std::string(FASTLEARN_SOURCE_DIR) + "/bench/python/online_step.py", "2"});
+  fl::Learner learn(surrogate(), fl::mse_loss(),
+                    {.opt_func = fl::Adam(), .progress = kSurrogate.progress, .device = torch::kCPU});
+  // One long run of steps, timed in slices: the Learner's fit stays up across them, as in a running program.
+  learn.begin_steps({.steps = static_cast<std::int64_t>(steps) * (repeats + 1)},
+                    [](fl::Learner& l, int n) { l.fit(n, 1e-3); });
+  std::int64_t next = 0;
+  double our_loss = 0;
+  auto ours_run = [&] {
+    const auto start = bench::Clock::now();
+    for (int s = 0; s < steps; ++s, ++next)
+      our_loss = learn.train_step(xs[static_cast<std::size_t>(next % 16)], ys[static_cast<std::size_t>(next % 16)])
+                     .item<double>();
+    return steps / bench::seconds_since(start);
+  };
+
+  bench::Coprocess theirs({FASTLEARN_PYTHON, std::string(FASTLEARN_SOURCE_DIR) + "/bench/python/online_step.py",
+                           std::to_string(kSurrogate.threads), std::to_string(kSurrogate.width),
+                           std::to_string(kSurrogate.hidden), std::to_string(kSurrogate.batch)});
   if (theirs.read_line() != "ready") return 1;
   double their_loss = 0;
   auto their_run = [&] {
@@ -81,24 +116,25 @@ int main(int argc, char** argv) {
     their_loss = reply[1];
     return steps / reply[0];
   };
-  ours_run(), their_run(), bare_run();  // warm-up
+  ours_run(), their_run();  // warm-up
   std::vector<double> ours, anchor, bare;
   for (int r = 0; r < repeats; ++r) {
     ours.push_back(ours_run());
     anchor.push_back(their_run());
-    bare.push_back(bare_run());
+    bare.push_back(bare_run());  // while the steps are under way
   }
   learn.end_steps();
-  const auto o = bench::summarize(ours), a = bench::summarize(anchor), b = bench::summarize(bare);
+  const auto o = bench::summarize(ours), a = bench::summarize(anchor), b = bench::summarize(bare),
+             before = bench::summarize(bare_before);
   fmt::print(
-      R"({{"online_step": {{"ours": {:.1f}, "anchor": {:.1f}, "ratio": {:.3f}, "unit": "steps/s", )"
+      R"({{"{}": {{"ours": {:.1f}, "anchor": {:.1f}, "ratio": {:.3f}, "unit": "steps/s", )"
       R"("higher_is_better": true, "ours_range": [{:.1f}, {:.1f}], "anchor_range": [{:.1f}, {:.1f}], )"
-      R"("bare": {:.1f}, "bare_range": [{:.1f}, {:.1f}], "learner_cost": {:.4f}, "last_losses": [{:.5f}, {:.5f}, {:.5f}], )"
-      R"("repeats": {}, "steps": {}, )"
-      R"x("what": "train_step of an MLP 128-512-512-128 surrogate, batch 256, MSE, Adam, 2 threads, loss read each )x"
-      R"x(step: Learner::train_step vs a PyTorch loop in Python (anchor) and a bare C++ loop (bare)"}}}})x"
+      R"("bare": {:.1f}, "bare_range": [{:.1f}, {:.1f}], "learner_cost": {:.4f}, )"
+      R"("bare_before": {:.1f}, "bare_before_range": [{:.1f}, {:.1f}], "host_loop_after": {:.3f}, )"
+      R"("last_losses": [{:.5f}, {:.5f}, {:.5f}], "threads": {}, "repeats": {}, "steps": {}, "what": "{}"}}}})"
       "\n",
-      o.median, a.median, o.median / a.median, o.min, o.max, a.min, a.max, b.median, b.min, b.max,
-      1.0 - o.median / b.median, our_loss, their_loss, bare_loss, repeats, steps);
+      kSurrogate.name, o.median, a.median, o.median / a.median, o.min, o.max, a.min, a.max, b.median, b.min, b.max,
+      1.0 - o.median / b.median, before.median, before.min, before.max, b.median / before.median, our_loss,
+      their_loss, bare_loss, kSurrogate.threads, repeats, steps, kSurrogate.what);
   return 0;
 }

@@ -1,6 +1,7 @@
 #include <fastlearn/data/dataloader.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <fastlearn/core/detail/parallel.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/detail/buffer_pool.h>
 #include <fmt/format.h>
@@ -101,6 +102,7 @@ class DataLoader::EpochRun {
   }
 
   void work() {
+    compute_alone();  // the training thread's team has the cores: a team here would fight it
     for (;;) {
       std::int64_t k = 0;
       {

@@ -1,5 +1,6 @@
 #include <fastlearn/data/image_dataset.h>
 
+#include <fastlearn/core/detail/parallel.h>
 #include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/detail/buffer_pool.h>
@@ -112,7 +113,11 @@ void parallel_for(std::size_t n, int threads, const std::function<void(std::size
     for (std::size_t i; (i = next.fetch_add(1)) < n;) body(i);
   };
   std::vector<std::thread> pool;
-  for (int t = 1; t < n_threads; ++t) pool.emplace_back(work);
+  for (int t = 1; t < n_threads; ++t)
+    pool.emplace_back([&] {
+      compute_alone();  // one thread per core already: an OpenMP team each would oversubscribe them
+      work();
+    });
   work();
   for (auto& t : pool) t.join();
 }

@@ -271,8 +271,9 @@ class Learner {
   // --- training inside a running program (learner/step_session.h) -----------------------------
   /// Starts plan.steps training steps that the program hands over one batch at a time: one of the Learner's fits
   /// (`fit`, default fit_one_cycle at options().lr) over plan.steps / plan.steps_per_epoch epochs, every event and
-  /// callback as in a fit, validation on dls().valid() after each epoch. Returns once the fit waits for its first
-  /// batch (a before_fit error is thrown here).
+  /// callback as in a fit, validation on dls().valid() after each epoch. The fit runs in turns with the program, on
+  /// the thread that calls begin_steps, train_step or end_steps (one at a time, as the program's loop does). Returns
+  /// once the fit waits for its first batch (a before_fit error is thrown here).
   void begin_steps(StepPlan plan, StepFit fit = {});
   /// One training step on the program's batch; returns its loss (detached, on the Learner's device: reading it on
   /// the host waits for a GPU). When the step ends an epoch, validation and the epoch's callbacks run before it

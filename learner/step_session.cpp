@@ -1,18 +1,23 @@
-// The step API of the Learner (learner/step_session.h): a fit on a thread of its own whose training loader yields the
-// batches the program hands to train_step, one at a time, in lockstep with the program's thread.
+// The step API of the Learner (learner/step_session.h): a fit on a fiber of the program's own thread whose training
+// loader yields the batches the program hands to train_step, one at a time, in turns with the program's code.
 #include <fastlearn/learner/step_session.h>
 
+#include <fastlearn/core/detail/fiber.h>
+#include <fastlearn/core/detail/parallel.h>
 #include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/dataset.h>
+#include <fastlearn/data/detail/buffer_pool.h>
 #include <fastlearn/learner/callback.h>
 #include <fastlearn/learner/learner.h>
+#include <fastlearn/models/detail/dropout_scope.h>
 
+#include <ATen/ThreadLocalState.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include <condition_variable>
 #include <deque>
 #include <exception>
 #include <limits>
@@ -21,6 +26,46 @@
 #include <thread>
 
 namespace fastlearn {
+
+namespace {
+
+// What of the thread's state belongs to one side, the fit or the program, while the other runs: each sees its own
+// grad mode, autocast, current device, OpenMP team size, dropout generator and loader buffer pool.
+struct ThreadSide {
+  std::optional<at::ThreadLocalState> aten;  // grad and inference mode, autocast, saved-tensor hooks, ...
+  std::optional<c10::DeviceIndex> device;    // the current device of the Learner's device type (none on the CPU)
+  int team = 0;                              // 0: leave it
+  std::optional<at::Generator> dropout;
+  BufferPool* pool = nullptr;
+};
+
+// Makes `next` the thread's state and returns what it was.
+ThreadSide exchange(ThreadSide next, c10::DeviceType type) {
+  ThreadSide was;
+  was.aten.emplace();
+  if (next.aten) at::ThreadLocalState::setThreadLocalState(*next.aten);
+  if (type != c10::DeviceType::CPU) {
+    const auto* impl = c10::impl::getDeviceGuardImpl(type);
+    was.device = impl->getDevice().index();
+    if (next.device && *next.device != *was.device) impl->setDevice(c10::Device(type, *next.device));
+  }
+  was.team = team_size();
+  if (next.team > 0 && next.team != was.team) set_team_size(next.team);
+  was.dropout = models::exchange_dropout_scope(std::move(next.dropout));
+  was.pool = exchange_buffer_pool(next.pool);
+  return was;
+}
+
+// The state a thread starts with (grad mode on, no autocast, ...): the fit's at its start, as when it had a thread of
+// its own, whatever guards the program holds around begin_steps. The team is the program's.
+ThreadSide fresh_side() {
+  ThreadSide side;
+  std::thread([&] { side.aten.emplace(); }).join();  // no ATen work there: no OpenMP team starts
+  side.team = team_size();
+  return side;
+}
+
+}  // namespace
 
 class StepRunner {
  public:
@@ -48,41 +93,39 @@ class StepRunner {
       held_out_cb_ = std::make_shared<HeldOutValidation>(*this);
       learn_.add_cb(held_out_cb_);
     }
-    thread_ = std::thread([this, n_epoch] { run(n_epoch); });
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return waiting_ || finished_; });
-    if (finished_) {
-      lock.unlock();
+    fit_side_ = fresh_side();
+    fiber_ = std::make_unique<Fiber>([this, n_epoch] { run(n_epoch); });
+    enter();
+    if (fiber_->finished()) {
       finish();  // rethrows the fit's error
       throw Error("begin_steps: the fit ended before its first step");
     }
   }
 
   at::Tensor step(std::vector<at::Tensor> inputs, std::vector<at::Tensor> targets) {
-    const std::lock_guard one_at_a_time(calls_);
-    std::unique_lock lock(mutex_);
-    if (finished_) throw ended();
+    check_caller("train_step");
+    const std::lock_guard one_at_a_time(calls_);  // from several threads: each waits for the step before
+    if (fiber_->finished()) throw ended();
     handed_.emplace(Batch{std::move(inputs), std::move(targets)});
-    changed_.notify_all();
-    // Taken, trained, and what follows it done: the fit waits for the next batch, or has ended.
-    changed_.wait(lock, [&] { return (!handed_ && waiting_) || finished_; });
+    enter();  // taken, trained, and what follows it done: the fit waits for the next batch, or has ended
+    handed_.reset();  // not taken when the fit ended before asking for it
     ++steps_;
-    if (finished_ && error_) {
-      lock.unlock();
-      finish();
-    }
+    if (fiber_->finished() && error_) finish_holding_the_call();
     return loss_cb_->loss;
   }
 
-  // Ends the fit (early: as a cancelled fit), waits for its thread and rethrows its error; puts the training loader
-  // back.
+  // Ends the fit (early: as a cancelled fit) and rethrows its error; puts the training loader back.
   void finish() {
-    {
-      std::lock_guard lock(mutex_);
+    check_caller("end_steps");
+    const std::lock_guard one_at_a_time(calls_);
+    finish_holding_the_call();
+  }
+
+  void finish_holding_the_call() {
+    if (fiber_ && fiber_->started() && !fiber_->finished()) {
       stop_ = true;
+      enter();  // next_batch ends the fit with CancelFitException
     }
-    changed_.notify_all();
-    if (thread_.joinable()) thread_.join();
     if (loss_cb_ && loss_cb_->attached()) learn_.remove_cb(loss_cb_);
     if (held_out_cb_ && held_out_cb_->attached()) learn_.remove_cb(held_out_cb_);
     if (saved_valid_) {
@@ -96,10 +139,13 @@ class StepRunner {
     if (auto error = std::exchange(error_, nullptr)) std::rethrow_exception(error);
   }
 
-  bool finished() {
-    std::lock_guard lock(mutex_);
-    return finished_;
+  // Error when the fit's own code (a callback) calls: the program drives the steps.
+  void check_caller(const char* what) const {
+    if (fiber_ && fiber_->inside())
+      throw Error(fmt::format("{} was called from inside the steps' fit (a callback?); call it from the program", what));
   }
+
+  bool finished() const { return !fiber_ || fiber_->finished(); }
   std::int64_t steps() const { return steps_; }
 
   bool holds_out() const { return plan_.held_out > 0; }
@@ -109,7 +155,6 @@ class StepRunner {
     if (saved_train_) dls.train() = *saved_train_;
     if (saved_valid_) dls.valid() = *saved_valid_;
   }
-
   // Adds the rows of a batch to the held-out samples, keeping the last plan.held_out.
   void hold_out(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets) {
     const Batch rows{inputs, targets};
@@ -159,13 +204,10 @@ class StepRunner {
   }
 
   // A resumed fit's first `n` batches were trained before its checkpoint: they come back empty, without the program.
-  void skip(std::int64_t n) {
-    std::lock_guard lock(mutex_);
-    skip_ = n;
-  }
+  void skip(std::int64_t n) { skip_ = n; }
 
  private:
-  // The training items: each batch is the one the program hands over (on the fit's thread).
+  // The training items: each batch is the one the program hands over (taken inside the fit's fiber).
   class Source : public Dataset {
    public:
     explicit Source(StepRunner& runner) : runner_(runner) {}
@@ -214,37 +256,40 @@ class StepRunner {
   };
 
   Batch next_batch() {
-    std::unique_lock lock(mutex_);
     if (skip_ > 0) {
       --skip_;
       return {};
     }
-    waiting_ = true;
-    changed_.notify_all();
-    changed_.wait(lock, [&] { return handed_.has_value() || stop_; });
-    waiting_ = false;
-    if (!handed_) throw CancelFitException();  // end_steps before the planned steps: the fit ends as cancelled
+    fiber_->suspend();  // back to the program: train_step returns, and the next one resumes here
+    if (stop_ || !handed_) throw CancelFitException();  // end_steps before the planned steps: a cancelled fit
     Batch batch = std::move(*handed_);
     handed_.reset();
-    lock.unlock();
     return batch.to(learn_.device());
   }
 
   void run(int n_epoch) {
     try {
-      const c10::DeviceGuard device(learn_.device());  // this thread's current device: the Learner's
+      const c10::DeviceGuard device(learn_.device());  // the fit's current device: the Learner's
       if (fit_)
         fit_(learn_, n_epoch);
       else
         learn_.fit_one_cycle(n_epoch);
     } catch (...) {
-      std::lock_guard lock(mutex_);
       error_ = std::current_exception();
     }
-    std::lock_guard lock(mutex_);
-    finished_ = true;
-    waiting_ = false;
-    changed_.notify_all();
+  }
+
+  // Runs the fit until it waits for a batch or ends, with the fit's thread state; the program's is put back after.
+  void enter() {
+    const auto type = learn_.device().type();
+    auto program = exchange(std::move(fit_side_), type);
+    struct Back {  // also if the switch fails
+      StepRunner& self;
+      ThreadSide& program;
+      c10::DeviceType type;
+      ~Back() { self.fit_side_ = exchange(std::move(program), type); }
+    } back{*this, program, type};
+    fiber_->resume();
   }
 
   Error ended() const {
@@ -257,13 +302,10 @@ class StepRunner {
   const StepFit fit_;
   std::optional<DataLoader> saved_train_;
   std::shared_ptr<LastLoss> loss_cb_;
-  std::thread thread_;
-  std::mutex calls_;  // one train_step at a time
-  std::mutex mutex_;
-  std::condition_variable changed_;
+  std::unique_ptr<Fiber> fiber_;  // the fit
+  std::mutex calls_;              // one train_step or end_steps at a time
+  ThreadSide fit_side_;           // the fit's thread state while the program runs
   std::optional<Batch> handed_;
-  bool waiting_ = false;   // the fit waits for a batch
-  bool finished_ = false;  // the fit has returned
   bool stop_ = false;
   std::exception_ptr error_;
   std::int64_t steps_ = 0;
@@ -286,7 +328,7 @@ void Learner::begin_steps(StepPlan plan, StepFit fit) {
   const auto epochs = plan.steps / plan.steps_per_epoch;
   if (epochs > std::numeric_limits<int>::max())
     throw ConfigError(fmt::format("begin_steps: {} epochs of {} steps are too many", epochs, plan.steps_per_epoch));
-  steps_ = std::make_shared<StepRunner>(*this, plan, std::move(fit));  // set first: the fit's thread asks for it
+  steps_ = std::make_shared<StepRunner>(*this, plan, std::move(fit));  // set first: the fit asks for it
   try {
     steps_->start(static_cast<int>(epochs));
   } catch (...) {
@@ -303,6 +345,7 @@ at::Tensor Learner::train_step(std::vector<at::Tensor> inputs, std::vector<at::T
 
 void Learner::end_steps() {
   if (!steps_) return;
+  steps_->check_caller("end_steps");  // before letting go: the fit cannot end itself from inside
   auto runner = std::move(steps_);
   runner->finish();
 }

@@ -1,9 +1,12 @@
 #include <fastlearn/models/dropout.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/models/detail/dropout_scope.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
+
+#include <utility>
 
 namespace fastlearn::models {
 
@@ -17,6 +20,10 @@ DropoutGeneratorScope::DropoutGeneratorScope(at::Generator generator) : previous
 }
 
 DropoutGeneratorScope::~DropoutGeneratorScope() { scope_generator = previous_; }
+
+std::optional<at::Generator> exchange_dropout_scope(std::optional<at::Generator> generator) {
+  return std::exchange(scope_generator, std::move(generator));
+}
 
 at::Tensor DropoutImpl::forward(const at::Tensor& input) {
   const double p = options.p();

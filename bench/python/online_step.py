@@ -1,11 +1,11 @@
 """Python side of bench/online_step.cpp: the training step of a program that learns a surrogate while it runs,
 driven from Python as such programs otherwise do it.
 
-  online_step.py THREADS    prints "ready", then for each line "run N" on stdin takes N steps and prints
-                            "<seconds> <last loss>"
+  online_step.py THREADS [WIDTH HIDDEN BATCH]
+      prints "ready", then for each line "run N" on stdin takes N steps and prints "<seconds> <last loss>"
 
-Each step: a batch of 256 samples of 128 values (made beforehand, 16 of them in turn), the MLP 128-512-512-128
-(ReLU), MSE loss, backward, torch.optim.Adam (fastai's defaults, as fastlearn's Adam: betas 0.9/0.99, eps 1e-5, lr
+Each step: a batch of BATCH (default 256) samples of WIDTH (128) values (made beforehand, 16 of them in turn), the MLP
+WIDTH-HIDDEN-HIDDEN-WIDTH (HIDDEN 512; ReLU), MSE loss, backward, torch.optim.Adam (fastai's defaults, as fastlearn's Adam: betas 0.9/0.99, eps 1e-5, lr
 1e-3), zero_grad, and the loss read on the host (what a program logs or checks).
 """
 import sys
@@ -17,10 +17,12 @@ from torch import nn
 
 def main():
     torch.set_num_threads(int(sys.argv[1]))
+    width, hidden, batch = (int(a) for a in sys.argv[2:5]) if len(sys.argv) >= 5 else (128, 512, 256)
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 128))
+    model = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                          nn.Linear(hidden, width))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.99), eps=1e-5)
-    xs = [torch.randn(256, 128) for _ in range(16)]
+    xs = [torch.randn(batch, width) for _ in range(16)]
     ys = [torch.tanh(x) for x in xs]
     print("ready", flush=True)
     for line in sys.stdin:

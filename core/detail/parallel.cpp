@@ -20,6 +20,11 @@ struct OpenMpRuntime {
   void (*parallel)(void (*)(void*), void*, unsigned, unsigned) = nullptr;
   int (*thread_num)() = nullptr;
   int (*num_threads)() = nullptr;
+  int (*max_threads)() = nullptr;
+  void (*set_num_threads)(int) = nullptr;
+  // MKL's per-thread count, by value (mkl.h maps mkl_set_num_threads_local to it; the lower-case symbol is the Fortran
+  // one, by reference); absent from a LibTorch without MKL.
+  int (*mkl_set_local)(int) = nullptr;
 
   bool found() const { return parallel != nullptr && thread_num != nullptr && num_threads != nullptr; }
 };
@@ -35,7 +40,10 @@ const OpenMpRuntime& openmp() {
     r.parallel = reinterpret_cast<decltype(r.parallel)>(dlsym(from, "GOMP_parallel"));
     r.thread_num = reinterpret_cast<decltype(r.thread_num)>(dlsym(from, "omp_get_thread_num"));
     r.num_threads = reinterpret_cast<decltype(r.num_threads)>(dlsym(from, "omp_get_num_threads"));
+    r.max_threads = reinterpret_cast<decltype(r.max_threads)>(dlsym(from, "omp_get_max_threads"));
+    r.set_num_threads = reinterpret_cast<decltype(r.set_num_threads)>(dlsym(from, "omp_set_num_threads"));
 #endif
+    r.mkl_set_local = reinterpret_cast<decltype(r.mkl_set_local)>(dlsym(RTLD_DEFAULT, "MKL_Set_Num_Threads_Local"));
     return r;
   }();
   return runtime;
@@ -88,5 +96,16 @@ void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain,
   const c10::ParallelGuard in_parallel(true);
   body(begin, end);
 }
+
+int team_size() { return at::get_num_threads(); }
+
+void set_team_size(int threads) {
+  at::internal::lazy_init_num_threads();  // else the thread's first ATen call would set its own count over ours
+  if (openmp().set_num_threads == nullptr) return at::set_num_threads(threads);
+  openmp().set_num_threads(threads);
+  if (openmp().mkl_set_local != nullptr) openmp().mkl_set_local(threads);
+}
+
+void compute_alone() { set_team_size(1); }
 
 }  // namespace fastlearn

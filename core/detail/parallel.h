@@ -15,4 +15,17 @@ namespace fastlearn {
 void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain,
                   const std::function<void(std::int64_t, std::int64_t)>& body);
 
+/// The calling thread's OpenMP team size (at::get_num_threads(): OpenMP's thread count is per thread).
+int team_size();
+
+/// Sets the calling thread's team size alone. at::set_num_threads also changes the count every thread started later
+/// takes, the oneDNN primitive cache and the pthreadpool: too much for a switch between two lines of work.
+void set_team_size(int threads);
+
+/// For a thread of fastlearn's that only prepares data (a loader worker): its ATen work runs on it alone, with no
+/// OpenMP team (nor MKL's) of its own. A second team beside the training thread's would fight it for the cores, and
+/// more OpenMP threads than cores make libgomp's teams stop spinning, so that every parallel region of the training
+/// pays a wake-up (bench/README.md, loader_workers).
+void compute_alone();
+
 }  // namespace fastlearn

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <utility>
+
 namespace fastlearn {
 namespace {
 
@@ -33,6 +35,8 @@ at::Tensor BufferPool::empty(c10::IntArrayRef sizes, c10::ScalarType dtype) {
 UseBufferPool::UseBufferPool(BufferPool& pool) : previous_(current_pool) { current_pool = &pool; }
 
 UseBufferPool::~UseBufferPool() { current_pool = previous_; }
+
+BufferPool* exchange_buffer_pool(BufferPool* pool) { return std::exchange(current_pool, pool); }
 
 at::Tensor pooled_empty(c10::IntArrayRef sizes, const at::TensorOptions& options) {
   const bool poolable = current_pool && options.device().is_cpu() && !options.pinned_memory() &&

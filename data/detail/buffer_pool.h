@@ -40,6 +40,10 @@ class UseBufferPool {
   BufferPool* previous_;
 };
 
+/// Makes `pool` (or none) the thread's pool and returns the one before: for code that switches between two lines of
+/// work on one thread (the step API's fit and the program driving it).
+BufferPool* exchange_buffer_pool(BufferPool* pool);
+
 /// An uninitialized contiguous tensor like at::empty(sizes, options): from this thread's pool when one is
 /// installed and the device is the CPU.
 at::Tensor pooled_empty(c10::IntArrayRef sizes, const at::TensorOptions& options);

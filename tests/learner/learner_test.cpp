@@ -5,6 +5,7 @@
 #include <fastlearn/callbacks/mixed_precision.h>
 #include <fastlearn/core/device.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/data/image_dataloaders.h>
 #include <fastlearn/learner/detail/capture_plan.h>
 #include <fastlearn/learner/detail/step_graphs.h>
 #include <fastlearn/learner/learner.h>
@@ -13,11 +14,19 @@
 #include <fastlearn/optim/adam.h>
 #include <fastlearn/optim/sgd.h>
 
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
 
 #include "support/message_of.h"
 #include "support/tiny_tasks.h"
@@ -827,6 +836,159 @@ TEST(LearnerSteps, ALearnerWithoutDataTrainsFromTheProgramsBatches) {
   }
   learn.end_steps();
   EXPECT_LT(loss.item<double>(), 1e-3);
+}
+
+// The steps' fit runs on the program's thread, in turns with it, and each side keeps its own thread state: the
+// program's NoGradGuard around train_step does not reach the fit, the fit's autocast does not reach the program.
+// The program drives the steps: a callback of the fit cannot end them from inside.
+TEST(LearnerSteps, TheFitRunsOnTheProgramsThreadEachSideWithItsOwnThreadState) {
+  struct Probe : fl::Callback {
+    std::vector<std::thread::id> threads;
+    std::vector<bool> grad, autocasting;
+    bool end_from_inside = false;
+    std::string inside_error;
+    void before_fit() override { at::autocast::set_autocast_enabled(at::kCPU, true); }
+    void after_fit() override { at::autocast::set_autocast_enabled(at::kCPU, false); }
+    void after_loss() override {
+      if (!learn().training) return;
+      threads.push_back(std::this_thread::get_id());
+      grad.push_back(at::GradMode::is_enabled());
+      autocasting.push_back(at::autocast::is_autocast_enabled(at::kCPU));
+    }
+    void after_batch() override {
+      if (end_from_inside) inside_error = fl::testing::message_of([&] { learn().end_steps(); });
+    }
+  };
+  auto learn = flt::regression_learner(two_batches());
+  auto probe = std::make_shared<Probe>();
+  learn->add_cb(probe);
+  const auto x = torch::randn({4, 4}), y = torch::randn({4, 1});
+  const auto before = flt::snapshot(learn->model());
+  learn->begin_steps({.steps = 6});
+  {
+    torch::NoGradGuard program_without_grad;
+    learn->train_step(x, y);
+    EXPECT_FALSE(at::GradMode::is_enabled()) << "the program's grad mode is its own again";
+  }
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU)) << "the fit's autocast stays in the fit";
+  EXPECT_FALSE(flt::same_tensors(flt::snapshot(learn->model()), before)) << "trained under the program's guard";
+  probe->end_from_inside = true;
+  learn->train_step(x, y);
+  probe->end_from_inside = false;
+  EXPECT_NE(probe->inside_error.find("end_steps was called from inside the steps' fit"), std::string::npos)
+      << probe->inside_error;
+  std::thread::id other;
+  std::thread([&] {  // a program may drive its steps from another thread: the step then runs there
+    other = std::this_thread::get_id();
+    learn->train_step(x, y);
+  }).join();
+  EXPECT_TRUE(learn->stepping());
+  learn->train_step(x, y);
+  learn->end_steps();
+  ASSERT_EQ(probe->threads.size(), 4u);
+  for (std::size_t i = 0; i < probe->threads.size(); ++i) {
+    EXPECT_EQ(probe->threads[i], i == 2 ? other : std::this_thread::get_id()) << "step " << i << " ran on its caller";
+    EXPECT_TRUE(probe->grad[i]) << i;
+    EXPECT_TRUE(probe->autocasting[i]) << i;
+  }
+}
+
+namespace {
+
+// Steps/s of a plain LibTorch training loop (the MLP 128-512-512-128, batch 256, SGD by hand): the best of two
+// slices, so that a neighbour's moment on the cores does not count.
+double plain_loop_speed(torch::nn::Sequential& model, const at::Tensor& x, const at::Tensor& y) {
+  double best = 0;
+  for (int slice = 0; slice < 2; ++slice) {
+    const auto start = std::chrono::steady_clock::now();
+    constexpr int steps = 15;
+    for (int s = 0; s < steps; ++s) {
+      torch::mse_loss(model->forward(x), y).backward();
+      torch::NoGradGuard no_grad;
+      for (auto& p : model->parameters()) {
+        p.sub_(p.grad(), 1e-3);
+        p.mutable_grad().zero_();
+      }
+    }
+    best = std::max(best, steps / std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return best;
+}
+
+torch::nn::Sequential mlp_128_512_512_128() {
+  return torch::nn::Sequential(torch::nn::Linear(128, 512), torch::nn::ReLU(), torch::nn::Linear(512, 512),
+                               torch::nn::ReLU(), torch::nn::Linear(512, 128));
+}
+
+// An IDX file as Fashion-MNIST's: big-endian magic (uint8, `t.dim()` dimensions) and sizes, then the bytes.
+void write_idx(const std::filesystem::path& file, const at::Tensor& t) {
+  std::ofstream out(file, std::ios::binary);
+  const auto be32 = [&](std::uint32_t v) {
+    const char bytes[4] = {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+                           static_cast<char>(v)};
+    out.write(bytes, 4);
+  };
+  be32(0x0800U | static_cast<std::uint32_t>(t.dim()));
+  for (const auto size : t.sizes()) be32(static_cast<std::uint32_t>(size));
+  const auto bytes = t.contiguous();
+  out.write(reinterpret_cast<const char*>(bytes.data_ptr<std::uint8_t>()), bytes.numel());
+}
+
+}  // namespace
+
+// A guard against threads that fight (a ratio in one process, robust to the machine's speed): a thread of
+// fastlearn's doing ATen work beside the program's own brings an OpenMP team of its own, and two teams on the same
+// cores slow both. The program's own loop keeps its speed while steps are under way: rounds of the loop without
+// steps, then 20 train_steps, then the loop again with the steps under way, each round ended by end_steps.
+TEST(LearnerThreads, TheProgramsOwnLoopKeepsItsSpeedWhileStepsAreUnderWay) {
+  torch::manual_seed(0);
+  auto own = mlp_128_512_512_128();
+  const auto x = torch::randn({256, 128}), y = torch::tanh(x);
+  // Made first: a Learner installs fastlearn's CPU memory cache, which speeds up the program's loop too.
+  fl::Learner learn(mlp_128_512_512_128(), fl::mse_loss(), {.progress = false, .device = torch::kCPU});
+  plain_loop_speed(own, x, y);  // warm-up
+  std::vector<double> ratios;
+  std::string rounds;
+  for (int round = 0; round < 5; ++round) {
+    const double before = plain_loop_speed(own, x, y);
+    learn.begin_steps({.steps = 1000}, [](fl::Learner& l, int n) { l.fit(n, 1e-3); });
+    for (int i = 0; i < 20; ++i) learn.train_step(x, y);
+    const double between = plain_loop_speed(own, x, y);
+    learn.end_steps();
+    ratios.push_back(between / before);
+    rounds += fmt::format(" {:.0f}/{:.0f}", between, before);
+  }
+  std::sort(ratios.begin(), ratios.end());
+  EXPECT_GE(ratios[2], 0.85) << "the program's loop between steps over before them, steps/s of each round:" << rounds
+                             << " (" << at::get_num_threads() << " threads)";
+}
+
+// Loader workers exist to make training faster: a fit fed by two of them is not slower than one that loads its
+// batches itself (IDX images as Fashion-MNIST's, simple_cnn, an epoch each way, the best of three, interleaved).
+TEST(LearnerThreads, LoaderWorkersDoNotSlowTheTrainingTheyFeed) {
+  const auto dir = std::filesystem::temp_directory_path() / ("fastlearn-loader-workers-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  torch::manual_seed(0);
+  write_idx(dir / "train-images-idx3-ubyte", torch::randint(0, 256, {4096, 28, 28}, torch::kUInt8));
+  write_idx(dir / "train-labels-idx1-ubyte", torch::randint(0, 10, {4096}, torch::kUInt8));
+  write_idx(dir / "t10k-images-idx3-ubyte", torch::randint(0, 256, {256, 28, 28}, torch::kUInt8));
+  write_idx(dir / "t10k-labels-idx1-ubyte", torch::randint(0, 10, {256}, torch::kUInt8));
+  auto epoch_seconds = [&](int workers) {
+    auto dls = fl::ImageDataLoaders::from_idx(dir, {.bs = 128, .num_workers = workers, .seed = 0});
+    fl::Learner learn(dls, fl::models::simple_cnn(10), fl::cross_entropy(), {.progress = false, .device = torch::kCPU});
+    const auto start = std::chrono::steady_clock::now();
+    learn.fit(1, 1e-3);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  epoch_seconds(0);  // warm-up
+  double alone = 1e9, fed = 1e9;
+  for (int round = 0; round < 3; ++round) {
+    alone = std::min(alone, epoch_seconds(0));
+    fed = std::min(fed, epoch_seconds(2));
+  }
+  std::filesystem::remove_all(dir);
+  EXPECT_GE(alone / fed, 0.85) << "an epoch took " << alone << " s loading in the training thread, " << fed
+                               << " s with 2 loader workers (" << at::get_num_threads() << " threads)";
 }
 
 // Samples the program sets aside are the validation set of every epoch end: the last StepPlan::held_out of them.
