@@ -100,7 +100,10 @@ void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain,
 int team_size() { return at::get_num_threads(); }
 
 void set_team_size(int threads) {
-  at::internal::lazy_init_num_threads();  // else the thread's first ATen call would set its own count over ours
+  // LibTorch sets a thread's count at its first parallel call (lazy_init_num_threads, whose flag is LibTorch's own:
+  // the inline copy in our files has another). at::get_num_threads, compiled in LibTorch, does that now, so that it
+  // cannot later set its count over ours.
+  at::get_num_threads();
   if (openmp().set_num_threads == nullptr) return at::set_num_threads(threads);
   openmp().set_num_threads(threads);
   if (openmp().mkl_set_local != nullptr) openmp().mkl_set_local(threads);
