@@ -39,8 +39,7 @@ using Model = std::function<torch::nn::Sequential(std::int64_t classes)>;
 double epoch_seconds(const std::function<fl::DataLoaders(int)>& make, int workers, const Model& model) {
   fl::set_seed(0);
   auto dls = make(workers);
-  fl::Learner learn(dls, model(dls.c()), fl::cross_entropy(),
-                    {.progress = false, .device = torch::kCPU});
+  fl::Learner learn(dls, model(dls.c()), fl::cross_entropy(), {.progress = false, .device = torch::kCPU});
   const auto start = bench::Clock::now();
   learn.fit_one_cycle(1, 3e-3);
   return bench::seconds_since(start);
@@ -78,10 +77,10 @@ int main(int argc, char** argv) {
     fmt::print("{:.3f} s\n", epoch_seconds(fashion_loaders, workers, simple_cnn));
     return 0;
   }
-  const auto fashion = row(
-      "loader_workers", fashion_loaders, simple_cnn, repeats,
-      "one epoch of simple_cnn on Fashion-MNIST, bs 128, 2 threads: seconds with 1 loader worker (ours) and 0 "
-      "(anchor)");
+  const auto fashion =
+      row("loader_workers", fashion_loaders, simple_cnn, repeats,
+          "one epoch of simple_cnn on Fashion-MNIST, bs 128, 2 threads: seconds with 1 loader worker (ours) and 0 "
+          "(anchor)");
 
   const auto dir = fs::temp_directory_path() / fmt::format("fastlearn-loader-workers-{}", ::getpid());
   const std::string script = std::string(FASTLEARN_SOURCE_DIR) + "/bench/python/image_pipeline.py";

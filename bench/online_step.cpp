@@ -9,9 +9,9 @@
 //   bare    the same model and fastlearn Adam stepped by a hand-written C++ loop (forward, loss, backward, step,
 //           zero_grad): the Learner's own cost per step is ours against it.
 // And host_loop_after: the bare loop's speed after the steps (still under way, the anchor idle) over its speed before
-// they began, in the same process (a Learner that slows the program it lives in shows there). Median and range of FASTLEARN_BENCH_REPEATS (default 5)
-// runs of --steps (default 300; 3000 for the small surrogate) each. Prints one JSON object.
-// Goals: online_step ratio >= 1.2, learner_cost <= 5%, host_loop_after >= 0.97; online_step_small ratio >= 3,
+// they began, in the same process (a Learner that slows the program it lives in shows there). Median and range of
+// FASTLEARN_BENCH_REPEATS (default 5) runs of --steps (default 300; 3000 for the small surrogate) each. Prints one JSON
+// object. Goals: online_step ratio >= 1.2, learner_cost <= 5%, host_loop_after >= 0.97; online_step_small ratio >= 3,
 // learner_cost <= 25%.
 #include <fastlearn/core/random.h>
 #include <fastlearn/learner/learner.h>
@@ -39,17 +39,29 @@ struct Surrogate {
 };
 
 #ifdef FASTLEARN_BENCH_SMALL_SURROGATE
-constexpr Surrogate kSurrogate{"online_step_small", 8,     64,   32,
-                               1,                   3000,  true,
-                               "train_step of an MLP 8-64-64-8 surrogate, batch 32, MSE, Adam, 1 thread, the "
-                               "default callbacks, loss read each step: Learner::train_step vs a PyTorch loop in "
-                               "Python (anchor) and a bare C++ loop (bare)"};
+constexpr Surrogate kSurrogate{
+    .name = "online_step_small",
+    .width = 8,
+    .hidden = 64,
+    .batch = 32,
+    .threads = 1,
+    .steps = 3000,
+    .progress = true,
+    .what =
+        "train_step of an MLP 8-64-64-8 surrogate, batch 32, MSE, Adam, 1 thread, the default callbacks, loss "
+        "read each step: Learner::train_step vs a PyTorch loop in Python (anchor) and a bare C++ loop (bare)"};
 #else
-constexpr Surrogate kSurrogate{"online_step", 128,   512,   256,
-                               2,             300,   false,
-                               "train_step of an MLP 128-512-512-128 surrogate, batch 256, MSE, Adam, 2 threads, "
-                               "loss read each step: Learner::train_step vs a PyTorch loop in Python (anchor) and a "
-                               "bare C++ loop (bare)"};
+constexpr Surrogate kSurrogate{
+    .name = "online_step",
+    .width = 128,
+    .hidden = 512,
+    .batch = 256,
+    .threads = 2,
+    .steps = 300,
+    .progress = false,
+    .what =
+        "train_step of an MLP 128-512-512-128 surrogate, batch 256, MSE, Adam, 2 threads, loss read each step: "
+        "Learner::train_step vs a PyTorch loop in Python (anchor) and a bare C++ loop (bare)"};
 #endif
 
 torch::nn::Sequential surrogate() {
@@ -131,17 +143,16 @@ int main(int argc, char** argv) {
   learn.end_steps();
   const auto o = bench::summarize(ours), a = bench::summarize(anchor), b = bench::summarize(bare),
              before = bench::summarize(bare_before), after = bench::summarize(bare_after);
-  fmt::print(
-      R"({{"{}": {{"ours": {:.1f}, "anchor": {:.1f}, "ratio": {:.3f}, "unit": "steps/s", )"
-      R"("higher_is_better": true, "ours_range": [{:.1f}, {:.1f}], "anchor_range": [{:.1f}, {:.1f}], )"
-      R"("bare": {:.1f}, "bare_range": [{:.1f}, {:.1f}], "learner_cost": {:.4f}, )"
-      R"("bare_before": {:.1f}, "bare_before_range": [{:.1f}, {:.1f}], "bare_after": {:.1f}, )"
-      R"("bare_after_range": [{:.1f}, {:.1f}], "host_loop_after": {:.3f}, )"
-      R"("last_losses": [{:.5f}, {:.5f}, {:.5f}], "threads": {}, "repeats": {}, "steps": {}, "what": "{}"}}}})"
-      "\n",
-      kSurrogate.name, o.median, a.median, o.median / a.median, o.min, o.max, a.min, a.max, b.median, b.min, b.max,
-      1.0 - o.median / b.median, before.median, before.min, before.max, after.median, after.min, after.max,
-      after.median / before.median, our_loss,
-      their_loss, bare_loss, kSurrogate.threads, repeats, steps, kSurrogate.what);
+  fmt::print(R"({{"{}": {{"ours": {:.1f}, "anchor": {:.1f}, "ratio": {:.3f}, "unit": "steps/s", )"
+             R"("higher_is_better": true, "ours_range": [{:.1f}, {:.1f}], "anchor_range": [{:.1f}, {:.1f}], )"
+             R"("bare": {:.1f}, "bare_range": [{:.1f}, {:.1f}], "learner_cost": {:.4f}, )"
+             R"("bare_before": {:.1f}, "bare_before_range": [{:.1f}, {:.1f}], "bare_after": {:.1f}, )"
+             R"("bare_after_range": [{:.1f}, {:.1f}], "host_loop_after": {:.3f}, )"
+             R"("last_losses": [{:.5f}, {:.5f}, {:.5f}], "threads": {}, "repeats": {}, "steps": {}, "what": "{}"}}}})"
+             "\n",
+             kSurrogate.name, o.median, a.median, o.median / a.median, o.min, o.max, a.min, a.max, b.median, b.min,
+             b.max, 1.0 - o.median / b.median, before.median, before.min, before.max, after.median, after.min,
+             after.max, after.median / before.median, our_loss, their_loss, bare_loss, kSurrogate.threads, repeats,
+             steps, kSurrogate.what);
   return 0;
 }

@@ -107,7 +107,7 @@ class StepRunner {
     const std::lock_guard one_at_a_time(calls_);  // from several threads: each waits for the step before
     if (fiber_->finished()) throw ended();
     handed_.emplace(Batch{std::move(inputs), std::move(targets)});
-    enter();  // taken, trained, and what follows it done: the fit waits for the next batch, or has ended
+    enter();          // taken, trained, and what follows it done: the fit waits for the next batch, or has ended
     handed_.reset();  // not taken when the fit ended before asking for it
     ++steps_;
     if (fiber_->finished() && error_) finish_holding_the_call();
@@ -142,7 +142,8 @@ class StepRunner {
   // Error when the fit's own code (a callback) calls: the program drives the steps.
   void check_caller(const char* what) const {
     if (fiber_ && fiber_->inside())
-      throw Error(fmt::format("{} was called from inside the steps' fit (a callback?); call it from the program", what));
+      throw Error(
+          fmt::format("{} was called from inside the steps' fit (a callback?); call it from the program", what));
   }
 
   bool finished() const { return !fiber_ || fiber_->finished(); }

@@ -24,7 +24,7 @@ struct Fiber::State {
   void* mapping = nullptr;
   std::size_t mapping_bytes = 0;
   bool started = false;
-  bool running = false;  // the body runs now
+  bool running = false;                   // the body runs now
   std::atomic<std::thread::id> runner{};  // the thread running the body now (none: no thread)
   bool finished = false;
   std::exception_ptr error;
@@ -50,8 +50,8 @@ Fiber::Fiber(std::function<void()> body, std::size_t stack_bytes) : state_(std::
   const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   stack_bytes = (stack_bytes + page - 1) / page * page;
   state_->mapping_bytes = stack_bytes + page;
-  void* mapping = mmap(nullptr, state_->mapping_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK,
-                       -1, 0);
+  void* mapping =
+      mmap(nullptr, state_->mapping_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
   if (mapping == MAP_FAILED)
     throw Error(fmt::format("Fiber: cannot map a stack of {} bytes: {}", stack_bytes, std::strerror(errno)));
   state_->mapping = mapping;
@@ -67,8 +67,8 @@ Fiber::Fiber(std::function<void()> body, std::size_t stack_bytes) : state_(std::
   state_->inside.uc_stack.ss_size = stack_bytes;
   state_->inside.uc_link = nullptr;
   const auto address = reinterpret_cast<std::uintptr_t>(state_.get());
-  makecontext(&state_->inside, reinterpret_cast<void (*)()>(&State::entry), 2,
-              static_cast<unsigned int>(address >> 32), static_cast<unsigned int>(address & 0xffffffffU));
+  makecontext(&state_->inside, reinterpret_cast<void (*)()>(&State::entry), 2, static_cast<unsigned int>(address >> 32),
+              static_cast<unsigned int>(address & 0xffffffffU));
 }
 
 Fiber::~Fiber() {

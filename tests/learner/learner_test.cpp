@@ -881,7 +881,8 @@ TEST(LearnerSteps, TheFitRunsOnTheProgramsThreadEachSideWithItsOwnThreadState) {
   std::thread([&] {  // a program may drive its steps from another thread: the step then runs there
     other = std::this_thread::get_id();
     learn->train_step(x, y);
-  }).join();
+  })
+      .join();
   EXPECT_TRUE(learn->stepping());
   learn->train_step(x, y);
   learn->end_steps();
