@@ -15,6 +15,7 @@
 #include <fastlearn/optim/sgd.h>
 
 #include <ATen/autocast_mode.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
