@@ -91,6 +91,7 @@ std::unique_ptr<Learner> learner_from_config(const TrainConfig& config, const Le
   auto model = arch.make(c, dls);
   learner_opts.model_recipe = model_recipe(c);
   if (model.replicate) learner_opts.replicate = std::move(model.replicate);
+  if (model.splitter && !learner_opts.splitter) learner_opts.splitter = std::move(model.splitter);
   return std::make_unique<Learner>(std::move(dls), std::move(model.module), std::move(model.forward), std::move(loss),
                                    std::move(learner_opts));
 }

@@ -114,10 +114,12 @@ std::vector<ArchChoice> builtin_archs() {
     archs.push_back({torchvision,
                      {"image_folder", "image_csv"},
                      [](const TrainConfig& c, const DataLoaders& dls) {
-                       return BuiltModel::of(models::vision_model({.arch = c.model.arch,
-                                                                   .classes = dls.c(),
-                                                                   .weights = c.model.weights,
-                                                                   .in_channels = image_channels(dls)}));
+                       auto built = BuiltModel::of(models::vision_model({.arch = c.model.arch,
+                                                                         .classes = dls.c(),
+                                                                         .weights = c.model.weights,
+                                                                         .in_channels = image_channels(dls)}));
+                       built.splitter = models::body_head_split;  // fine_tune freezes the body, as vision_learner's
+                       return built;
                      },
                      true});
   }

@@ -23,11 +23,14 @@ struct BuiltModel {
   Learner::Forward forward;
   /// How to copy the model for several devices of one process (LearnerOptions::replicate; empty: none).
   Replicate replicate;
+  /// Its parameter groups for fine_tune's freezing and discriminative learning rates (LearnerOptions::splitter; empty:
+  /// one group). An arch with a pretrained body and a new head sets models::body_head_split, as vision_learner does.
+  Splitter splitter;
   /// Any torch::nn module holder whose forward takes one Tensor, two Tensors, or a vector of them (copied by its
   /// clone()).
   template <class ModuleHolder>
   static BuiltModel of(ModuleHolder model) {
-    return {model.ptr(), detail::forward_of(model), detail::replicate_of<ModuleHolder>()};
+    return {model.ptr(), detail::forward_of(model), detail::replicate_of<ModuleHolder>(), {}};
   }
 };
 

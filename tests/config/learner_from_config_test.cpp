@@ -204,6 +204,48 @@ TEST_F(TinyConfigs, EveryArchBuildsAndTrainsOnEachDatasetItReads) {
   EXPECT_GE(trained, 14);
 }
 
+// fine_tune from a config freezes what vision_learner's does: the registry's pretrained archs carry the body/head
+// splitter, so the frozen fit trains the head alone (the body's convolutions keep their weights; its BatchNorm trains,
+// fastai's train_bn) and the unfrozen fit trains the body at the head's rate / 100 at every step (fastai's
+// slice(base_lr / lr_mult, base_lr)).
+TEST_F(TinyConfigs, FineTuneFromAConfigFreezesTheBodyOfAPretrainedArch) {
+  struct Probe : fl::Callback {
+    std::vector<at::Tensor> body_convs;  // the body's convolution weights at the start of the fit
+    std::map<std::string, bool> body_trained;
+    std::vector<double> body_over_head;  // the unfrozen fit's lr ratio at each step
+    void before_fit() override {
+      body_convs.clear();
+      const auto groups = learn().param_groups();
+      for (const auto& p : groups.front())
+        if (p.dim() == 4) body_convs.push_back(p.detach().clone());
+    }
+    void after_fit() override {
+      std::size_t i = 0;
+      bool changed = false;
+      const auto groups = learn().param_groups();
+      for (const auto& p : groups.front())
+        if (p.dim() == 4) changed = changed || !p.detach().equal(body_convs.at(i++));
+      body_trained[learn().phase] = changed;
+    }
+    void before_step() override {
+      if (learn().phase == "unfrozen")
+        body_over_head.push_back(learn().opt().hyper("lr", 0) / learn().opt().hyper("lr", 1));
+    }
+  };
+  auto config = config_of("image_folder", "model.arch", "resnet18");
+  config.train.schedule = "fine_tune";
+  config.train.epochs = 1;
+  auto learn = fl::learner_from_config(config, {.run_callbacks = false, .progress = false});
+  ASSERT_EQ(learn->param_groups().size(), 2U) << "resnet18 from the registry: the body and the head";
+  auto probe = std::make_shared<Probe>();
+  learn->add_cb(probe);
+  fl::fit_from_config(*learn, config);
+  EXPECT_FALSE(probe->body_trained.at("frozen")) << "the frozen fit changed the body's convolutions";
+  EXPECT_TRUE(probe->body_trained.at("unfrozen"));
+  ASSERT_FALSE(probe->body_over_head.empty());
+  for (const double ratio : probe->body_over_head) EXPECT_NEAR(ratio, 0.01, 1e-12);
+}
+
 TEST_F(TinyConfigs, EveryLossMetricOptimizerAndScheduleBuildsAndTrains) {
   std::vector<std::pair<std::string, std::string>> choices;
   for (const auto& e : fl::loss_choices()) choices.emplace_back("train.loss", e.name);
