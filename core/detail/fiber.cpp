@@ -24,8 +24,7 @@ struct Fiber::State {
   void* mapping = nullptr;
   std::size_t mapping_bytes = 0;
   bool started = false;
-  bool running = false;                   // the body runs now
-  std::atomic<std::thread::id> runner{};  // the thread running the body now (none: no thread)
+  std::atomic<std::thread::id> runner{};  // the thread running the body now (none: the body is not running)
   bool finished = false;
   std::exception_ptr error;
 
@@ -38,7 +37,6 @@ struct Fiber::State {
       self->error = std::current_exception();
     }
     self->finished = true;
-    self->running = false;
     self->runner = std::thread::id{};
     swapcontext(&self->inside, &self->outside);  // never resumed again
     std::terminate();
@@ -78,13 +76,11 @@ Fiber::~Fiber() {
 }
 
 void Fiber::resume() {
-  if (state_->running) throw Error("Fiber::resume: called from inside the fiber");
+  if (state_->runner.load() != std::thread::id{}) throw Error("Fiber::resume: called from inside the fiber");
   if (state_->finished) throw Error("Fiber::resume: the fiber's body has returned");
   state_->started = true;
-  state_->running = true;
   state_->runner = std::this_thread::get_id();
   if (swapcontext(&state_->outside, &state_->inside) != 0) {
-    state_->running = false;
     state_->runner = std::thread::id{};
     throw Error(fmt::format("Fiber::resume: swapcontext failed: {}", std::strerror(errno)));
   }
@@ -92,11 +88,9 @@ void Fiber::resume() {
 }
 
 void Fiber::suspend() {
-  if (!state_->running) throw Error("Fiber::suspend: called outside the fiber");
-  state_->running = false;
   const auto runner = state_->runner.exchange(std::thread::id{});
+  if (runner == std::thread::id{}) throw Error("Fiber::suspend: called outside the fiber");
   if (swapcontext(&state_->inside, &state_->outside) != 0) {
-    state_->running = true;
     state_->runner = runner;
     throw Error(fmt::format("Fiber::suspend: swapcontext failed: {}", std::strerror(errno)));
   }

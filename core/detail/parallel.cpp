@@ -20,7 +20,6 @@ struct OpenMpRuntime {
   void (*parallel)(void (*)(void*), void*, unsigned, unsigned) = nullptr;
   int (*thread_num)() = nullptr;
   int (*num_threads)() = nullptr;
-  int (*max_threads)() = nullptr;
   void (*set_num_threads)(int) = nullptr;
   // MKL's per-thread count, by value (mkl.h maps mkl_set_num_threads_local to it; the lower-case symbol is the Fortran
   // one, by reference); absent from a LibTorch without MKL.
@@ -40,7 +39,6 @@ const OpenMpRuntime& openmp() {
     r.parallel = reinterpret_cast<decltype(r.parallel)>(dlsym(from, "GOMP_parallel"));
     r.thread_num = reinterpret_cast<decltype(r.thread_num)>(dlsym(from, "omp_get_thread_num"));
     r.num_threads = reinterpret_cast<decltype(r.num_threads)>(dlsym(from, "omp_get_num_threads"));
-    r.max_threads = reinterpret_cast<decltype(r.max_threads)>(dlsym(from, "omp_get_max_threads"));
     r.set_num_threads = reinterpret_cast<decltype(r.set_num_threads)>(dlsym(from, "omp_set_num_threads"));
 #endif
     r.mkl_set_local = reinterpret_cast<decltype(r.mkl_set_local)>(dlsym(RTLD_DEFAULT, "MKL_Set_Num_Threads_Local"));
