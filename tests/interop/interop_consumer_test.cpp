@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <utility>
 
 #include "support/build_paths.h"
 #include "support/processes.h"
@@ -45,6 +47,21 @@ std::string slurp(const fs::path& file) {
   return s.str();
 }
 
+// The one ```cmake block of a guide.
+std::string cmake_block(const fs::path& guide) {
+  const std::string text = slurp(guide), open = "```cmake\n";
+  const auto begin = text.find(open);
+  if (begin == std::string::npos) return "";
+  const auto end = text.find("```", begin + open.size());
+  return text.substr(begin + open.size(), end - begin - open.size());
+}
+
+void replace_once(std::string& text, const std::string& from, const std::string& to) {
+  const auto at = text.find(from);
+  ASSERT_NE(at, std::string::npos) << from << " in " << text;
+  text.replace(at, from.size(), to);
+}
+
 }  // namespace
 
 TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
@@ -77,11 +94,9 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
 
   const auto examples = fs::path(FASTLEARN_SOURCE_DIR) / "apps" / "examples";
   std::tie(status, out) = run_shell(
-      fmt::format("'{}' -S '{}' -B '{}' -G Ninja -DCMAKE_BUILD_TYPE=Release {} {} -DFASTLEARN_README_APP='{}' "
-                  "-DFASTLEARN_C_APP='{}' -DFASTLEARN_FORTRAN_APP='{}'",
+      fmt::format("'{}' -S '{}' -B '{}' -G Ninja -DCMAKE_BUILD_TYPE=Release {} {} -DFASTLEARN_README_APP='{}'",
                   FASTLEARN_CMAKE, kConsumer.string(), build.string(), prefix_path_flag(prefix.string()), launcher(),
-                  (fs::path(FASTLEARN_BUILD_DIR) / "tests/readme/src/quick_start.cpp").string(),
-                  (examples / "heat_surrogate.c").string(), (examples / "heat_surrogate.f90").string()));
+                  (fs::path(FASTLEARN_BUILD_DIR) / "tests/readme/src/quick_start.cpp").string()));
   ASSERT_EQ(status, 0) << out;
   // It was the installed package, not the build tree, that the consumer found.
   EXPECT_NE(slurp(build / "CMakeCache.txt").find("fastlearn_DIR:PATH=" + (prefix / "lib/cmake/fastlearn").string()),
@@ -92,13 +107,39 @@ TEST(InstalledPackage, AnOutOfTreeProjectFindsBuildsAndRunsAgainstIt) {
   EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("consumer: accuracy"), std::string::npos) << out;
   EXPECT_TRUE(fs::exists(build / "readme_app")) << "the README's first program builds from the installed headers";
-  // The C and Fortran programs, out of the tree, train their surrogate through the installed C interface and module.
-  for (const char* app : {"c_app", "fortran_app"}) {
+  // A C project and a Fortran project as docs/c_fortran.md shows them (project(solver C): C++ is not enabled),
+  // the heat solver as their solver, train their surrogate through the installed C interface and module.
+  const std::string c_project = cmake_block(fs::path(FASTLEARN_SOURCE_DIR) / "docs/c_fortran.md");
+  ASSERT_NE(c_project.find("project(solver C)"), std::string::npos) << c_project;
+  for (const auto& [language, source] : {std::pair{"C", "heat_surrogate.c"}, {"Fortran", "heat_surrogate.f90"}}) {
+    std::string project = c_project;
+    if (std::string(language) == "Fortran") {
+      replace_once(project, "project(solver C)", "project(solver Fortran)");
+      replace_once(project, "solver.c", "solver.f90");
+      replace_once(project, "fastlearn::fastlearn", "fastlearn::fortran");
+    }
+    const auto solver_src = kWork / fmt::format("solver-{}-src", language);
+    const auto solver_build = kWork / fmt::format("solver-{}-build", language);
+    fs::remove_all(solver_src);
+    fs::remove_all(solver_build);
+    fs::create_directories(solver_src);
+    std::ofstream(solver_src / "CMakeLists.txt") << project;
+    fs::copy_file(examples / source, solver_src / (std::string(language) == "C" ? "solver.c" : "solver.f90"));
     std::tie(status, out) =
-        run_shell(fmt::format("cd '{}' && '{}' '{}'", build.string(), (build / app).string(),
+        run_shell(fmt::format("'{}' -S '{}' -B '{}' -G Ninja -DCMAKE_BUILD_TYPE=Release {} {} && '{}' --build '{}'",
+                              FASTLEARN_CMAKE, solver_src.string(), solver_build.string(),
+                              prefix_path_flag(prefix.string()), launcher(), FASTLEARN_CMAKE, solver_build.string()));
+    ASSERT_EQ(status, 0) << language << ": " << out;
+    EXPECT_NE(out.find("fastlearn: enabling CXX"), std::string::npos) << language << ": " << out;
+    std::tie(status, out) =
+        run_shell(fmt::format("cd '{}' && ./solver '{}'", solver_build.string(),
                               (fs::path(FASTLEARN_SOURCE_DIR) / "configs/heat_surrogate.toml").string()));
-    EXPECT_EQ(status, 0) << app << ": " << out;
-    EXPECT_NE(out.find(": 1000 steps on 1 rank(s)"), std::string::npos) << app << ": " << out;
+    EXPECT_EQ(status, 0) << language << ": " << out;
+    EXPECT_NE(out.find(": 1000 steps on 1 rank(s)"), std::string::npos) << language << ": " << out;
+    if (!HasFailure()) {
+      fs::remove_all(solver_src);
+      fs::remove_all(solver_build);
+    }
   }
 
   // The installed CLI runs from the prefix (it finds LibTorch without the build tree).
