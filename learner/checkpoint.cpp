@@ -335,13 +335,12 @@ std::filesystem::path Learner::checkpoint_path(const std::string& name) const {
 
 std::filesystem::path Learner::save(const std::string& name, SaveOptions options) {
   const auto file = checkpoint_path(name);
-  if (coordination_.is_main()) save_checkpoint(*this, file, options);
-  if (coordination_.barrier) coordination_.barrier();  // the file is complete before anyone reads it
+  if (coordination_.is_main()) save_checkpoint(*this, file, options);  // no collective: rank 0 may call it alone
   return file;
 }
 
 void Learner::load(const std::string& name, LoadOptions options) {
-  if (coordination_.barrier) coordination_.barrier();
+  if (coordination_.barrier) coordination_.barrier();  // a save() that rank 0 called before is complete
   load_checkpoint(*this, checkpoint_path(name), options);
 }
 

@@ -265,7 +265,8 @@ class Learner {
 
   /// fastai's learn.export (`export` is a C++ keyword): the model and what inference needs (learner/export.h) in
   /// one safetensors file, `file` relative to options().path; load_learner reads it. In a job of several the main
-  /// process writes and every process waits until the file is complete. Returns the path.
+  /// process (rank 0) writes it and the others return at once, without a collective: rank 0 may call it alone (as
+  /// `if (fl::rank() == 0) learn.export_to(...)`), the weights being the same on every rank. Returns the path.
   std::filesystem::path export_to(const std::filesystem::path& file = "export.safetensors", double threshold = 0.5);
 
   // --- training inside a running program (learner/step_session.h) -----------------------------
@@ -357,9 +358,12 @@ class Learner {
   // --- checkpoints ----------------------------------------------------------------------------
   /// path / model_dir / <name>.safetensors
   std::filesystem::path checkpoint_path(const std::string& name) const;
-  /// Writes a checkpoint atomically and returns its path.
+  /// Writes a checkpoint atomically and returns its path. In a job of several rank 0 writes it and the others
+  /// return at once, without a collective: rank 0 may call it alone.
   std::filesystem::path save(const std::string& name, SaveOptions options = {});
-  /// Loads a checkpoint written by save(); CheckpointError naming the tensor on any mismatch.
+  /// Loads a checkpoint written by save(); CheckpointError naming the tensor on any mismatch. In a job of several
+  /// it is collective: every rank calls it, and each reads the file once every rank has come (so the file rank 0
+  /// saved before is complete).
   void load(const std::string& name, LoadOptions options = {});
   /// Epochs finished in the fit that was running when the last loaded checkpoint was saved (resume point).
   int epochs_completed() const { return epochs_completed_; }
@@ -380,7 +384,7 @@ class Learner {
     int rank = 0;  ///< this process's rank among those training together
     /// The process that shows progress and writes files (save(), logs, checkpoints): rank 0.
     bool is_main() const { return rank == 0; }
-    std::function<void()> barrier;  ///< save() waits after writing, load() before reading
+    std::function<void()> barrier;  ///< load() and a resume wait here before reading (save() does not wait)
     /// Turns this process's per-item predictions of the last validation pass into those of the whole set.
     std::function<at::Tensor(const at::Tensor&)> gather_items;
     /// Collective: true when any process passes true (so that all stop at the same point); once per epoch.

@@ -10,8 +10,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -21,9 +24,11 @@
 #include <vector>
 
 #include "support/build_paths.h"
+#include "support/multiprocess.h"
 #include "support/processes.h"
 
 namespace fl = fastlearn;
+namespace flt = fastlearn::testing;
 namespace fs = std::filesystem;
 
 namespace {
@@ -391,6 +396,58 @@ TEST_F(CInterface, AnExportPredictsAsTheLearnerThatTrainedIt) {
   EXPECT_EQ(fl_load_export(file.c_str(), "tpu", &none), FL_ERROR_CONFIG);
   EXPECT_EQ(fl_load_export((dir_ / "missing").c_str(), nullptr, &none), FL_ERROR_IO);
   EXPECT_EQ(none, nullptr);
+}
+
+// fl_export and fl_save are not collective: a 2-rank program calls them on rank 0 alone, in the middle of its steps,
+// while rank 1 is busy elsewhere (waiting for rank 0's word through the store, which never comes if rank 0 waits for
+// rank 1); then both train on. The export predicts as rank 1's own learner did at that step: the weights are the same.
+TEST(CInterfaceRanks, RankZeroAloneSavesAndExportsWhileTheOtherRankWorks) {
+  const auto dir = fs::temp_directory_path() / fmt::format("fastlearn_c_ranks_{}", flt::test_process_id());
+  flt::run_on_ranks(2,
+                    [&dir](const flt::RankContext& rank) {
+                      auto text = config_text(dir / "run", "");
+                      text.replace(text.find("held_out = 8\n"), 13, "");
+                      fl_learner* learn = nullptr;
+                      ASSERT_EQ(fl_create_from_toml(text.c_str(), "ranks.toml", &learn), FL_OK) << fl_last_error();
+                      ASSERT_EQ(fl_distributed_init(learn), FL_OK) << fl_last_error();
+                      int32_t me = -1, ranks = 0;
+                      ASSERT_EQ(fl_rank(learn, &me, &ranks), FL_OK);
+                      ASSERT_EQ(me, rank.rank);
+                      ASSERT_EQ(ranks, 2);
+                      torch::manual_seed(10 + me);
+                      const auto step = [&] {
+                        const auto x = torch::randn({4, 3, 4}), y = torch::randn({4, 2});
+                        auto xa = row_major(x), ya = row_major(y);
+                        double loss = 0;
+                        ASSERT_EQ(fl_train_step(learn, &xa, &ya, &loss), FL_OK) << fl_last_error();
+                      };
+                      for (int s = 0; s < 3; ++s) step();
+                      const auto exported = dir / "surrogate.safetensors", saved = dir / "weights.safetensors";
+                      if (me == 0) {
+                        ASSERT_EQ(fl_export(learn, exported.c_str()), FL_OK) << fl_last_error();
+                        ASSERT_EQ(fl_save(learn, saved.c_str()), FL_OK) << fl_last_error();
+                        rank.store->set("written", std::vector<std::uint8_t>{1});
+                      } else {
+                        rank.store->wait({"written"},
+                                         std::chrono::seconds(20));  // throws if rank 0 waits for this rank
+                      }
+                      // The export predicts what this rank's learner predicts now.
+                      const auto probe = torch::randn({5, 3, 4});
+                      auto mine = torch::zeros({5, 2}), theirs = torch::zeros({5, 2});
+                      auto in = row_major(probe), out_mine = row_major(mine), out_theirs = row_major(theirs);
+                      ASSERT_EQ(fl_predict(learn, &in, &out_mine), FL_OK) << fl_last_error();
+                      fl_learner* served = nullptr;
+                      ASSERT_EQ(fl_load_export(exported.c_str(), "cpu", &served), FL_OK) << fl_last_error();
+                      ASSERT_EQ(fl_predict(served, &in, &out_theirs), FL_OK) << fl_last_error();
+                      EXPECT_TRUE(torch::equal(mine, theirs));
+                      fl_free(&served);
+                      EXPECT_TRUE(fs::exists(saved));
+                      step();  // both ranks train on together
+                      ASSERT_EQ(fl_end_steps(learn), FL_OK) << fl_last_error();
+                      ASSERT_EQ(fl_free(&learn), FL_OK) << fl_last_error();
+                    },
+                    {.timeout = std::chrono::seconds(120), .env = flt::torchrun_env(2)});
+  if (!flt::in_rank_process()) fs::remove_all(dir);
 }
 
 // apps/examples/heat_surrogate in C++, C and Fortran: the solver trains its surrogate on 1 and on 2 ranks, the three

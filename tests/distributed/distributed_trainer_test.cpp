@@ -17,7 +17,10 @@
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <chrono>
+#include <cstdint>
 #include <filesystem>
 
 #include "support/multiprocess.h"
@@ -312,24 +315,40 @@ TEST(DistributedTrainer, LrFindRecordsOneCurveOnEveryRank) {
       {.env = flt::torchrun_env(2)});
 }
 
-TEST(DistributedTrainer, OnlyRankZeroWritesCheckpointsAndEveryRankLoadsThem) {
+// save() and export_to() are not collective: rank 0 calls them alone while rank 1 is busy elsewhere (here: waiting
+// for rank 0's word through the store, which never comes if rank 0 waits for rank 1), as `if (rank == 0)` code does.
+// load() is collective: every rank reads rank 0's file, and the weights it holds are every rank's.
+TEST(DistributedTrainer, RankZeroAloneSavesAndExportsWhileTheOtherRankIsBusyAndEveryRankLoads) {
   const auto dir = fs::temp_directory_path() / ("fastlearn-dt-" + std::to_string(flt::test_process_id()));
-  flt::run_on_ranks(2,
-                    [&dir](const RankContext&) {
-                      fl::setup_distrib({.timeout = std::chrono::seconds(30)});
-                      {
-                        auto model = make_model("mlp");
-                        fl::Learner learn(loaders(8, false), model, fl::cross_entropy(),
-                                          {.path = dir / std::to_string(fl::rank()), .progress = false});
-                        fl::DistribCtx ctx(learn);
-                        learn.fit(1, 0.05);
-                        learn.save("shared");
-                        EXPECT_EQ(fs::exists(dir / std::to_string(fl::rank()) / "models" / "shared.safetensors"),
-                                  fl::rank() == 0);
-                      }
-                      fl::teardown_distrib();
-                    },
-                    {.env = flt::torchrun_env(2)});
+  flt::run_on_ranks(
+      2,
+      [&dir](const RankContext& rank) {
+        fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+        {
+          auto model = make_model("mlp");
+          fl::Learner learn(loaders(8, false), model, fl::cross_entropy(), {.path = dir, .progress = false});
+          fl::DistribCtx ctx(learn);
+          learn.fit(1, 0.05);
+          const auto trained = flt::snapshot(learn.model());
+          if (rank.rank == 0) {
+            learn.save("alone");
+            learn.export_to("alone_export.safetensors");
+            rank.store->set("written", std::vector<std::uint8_t>{1});
+          } else {
+            rank.store->wait({"written"}, std::chrono::seconds(20));  // throws if rank 0 waits for this rank
+          }
+          EXPECT_TRUE(fs::exists(dir / "models" / "alone.safetensors"));
+          EXPECT_TRUE(fs::exists(dir / "alone_export.safetensors"));
+          torch::NoGradGuard no_grad;
+          for (auto& p : learn.model().parameters()) p.zero_();
+          learn.load("alone");
+          const auto loaded = flt::snapshot(learn.model());
+          ASSERT_EQ(loaded.size(), trained.size());
+          for (std::size_t i = 0; i < loaded.size(); ++i) EXPECT_TRUE(torch::equal(loaded[i], trained[i])) << i;
+        }
+        fl::teardown_distrib();
+      },
+      {.timeout = std::chrono::seconds(120), .env = flt::torchrun_env(2)});
   if (!flt::in_rank_process()) fs::remove_all(dir);
 }
 
