@@ -36,8 +36,10 @@ lint: configure
 	scripts/lint $(BUILD_DIR)
 
 # The README's main job: configs/fashion_mnist.toml on 2 local ranks on CPU (live progress on rank 0,
-# the per-epoch table, the final test accuracy); the run's files go to build/demo.
-demo: build
+# the per-epoch table, the final test accuracy); the run's files go to build/demo. It builds only what it runs: the
+# library and the `fastlearn` command (fastlearn_cli builds fastlearn-torch), not the tests.
+demo: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target fastlearn_cli
 	$(BUILD_DIR)/bin/fastlearn train configs/fashion_mnist.toml --nproc-per-node 2 --out $(BUILD_DIR)/demo
 
 clean:
