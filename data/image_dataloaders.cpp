@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <regex>
@@ -46,6 +47,45 @@ std::shared_ptr<TensorDataset> load_split(const std::filesystem::path& dir, cons
   }
   return std::make_shared<TensorDataset>(std::vector<at::Tensor>{images.unsqueeze(1)},
                                          std::vector<at::Tensor>{labels.to(torch::kLong)});
+}
+
+// The class names of an IDX folder: `given`, else <dir>/classes.txt (one per line; blank lines at the end and
+// Windows line ends are fine), else none. Checked against the labels: every label has a name, no name is blank or
+// repeated.
+std::vector<std::string> idx_classes(const std::filesystem::path& dir, std::vector<std::string> given,
+                                     std::int64_t max_label) {
+  const auto file = dir / "classes.txt";
+  std::string origin = "ImageDataLoaders::from_idx: options.classes";
+  if (given.empty()) {
+    if (!std::filesystem::exists(file)) return {};
+    origin = excerpt(file.string(), 256);
+    constexpr std::uintmax_t kMaxBytes = 1 << 20;
+    std::error_code ec;
+    const auto bytes = std::filesystem::file_size(file, ec);
+    if (ec || bytes > kMaxBytes)
+      throw DataError(fmt::format("{}: {}", origin,
+                                  ec ? "cannot be read: " + ec.message()
+                                     : fmt::format("{} bytes; a class list is at most {}", bytes, kMaxBytes)));
+    std::ifstream in(file, std::ios::binary);
+    for (std::string line; std::getline(in, line);) {
+      if (line.ends_with('\r')) line.pop_back();
+      given.push_back(line);
+    }
+    if (in.bad()) throw DataError(fmt::format("{}: read failed", origin));
+    while (!given.empty() && given.back().empty()) given.pop_back();
+  }
+  std::set<std::string> seen;
+  for (std::size_t i = 0; i < given.size(); ++i) {
+    const auto& name = given[i];
+    if (name.find_first_not_of(" \t") == std::string::npos)
+      throw DataError(fmt::format("{}: class {} (line {}) has no name", origin, i, i + 1));
+    if (!seen.insert(name).second)
+      throw DataError(fmt::format("{}: class {} (line {}) repeats the name '{}'", origin, i, i + 1, excerpt(name)));
+  }
+  if (static_cast<std::int64_t>(given.size()) <= max_label)
+    throw DataError(fmt::format("{}: names {} classes, but the labels go up to {}: name every class, in label order",
+                                origin, given.size(), max_label));
+  return given;
 }
 
 // Mean and standard deviation of all pixels scaled to [0, 1]. uint8 images (IDX files): from a 256-bin histogram,
@@ -90,7 +130,11 @@ DataLoaders ImageDataLoaders::from_idx(const std::filesystem::path& dir, const I
   auto train = load_split(dir, "train");
   auto valid = load_split(dir, "t10k");
   const auto& train_labels = train->targets().front();
-  const std::int64_t c = train_labels.numel() ? train_labels.max().item<std::int64_t>() + 1 : 0;
+  const auto& valid_labels = valid->targets().front();
+  const std::int64_t max_label = std::max(train_labels.numel() ? train_labels.max().item<std::int64_t>() : -1,
+                                          valid_labels.numel() ? valid_labels.max().item<std::int64_t>() : -1);
+  auto classes = idx_classes(dir, options.classes, max_label);
+  const std::int64_t c = classes.empty() ? max_label + 1 : static_cast<std::int64_t>(classes.size());
 
   // New image files for this data: grey, squished to the training images' side, normalized as they are.
   const auto& images = train->inputs().front();
@@ -121,7 +165,9 @@ DataLoaders ImageDataLoaders::from_idx(const std::filesystem::path& dir, const I
                                   .seed = options.seed,
                                   .batch_tfms = common,
                                   .device = options.device};
-  DataLoaders dls(DataLoader(train, train_options), DataLoader(valid, valid_options), c);
+  DataLoaders dls = classes.empty() ? DataLoaders(DataLoader(train, train_options), DataLoader(valid, valid_options), c)
+                                    : DataLoaders(DataLoader(train, train_options), DataLoader(valid, valid_options),
+                                                  std::move(classes));
   dls.set_image_pipeline(std::move(pipeline));
   return dls;
 }

@@ -31,6 +31,10 @@ struct ImageDataLoadersOptions {
   std::int64_t crop_padding = 2;  ///< with augment: 0 leaves out the random crop
   double flip_p = 0.5;            ///< with augment: 0 leaves out the flip
   std::optional<c10::Device> device;
+  /// The class names in label order (predictions, confusion matrices and exports show them); the class count is
+  /// their number. Default: the folder's classes.txt, one name per line, when it has one (untar_data writes
+  /// Fashion-MNIST's); otherwise none, and the classes are the labels' numbers.
+  std::vector<std::string> classes;
 };
 
 /// Normalization of image files' batches.
@@ -81,8 +85,8 @@ struct ImageCsvColumns {
 
 struct ImageDataLoaders {
   /// MNIST-format folder: train-images/-labels for training, t10k-images/-labels for validation, each
-  /// `*-idx3-ubyte` / `*-idx1-ubyte`, gzipped (.gz) or raw. Images stay uint8 in memory; batches are
-  /// converted and normalized by the loader.
+  /// `*-idx3-ubyte` / `*-idx1-ubyte`, gzipped (.gz) or raw, and classes.txt (the class names) when it has one.
+  /// Images stay uint8 in memory; batches are converted and normalized by the loader.
   static DataLoaders from_idx(const std::filesystem::path& dir, const ImageDataLoadersOptions& options = {});
 
   /// ImageNet-style folders: <path>/<train>/<label>/<file> and <path>/<valid>/<label>/<file> when

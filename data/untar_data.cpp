@@ -1,5 +1,6 @@
 #include <fastlearn/data/untar_data.h>
 
+#include <fastlearn/core/atomic_file.h>
 #include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/detail/archive.h>
@@ -12,6 +13,14 @@ namespace fastlearn {
 namespace fs = std::filesystem;
 
 namespace {
+
+constexpr const char* kClassesFile = "classes.txt";  // what ImageDataLoaders::from_idx reads
+
+void write_classes(const fs::path& dir, const std::vector<std::string>& classes) {
+  std::string text;
+  for (const auto& name : classes) text += name + "\n";
+  write_file_atomically(dir / kClassesFile, text);
+}
 
 std::string strip_archive_extension(std::string name) {
   for (const char* ext : {".tar.gz", ".tar.bz2", ".tar.xz", ".tgz", ".tbz2", ".txz", ".tar", ".zip"}) {
@@ -46,7 +55,10 @@ fs::path untar_data(const DataSource& source, const UntarOptions& options) {
   const fs::path dest = data_dir / source.name;
   fs::create_directories(data_dir);
   FileLock lock(data_dir / (source.name + ".lock"));
-  if (fs::exists(dest) && !options.force) return dest;  // complete: it only ever appears by rename
+  if (fs::exists(dest) && !options.force) {  // complete: it only ever appears by rename
+    if (!source.classes.empty() && !fs::exists(dest / kClassesFile)) write_classes(dest, source.classes);
+    return dest;
+  }
 
   const fs::path staging = data_dir / fmt::format("{}.staging.{}", source.name, getpid());
   fs::remove_all(staging);
@@ -74,6 +86,7 @@ fs::path untar_data(const DataSource& source, const UntarOptions& options) {
         fs::copy_file(fetched, staging / fetched.filename(), fs::copy_options::overwrite_existing);
       }
     }
+    if (!source.classes.empty()) write_classes(staging, source.classes);
     if (fs::exists(dest)) fs::remove_all(dest);  // only with force
     fs::rename(staging, dest);
   } catch (...) {
@@ -89,6 +102,12 @@ fs::path untar_data(const std::string& url, const UntarOptions& options) {
 
 namespace urls {
 
+const std::vector<std::string>& fashion_mnist_classes() {
+  static const std::vector<std::string> names{"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                                              "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+  return names;
+}
+
 DataSource fashion_mnist(const fs::path& dir) {
   auto file = [&](const char* name, const char* md5) {
     return RemoteFile{.url = "file://" + fs::absolute(dir / name).string(), .md5 = md5};
@@ -98,7 +117,8 @@ DataSource fashion_mnist(const fs::path& dir) {
           {file("train-images-idx3-ubyte.gz", "cf8536b0aa1a6ac5fa3f23001093305c"),
            file("train-labels-idx1-ubyte.gz", "10bea18fdb374794d4bb42e356e600c9"),
            file("t10k-images-idx3-ubyte.gz", "f78720b4224f21cce2f2ccf2d7a94c9a"),
-           file("t10k-labels-idx1-ubyte.gz", "0d30e22e447f3c33dab9ed536400ac01")}};
+           file("t10k-labels-idx1-ubyte.gz", "0d30e22e447f3c33dab9ed536400ac01")},
+          fashion_mnist_classes()};
 }
 
 DataSource fashion_mnist_official(const std::string& base_url) {
@@ -107,7 +127,8 @@ DataSource fashion_mnist_official(const std::string& base_url) {
           {{.url = base + "train-images-idx3-ubyte.gz", .md5 = "8d4fb7e6c68d591d4c3dfef9ec88bf0d"},
            {.url = base + "train-labels-idx1-ubyte.gz", .md5 = "25c81989df183df01b3e8a0aad5dffbe"},
            {.url = base + "t10k-images-idx3-ubyte.gz", .md5 = "bef4ecab320f06d8554ea6380940ec79"},
-           {.url = base + "t10k-labels-idx1-ubyte.gz", .md5 = "bb300cfdad3c16e7a12a480ee83cd310"}}};
+           {.url = base + "t10k-labels-idx1-ubyte.gz", .md5 = "bb300cfdad3c16e7a12a480ee83cd310"}},
+          fashion_mnist_classes()};
 }
 
 }  // namespace urls

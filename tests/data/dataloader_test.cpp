@@ -5,13 +5,17 @@
 #include <fastlearn/data/image_dataloaders.h>
 #include <fastlearn/data/sample_queue.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <set>
 #include <thread>
@@ -19,6 +23,7 @@
 #include "support/message_of.h"
 
 namespace fl = fastlearn;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -317,6 +322,43 @@ TEST(ImageDataLoaders, FashionMnistFromIdx) {
   EXPECT_NEAR(all.mean().item<double>(), 0.0, 0.1);
   EXPECT_NEAR(all.std().item<double>(), 1.0, 0.1);
   EXPECT_THROW(fl::ImageDataLoaders::from_idx("/nonexistent"), fl::DataError);
+  EXPECT_TRUE(dls.vocab().empty()) << "Debian's folder has no classes.txt: the classes are numbers";
+}
+
+// An IDX folder's classes.txt names its classes (the labels' numbers otherwise); options.classes names them in code.
+// A list that leaves a label unnamed, or names one twice or blank, is refused with the file and the line.
+TEST(ImageDataLoaders, IdxClassNamesComeFromClassesTxtOrTheOptions) {
+  const auto dir = fs::temp_directory_path() / ("fastlearn-idx-classes-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const auto& entry : fs::directory_iterator("/usr/share/datasets/fashion-mnist"))
+    if (entry.path().filename().string().find("-ubyte") != std::string::npos)
+      fs::create_symlink(entry.path(), dir / entry.path().filename());
+  const auto write = [&](const std::string& text) { std::ofstream(dir / "classes.txt", std::ios::binary) << text; };
+  std::string ten;
+  for (int i = 0; i < 10; ++i) ten += fmt::format("kind {}\r\n", i);
+  write(ten + "\n");
+  auto dls = fl::ImageDataLoaders::from_idx(dir, {.bs = 128, .normalize = false});
+  ASSERT_EQ(dls.vocab().size(), 10u);
+  EXPECT_EQ(dls.vocab()[3], "kind 3");
+  EXPECT_EQ(dls.c(), 10);
+  std::vector<std::string> given;
+  for (int i = 0; i < 10; ++i) given.push_back(fmt::format("given {}", i));
+  EXPECT_EQ(fl::ImageDataLoaders::from_idx(dir, {.bs = 128, .normalize = false, .classes = given}).vocab(), given);
+  const auto refused = [&](const std::string& text, const std::string& says) {
+    write(text);
+    try {
+      fl::ImageDataLoaders::from_idx(dir, {.bs = 128, .normalize = false});
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const fl::DataError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("classes.txt"), std::string::npos) << e.what();
+    }
+  };
+  refused("a\nb\nc\n", "names 3 classes, but the labels go up to 9");
+  refused("a\nb\n\nc\nd\ne\nf\ng\nh\ni\nj\n", "class 2 (line 3) has no name");
+  refused("a\nb\nc\nd\ne\nf\ng\nh\ni\na\n", "class 9 (line 10) repeats the name 'a'");
+  fs::remove_all(dir);
 }
 
 }  // namespace

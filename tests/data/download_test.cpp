@@ -287,6 +287,14 @@ TEST(UntarData, FashionMnistFromTheDebianPackageIsVerifiedAndLoads) {
   auto dls = fl::ImageDataLoaders::from_idx(folder, {.bs = 256});
   EXPECT_EQ(dls.c(), 10);
   EXPECT_EQ(dls.valid().n(), 10000);
+  // The ten names travel with the files (classes.txt), so predictions name the classes.
+  EXPECT_EQ(dls.vocab(), fl::urls::fashion_mnist_classes());
+  EXPECT_EQ(dls.vocab().front(), "T-shirt/top");
+  EXPECT_EQ(dls.vocab().back(), "Ankle boot");
+  // A copy cached before the names were written gets them on the next call, the rest left as it was.
+  fs::remove(folder / "classes.txt");
+  EXPECT_EQ(fl::untar_data(fl::urls::fashion_mnist(), {.cache_dir = s.path(), .progress = false}), folder);
+  EXPECT_EQ(read_text(folder / "classes.txt").substr(0, 21), "T-shirt/top\nTrouser\nP");
   // A tampered copy of the package's files is caught by the md5 sums.
   write_text(s.path() / "fake/train-images-idx3-ubyte.gz", "not the data set");
   auto tampered = fl::urls::fashion_mnist(s.path() / "fake");
