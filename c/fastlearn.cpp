@@ -434,12 +434,6 @@ fl_status fl_resume(fl_learner* learner, const char* checkpoint) {
     } else if (!fs::exists(file)) {
       throw CallError(FL_ERROR_IO, fmt::format("'{}' does not exist", fl::excerpt(file.string(), 256)));
     }
-    // The run goes on: its history.csv keeps the rows of the epochs before the checkpoint, as `fastlearn train
-    // --resume` keeps them.
-    if (auto log = s.learn->cb<fl::CSVLogger>()) {
-      s.learn->remove_cb(log);
-      s.learn->add_cb(std::make_shared<fl::CSVLogger>(fl::CSVLoggerOptions{.append = true}));
-    }
     begin_steps(s, {.resume_from = file});
   });
 }

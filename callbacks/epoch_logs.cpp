@@ -54,11 +54,12 @@ void CSVLogger::before_fit() {
   }
   path_ = under_learner(l, options_.file);
   if (path_.has_parent_path()) std::filesystem::create_directories(path_.parent_path());
-  // A fit that continues a training (fine_tune's unfrozen fit, epoch_offset > 0) keeps the earlier fit's rows.
-  const bool keep = (options_.append || l.epoch_offset > 0) && std::filesystem::exists(path_) &&
-                    std::filesystem::file_size(path_) > 0;
+  // A fit that continues a training (resumed from a checkpoint at epoch k > 0, or fine_tune's unfrozen fit) keeps
+  // the rows of the epochs before it, as MetricsJson does.
   const int start = l.epoch_offset + l.epoch;
-  if (keep && start > 0) keep_rows_before(path_, start);  // a resumed fit (as MetricsJson)
+  const bool keep =
+      (options_.append || start > 0) && std::filesystem::exists(path_) && std::filesystem::file_size(path_) > 0;
+  if (keep && start > 0) keep_rows_before(path_, start);
   out_.close();
   out_.open(path_, keep ? std::ios::app : std::ios::trunc);
   if (!out_)

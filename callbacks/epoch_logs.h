@@ -11,9 +11,9 @@ namespace fastlearn {
 
 struct CSVLoggerOptions {
   std::filesystem::path file = "history.csv";  ///< relative paths are under the learner's path
-  /// Keep earlier rows (and the header) of an existing file; a resumed fit (one starting at epoch k > 0) keeps
-  /// only the rows of epochs before k. A fit with an epoch_offset (fine_tune's unfrozen fit) always keeps the rows
-  /// of the epochs before it.
+  /// Keep the earlier rows (and the header) of an existing file, as fastai's append: a fit adds its rows after
+  /// them. Whatever this says, a fit that continues a training keeps the rows of the epochs before it and drops
+  /// any after (a fit resumed from a checkpoint, starting at epoch k > 0; fine_tune's unfrozen fit).
   bool append = false;
 };
 

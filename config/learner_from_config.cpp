@@ -50,7 +50,7 @@ LearnerOptions learner_options(const TrainConfig& c, const LearnerFromConfigOpti
   if (!from.run_callbacks) return o;
   o.cbs.push_back(std::make_shared<MetricsJson>());
   const auto& cb = c.callbacks;
-  if (cb.csv_log) o.cbs.push_back(std::make_shared<CSVLogger>(CSVLoggerOptions{.append = from.resume}));
+  if (cb.csv_log) o.cbs.push_back(std::make_shared<CSVLogger>());
   if (const auto& e = cb.early_stopping)
     o.cbs.push_back(std::make_shared<EarlyStopping>(EarlyStoppingOptions{
         .tracker = {.monitor = e->monitor, .min_delta = e->min_delta}, .patience = static_cast<int>(e->patience)}));

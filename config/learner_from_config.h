@@ -26,8 +26,6 @@ struct LearnerFromConfigOptions {
   /// stopping, the best model, TensorBoard, checkpoints, and a graceful stop on SIGINT / SIGTERM. Off for a
   /// Learner that only evaluates or predicts.
   bool run_callbacks = true;
-  /// Continuing a run: history.csv is appended to.
-  bool resume = false;
   /// The Progress callback: bars on a TTY, a line per epoch otherwise.
   bool progress = true;
   /// The config is what load_config / parse_config returned (perhaps with output.dir changed): it is not checked

@@ -165,7 +165,7 @@ int run_train(const TrainArgs& args) {
   std::unique_ptr<Learner> learn;
   ValidationResult result;
   try {
-    learn = learner_from_config(config, {.out = out, .run_callbacks = true, .resume = resume, .checked = true});
+    learn = learner_from_config(config, {.out = out, .run_callbacks = true, .checked = true});
     DistribCtx ctx(*learn, trainer_options(config.distributed), setup_options(config.distributed));
     std::optional<ParallelCtx> replicas;  // distributed.devices: several devices of this process
     if (!config.distributed.devices.empty())

@@ -56,13 +56,13 @@ int main(int argc, char** argv) {
     auto checkpointer =
         std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.every_n_batches = checkpoint_every});
     auto stop = std::make_shared<fl::GracefulStop>();
-    fl::Learner learn(dls, fl::models::simple_cnn(dls.c()), fl::cross_entropy(),
-                      {.opt_func = fl::Adam(),
-                       .metrics = {fl::accuracy()},
-                       // A resumed run keeps the rows of the epochs before the checkpoint in history.csv.
-                       .cbs = {std::make_shared<fl::CSVLogger>(fl::CSVLoggerOptions{.append = !resume.empty()}),
-                               std::make_shared<fl::MetricsJson>(), checkpointer, stop},
-                       .path = out});
+    fl::Learner learn(
+        dls, fl::models::simple_cnn(dls.c()), fl::cross_entropy(),
+        {.opt_func = fl::Adam(),
+         .metrics = {fl::accuracy()},
+         // A resumed run keeps the rows of the epochs before the checkpoint in history.csv.
+         .cbs = {std::make_shared<fl::CSVLogger>(), std::make_shared<fl::MetricsJson>(), checkpointer, stop},
+         .path = out});
     std::filesystem::path resume_from = resume;
     if (resume == "auto") resume_from = fl::latest_checkpoint(checkpointer->dir()).value_or(std::filesystem::path());
     {

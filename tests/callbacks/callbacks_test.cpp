@@ -142,12 +142,13 @@ TEST_F(Callbacks, CsvLoggerWritesAHeaderAndOneRowPerEpoch) {
   EXPECT_EQ(std::count(appended.begin(), appended.end(), '\n'), 4);
 }
 
-TEST_F(Callbacks, AResumedFitDropsTheLogRowsOfTheEpochsItTrainsAgain) {
+// A fit that resumes keeps the rows of the epochs before it without being told (no append), and drops those it
+// trains again.
+TEST_F(Callbacks, AResumedFitKeepsTheLogRowsBeforeItAndDropsThoseItTrainsAgain) {
   auto learn = classifier();
-  auto append = [] { return std::make_shared<fl::CSVLogger>(fl::CSVLoggerOptions{.append = true}); };
-  learn->fit(3, 1e-2, {.cbs = {append()}});  // rows of epochs 0, 1, 2
+  learn->fit(3, 1e-2, {.cbs = {std::make_shared<fl::CSVLogger>()}});  // rows of epochs 0, 1, 2
   // As after resuming from the checkpoint of epoch 1 when the one of epoch 2 is torn: epochs 1 and 2 again.
-  learn->fit(3, 1e-2, {.cbs = {append()}, .start_epoch = 1});
+  learn->fit(3, 1e-2, {.cbs = {std::make_shared<fl::CSVLogger>()}, .start_epoch = 1});
   std::istringstream lines(read(dir_ / "history.csv"));
   std::vector<std::string> epochs;
   std::string line;
