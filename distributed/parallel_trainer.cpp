@@ -4,6 +4,7 @@
 #include <fastlearn/comm/group.h>
 #include <fastlearn/comm/process_group.h>
 #include <fastlearn/comm/runtime.h>
+#include <fastlearn/core/detail/error_context.h>
 #include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/detail/warning.h>
 #include <fastlearn/core/device.h>
@@ -361,10 +362,10 @@ class ParallelTrainer::State {
         abort_groups(fmt::format("replica {} on {} failed: {}", i, devices_[static_cast<std::size_t>(i)].str(),
                                  excerpt(message, 400)));
       });
-    } catch (const std::exception& e) {
+    } catch (...) {
       broken_ = broken_ || any_group_aborted_;
       drop_graphs();
-      throw Error(fmt::format("ParallelTrainer ({}): {}", what, e.what()));
+      rethrow_with_context(std::current_exception(), fmt::format("ParallelTrainer ({})", what));
     }
   }
 

@@ -1,26 +1,12 @@
 #include <fastlearn/distributed/detail/replica_threads.h>
 
+#include <fastlearn/core/detail/error_context.h>
 #include <fastlearn/core/error.h>
 
 #include <ATen/ThreadLocalState.h>
-#include <c10/util/Exception.h>
 #include <fmt/format.h>
 
 namespace fastlearn {
-
-namespace {
-std::string message_of(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "an exception that is not a std::exception";
-  }
-}
-}  // namespace
 
 ReplicaThreads::ReplicaThreads(int n, const std::function<void(int)>& start) {
   if (n < 1) throw Error(fmt::format("ReplicaThreads: {} threads; need at least 1", n));
@@ -38,10 +24,11 @@ ReplicaThreads::ReplicaThreads(int n, const std::function<void(int)>& start) {
   std::unique_lock lock(mutex_);
   done_.wait(lock, [this] { return busy_ == 0; });
   if (first_failure_ >= 0) {
-    const auto message = fmt::format("replica thread {} could not start: {}", first_failure_, failure_);
+    const auto error = error_;
+    const auto context = fmt::format("replica thread {} could not start", first_failure_);
     lock.unlock();
     stop();
-    throw Error(message);
+    rethrow_with_context(error, context);
   }
 }
 
@@ -124,7 +111,7 @@ void ReplicaThreads::run(const std::function<void(int)>& job,
   job_ = nullptr;
   failed_ = nullptr;
   state_ = nullptr;
-  if (first_failure_ >= 0) throw Error(fmt::format("replica {}: {}", first_failure_, failure_));
+  if (first_failure_ >= 0) rethrow_with_context(error_, fmt::format("replica {}", first_failure_));
 }
 
 }  // namespace fastlearn

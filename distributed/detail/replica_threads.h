@@ -26,7 +26,7 @@ class ReplicaThreads {
 
   /// Runs job(i) on thread i for every i, at the same time, and waits for all of them. When some throw,
   /// `failed(i, message)` runs at once in the first thread that did (to release the others from any wait on it), and
-  /// once all are done run() throws an Error naming that thread's index and its message.
+  /// once all are done run() throws the error again, of its kind (a DataError stays one), naming that thread's index.
   void run(const std::function<void(int)>& job, const std::function<void(int, const std::string&)>& failed = {});
 
  private:

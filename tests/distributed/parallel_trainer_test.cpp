@@ -293,12 +293,15 @@ TEST(ParallelTrainer, AFailingReplicaIsNamedAndTheLearnerTrainsAgain) {
     try {
       learn.fit(1);
       return std::string("no error");
-    } catch (const std::exception& e) {
+    } catch (const fl::DataError& e) {  // the replica's error keeps its kind
       return std::string(e.what());
+    } catch (const std::exception& e) {
+      return "not a DataError: " + std::string(e.what());
     }
   });
   ASSERT_EQ(done.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "a replica's failure hung the fit";
   const auto message = done.get();
+  EXPECT_EQ(message.find("not a DataError"), std::string::npos) << message;
   EXPECT_NE(message.find("replica 1"), std::string::npos) << message;
   EXPECT_NE(message.find("boom in a copy"), std::string::npos) << message;
   copies_fail = false;
