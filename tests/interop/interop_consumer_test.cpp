@@ -181,3 +181,27 @@ TEST(SourceTree, AddSubdirectoryConfiguresOnlyTheLibraryForTheParent) {
   EXPECT_EQ(ninja.find("fastlearn_cli"), std::string::npos) << "apps are the top-level project's only";
   fs::remove_all(build);
 }
+
+// CXX=clang++ without CC: fastlearn's own configure takes the clang beside it for C (a GNU cc would give the
+// precompiled header GCC's settings); a C compiler of the other family chosen by hand gets a warning that says so.
+TEST(TopLevelBuild, TheCCompilerFollowsTheCxxCompilersFamily) {
+  const auto build = kWork / "compiler-mix-build";
+  const auto configure = [&](const std::string& env) {
+    fs::remove_all(build);
+    return run_shell(fmt::format(
+        "env -u CC -u CXX {} '{}' -S '{}' -B '{}' -G Ninja -DFASTLEARN_PYTHON='{}' -DFASTLEARN_BUILD_TESTS=OFF "
+        "-DFASTLEARN_BUILD_APPS=OFF -DFASTLEARN_BUILD_BENCHMARKS=OFF {} 2>&1",
+        env, FASTLEARN_CMAKE, FASTLEARN_SOURCE_DIR, build.string(), FASTLEARN_PYTHON, prefix_path_flag()));
+  };
+  if (run_shell("command -v clang++ && command -v clang && command -v gcc").first != 0)
+    GTEST_SKIP() << "needs clang++, clang and gcc";
+  auto [status, out] = configure("CXX=clang++");
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("The C compiler identification is Clang"), std::string::npos) << out;
+  EXPECT_EQ(out.find("the C compiler is GNU"), std::string::npos) << out;
+  std::tie(status, out) = configure("CXX=clang++ CC=gcc");
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("fastlearn: the C compiler is GNU"), std::string::npos) << out;
+  EXPECT_NE(out.find("CC=clang with CXX=clang++"), std::string::npos) << out;
+  fs::remove_all(build);
+}
