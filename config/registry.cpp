@@ -67,6 +67,7 @@ std::vector<OptimizerChoice> builtin_optimizers() {
 // NOLINTBEGIN(clang-analyzer-cplusplus.NewDeleteLeaks): the analyzer does not follow the model holder that
 // the Learner::Forward std::function keeps on the heap to the function's destructor, which frees it.
 std::vector<ArchChoice> builtin_archs() {
+  const auto always = [](const TrainConfig&) { return true; };
   std::vector<ArchChoice> archs{
       {"simple_cnn",
        {"fashion_mnist"},
@@ -98,7 +99,8 @@ std::vector<ArchChoice> builtin_archs() {
        [](const TrainConfig& c, const DataLoaders& dls) {
          return BuiltModel::of(models::conv_net({.widths = c.model.widths, .classes = dls.c()}));
        },
-       true},
+       true,
+       always},
       {"resnet",
        {"fashion_mnist"},
        [](const TrainConfig& c, const DataLoaders& dls) {
@@ -109,7 +111,8 @@ std::vector<ArchChoice> builtin_archs() {
                                                .in_channels = 1,
                                                .stem_width = m.stem_width}));
        },
-       true}};
+       true,
+       always}};
   for (const char* torchvision : {"resnet18", "resnet34", "resnet50"}) {
     archs.push_back({torchvision,
                      {"image_folder", "image_csv"},
@@ -121,11 +124,17 @@ std::vector<ArchChoice> builtin_archs() {
                        built.splitter = models::body_head_split;  // fine_tune freezes the body, as vision_learner's
                        return built;
                      },
-                     true});
+                     true,
+                     always});
   }
-  archs.push_back({"tabular", {"csv"}, [](const TrainConfig& c, const DataLoaders& dls) {
+  // Its hidden layers hold BatchNorm (fastai's LinBnDrop), and so do the continuous inputs, which the data decides.
+  archs.push_back({"tabular",
+                   {"csv"},
+                   [](const TrainConfig& c, const DataLoaders& dls) {
                      return BuiltModel::of(tabular_model(dls, {.layers = c.model.layers, .embed_p = c.model.embed_p}));
-                   }});
+                   },
+                   false,
+                   [](const TrainConfig& c) { return !c.model.layers.empty(); }});
   return archs;
 }
 // NOLINTEND(clang-analyzer-cplusplus.NewDeleteLeaks)

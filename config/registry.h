@@ -62,6 +62,9 @@ struct ArchChoice {
   std::vector<std::string> datasets;
   std::function<BuiltModel(const TrainConfig&, const DataLoaders&)> make;
   bool channels_last = false;
+  /// Whether the model `make` builds for the config holds BatchNorm layers (empty: never), so that the config's
+  /// check refuses what BatchNorm cannot do (distributed.sync_bn on replicas sharing one GPU) before the data is read.
+  std::function<bool(const TrainConfig&)> holds_batch_norm;
 };
 
 /// train.schedule: `fit` trains the Learner for train.epochs at train.lr with `options` (callbacks, resume).

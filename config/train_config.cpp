@@ -1,5 +1,6 @@
 #include <fastlearn/config/train_config.h>
 
+#include <fastlearn/config/detail/byte_path.h>
 #include <fastlearn/config/detail/strict_toml.h>
 #include <fastlearn/config/registry.h>
 #include <fastlearn/core/detail/text.h>
@@ -34,6 +35,9 @@ struct Rules {
   bool omit_empty = false;  // a string key: "" means not set, and is left out of the resolved config
   // Its choices follow the task (classification or regression): data.y_block is decided before it is read.
   bool needs_task = false;
+  // A file or folder: a path that is not UTF-8 is written in fastlearn's byte form and read back from it
+  // (config/detail/byte_path.h).
+  bool path = false;
 };
 
 // One key of the schema: its dotted name, what it accepts, when it applies, and the field it fills.
@@ -356,13 +360,34 @@ std::string devices_spelled(const TrainConfig& c) {
   return {};
 }
 
+// distributed.devices spelled right, and usable with the model: replicas sharing one GPU run one after another, so
+// the BatchNorm statistics that sync_bn reduces inside backward would wait for each other (to_parallel refuses it
+// too, once the model is built; the registry's entry says it here, before the data is read).
+std::string devices_fit_the_model(const TrainConfig& c) {
+  if (auto spelled = devices_spelled(c); !spelled.empty()) return spelled;
+  const auto& devices = c.distributed.devices;
+  if (devices.size() < 2 || !c.distributed.sync_bn || !devices.front().starts_with("cuda:") ||
+      std::adjacent_find(devices.begin(), devices.end(), std::not_equal_to<>()) != devices.end())
+    return {};
+  for (const auto& arch : arch_choices()) {
+    if (arch.name == c.model.arch && arch.holds_batch_norm && arch.holds_batch_norm(c))
+      return fmt::format(
+          "puts every replica on {} and model.arch = \"{}\" holds BatchNorm layers, which distributed.sync_bn = "
+          "true would synchronize inside backward, where replicas on one GPU run one after another; set "
+          "distributed.sync_bn = false (each replica's chunk keeps its own statistics) or give each replica a GPU of "
+          "its own",
+          excerpt(devices.front()), excerpt(arch.name));
+  }
+  return {};
+}
+
 // Every key, in the order they are read and written: the data first, since it decides which losses, metrics
 // and models fit. A sub-table may come before its table's plain keys: the writer groups keys by table.
 const std::vector<Key>& schema() {
   static const std::vector<Key> keys{
       Key("data.dataset", in::data, &DataConfig::dataset, {.choices = dataset_names()}),
       Key("data.path", in::data, &DataConfig::path, {},
-          {.applies = has_files, .check = path_given, .omit_empty = true}),
+          {.applies = has_files, .check = path_given, .omit_empty = true, .path = true}),
       Key("data.url", in::data, &DataConfig::url, {}, {.applies = idx_only, .check = path_or_url, .omit_empty = true}),
       Key("data.bs", in::data, &DataConfig::bs, {.min = 1}),
       Key("data.valid_bs", in::data, &DataConfig::valid_bs),
@@ -371,7 +396,7 @@ const std::vector<Key>& schema() {
       Key("data.valid_pct", in::data, &DataConfig::valid_pct, {.min_inclusive = false, .max = 0.9},
           {.applies = split_by_pct}),
       Key("data.skip_bad_images", in::data, &DataConfig::skip_bad_images, {}, {.applies = files_only}),
-      Key("data.csv", in::data, &DataConfig::csv, {}, {.applies = csv_only}),
+      Key("data.csv", in::data, &DataConfig::csv, {}, {.applies = csv_only, .path = true}),
       Key("data.fn_col", in::data, &DataConfig::fn_col, {}, {.applies = csv_only, .omit_empty = true}),
       Key("data.label_col", in::data, &DataConfig::label_col, {}, {.applies = csv_only, .omit_empty = true}),
       Key("data.valid_col", in::data, &DataConfig::valid_col, {}, {.applies = valid_col_applies, .omit_empty = true}),
@@ -413,7 +438,8 @@ const std::vector<Key>& schema() {
       Key("data.synthetic.seed", in::synthetic, &SyntheticRegressionConfig::seed),
 
       Key("model.arch", in::model, &ModelConfig::arch, {}, {.choices = arch_names, .check = arch_fits_shapes}),
-      Key("model.weights", in::model, &ModelConfig::weights, {}, {.applies = torchvision_only, .omit_empty = true}),
+      Key("model.weights", in::model, &ModelConfig::weights, {},
+          {.applies = torchvision_only, .omit_empty = true, .path = true}),
       Key("model.hidden", in::model, &ModelConfig::hidden, {.min = 1},
           {.applies = hidden_applies, .check = hidden_bounded}),
       Key("model.kernel_size", in::model, &ModelConfig::kernel_size, {.min = 1, .max = 31},
@@ -459,7 +485,7 @@ const std::vector<Key>& schema() {
       Key("distributed.first_bucket_mb", in::distributed, &DistributedConfig::first_bucket_mb, positive),
       Key("distributed.timeout_seconds", in::distributed, &DistributedConfig::timeout_seconds, positive),
       Key("distributed.find_unused_parameters", in::distributed, &DistributedConfig::find_unused_parameters),
-      Key("distributed.devices", in::distributed, &DistributedConfig::devices, {}, {.check = devices_spelled}),
+      Key("distributed.devices", in::distributed, &DistributedConfig::devices, {}, {.check = devices_fit_the_model}),
 
       Key::optional_table("callbacks.early_stopping", in::callbacks, &CallbacksConfig::early_stopping),
       Key("callbacks.early_stopping.monitor", in::early_stopping, &EarlyStoppingConfig::monitor, {},
@@ -472,7 +498,7 @@ const std::vector<Key>& schema() {
       Key("callbacks.csv_log", in::callbacks, &CallbacksConfig::csv_log),
       Key("callbacks.tensorboard", in::callbacks, &CallbacksConfig::tensorboard),
 
-      Key("output.dir", in::output, &OutputConfig::dir, {}, {.check = dir_not_empty}),
+      Key("output.dir", in::output, &OutputConfig::dir, {}, {.check = dir_not_empty, .path = true}),
       Key("output.checkpoints", in::output, &OutputConfig::checkpoints),
       Key("output.checkpoint_every_n_batches", in::output, &OutputConfig::checkpoint_every_n_batches),
       Key("output.plots", in::output, &OutputConfig::plots),
@@ -508,6 +534,12 @@ bool read_key(const strict::Document& doc, const Key& key, TrainConfig& config, 
   const auto choices = key.rules.choices ? key.rules.choices(config) : std::vector<std::string>{};
   if (auto* text = std::get_if<strict::String>(&spec); text && key.rules.choices) text->choices = choices;
   if (auto value = doc.read(key.name, spec)) {
+    if (auto* text = std::get_if<std::string>(&*value); text && key.rules.path) {
+      std::string why;
+      auto path = path_from_config_text(*text, why);
+      if (!path) doc.invalid(key.name, why);
+      *text = std::move(*path);
+    }
     key.set(config, std::move(*value));
     return true;
   }
@@ -645,7 +677,8 @@ std::string to_toml(const TrainConfig& config) {
         writer.table(key.name);
       else
         off.push_back(key.name);
-    } else if (const auto value = key.get(config); applies && value) {
+    } else if (auto value = key.get(config); applies && value) {
+      if (auto* text = std::get_if<std::string>(&*value); text && key.rules.path) *text = path_to_config_text(*text);
       if (!key.rules.omit_empty || *value != strict::Value(std::string())) writer.put(key.name, *value);
     }
   }

@@ -436,6 +436,26 @@ TEST(Config, TheCliGuideListsEveryKeyOfTheSchemaAndNoOther) {
   }
 }
 
+// A path that is not UTF-8 round-trips through the resolved config.toml in fastlearn's byte form; a UTF-8 path with '%'
+// in it stays as written; a byte form with a bad escape or a NUL is refused by key.
+TEST(Config, PathsThatAreNotUtf8RoundTripInTheByteForm) {
+  TrainConfig c;
+  c.output.dir = "runs/caf\xe9/100%/\xff\xfe";
+  c.data.path = "data/100%/données";
+  const auto text = to_toml(c);
+  expect_contains(text, "dir = \"\\u0000runs/caf%E9/100%25/%FF%FE\"");
+  expect_contains(text, "path = \"data/100%/données\"");
+  const auto back = parse_config(text, "resolved.toml");
+  EXPECT_EQ(back.output.dir, c.output.dir);
+  EXPECT_EQ(back.data.path, c.data.path);
+  EXPECT_EQ(back, parse_config(to_toml(back), "again.toml"));
+  const auto bad = error_of("[output]\ndir = \"\\u0000runs/caf%E\"\n");
+  EXPECT_EQ(bad.key(), "output.dir");
+  expect_contains(bad.what(), "'%' at character 9 is not followed by two hex digits");
+  expect_contains(error_of("[output]\ndir = \"\\u0000runs/%00\"\n").what(), "a path has no NUL byte");
+  expect_contains(error_of("[output]\ndir = \"runs\\u0000x\"\n").what(), "a path has no NUL");
+}
+
 TEST(Config, DistributedDevicesAreSpelledAndAtLeastTwo) {
   const auto c = parse_config("[distributed]\ndevices = [\"cpu\", \"cpu\", \"cpu\"]\n", "run.toml");
   EXPECT_EQ(c.distributed.devices, (std::vector<std::string>{"cpu", "cpu", "cpu"}));
@@ -444,6 +464,21 @@ TEST(Config, DistributedDevicesAreSpelledAndAtLeastTwo) {
   expect_contains(error_of("[distributed]\ndevices = [\"cpu\"]\n").what(), "give at least two");
   expect_contains(error_of("[distributed]\ndevices = [\"tpu:0\", \"cpu\"]\n").what(), "lists \"tpu:0\"");
   expect_contains(error_of("[distributed]\ndevices = [\"cuda\", \"cuda:1\"]\n").what(), "give it alone");
+}
+
+// Replicas sharing one GPU cannot synchronize BatchNorm inside backward: the config's check refuses sync_bn for an
+// arch whose registry entry holds BatchNorm, before any data is read; without BatchNorm, or sync_bn, or on GPUs of
+// their own, it is fine.
+TEST(Config, SyncBnOnReplicasSharingOneGpuIsRefusedForABatchNormArch) {
+  const std::string one_gpu = "[distributed]\ndevices = [\"cuda:0\", \"cuda:0\"]\n";
+  const auto e = error_of("[model]\narch = \"resnet\"\n" + one_gpu);
+  EXPECT_EQ(e.key(), "distributed.devices");
+  expect_contains(e.what(), "model.arch = \"resnet\" holds BatchNorm layers");
+  expect_contains(e.what(), "set distributed.sync_bn = false");
+  EXPECT_NO_THROW(parse_config("[model]\narch = \"resnet\"\n" + one_gpu + "sync_bn = false\n", "run.toml"));
+  EXPECT_NO_THROW(parse_config("[model]\narch = \"simple_cnn\"\n" + one_gpu, "run.toml"));
+  EXPECT_NO_THROW(
+      parse_config("[model]\narch = \"conv_net\"\n[distributed]\ndevices = [\"cuda:0\", \"cuda:1\"]\n", "run.toml"));
 }
 
 TEST(Config, AProgramsSamplesAreDescribedByTheirShapesAndPlannedAsSteps) {

@@ -144,9 +144,16 @@ class TinyConfigs : public ::testing::Test {
 
   // Builds the config's Learner, trains it as train.schedule says, and checks that the weights moved and the
   // validation loss is a number.
-  static void expect_trains(const fl::TrainConfig& config, const std::string& what) {
+  // `batch_norm`: what the arch's registry entry says of the model (checked against the model built).
+  static void expect_trains(const fl::TrainConfig& config, const std::string& what,
+                            std::optional<bool> batch_norm = std::nullopt) {
     SCOPED_TRACE(what);
     auto learn = fl::learner_from_config(config, {.run_callbacks = false, .progress = false});
+    if (batch_norm) {
+      bool holds = false;
+      for (const auto& m : learn->model().modules()) holds = holds || m->name().find("BatchNorm") != std::string::npos;
+      EXPECT_EQ(holds, *batch_norm) << "the registry's holds_batch_norm disagrees with the model built";
+    }
     const auto before = fl::testing::snapshot(learn->model());
     train_as_configured(*learn, config);
     EXPECT_FALSE(fl::testing::same_tensors(before, fl::testing::snapshot(learn->model())));
@@ -196,7 +203,8 @@ TEST_F(TinyConfigs, EveryArchBuildsAndTrainsOnEachDatasetItReads) {
     ASSERT_FALSE(arch.datasets.empty()) << arch.name;
     for (const auto& dataset : arch.datasets) {
       ASSERT_TRUE(data_tables().count(dataset)) << "no tiny " << dataset << " data for arch " << arch.name;
-      expect_trains(config_of(dataset, "model.arch", arch.name), arch.name + " on " + dataset);
+      const auto config = config_of(dataset, "model.arch", arch.name);
+      expect_trains(config, arch.name + " on " + dataset, arch.holds_batch_norm && arch.holds_batch_norm(config));
       ++trained;
     }
   }
