@@ -139,8 +139,8 @@ CLI::App* add_predict(CLI::App& app, fastlearn::cli::TrainArgs& a, std::string& 
       ->check(CLI::Range(0, 256))
       ->capture_default_str();
   cmd->add_option("inputs", inputs,
-                  "Image files (JPEG or PNG) or folders of them (every image under the folder), or for a table's "
-                  "model CSV files of rows")
+                  "Image files (JPEG or PNG) or folders of them (every image under the folder), for a table's "
+                  "model CSV files of rows, for a program's model .npy or .safetensors files of arrays (with --out)")
       ->required();
   return cmd;
 }

@@ -1,14 +1,18 @@
 // `fastlearn export` (an export of an older run's checkpoint) and `fastlearn predict EXPORT INPUT...` (predictions
-// from an export alone: no config, no training data), in batches through test_dl and get_preds.
+// from an export alone: no config, no training data), in batches through test_dl and get_preds; a model of tensors
+// (a program's export) from .npy and safetensors files, its outputs written the same way.
 #include "cli/command_config.h"
 
 #include <fastlearn/config/load_learner.h>
 #include <fastlearn/core/atomic_file.h>
 #include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/safetensors.h>
 #include <fastlearn/data/csv.h>
 #include <fastlearn/data/image_dataloaders.h>
 #include <fastlearn/data/image_dataset.h>
+#include <fastlearn/data/inference_pipeline.h>
+#include <fastlearn/data/npy.h>
 #include <fastlearn/data/tabular_dataloaders.h>
 #include <fastlearn/learner/named_predictions.h>
 #include <fastlearn/learner/predict_image.h>
@@ -157,6 +161,90 @@ void predict_csv(Learner& learn, const std::string& input, double threshold, Pre
   }
 }
 
+// One file of a tensor model's inputs: an item of the export's item shape, or a batch of them.
+at::Tensor tensor_batch(const at::Tensor& array, const std::vector<std::int64_t>& item, const std::string& what,
+                        bool& one_item) {
+  if (!at::isFloatingType(array.scalar_type()))
+    throw DataError(fmt::format("{}: a {} array; the model takes float32 or float64 inputs", what,
+                                c10::toString(array.scalar_type())));
+  const auto sizes = array.sizes().vec();
+  one_item = sizes == item;
+  const bool batch = sizes.size() == item.size() + 1 && std::equal(item.begin(), item.end(), sizes.begin() + 1);
+  if (!one_item && !batch)
+    throw DataError(
+        fmt::format("{}: an array of shape ({}), and the model takes items of shape ({}): give one item, "
+                    "or a batch (N, {})",
+                    what, fmt::join(sizes, ", "), fmt::join(item, ", "), fmt::join(item, ", ")));
+  return (one_item ? array.unsqueeze(0) : array).to(torch::kFloat32);
+}
+
+// The outputs of a batch, 4,096 items at a time (bounded memory), as one tensor.
+at::Tensor predict_in_chunks(Learner& learn, const at::Tensor& batch) {
+  std::vector<at::Tensor> parts;
+  for (std::int64_t start = 0; start < batch.size(0); start += 4096)
+    parts.push_back(learn.predict_batch({batch.narrow(0, start, std::min<std::int64_t>(4096, batch.size(0) - start))})
+                        .to(torch::kCPU));
+  return parts.empty() ? learn.predict_batch({batch}).to(torch::kCPU) : at::cat(parts);
+}
+
+// A tensor model's inputs from .npy and .safetensors files (each array an item or a batch); the outputs go to
+// `out` in the same format and file name (a safetensors file's arrays under their names). A line per file.
+int predict_tensor_files(Learner& learn, const std::vector<std::int64_t>& item, const std::vector<std::string>& inputs,
+                         const std::string& out) {
+  if (out.empty())
+    throw ConfigError(
+        "predict: a model of tensors writes its outputs as files like its inputs: give --out DIR (each input's "
+        "outputs go to DIR under its file name)");
+  std::map<std::string, std::string> written;  // file name -> input
+  int failed = 0;
+  for (const auto& input : inputs) {
+    try {
+      const fs::path file(input);
+      const auto name = file.filename().string();
+      const auto target = fs::path(out) / name;
+      if (const auto other = written.find(name); other != written.end())
+        throw DataError(fmt::format("{}: its outputs would overwrite those of {} ({}): give inputs of distinct names",
+                                    excerpt(input, 256), excerpt(other->second, 256), excerpt(target.string(), 256)));
+      const auto shape = [](const at::Tensor& t) { return fmt::format("({})", fmt::join(t.sizes(), ", ")); };
+      if (input.ends_with(".npy")) {
+        bool one = false;
+        const auto x = tensor_batch(read_npy(file), item, excerpt(input, 256), one);
+        auto y = predict_in_chunks(learn, x);
+        if (one) y = y.squeeze(0);
+        fs::create_directories(out);
+        write_npy(target, y.contiguous());
+        fmt::print("{}\t{} {} -> outputs {} in {}\n", input, one ? "item" : "batch", shape(one ? x[0] : x), shape(y),
+                   target.string());
+      } else if (input.ends_with(".safetensors")) {
+        const auto content = load_safetensors(file);
+        if (content.tensors.empty()) throw DataError(fmt::format("{}: holds no array", excerpt(input, 256)));
+        NamedTensors outputs;
+        for (const auto& [tensor_name, array] : content.tensors) {
+          bool one = false;
+          const auto x =
+              tensor_batch(array, item, fmt::format("{} '{}'", excerpt(input, 256), excerpt(tensor_name)), one);
+          auto y = predict_in_chunks(learn, x);
+          if (one) y = y.squeeze(0);
+          outputs.emplace_back(tensor_name, y.contiguous());
+          fmt::print("{} '{}'\t{} {} -> outputs {}\n", input, tensor_name, one ? "item" : "batch",
+                     shape(one ? x[0] : x), shape(y));
+        }
+        fs::create_directories(out);
+        save_safetensors(target, outputs);
+        fmt::print("{}\twrote {}\n", input, target.string());
+      } else {
+        throw DataError(fmt::format("{}: a model of tensors reads .npy and .safetensors files", excerpt(input, 256)));
+      }
+      written[name] = input;
+    } catch (const DataError& e) {
+      report(e, failed);
+    } catch (const CheckpointError& e) {  // a corrupt safetensors file
+      report(e, failed);
+    }
+  }
+  return failed == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int run_export(const TrainArgs& args, const std::string& checkpoint) {
@@ -179,11 +267,12 @@ int run_predict_export(const std::string& export_file, const std::vector<std::st
   auto learn = load_learner(contents, export_file, {.num_workers = workers});
   const auto threshold = contents.threshold;
   const bool table = tabular_dataset(learn->dls()) != nullptr;
+  if (contents.pipeline.kind == InferencePipeline::Kind::tensors)
+    return predict_tensor_files(*learn, contents.pipeline.item_shape, inputs, out);
   if (!table && learn->dls().image_pipeline() == nullptr)
     throw ConfigError(fmt::format(
-        "predict: {} holds a model of tensors (no image or table pipeline); predict it from a program "
-        "(load_learner, then get_preds on a DataLoader of your tensors; or fl_load_export and fl_predict of "
-        "the C interface)",
+        "predict: {} holds a model of the program's own data, with no pipeline to read new items; predict it from "
+        "a program (load_learner, then get_preds on a DataLoader of your items)",
         excerpt(export_file, 256)));
   Predictions predictions(*learn);
   int failed = 0;

@@ -2,11 +2,13 @@
 // written for an invalid config, --resume, and data parallel runs through --nproc-per-node. Small
 // synthetic regression runs keep this fast.
 #include <fastlearn/config/train_config.h>
+#include <fastlearn/data/npy.h>
 
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
+#include <torch/torch.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
@@ -419,17 +421,39 @@ TEST_F(TrainCommand, ALaunchFlagThatASetRankOverridesIsNamed) {
   EXPECT_EQ(r.second.find("[rank 1]"), std::string::npos) << "no rank was started";
 }
 
-// A folder name is bytes, as for every command-line tool: one that is not UTF-8 (Latin-1 here) trains and validates,
-// and so does a --set path in such a folder.
-TEST_F(TrainCommand, AnOutputFolderWhoseNameIsNotUtf8TrainsAndValidates) {
+// A folder name is bytes, as for every command-line tool: a run in one that is not UTF-8 (Latin-1 here) trains, and
+// its config.toml holds the folder in fastlearn's byte form, so that validate, --resume and predict read it back to
+// the same bytes; a --set path in such a folder works too.
+TEST_F(TrainCommand, ARunInAFolderWhoseNameIsNotUtf8TrainsValidatesResumesAndPredicts) {
   const auto latin1 = dir_ / "caf\xe9";
   out_ = latin1 / "run";
-  const auto r = run_cli(train("--set train.epochs=1"));
+  const auto r = run_cli(train("--set train.epochs=2"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(fs::exists(out_ / "checkpoints" / "model.safetensors"));
-  const auto v = run_cli("validate " + config_.string() + " --set 'output.dir=\"" + out_.string() +
-                         "\"' --checkpoint " + (out_ / "checkpoints" / "model.safetensors").string());
+  const auto resolved = read(out_ / "config.toml");
+  EXPECT_NE(resolved.find("dir = \"\\u0000" + (dir_ / "caf%E9" / "run").string() + "\""), std::string::npos)
+      << resolved;
+  EXPECT_EQ(fastlearn::load_config((out_ / "config.toml").string()).output.dir, out_.string());
+  const auto v = run_cli("validate " + (out_ / "config.toml").string() + " --checkpoint " +
+                         (out_ / "checkpoints" / "model.safetensors").string());
   EXPECT_EQ(v.exit_code, 0) << v.output;
+  const auto by_set = run_cli("validate " + config_.string() + " --set 'output.dir=\"" + out_.string() +
+                              "\"' --checkpoint " + (out_ / "checkpoints" / "model.safetensors").string());
+  EXPECT_EQ(by_set.exit_code, 0) << by_set.output;
+  // The run goes on from its own config.toml, in the same folder, and its log keeps the first epochs' rows.
+  const auto resumed = run_cli("train " + (out_ / "config.toml").string() + " --resume");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resume: continuing from " + (dir_ / "caf\\xE9/run/checkpoints/ckpt-e0002").string()),
+            std::string::npos)
+      << resumed.output;  // messages quote the byte as \xE9
+  const auto history = read(out_ / "history.csv");
+  EXPECT_EQ(std::count(history.begin(), history.end(), '\n'), 3) << history;
+  // The export predicts arrays from and into the folder.
+  fastlearn::write_npy(latin1 / "rows.npy", torch::randn({5, 4}));
+  const auto p = run_cli(fmt::format("predict {} {} --out {}", (out_ / "export.safetensors").string(),
+                                     (latin1 / "rows.npy").string(), (latin1 / "predicted").string()));
+  EXPECT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_EQ(fastlearn::read_npy(latin1 / "predicted" / "rows.npy").size(0), 5);
 }
 
 TEST_F(TrainCommand, AnInvalidConfigWritesNothing) {

@@ -484,9 +484,9 @@ TEST(HeatSurrogate, CppCAndFortranTrainTheSameSurrogateOnOneAndTwoRanks) {
   fs::remove_all(dir);
 }
 
-// The command line has no program to take a program's samples from: `fastlearn train` refuses its config by name, and
-// `fastlearn predict` its export, each pointing to where they belong.
-TEST(HeatSurrogate, TheCommandLineSaysWhereAProgramsConfigAndExportBelong) {
+// The command line has no program to take a program's samples from: `fastlearn train` refuses its config by name;
+// `fastlearn predict` predicts from its export, the fields read from and written to .npy and safetensors files.
+TEST(HeatSurrogate, TheCommandLineRefusesAProgramsConfigAndPredictsFromItsExport) {
   const auto dir = fs::temp_directory_path() / fmt::format("fastlearn_heat_cli_{}", getpid());
   fs::remove_all(dir);
   const auto config = (fs::path(FASTLEARN_SOURCE_DIR) / "configs" / "heat_surrogate.toml").string();
@@ -504,11 +504,60 @@ TEST(HeatSurrogate, TheCommandLineSaysWhereAProgramsConfigAndExportBelong) {
   ASSERT_EQ(fl_create_from_toml(text.c_str(), "heat_surrogate.toml", &learn), FL_OK) << fl_last_error();
   const auto file = dir / "surrogate.safetensors";
   ASSERT_EQ(fl_export(learn, file.c_str()), FL_OK) << fl_last_error();
-  ASSERT_EQ(fl_free(&learn), FL_OK);
-  fl::save_safetensors(dir / "field.safetensors", {{"x", torch::zeros({32, 32})}});
+  // `fastlearn predict EXPORT` reads the fields from NumPy's files as numpy.save writes them (C order float32, Fortran
+  // order big-endian float64, one item without the batch dimension) and from safetensors, and writes the outputs the
+  // same way, which numpy reads back: the C interface's predictions on the same fields.
+  const auto fields = torch::randn({2, 32, 32});
+  std::ofstream(dir / "fields.raw", std::ios::binary)
+      .write(static_cast<const char*>(fields.data_ptr()), static_cast<std::streamsize>(fields.nbytes()));
+  auto [status, out] = fl::testing::run_shell(
+      fmt::format("cd '{}' && '{}' -c \"import numpy as np; x = np.fromfile('fields.raw', '<f4').reshape(2, 32, 32); "
+                  "np.save('c_order.npy', x); np.save('fortran_order.npy', np.asfortranarray(x.astype('>f8'))); "
+                  "np.save('one.npy', x[1])\"",
+                  dir.string(), FASTLEARN_PYTHON));
+  ASSERT_EQ(status, 0) << out;
+  fl::save_safetensors(dir / "fields.safetensors", {{"one", fields[0].clone()}, {"both", fields}});
   const auto predict =
-      fl::testing::run_cli(fmt::format("predict {} {}", file.string(), (dir / "field.safetensors").string()));
-  EXPECT_NE(predict.exit_code, 0) << predict.output;
-  EXPECT_NE(predict.output.find("fl_load_export"), std::string::npos) << predict.output;
+      fl::testing::run_cli(fmt::format("predict {} {} {} {} {} --out {}", file.string(), (dir / "c_order.npy").string(),
+                                       (dir / "fortran_order.npy").string(), (dir / "one.npy").string(),
+                                       (dir / "fields.safetensors").string(), (dir / "outputs").string()));
+  ASSERT_EQ(predict.exit_code, 0) << predict.output;
+  EXPECT_NE(predict.output.find("c_order.npy\tbatch (2, 32, 32) -> outputs (2, 32, 32)"), std::string::npos)
+      << predict.output;
+  EXPECT_NE(predict.output.find("one.npy\titem (32, 32) -> outputs (32, 32)"), std::string::npos) << predict.output;
+  auto expected = torch::zeros({2, 32, 32});
+  auto field_array = row_major(fields), outputs = row_major(expected);
+  ASSERT_EQ(fl_predict(learn, &field_array, &outputs), FL_OK) << fl_last_error();
+  ASSERT_EQ(fl_free(&learn), FL_OK);
+  std::tie(status, out) = fl::testing::run_shell(fmt::format(
+      "cd '{}/outputs' && '{}' -c \"import numpy as np; a = np.load('c_order.npy'); b = np.load('fortran_order.npy'); "
+      "c = np.load('one.npy'); assert a.dtype == np.float32 and a.shape == (2, 32, 32) and c.shape == (32, 32), "
+      "(a.dtype, a.shape, c.shape); np.concatenate([a, b, c[None]]).astype('<f4').tofile('outputs.raw')\"",
+      dir.string(), FASTLEARN_PYTHON));
+  ASSERT_EQ(status, 0) << out;
+  auto read_back = torch::empty({5, 32, 32});
+  std::ifstream(dir / "outputs/outputs.raw", std::ios::binary)
+      .read(static_cast<char*>(read_back.data_ptr()), static_cast<std::streamsize>(read_back.nbytes()));
+  EXPECT_TRUE(torch::allclose(read_back.narrow(0, 0, 2), expected, 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(read_back.narrow(0, 2, 2), expected, 1e-5, 1e-6)) << "float64 inputs compute in float32";
+  EXPECT_TRUE(torch::allclose(read_back[4], expected[1], 1e-5, 1e-6));
+  const auto written = fl::load_safetensors(dir / "outputs/fields.safetensors");
+  ASSERT_EQ(written.tensors.size(), 2U);
+  EXPECT_EQ(written.tensors[0].first, "one");
+  EXPECT_TRUE(torch::allclose(written.tensors[0].second, expected[0], 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(written.tensors[1].second, expected, 1e-5, 1e-6));
+  // What does not fit is refused by name: an array of another shape, a file of another kind, no --out.
+  fl::save_safetensors(dir / "bad.safetensors", {{"small", torch::zeros({31, 32})}});
+  const auto bad =
+      fl::testing::run_cli(fmt::format("predict {} {} {} --out {}", file.string(), (dir / "bad.safetensors").string(),
+                                       config, (dir / "outputs").string()));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("'small': an array of shape (31, 32), and the model takes items of shape (32, 32)"),
+            std::string::npos)
+      << bad.output;
+  EXPECT_NE(bad.output.find("a model of tensors reads .npy and .safetensors files"), std::string::npos) << bad.output;
+  const auto no_out = fl::testing::run_cli(fmt::format("predict {} {}", file.string(), (dir / "one.npy").string()));
+  EXPECT_NE(no_out.exit_code, 0);
+  EXPECT_NE(no_out.output.find("give --out DIR"), std::string::npos) << no_out.output;
   fs::remove_all(dir);
 }

@@ -1,14 +1,21 @@
 // The IDX reader and writer: round trips of every element type, clear errors on bad files, and the
-// real Fashion-MNIST files.
+// real Fashion-MNIST files. The .npy reader and writer (numpy's own files: tests/c, `fastlearn predict`): round trips
+// and bad files.
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/idx.h>
+#include <fastlearn/data/npy.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <zlib.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 namespace fl = fastlearn;
 namespace fs = std::filesystem;
@@ -135,3 +142,81 @@ TEST(FashionMnist, TheDebianFilesReadAsSixtyAndTenThousandImages) {
 }
 
 }  // namespace
+
+namespace {
+
+std::string npy_error(const std::string& bytes) {
+  try {
+    fl::parse_npy(bytes, "x.npy");
+  } catch (const fl::DataError& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+std::string npy_file(const std::string& header, const std::string& data) {
+  std::string h = header;
+  const std::size_t total = 10 + h.size() + 1;
+  h.append((64 - total % 64) % 64, ' ');
+  h += '\n';
+  return std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(h.size() & 0xFF) + static_cast<char>(h.size() >> 8) +
+         h + data;
+}
+
+}  // namespace
+
+TEST(Npy, EveryTypeItWritesRoundTrips) {
+  for (const auto type : {torch::kFloat32, torch::kFloat64, torch::kInt8, torch::kUInt8, torch::kInt16, torch::kInt32,
+                          torch::kInt64, torch::kBool}) {
+    for (const auto& shape : std::vector<std::vector<std::int64_t>>{{}, {5}, {2, 3}, {2, 0, 4}}) {
+      const auto t = (torch::randn(shape) * 50).to(type);
+      const auto back = fl::parse_npy(fl::serialize_npy(t), "t.npy");
+      EXPECT_EQ(back.scalar_type(), type);
+      EXPECT_TRUE(torch::equal(back, t)) << c10::toString(type) << " " << t.sizes();
+    }
+  }
+  const auto bytes = fl::serialize_npy(torch::zeros({2, 3}));
+  EXPECT_EQ(bytes.find("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }"), 10u);
+  EXPECT_EQ((bytes.size() - 24) % 64, 0u) << "the data starts 64-byte aligned, as numpy.save writes it";
+}
+
+TEST(Npy, FortranOrderAndBigEndianReadAsTheArray) {
+  const std::vector<double> column_major{1, 4, 2, 5, 3, 6};  // the 2 x 3 array [[1, 2, 3], [4, 5, 6]]
+  std::string big;
+  for (const double v : column_major) {
+    char b[8];
+    std::memcpy(b, &v, 8);
+    std::reverse(b, b + 8);
+    big.append(b, 8);
+  }
+  const auto t = fl::parse_npy(npy_file("{'descr': '>f8', 'fortran_order': True, 'shape': (2, 3), }", big), "f.npy");
+  EXPECT_TRUE(torch::equal(t, torch::tensor({{1., 2., 3.}, {4., 5., 6.}}, torch::kFloat64)));
+  const std::uint16_t high = 0xFFFE;
+  const auto u16 = fl::parse_npy(npy_file("{'descr': '<u2', 'fortran_order': False, 'shape': (1,), }",
+                                          std::string(reinterpret_cast<const char*>(&high), 2)),
+                                 "u.npy");
+  EXPECT_EQ(u16.scalar_type(), torch::kInt32);
+  EXPECT_EQ(u16.item<int>(), 0xFFFE);
+}
+
+TEST(Npy, BadFilesAreRefusedWithTheFileAndNothingAllocatedFromTheirClaims) {
+  const std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
+  EXPECT_NE(npy_error(npy_file(header, std::string(20, '\0'))).find("24 bytes of data, and the file has 20"),
+            std::string::npos);
+  EXPECT_NE(npy_error(npy_file(header, std::string(28, '\0'))).find("the file has 28"), std::string::npos);
+  EXPECT_NE(npy_error(npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (4000000000, 4000000000, 9), }", ""))
+                .find("holds more elements than any file"),
+            std::string::npos);
+  EXPECT_NE(
+      npy_error(npy_file("{'descr': '|O', 'fortran_order': False, 'shape': (1,), }", "12345678")).find("no objects"),
+      std::string::npos);
+  EXPECT_NE(npy_error(npy_file("{'descr': '<f4', 'shape': (1,), }", "1234")).find("no 'fortran_order'"),
+            std::string::npos);
+  EXPECT_NE(npy_error(npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (-1,), }", "")).find("'-1'"),
+            std::string::npos);
+  EXPECT_NE(npy_error("not numpy").find("x.npy: not a .npy file"), std::string::npos);
+  std::string huge_header = npy_file(header, "");
+  huge_header[8] = '\xFF';
+  huge_header[9] = '\xFF';
+  EXPECT_NE(npy_error(huge_header).find("a header of 65535 bytes"), std::string::npos);
+}
