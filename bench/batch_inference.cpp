@@ -25,6 +25,7 @@
 #include <string>
 
 #include "support/bench_support.h"
+#include "support/result_row.h"
 #include "support/source_dir.h"
 
 namespace fl = fastlearn;
@@ -92,18 +93,27 @@ int main(int argc, char** argv) {
   fs::remove_all(dir);
   const auto o = bench::summarize(ours), a = bench::summarize(fastai), t = bench::summarize(loop),
              d = bench::summarize(decode), f = bench::summarize(forward);
+  const auto range = [](const bench::Stats& s) {
+    return nlohmann::ordered_json::array({bench::rounded(s.min, 3), bench::rounded(s.max, 3)});
+  };
   fmt::print(
-      R"({{"batch_inference": {{"ours": {:.2f}, "anchor": {:.2f}, "ratio": {:.3f}, "unit": "images/s", )"
-      R"("higher_is_better": true, "ours_range": [{:.2f}, {:.2f}], "anchor_range": [{:.2f}, {:.2f}], )"
-      R"("torch_loop": {:.2f}, "torch_loop_range": [{:.2f}, {:.2f}], "ratio_vs_torch_loop": {:.3f}, )"
-      R"("ours_decode_seconds": {:.3f}, "ours_decode_range": [{:.3f}, {:.3f}], "ours_forward_seconds": {:.3f}, )"
-      R"("ours_forward_range": [{:.3f}, {:.3f}], "argmax_sums": [{}, {}, {}], "repeats": {}, "images": {}, )"
-      R"x("what": "predictions over {} JPEGs of 160x160, resnet18 (fastai's head, 8 classes) at 128 px, batch 64, 2 )x"
-      R"x(loader workers, 2 threads: load_learner + test_dl + get_preds (channels-last) vs fastai )x"
-      R"x(learn.get_preds(dl=learn.dls.test_dl(files)) (anchor) and a PyTorch + torchvision DataLoader loop"}}}})x"
-      "\n",
-      o.median, a.median, o.median / a.median, o.min, o.max, a.min, a.max, t.median, t.min, t.max, o.median / t.median,
-      d.median, d.min, d.max, f.median, f.min, f.max, our_argmax_sum, fastai_argmax_sum, torch_argmax_sum, repeats,
-      images, images);
+      "{}\n",
+      bench::results_line(
+          {bench::Row("batch_inference", o, a, "images/s", true, 2)
+               .stats("torch_loop", t, 2)
+               .set("ratio_vs_torch_loop", o.median / t.median, 3)
+               .set("ours_decode_seconds", d.median, 3)
+               .set("ours_decode_range", range(d))
+               .set("ours_forward_seconds", f.median, 3)
+               .set("ours_forward_range", range(f))
+               .set("argmax_sums", {our_argmax_sum, fastai_argmax_sum, torch_argmax_sum})
+               .set("repeats", repeats)
+               .set("images", images)
+               .set("what",
+                    fmt::format("predictions over {} JPEGs of 160x160, resnet18 (fastai's head, 8 classes) "
+                                "at 128 px, batch 64, 2 loader workers, 2 threads: load_learner + test_dl + "
+                                "get_preds (channels-last) vs fastai learn.get_preds(dl=learn.dls.test_dl(files)) "
+                                "(anchor) and a PyTorch + torchvision DataLoader loop",
+                                images))}));
   return 0;
 }

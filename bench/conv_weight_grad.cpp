@@ -6,6 +6,7 @@
 // time_to_accuracy runs) and conv_weight_grad_2_threads (the same layer on 2 threads); every shape is listed
 // under "shapes" of the first, with whether the rule takes the patch product there. ratio = torch / ours.
 #include "support/bench_support.h"
+#include "support/result_row.h"
 
 #include <fastlearn/core/detail/mkl_dispatch.h>
 #include <fastlearn/models/conv2d.h>
@@ -62,14 +63,13 @@ Timing time_shape(const Shape& s, int threads, int repeats) {
                                                     out_size * out_size)};
 }
 
-std::string entry(const std::string& name, const Timing& t, int threads, int repeats, const std::string& extra) {
-  return fmt::format(
-      R"("{}": {{"ours": {:.3f}, "anchor": {:.3f}, "ratio": {:.3f}, "unit": "ms", "higher_is_better": false, )"
-      R"("ours_range": [{:.3f}, {:.3f}], "anchor_range": [{:.3f}, {:.3f}], "threads": {}, "repeats": {}, )"
-      R"("what": "weight gradient of conv_net's last convolution (128 -> 256 channels, 3x3 stride 2, 4x4 -> 2x2, )"
-      R"j(batch 128, channels-last): models::Conv2d's patch product vs at::convolution_backward (oneDNN)"{}}})j",
-      name, t.patches.median, t.torch.median, t.torch.median / t.patches.median, t.patches.min, t.patches.max,
-      t.torch.min, t.torch.max, threads, repeats, extra);
+bench::Row entry(const std::string& name, const Timing& t, int threads, int repeats) {
+  return bench::Row(name, t.patches, t.torch, "ms", false, 3)
+      .set("threads", threads)
+      .set("repeats", repeats)
+      .set("what",
+           "weight gradient of conv_net's last convolution (128 -> 256 channels, 3x3 stride 2, 4x4 -> 2x2, batch 128, "
+           "channels-last): models::Conv2d's patch product vs at::convolution_backward (oneDNN)");
 }
 
 }  // namespace
@@ -89,23 +89,28 @@ int main() {
                                     {16, 256, 256, 14, 3, 1}, {32, 512, 512, 7, 3, 1},  {128, 3, 32, 32, 3, 1},
                                     {16, 3, 64, 224, 7, 2},   {16, 64, 128, 56, 3, 2},  {16, 128, 128, 28, 3, 1},
                                     {32, 256, 256, 8, 3, 1},  {32, 512, 512, 4, 3, 1},  {128, 64, 128, 4, 3, 2}};
-    std::string listed;
+    auto listed = nlohmann::ordered_json::array();
     Timing at_threads[2];  // the headline shape on 1 and 2 threads
     for (const int threads : {1, 2}) {
       for (std::size_t i = 0; i < shapes.size(); ++i) {
         const auto& s = shapes[i];
         const auto t = time_shape(s, threads, repeats);
         if (i == headline) at_threads[threads - 1] = t;
-        listed += fmt::format(
-            R"({}{{"batch": {}, "in": {}, "out": {}, "size": {}, "kernel": {}, "stride": {}, "threads": {}, )"
-            R"("torch_ms": {:.3f}, "patches_ms": {:.3f}, "ratio": {:.2f}, "rule_takes_patches": {}}})",
-            listed.empty() ? "" : ", ", s.batch, s.in_channels, s.out_channels, s.size, s.kernel, s.stride, threads,
-            t.torch.median, t.patches.median, t.torch.median / t.patches.median, t.rule);
+        listed.push_back({{"batch", s.batch},
+                          {"in", s.in_channels},
+                          {"out", s.out_channels},
+                          {"size", s.size},
+                          {"kernel", s.kernel},
+                          {"stride", s.stride},
+                          {"threads", threads},
+                          {"torch_ms", bench::rounded(t.torch.median, 3)},
+                          {"patches_ms", bench::rounded(t.patches.median, 3)},
+                          {"ratio", bench::rounded(t.torch.median / t.patches.median, 2)},
+                          {"rule_takes_patches", t.rule}});
       }
     }
-    fmt::print("{{{}, {}}}\n",
-               entry("conv_weight_grad", at_threads[0], 1, repeats, fmt::format(R"(, "shapes": [{}])", listed)),
-               entry("conv_weight_grad_2_threads", at_threads[1], 2, repeats, ""));
+    fmt::print("{}\n", bench::results_line({entry("conv_weight_grad", at_threads[0], 1, repeats).set("shapes", listed),
+                                            entry("conv_weight_grad_2_threads", at_threads[1], 2, repeats)}));
     return 0;
   } catch (const std::exception& e) {
     fmt::print(stderr, "conv_weight_grad: {}\n", e.what());

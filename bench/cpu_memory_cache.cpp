@@ -14,6 +14,7 @@
 #include <string>
 
 #include "support/bench_support.h"
+#include "support/result_row.h"
 
 namespace fl = fastlearn;
 
@@ -55,12 +56,11 @@ int main(int argc, char** argv) {
     on.push_back(run_child(self, true));
   }
   const auto o = bench::summarize(on), a = bench::summarize(off);
-  fmt::print(
-      R"({{"cpu_memory_cache": {{"ours": {:.2f}, "anchor": {:.2f}, "ratio": {:.3f}, "unit": "images/s", )"
-      R"("higher_is_better": true, "ours_range": [{:.2f}, {:.2f}], "anchor_range": [{:.2f}, {:.2f}], "repeats": {}, )"
-      R"x("what": "resnet18 at 128 px, batch 32, channels-last, 2 threads: training with the CPU memory cache (ours) )x"
-      R"x(vs without it (FASTLEARN_CPU_MEMORY_CACHE_MB=0), alternating child processes"}}}})x"
-      "\n",
-      o.median, a.median, o.median / a.median, o.min, o.max, a.min, a.max, repeats);
+  fmt::print("{}\n", bench::results_line({bench::Row("cpu_memory_cache", o, a, "images/s", true, 2)
+                                              .set("repeats", repeats)
+                                              .set("what",
+                                                   "resnet18 at 128 px, batch 32, channels-last, 2 threads: training "
+                                                   "with the CPU memory cache (ours) vs without it "
+                                                   "(FASTLEARN_CPU_MEMORY_CACHE_MB=0), alternating child processes")}));
   return 0;
 }

@@ -7,9 +7,11 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <chrono>
 #include <vector>
+
+#include "support/bench_support.h"
+#include "support/result_row.h"
 
 namespace fl = fastlearn;
 using Clock = std::chrono::steady_clock;
@@ -18,15 +20,6 @@ namespace {
 
 constexpr int kRepeats = 5;
 constexpr std::int64_t kBatch = 128;
-
-struct Stats {
-  double median, min, max;
-};
-
-Stats summarize(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return {v[v.size() / 2], v.front(), v.back()};
-}
 
 // One full epoch of the loader; samples per second.
 double loader_rate(fl::DataLoader& dl) {
@@ -66,13 +59,15 @@ int main(int argc, char** argv) {
     ours_threaded.push_back(loader_rate(threaded.train()));
     anchor.push_back(training_rate(model, opt, batch, 30));
   }
-  const auto o = summarize(ours), w = summarize(ours_threaded), a = summarize(anchor);
-  fmt::print(
-      R"({{"dataloader_throughput": {{"ours": {:.1f}, "anchor": {:.1f}, "ratio": {:.2f}, "unit": "samples/s", )"
-      R"("higher_is_better": true, "ours_range": [{:.1f}, {:.1f}], "anchor_range": [{:.1f}, {:.1f}], )"
-      R"("ours_2_workers": {:.1f}, "threads": {}, "repeats": {}, )"
-      R"("what": "DataLoader (0 workers, bs 128: gather, to float, normalize) vs simple_cnn training consumption"}}}})"
-      "\n",
-      o.median, a.median, o.median / a.median, o.min, o.max, a.min, a.max, w.median, at::get_num_threads(), kRepeats);
+  const auto o = bench::summarize(ours), w = bench::summarize(ours_threaded), a = bench::summarize(anchor);
+  // The ratio with 2 decimals, as this benchmark has always reported it.
+  fmt::print("{}\n", bench::results_line({bench::Row("dataloader_throughput", o, a, "samples/s", true, 1)
+                                              .set("ratio", o.median / a.median, 2)
+                                              .set("ours_2_workers", w.median, 1)
+                                              .set("threads", at::get_num_threads())
+                                              .set("repeats", kRepeats)
+                                              .set("what",
+                                                   "DataLoader (0 workers, bs 128: gather, to float, normalize) vs "
+                                                   "simple_cnn training consumption")}));
   return 0;
 }

@@ -7,6 +7,7 @@
 // alternate (FASTLEARN_BENCH_REPEATS, default 5); ranges are over the runs' medians. Ours runs with the CPU memory
 // cache and MKL's choice by instruction sets, as under a Learner. Prints one JSON object.
 #include "support/bench_support.h"
+#include "support/result_row.h"
 #include "support/source_dir.h"
 
 #include <fastlearn/callbacks/channels_last.h>
@@ -22,7 +23,6 @@
 #include <fastlearn/optim/sgd.h>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -149,7 +149,10 @@ int main() {
     runs.anchor_cl.push_back(acl);
   }
   std::filesystem::remove(out);
-  std::vector<std::string> entries;
+  std::vector<bench::Row> rows;
+  const auto range = [](const bench::Stats& s) {
+    return nlohmann::ordered_json::array({bench::rounded(s.min, 6), bench::rounded(s.max, 6)});
+  };
   for (std::size_t m = 0; m < kModels.size(); ++m) {
     const auto& runs = series[m];
     if (runs.ours.empty()) {
@@ -158,17 +161,24 @@ int main() {
     }
     const auto o = bench::summarize(runs.ours), a = bench::summarize(runs.anchor), ocl = bench::summarize(runs.ours_cl),
                acl = bench::summarize(runs.anchor_cl), c = bench::summarize(runs.compute);
-    entries.push_back(fmt::format(
-        R"("{}": {{"ours": {:.6f}, "anchor": {:.6f}, "ratio": {:.3f}, "unit": "s/step", "higher_is_better": false, )"
-        R"("ours_range": [{:.6f}, {:.6f}], "anchor_range": [{:.6f}, {:.6f}], "ours_without_averaging": {:.6f}, )"
-        R"("ours_channels_last": {:.6f}, "anchor_channels_last": {:.6f}, "ratio_channels_last": {:.3f}, )"
-        R"("ours_channels_last_range": [{:.6f}, {:.6f}], "anchor_channels_last_range": [{:.6f}, {:.6f}], )"
-        R"("model": "{}", "ranks": 2, "batch_per_rank": {}, "steps": {}, "repeats": {}, )"
-        R"("what": "2-rank data parallel step (forward, backward with gradient averaging, SGD momentum) on {}: fastlearn GradReducer vs PyTorch DDP (buffers broadcast before each forward on both sides), Gloo, 1 thread per rank; medians over alternating runs"}})",
-        m == 0 ? "ddp_vs_torch" : "ddp_vs_torch_conv_net", o.median, a.median, a.median / o.median, o.min, o.max, a.min,
-        a.max, c.median, ocl.median, acl.median, acl.median / ocl.median, ocl.min, ocl.max, acl.min, acl.max,
-        kModels[m], kBatch, kSteps, runs.ours.size(), kModels[m]));
+    rows.push_back(
+        bench::Row(m == 0 ? "ddp_vs_torch" : "ddp_vs_torch_conv_net", o, a, "s/step", false, 6)
+            .set("ours_without_averaging", c.median, 6)
+            .set("ours_channels_last", ocl.median, 6)
+            .set("anchor_channels_last", acl.median, 6)
+            .set("ratio_channels_last", acl.median / ocl.median, 3)
+            .set("ours_channels_last_range", range(ocl))
+            .set("anchor_channels_last_range", range(acl))
+            .set("model", kModels[m])
+            .set("ranks", 2)
+            .set("batch_per_rank", kBatch)
+            .set("steps", kSteps)
+            .set("repeats", runs.ours.size())
+            .set("what", "2-rank data parallel step (forward, backward with gradient averaging, SGD momentum) on " +
+                             kModels[m] +
+                             ": fastlearn GradReducer vs PyTorch DDP (buffers broadcast before each forward on both "
+                             "sides), Gloo, 1 thread per rank; medians over alternating runs"));
   }
-  fmt::print("{{{}}}\n", fmt::join(entries, ", "));
+  fmt::print("{}\n", bench::results_line(rows));
   return 0;
 }

@@ -8,6 +8,7 @@
 // ratio = torch / ours; "rule_takes_direct": whether models::Conv2d's rule (models/conv2d.h), which comes from
 // these figures, runs the direct kernels for that shape.
 #include "support/bench_support.h"
+#include "support/result_row.h"
 
 #include <fastlearn/core/cpu_memory_cache.h>
 #include <fastlearn/models/conv2d.h>
@@ -110,7 +111,7 @@ int main() {
         {"ImageNet: 256 at 14x14", 16, 256, 256, 14, 3, 1, false},
         {"5x5 32->32 at 16x16", 32, 32, 32, 16, 5, 1, false},
     };
-    std::string listed;
+    auto listed = nlohmann::ordered_json::array();
     std::array<std::array<double, 2>, 2> headline{};                       // [threads - 1][torch, ours]: summed medians
     std::array<std::array<std::array<double, 2>, 2>, 2> headline_range{};  // [threads - 1][torch, ours][min, max]
     for (const int threads : {1, 2}) {
@@ -118,13 +119,19 @@ int main() {
         const auto t = time_shape(s, threads, repeats);
         const auto out_side = (s.size + 2 * (s.kernel / 2) - s.kernel) / s.stride + 1;
         for (std::size_t part = 0; part < kParts.size(); ++part) {
-          listed += fmt::format(
-              R"({}{{"what": "{}", "part": "{}", "batch": {}, "in": {}, "out": {}, "size": {}, "kernel": {}, )"
-              R"("stride": {}, "threads": {}, "torch_ms": {:.3f}, "ours_ms": {:.3f}, "ratio": {:.2f}, )"
-              R"("rule_takes_direct": {}}})",
-              listed.empty() ? "" : ", ", s.what, kParts[part], s.batch, s.in_channels, s.out_channels, s.size,
-              s.kernel, s.stride, threads, t.torch[part].median, t.ours[part].median,
-              t.torch[part].median / t.ours[part].median, fastlearn::models::uses_direct_conv(out_side * out_side));
+          listed.push_back({{"what", s.what},
+                            {"part", kParts[part]},
+                            {"batch", s.batch},
+                            {"in", s.in_channels},
+                            {"out", s.out_channels},
+                            {"size", s.size},
+                            {"kernel", s.kernel},
+                            {"stride", s.stride},
+                            {"threads", threads},
+                            {"torch_ms", bench::rounded(t.torch[part].median, 3)},
+                            {"ours_ms", bench::rounded(t.ours[part].median, 3)},
+                            {"ratio", bench::rounded(t.torch[part].median / t.ours[part].median, 2)},
+                            {"rule_takes_direct", fastlearn::models::uses_direct_conv(out_side * out_side)}});
           fmt::print(stderr, "{:48} {:11} {} thread(s): torch {:8.3f} ms, ours {:8.3f} ms, {:.2f}x\n", s.what,
                      kParts[part], threads, t.torch[part].median, t.ours[part].median,
                      t.torch[part].median / t.ours[part].median);
@@ -141,20 +148,19 @@ int main() {
         }
       }
     }
-    const auto entry = [&](const std::string& name, int threads, const std::string& extra) {
+    const auto entry = [&](const std::string& name, int threads) {
       const auto& sum = headline[threads - 1];
       const auto& range = headline_range[threads - 1];
-      return fmt::format(
-          R"("{}": {{"ours": {:.3f}, "anchor": {:.3f}, "ratio": {:.3f}, "unit": "ms", "higher_is_better": false, )"
-          R"("ours_range": [{:.3f}, {:.3f}], "anchor_range": [{:.3f}, {:.3f}], "threads": {}, "repeats": {}, )"
-          R"("what": "forward + input gradient + weight gradient of conv_net 32-64-128-256's convolutions after the )"
-          R"(first (batch 128, channels-last): models/detail/direct_conv2d vs at::conv2d / at::convolution_backward )"
-          R"((oneDNN), summed medians"{}}})",
-          name, sum[1], sum[0], sum[0] / sum[1], range[1][0], range[1][1], range[0][0], range[0][1], threads, repeats,
-          extra);
+      return bench::Row(name, {sum[1], range[1][0], range[1][1]}, {sum[0], range[0][0], range[0][1]}, "ms", false, 3)
+          .set("threads", threads)
+          .set("repeats", repeats)
+          .set("what",
+               "forward + input gradient + weight gradient of conv_net 32-64-128-256's convolutions after the first "
+               "(batch 128, channels-last): models/detail/direct_conv2d vs at::conv2d / at::convolution_backward "
+               "(oneDNN), summed medians");
     };
-    fmt::print("{{{}, {}}}\n", entry("direct_conv", 1, fmt::format(R"(, "shapes": [{}])", listed)),
-               entry("direct_conv_2_threads", 2, ""));
+    fmt::print("{}\n",
+               bench::results_line({entry("direct_conv", 1).set("shapes", listed), entry("direct_conv_2_threads", 2)}));
     return 0;
   } catch (const std::exception& e) {
     fmt::print(stderr, "direct_conv: {}\n", e.what());

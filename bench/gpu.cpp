@@ -46,6 +46,7 @@
 #include <sstream>
 
 #include "support/bench_support.h"
+#include "support/result_row.h"
 #include "support/source_dir.h"
 
 namespace fl = fastlearn;
@@ -190,24 +191,19 @@ Comparison compare_epochs(const std::string& side, const Data& d, const std::str
   return c;
 }
 
-std::string json_member(const std::string& name, const Comparison& c, const std::string& unit, bool higher_is_better,
-                        const std::string& what, const std::string& device) {
-  const double ratio = higher_is_better ? c.ours.median / c.anchor.median : c.anchor.median / c.ours.median;
-  std::string switched_off;
+bench::Row json_member(const std::string& name, const Comparison& c, const std::string& unit, bool higher_is_better,
+                       const std::string& what, const std::string& device) {
+  bench::Row row(name, c.ours, c.anchor, unit, higher_is_better, 2);
+  row.set("repeats", c.repeats)
+      .set("ours_valid_accuracy", c.ours_accuracy, 4)
+      .set("anchor_valid_accuracy", c.anchor_accuracy, 4);
   if (c.ours_switched_off) {
     const auto& off = *c.ours_switched_off;
-    switched_off =
-        fmt::format(R"("off_switch": "{}", "ours_switched_off": {:.2f}, "ours_switched_off_range": [{:.2f}, {:.2f}], )"
-                    R"("switch_gain": {:.3f}, )",
-                    c.off_switch, off.median, off.min, off.max,
-                    higher_is_better ? c.ours.median / off.median : off.median / c.ours.median);
+    row.set("off_switch", c.off_switch)
+        .stats("ours_switched_off", off, 2)
+        .set("switch_gain", higher_is_better ? c.ours.median / off.median : off.median / c.ours.median, 3);
   }
-  return fmt::format(
-      R"("{}": {{"ours": {:.2f}, "anchor": {:.2f}, "ratio": {:.3f}, "unit": "{}", "higher_is_better": {}, )"
-      R"("ours_range": [{:.2f}, {:.2f}], "anchor_range": [{:.2f}, {:.2f}], "repeats": {}, "ours_valid_accuracy": {:.4f}, )"
-      R"("anchor_valid_accuracy": {:.4f}, {}"device": "{}", "what": "{}"}})",
-      name, c.ours.median, c.anchor.median, ratio, unit, higher_is_better, c.ours.min, c.ours.max, c.anchor.min,
-      c.anchor.max, c.repeats, c.ours_accuracy, c.anchor_accuracy, switched_off, device, what);
+  return row.set("device", device).set("what", what);
 }
 
 // Two of our Learners on the same batches, interleaved: samples/s of fit(1) after one warm-up fit each.
@@ -316,12 +312,12 @@ int main(int argc, char** argv) {
   try {
     const std::string device = device_name();
     const int n = bench::repeats(5);
-    std::vector<std::string> members;
+    std::vector<bench::Row> rows;
     auto want = [&](const std::string& name) { return only.empty() || name.rfind(only, 0) == 0; };
     auto trace_of = [&](const std::string& name) { return trace_dir.empty() ? trace_dir : trace_dir + "/" + name; };
-    auto report = [&](const std::string& member) {
-      members.push_back(member);
-      std::cout << "bench_gpu: {" << member << "}\n" << std::flush;
+    auto report = [&](const bench::Row& row) {
+      rows.push_back(row);
+      std::cout << "bench_gpu: " << bench::results_line({row}) << "\n" << std::flush;
     };
     if (want("gpu_conv_net")) {
       const auto d = fashion(data_dir);
@@ -394,9 +390,7 @@ int main(int argc, char** argv) {
                          "reached), vs fastai's",
                          device));
     }
-    std::string json = "{";
-    for (std::size_t i = 0; i < members.size(); ++i) json += (i ? ", " : "") + members[i];
-    json += "}\n";
+    const std::string json = bench::results_line(rows) + "\n";
     std::cout << json;
     if (!out_file.empty()) std::ofstream(out_file) << json;
     return 0;

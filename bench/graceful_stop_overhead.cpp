@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "support/bench_support.h"
+#include "support/result_row.h"
 
 namespace fl = fastlearn;
 
@@ -89,16 +90,21 @@ void run_rank(int rank) {
   }
   const auto w = bench::summarize(with), wo = bench::summarize(without), o = bench::summarize(old);
   const auto ratio = bench::summarize(pair_ratios), old_ratio = bench::summarize(old_ratios);
-  fmt::print(
-      R"({{"graceful_stop_overhead": {{"ours": {:.6f}, "anchor": {:.6f}, "ratio": {:.4f}, "unit": "s/step", )"
-      R"("higher_is_better": false, "ours_range": [{:.6f}, {:.6f}], "anchor_range": [{:.6f}, {:.6f}], )"
-      R"("ratio_range": [{:.4f}, {:.4f}], "per_batch_collective": {:.6f}, "per_batch_collective_range": [{:.6f}, {:.6f}], )"
-      R"("per_batch_collective_ratio": {:.4f}, )"
-      R"("ranks": 2, "threads": 1, "repeats": {}, )"
-      R"("what": "2-rank Learner step (simple_cnn, 64 per rank, Gloo) with GracefulStop (flag in the gradient all-reduce) vs without; per_batch_collective: the replaced design, an all_reduce + host read per batch"}}}})"
-      "\n",
-      w.median, wo.median, ratio.median, w.min, w.max, wo.min, wo.max, ratio.min, ratio.max, o.median, o.min, o.max,
-      old_ratio.median, repeats);
+  // ratio: the median of the pair ratios, with 4 decimals.
+  fmt::print("{}\n", bench::results_line(
+                         {bench::Row("graceful_stop_overhead", w, wo, "s/step", false, 6)
+                              .set("ratio", ratio.median, 4)
+                              .set("ratio_range", nlohmann::ordered_json::array(
+                                                      {bench::rounded(ratio.min, 4), bench::rounded(ratio.max, 4)}))
+                              .stats("per_batch_collective", o, 6)
+                              .set("per_batch_collective_ratio", old_ratio.median, 4)
+                              .set("ranks", 2)
+                              .set("threads", 1)
+                              .set("repeats", repeats)
+                              .set("what",
+                                   "2-rank Learner step (simple_cnn, 64 per rank, Gloo) with GracefulStop (flag "
+                                   "in the gradient all-reduce) vs without; per_batch_collective: the replaced "
+                                   "design, an all_reduce + host read per batch")}));
 }
 
 }  // namespace

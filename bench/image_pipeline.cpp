@@ -17,6 +17,7 @@
 #include <string>
 
 #include "support/bench_support.h"
+#include "support/result_row.h"
 #include "support/source_dir.h"
 
 namespace fl = fastlearn;
@@ -56,12 +57,13 @@ int main(int argc, char** argv) {
   }
   fs::remove_all(dir);
   const auto o = bench::summarize(ours), a = bench::summarize(anchor);
-  fmt::print(
-      R"({{"image_pipeline": {{"ours": {:.1f}, "anchor": {:.1f}, "ratio": {:.3f}, "unit": "images/s", )"
-      R"("higher_is_better": true, "ours_range": [{:.1f}, {:.1f}], "anchor_range": [{:.1f}, {:.1f}], "repeats": {}, )"
-      R"("images": {}, "workers": {}, "what": "JPEG 300-500 px -> RandomResizedCrop 224, flip, float, normalize, )"
-      R"x(batches of 64: ImageDataLoaders::from_folder vs torchvision ImageFolder + DataLoader, PIL in draft mode"}}}})x"
-      "\n",
-      o.median, a.median, o.median / a.median, o.min, o.max, a.min, a.max, repeats, images, workers);
+  const auto row = bench::Row("image_pipeline", o, a, "images/s", true, 1)
+                       .set("repeats", repeats)
+                       .set("images", images)
+                       .set("workers", workers)
+                       .set("what",
+                            "JPEG 300-500 px -> RandomResizedCrop 224, flip, float, normalize, batches of 64: "
+                            "ImageDataLoaders::from_folder vs torchvision ImageFolder + DataLoader, PIL in draft mode");
+  fmt::print("{}\n", bench::results_line({row}));
   return 0;
 }

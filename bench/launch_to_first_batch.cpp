@@ -5,6 +5,7 @@
 // Fashion-MNIST and building the learner; the 2 ranks also the launcher, the rendezvous and the process group.
 // Repeats interleave; ratio = one process / 2 ranks (> 1: the 2 ranks start sooner). Prints one JSON object.
 #include "support/bench_support.h"
+#include "support/result_row.h"
 
 #include <nlohmann/json.hpp>
 
@@ -56,19 +57,15 @@ int main(int argc, char** argv) {
       anchor.push_back(to_first_batch(one_process));
     }
     const auto o = bench::summarize(ours), a = bench::summarize(anchor);
-    nlohmann::json result = {
-        {"ours", o.median},
-        {"anchor", a.median},
-        {"ratio", a.median / o.median},
-        {"unit", "s"},
-        {"higher_is_better", false},
-        {"ours_range", {o.min, o.max}},
-        {"anchor_range", {a.min, a.max}},
-        {"repeats", n},
-        {"what",
-         "wall seconds from the start to the first training batch: fastlearn launch, 2 ranks of 1 thread (batch 128 "
-         "each) vs one process of 2 threads (batch 256), time_to_accuracy's setting; ratio = one process / 2 ranks"}};
-    std::cout << nlohmann::json{{"launch_to_first_batch", result}}.dump() << "\n";
+    // The seconds come from the steady clock in nanoseconds: 9 decimals keep them as measured.
+    const auto result =
+        bench::Row("launch_to_first_batch", o, a, "s", /*higher_is_better=*/false, 9)
+            .set("repeats", n)
+            .set("what",
+                 "wall seconds from the start to the first training batch: fastlearn launch, 2 ranks of 1 thread "
+                 "(batch 128 each) vs one process of 2 threads (batch 256), time_to_accuracy's setting; ratio = one "
+                 "process / 2 ranks");
+    std::cout << bench::results_line({result}) << "\n";
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "launch_to_first_batch: " << e.what() << "\n";

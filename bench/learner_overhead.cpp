@@ -11,12 +11,12 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <vector>
 
 #include "support/epoch_vs_python.h"
+#include "support/result_row.h"
 
 namespace fl = fastlearn;
 using Clock = std::chrono::steady_clock;
@@ -25,14 +25,6 @@ namespace {
 
 constexpr int kRepeats = 7;
 constexpr std::int64_t kBatch = 128, kTrainItems = 100 * kBatch, kValidItems = 2048;
-
-struct Stats {
-  double median, min, max;
-};
-Stats summarize(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return {v[v.size() / 2], v.front(), v.back()};
-}
 
 fl::DataLoaders subset(const fl::DataLoaders& full) { return bench::first_items(full, kTrainItems, kValidItems); }
 
@@ -98,15 +90,17 @@ int main(int argc, char** argv) {
     ours.push_back(seconds_since(start));
     anchor.push_back(hand_loop(loop_model, *loop_opt, loop_dls, acc));
   }
-  const auto o = summarize(ours), a = summarize(anchor);
-  fmt::print(
-      R"({{"learner_overhead": {{"ours": {:.4f}, "anchor": {:.4f}, "ratio": {:.4f}, "unit": "s/epoch", )"
-      R"("higher_is_better": false, "ours_range": [{:.4f}, {:.4f}], "anchor_range": [{:.4f}, {:.4f}], )"
-      R"("threads": {}, "repeats": {}, "learner_valid_accuracy": {:.4f}, "loop_valid_accuracy": {:.4f}, )"
-      R"("what": "Learner.fit(1) with TrainEval+Recorder+Progress vs a hand-written loop; simple_cnn, 100 batches of 128 + 2048 valid, same loaders and Adam"}}}})"
-      "\n",
-      o.median, a.median, a.median / o.median, o.min, o.max, a.min, a.max, at::get_num_threads(), kRepeats,
-      learn.validate().metric("accuracy"), acc);
+  const auto o = bench::summarize(ours), a = bench::summarize(anchor);
+  const auto row = bench::Row("learner_overhead", o, a, "s/epoch", false, 4)
+                       .set("ratio", a.median / o.median, 4)  // 4 decimals, as this row always had
+                       .set("threads", at::get_num_threads())
+                       .set("repeats", kRepeats)
+                       .set("learner_valid_accuracy", learn.validate().metric("accuracy"), 4)
+                       .set("loop_valid_accuracy", acc, 4)
+                       .set("what",
+                            "Learner.fit(1) with TrainEval+Recorder+Progress vs a hand-written loop; simple_cnn, 100 "
+                            "batches of 128 + 2048 valid, same loaders and Adam");
+  fmt::print("{}\n", bench::results_line({row}));
   std::fclose(devnull);
   return 0;
 }

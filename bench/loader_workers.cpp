@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "support/bench_support.h"
+#include "support/result_row.h"
 #include "support/source_dir.h"
 
 namespace fl = fastlearn;
@@ -46,20 +47,20 @@ double epoch_seconds(const std::function<fl::DataLoaders(int)>& make, int worker
 }
 
 // The row: every repeat runs workers 0, 1 and 2 in turn.
-std::string row(const std::string& name, const std::function<fl::DataLoaders(int)>& make, const Model& model,
-                int repeats, const std::string& what) {
+bench::Row row(const std::string& name, const std::function<fl::DataLoaders(int)>& make, const Model& model,
+               int repeats, const std::string& what) {
   epoch_seconds(make, 1, model);  // warm-up (files in the page cache, allocator)
   std::array<std::vector<double>, 3> seconds;
   for (int r = 0; r < repeats; ++r)
     for (int w = 0; w < 3; ++w) seconds[static_cast<std::size_t>(w)].push_back(epoch_seconds(make, w, model));
   const auto none = bench::summarize(seconds[0]), one = bench::summarize(seconds[1]),
              two = bench::summarize(seconds[2]);
-  return fmt::format(
-      R"("{}": {{"ours": {:.3f}, "anchor": {:.3f}, "ratio": {:.3f}, "unit": "s/epoch", "higher_is_better": false, )"
-      R"("ours_range": [{:.3f}, {:.3f}], "anchor_range": [{:.3f}, {:.3f}], "workers_2": {:.3f}, )"
-      R"("workers_2_range": [{:.3f}, {:.3f}], "ratio_workers_2": {:.3f}, "threads": {}, "repeats": {}, "what": "{}"}})",
-      name, one.median, none.median, none.median / one.median, one.min, one.max, none.min, none.max, two.median,
-      two.min, two.max, none.median / two.median, at::get_num_threads(), repeats, what);
+  return bench::Row(name, one, none, "s/epoch", false, 3)
+      .stats("workers_2", two, 3)
+      .set("ratio_workers_2", none.median / two.median, 3)
+      .set("threads", at::get_num_threads())
+      .set("repeats", repeats)
+      .set("what", what);
 }
 
 }  // namespace
@@ -100,6 +101,6 @@ int main(int argc, char** argv) {
       "one epoch of conv_net on 512 photo-sized JPEG files cropped to 64x64, bs 64, 2 threads: seconds with 1 "
       "loader worker (ours) and 0 (anchor)");
   fs::remove_all(dir);
-  fmt::print("{{{}, {}}}\n", fashion, images);
+  fmt::print("{}\n", bench::results_line({fashion, images}));
   return 0;
 }

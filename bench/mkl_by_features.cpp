@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <functional>
@@ -24,6 +25,7 @@
 
 #include "support/bench_support.h"
 #include "support/epoch_vs_python.h"
+#include "support/result_row.h"
 
 namespace fl = fastlearn;
 
@@ -114,7 +116,7 @@ int main(int argc, char** argv) {
   const int repeats = bench::repeats(5);
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   const auto list = products();
-  std::vector<std::string> entries;
+  std::vector<bench::Row> rows;
   for (const int threads : {1, 2}) {
     std::vector<std::vector<double>> on(list.size() + 1), off(list.size() + 1);
     for (int r = 0; r < repeats; ++r) {
@@ -125,20 +127,24 @@ int main(int argc, char** argv) {
         on[i].push_back(ours[i]);
       }
     }
-    std::vector<std::string> shapes;
+    auto shapes = nlohmann::ordered_json::array();
     for (std::size_t i = 0; i < list.size(); ++i) {
       const auto o = bench::summarize(on[i + 1]), a = bench::summarize(off[i + 1]);
-      shapes.push_back(fmt::format(R"({{"product": "{}", "ours": {:.4f}, "anchor": {:.4f}, "ratio": {:.3f}}})",
-                                   list[i].name, o.median, a.median, a.median / o.median));
+      shapes.push_back(nlohmann::ordered_json{{"product", list[i].name},
+                                              {"ours", bench::rounded(o.median, 4)},
+                                              {"anchor", bench::rounded(a.median, 4)},
+                                              {"ratio", bench::rounded(a.median / o.median, 3)}});
     }
     const auto o = bench::summarize(on[0]), a = bench::summarize(off[0]);
-    entries.push_back(fmt::format(
-        R"("{}": {{"ours": {:.4f}, "anchor": {:.4f}, "ratio": {:.3f}, "unit": "ms", "higher_is_better": false, )"
-        R"("ours_range": [{:.4f}, {:.4f}], "anchor_range": [{:.4f}, {:.4f}], "threads": {}, "repeats": {}, )"
-        R"("shapes": [{}], )"
-        R"x("what": "the MKL products of an MLP step (784-512-256-10, batch 128) and conv_net's patch product (its last layer's weight gradient): MKL choosing by instruction sets (ours, core/mkl_dispatch) vs as shipped (FASTLEARN_MKL_BY_FEATURES=0), alternating child processes"}})x",
-        threads == 1 ? "mkl_by_features" : "mkl_by_features_2_threads", o.median, a.median, a.median / o.median, o.min,
-        o.max, a.min, a.max, threads, repeats, fmt::join(shapes, ", ")));
+    rows.push_back(
+        bench::Row(threads == 1 ? "mkl_by_features" : "mkl_by_features_2_threads", o, a, "ms", false, 4)
+            .set("threads", threads)
+            .set("repeats", repeats)
+            .set("shapes", shapes)
+            .set("what",
+                 "the MKL products of an MLP step (784-512-256-10, batch 128) and conv_net's patch product (its last "
+                 "layer's weight gradient): MKL choosing by instruction sets (ours, core/mkl_dispatch) vs as shipped "
+                 "(FASTLEARN_MKL_BY_FEATURES=0), alternating child processes"));
   }
   std::vector<double> epoch_on, epoch_off;
   const auto mode = fmt::format("--epoch-child '{}'", data);
@@ -147,12 +153,14 @@ int main(int argc, char** argv) {
     epoch_on.push_back(run_child(self, mode, true, 0)[0]);
   }
   const auto o = bench::summarize(epoch_on), a = bench::summarize(epoch_off);
-  entries.push_back(fmt::format(
-      R"("mkl_by_features_mlp_epoch": {{"ours": {:.1f}, "anchor": {:.1f}, "ratio": {:.3f}, "unit": "train samples/s", )"
-      R"("higher_is_better": true, "ours_range": [{:.1f}, {:.1f}], "anchor_range": [{:.1f}, {:.1f}], "threads": 2, )"
-      R"("repeats": {}, )"
-      R"x("what": "vs_pytorch_loop_mlp's training epoch (Learner.fit(1), 784-512-256-10 MLP, 100 batches of 128, validation included): MKL choosing by instruction sets (ours) vs as shipped (FASTLEARN_MKL_BY_FEATURES=0), alternating child processes"}})x",
-      o.median, a.median, o.median / a.median, o.min, o.max, a.min, a.max, repeats));
-  fmt::print("{{{}}}\n", fmt::join(entries, ", "));
+  rows.push_back(
+      bench::Row("mkl_by_features_mlp_epoch", o, a, "train samples/s", true, 1)
+          .set("threads", 2)
+          .set("repeats", repeats)
+          .set("what",
+               "vs_pytorch_loop_mlp's training epoch (Learner.fit(1), 784-512-256-10 MLP, 100 batches of 128, "
+               "validation included): MKL choosing by instruction sets (ours) vs as shipped "
+               "(FASTLEARN_MKL_BY_FEATURES=0), alternating child processes"));
+  fmt::print("{}\n", bench::results_line(rows));
   return 0;
 }

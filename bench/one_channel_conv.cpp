@@ -6,6 +6,7 @@
 // Entries: one_channel_conv (1 thread: a rank of time_to_accuracy) and one_channel_conv_2_threads.
 // ratio = torch / ours.
 #include "support/bench_support.h"
+#include "support/result_row.h"
 
 #include <fastlearn/models/conv2d.h>
 #include <fastlearn/models/memory_format.h>
@@ -74,17 +75,17 @@ Timing time_layer(int threads, int repeats) {
           bench::summarize(ours_fwd)};
 }
 
-std::string entry(const std::string& name, const Timing& t, int threads, int repeats) {
-  return fmt::format(
-      R"("{}": {{"ours": {:.3f}, "anchor": {:.3f}, "ratio": {:.3f}, "unit": "ms", "higher_is_better": false, )"
-      R"("ours_range": [{:.3f}, {:.3f}], "anchor_range": [{:.3f}, {:.3f}], "ours_forward": {:.3f}, )"
-      R"("anchor_forward": {:.3f}, "forward_ratio": {:.3f}, "threads": {}, "repeats": {}, )"
-      R"("what": "forward + weight and bias gradients of simple_cnn's first layer (1 -> 32, 3x3 stride 2, )"
-      R"(28x28, batch 128, channels-last): models::Conv2d's one-channel kernels vs FASTLEARN_ONE_CHANNEL_CONV=0 )"
-      R"j((torch's convolution, oneDNN); *_forward: the forward alone under no_grad"}})j",
-      name, t.ours.median, t.torch.median, t.torch.median / t.ours.median, t.ours.min, t.ours.max, t.torch.min,
-      t.torch.max, t.ours_forward.median, t.torch_forward.median, t.torch_forward.median / t.ours_forward.median,
-      threads, repeats);
+bench::Row entry(const std::string& name, const Timing& t, int threads, int repeats) {
+  return bench::Row(name, t.ours, t.torch, "ms", false, 3)
+      .set("ours_forward", t.ours_forward.median, 3)
+      .set("anchor_forward", t.torch_forward.median, 3)
+      .set("forward_ratio", t.torch_forward.median / t.ours_forward.median, 3)
+      .set("threads", threads)
+      .set("repeats", repeats)
+      .set("what",
+           "forward + weight and bias gradients of simple_cnn's first layer (1 -> 32, 3x3 stride 2, 28x28, batch 128, "
+           "channels-last): models::Conv2d's one-channel kernels vs FASTLEARN_ONE_CHANNEL_CONV=0 (torch's "
+           "convolution, oneDNN); *_forward: the forward alone under no_grad");
 }
 
 }  // namespace
@@ -94,8 +95,8 @@ int main() {
     const int repeats = bench::repeats(7);
     const auto one = time_layer(1, repeats);
     const auto two = time_layer(2, repeats);
-    fmt::print("{{{}, {}}}\n", entry("one_channel_conv", one, 1, repeats),
-               entry("one_channel_conv_2_threads", two, 2, repeats));
+    fmt::print("{}\n", bench::results_line({entry("one_channel_conv", one, 1, repeats),
+                                            entry("one_channel_conv_2_threads", two, 2, repeats)}));
     return 0;
   } catch (const std::exception& e) {
     fmt::print(stderr, "one_channel_conv: {}\n", e.what());

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "support/bench_support.h"
+#include "support/result_row.h"
 #include "support/source_dir.h"
 
 namespace fl = fastlearn;
@@ -143,16 +144,18 @@ int main(int argc, char** argv) {
   learn.end_steps();
   const auto o = bench::summarize(ours), a = bench::summarize(anchor), b = bench::summarize(bare),
              before = bench::summarize(bare_before), after = bench::summarize(bare_after);
-  fmt::print(R"({{"{}": {{"ours": {:.1f}, "anchor": {:.1f}, "ratio": {:.3f}, "unit": "steps/s", )"
-             R"("higher_is_better": true, "ours_range": [{:.1f}, {:.1f}], "anchor_range": [{:.1f}, {:.1f}], )"
-             R"("bare": {:.1f}, "bare_range": [{:.1f}, {:.1f}], "learner_cost": {:.4f}, )"
-             R"("bare_before": {:.1f}, "bare_before_range": [{:.1f}, {:.1f}], "bare_after": {:.1f}, )"
-             R"("bare_after_range": [{:.1f}, {:.1f}], "host_loop_after": {:.3f}, )"
-             R"("last_losses": [{:.5f}, {:.5f}, {:.5f}], "threads": {}, "repeats": {}, "steps": {}, "what": "{}"}}}})"
-             "\n",
-             kSurrogate.name, o.median, a.median, o.median / a.median, o.min, o.max, a.min, a.max, b.median, b.min,
-             b.max, 1.0 - o.median / b.median, before.median, before.min, before.max, after.median, after.min,
-             after.max, after.median / before.median, our_loss, their_loss, bare_loss, kSurrogate.threads, repeats,
-             steps, kSurrogate.what);
+  const auto row = bench::Row(kSurrogate.name, o, a, "steps/s", true, 1)
+                       .stats("bare", b, 1)
+                       .set("learner_cost", 1.0 - o.median / b.median, 4)
+                       .stats("bare_before", before, 1)
+                       .stats("bare_after", after, 1)
+                       .set("host_loop_after", after.median / before.median, 3)
+                       .set("last_losses",
+                            {bench::rounded(our_loss, 5), bench::rounded(their_loss, 5), bench::rounded(bare_loss, 5)})
+                       .set("threads", kSurrogate.threads)
+                       .set("repeats", repeats)
+                       .set("steps", steps)
+                       .set("what", kSurrogate.what);
+  fmt::print("{}\n", bench::results_line({row}));
   return 0;
 }

@@ -17,21 +17,14 @@
 #include <string>
 #include <vector>
 
+#include "support/result_row.h"
+
 namespace fl = fastlearn;
 using Clock = std::chrono::steady_clock;
 
 namespace {
 
 constexpr int kRepeats = 11;
-
-struct Stats {
-  double median, min, max;
-};
-
-Stats summarize(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return {v[v.size() / 2], v.front(), v.back()};
-}
 
 // A model's parameters, copied, with a fixed random gradient each.
 std::vector<at::Tensor> with_grads(const std::vector<at::Tensor>& model_params) {
@@ -108,7 +101,7 @@ int main() {
         });
   }
 
-  std::string out = "{";
+  std::vector<bench::Row> rows;
   for (std::size_t c = 0; c < cases.size(); ++c) {
     const auto& k = cases[c];
     // Enough steps per repeat for ~0.1 s of the anchor.
@@ -122,15 +115,18 @@ int main() {
         .push_back(time_steps(k.ours_foreach, steps));
       anchor.push_back(time_steps(k.anchor, steps));
     }
-    const auto o = summarize(ours), f = summarize(foreach), a = summarize(anchor);
-    out +=
-        fmt::format(R"({}"optimizer_step_{}": {{"ours": {:.1f}, "anchor": {:.1f}, "ratio": {:.2f}, "unit": "us/step", )"
-                    R"("higher_is_better": false, "ours_range": [{:.1f}, {:.1f}], "anchor_range": [{:.1f}, {:.1f}], )"
-                    R"("ours_foreach": {:.1f}, "params": {}, "threads": {}, "repeats": {}, "steps_per_repeat": {}, )"
-                    R"("what": "fastlearn {} step (fused CPU kernels) vs torch::optim, fixed random grads"}})",
-                    c ? ", " : "", k.name, o.median, a.median, a.median / o.median, o.min, o.max, a.min, a.max,
-                    f.median, numels[c], at::get_num_threads(), kRepeats, steps, k.name);
+    const auto o = bench::summarize(ours), f = bench::summarize(foreach), a = bench::summarize(anchor);
+    rows.push_back(
+        bench::Row("optimizer_step_" + k.name, o, a, "us/step", false, 1)
+            .set("ratio", a.median / o.median, 2)  // 2 decimals, as this row always had
+            .set("ours_foreach", f.median, 1)
+            .set("params", numels[c])
+            .set("threads", at::get_num_threads())
+            .set("repeats", kRepeats)
+            .set("steps_per_repeat", steps)
+            .set("what",
+                 fmt::format("fastlearn {} step (fused CPU kernels) vs torch::optim, fixed random grads", k.name)));
   }
-  fmt::print("{}}}\n", out);
+  fmt::print("{}\n", bench::results_line(rows));
   return 0;
 }

@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include "support/epoch_vs_python.h"
+#include "support/result_row.h"
 
 namespace fl = fastlearn;
 
@@ -53,14 +54,18 @@ int main(int argc, char** argv) {
       anchor.push_back(bench::seconds_since(start));
     }
     const auto o = bench::summarize(ours), a = bench::summarize(anchor);
-    fmt::print(
-        R"({{"parallel_trainer": {{"ours": {:.4f}, "anchor": {:.4f}, "ratio": {:.4f}, "unit": "s/epoch", )"
-        R"("higher_is_better": false, "ours_range": [{:.4f}, {:.4f}], "anchor_range": [{:.4f}, {:.4f}], )"
-        R"("threads": {}, "repeats": {}, "replicas_valid_accuracy": {:.4f}, "one_process_valid_accuracy": {:.4f}, )"
-        R"("what": "Learner.fit(1) of conv_net on 2 CPU replicas of one process (ParallelCtx, 1 thread each) vs one process of {} threads; 60 batches of 256 + 2048 valid, Adam"}}}})"
-        "\n",
-        o.median, a.median, a.median / o.median, o.min, o.max, a.min, a.max, threads, n,
-        replicas->validate().metric("accuracy"), one->validate().metric("accuracy"), threads);
+    // The ratio keeps the 4 decimals this row has always had.
+    const auto row =
+        bench::Row("parallel_trainer", o, a, "s/epoch", /*higher_is_better=*/false, 4)
+            .set("ratio", a.median / o.median, 4)
+            .set("threads", threads)
+            .set("repeats", n)
+            .set("replicas_valid_accuracy", replicas->validate().metric("accuracy"), 4)
+            .set("one_process_valid_accuracy", one->validate().metric("accuracy"), 4)
+            .set("what", fmt::format("Learner.fit(1) of conv_net on 2 CPU replicas of one process (ParallelCtx, 1 "
+                                     "thread each) vs one process of {} threads; 60 batches of 256 + 2048 valid, Adam",
+                                     threads));
+    fmt::print("{}\n", bench::results_line({row}));
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "parallel_trainer: " << e.what() << "\n";

@@ -16,10 +16,14 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <limits>
 #include <vector>
+
+#include "support/result_row.h"
 
 namespace fl = fastlearn;
 using Clock = std::chrono::steady_clock;
@@ -171,21 +175,46 @@ void run_rank(int) {
   const double deep_plain = tcp.plain, bucketed = tcp.bucketed, naive = tcp.naive;
 
   if (fl::rank() == 0) {
-    fmt::print(
-        R"({{"reducer_bandwidth": {{"ours": {:.1f}, "anchor": {:.1f}, "ratio": {:.3f}, "unit": "MB/s", "higher_is_better": true, )"
-        R"("ratio_range": [{:.3f}, {:.3f}], "gradient_mb": {:.1f}, "steps": {}, "backward_s": {:.5f}, "backward_with_reducer_s": {:.5f}, "backward_with_packing_and_copies_s": {:.5f}, "raw_allreduce_added_s": {:.5f}, )"
-        R"("what": "bytes / time the reducer adds to backward (overlap included; configured as DistributedTrainer runs it) vs one all_reduce of a flat buffer of all gradients; 2 local ranks, shared memory transport"}}, )"
-        R"("bucketed_vs_naive": {{"ours": {:.6f}, "anchor": {:.6f}, "ratio": {:.2f}, "unit": "s/step added", "higher_is_better": false, )"
-        R"("parameter_tensors": {}, "backward_s": {:.6f}, "step_with_reducer_s": {:.6f}, "step_with_per_parameter_allreduce_s": {:.6f}, )"
-        R"("shared_memory_ours": {:.6f}, "shared_memory_anchor": {:.6f}, "shared_memory_ratio": {:.2f}, )"
-        R"("what": "time gradient averaging adds to a step: bucketed reducer vs one all_reduce per parameter after backward; 2 ranks, Gloo over loopback TCP; shared_memory_*: the same over the shared memory transport of local ranks"}}}})"
-        "\n",
-        wide.bytes / wide.reducer_cost / 1e6, wide.bytes / wide.raw_cost / 1e6, wide.raw_cost / wide.reducer_cost,
-        *std::min_element(wide.block_ratios.begin(), wide.block_ratios.end()),
-        *std::max_element(wide.block_ratios.begin(), wide.block_ratios.end()), wide.bytes / 1e6, wide.steps, wide.plain,
-        wide.with_reducer, wide.with_copies, wide.raw_cost, bucketed_cost, naive_cost, naive_cost / bucketed_cost,
-        deep_tensors, deep_plain, bucketed, naive, shared.bucketed_cost(), shared.naive_cost(),
-        shared.naive_cost() / shared.bucketed_cost());
+    // Neither row has ours_range / anchor_range (each figure is one median), so they are built here, not as
+    // bench::Row.
+    using bench::rounded;
+    nlohmann::ordered_json bandwidth = nlohmann::ordered_json::object();
+    bandwidth["ours"] = rounded(wide.bytes / wide.reducer_cost / 1e6, 1);
+    bandwidth["anchor"] = rounded(wide.bytes / wide.raw_cost / 1e6, 1);
+    bandwidth["ratio"] = rounded(wide.raw_cost / wide.reducer_cost, 3);
+    bandwidth["unit"] = "MB/s";
+    bandwidth["higher_is_better"] = true;
+    bandwidth["ratio_range"] = {rounded(*std::min_element(wide.block_ratios.begin(), wide.block_ratios.end()), 3),
+                                rounded(*std::max_element(wide.block_ratios.begin(), wide.block_ratios.end()), 3)};
+    bandwidth["gradient_mb"] = rounded(wide.bytes / 1e6, 1);
+    bandwidth["steps"] = wide.steps;
+    bandwidth["backward_s"] = rounded(wide.plain, 5);
+    bandwidth["backward_with_reducer_s"] = rounded(wide.with_reducer, 5);
+    bandwidth["backward_with_packing_and_copies_s"] = rounded(wide.with_copies, 5);
+    bandwidth["raw_allreduce_added_s"] = rounded(wide.raw_cost, 5);
+    bandwidth["what"] =
+        "bytes / time the reducer adds to backward (overlap included; configured as DistributedTrainer runs it) vs "
+        "one all_reduce of a flat buffer of all gradients; 2 local ranks, shared memory transport";
+    nlohmann::ordered_json bucketing = nlohmann::ordered_json::object();
+    bucketing["ours"] = rounded(bucketed_cost, 6);
+    bucketing["anchor"] = rounded(naive_cost, 6);
+    bucketing["ratio"] = rounded(naive_cost / bucketed_cost, 2);
+    bucketing["unit"] = "s/step added";
+    bucketing["higher_is_better"] = false;
+    bucketing["parameter_tensors"] = deep_tensors;
+    bucketing["backward_s"] = rounded(deep_plain, 6);
+    bucketing["step_with_reducer_s"] = rounded(bucketed, 6);
+    bucketing["step_with_per_parameter_allreduce_s"] = rounded(naive, 6);
+    bucketing["shared_memory_ours"] = rounded(shared.bucketed_cost(), 6);
+    bucketing["shared_memory_anchor"] = rounded(shared.naive_cost(), 6);
+    bucketing["shared_memory_ratio"] = rounded(shared.naive_cost() / shared.bucketed_cost(), 2);
+    bucketing["what"] =
+        "time gradient averaging adds to a step: bucketed reducer vs one all_reduce per parameter after backward; 2 "
+        "ranks, Gloo over loopback TCP; shared_memory_*: the same over the shared memory transport of local ranks";
+    nlohmann::ordered_json line = nlohmann::ordered_json::object();
+    line["reducer_bandwidth"] = bandwidth;
+    line["bucketed_vs_naive"] = bucketing;
+    fmt::print("{}\n", line.dump());
     std::fflush(stdout);
   }
   fl::teardown_distrib();

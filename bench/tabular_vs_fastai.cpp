@@ -21,6 +21,7 @@
 #include <string>
 
 #include "support/bench_support.h"
+#include "support/result_row.h"
 #include "support/source_dir.h"
 
 namespace fl = fastlearn;
@@ -75,15 +76,21 @@ int main(int argc, char** argv) {
   fs::remove(csv);
   const auto o = bench::summarize(ours), a = bench::summarize(anchor);
   const auto oa = bench::summarize(ours_acc), ta = bench::summarize(their_acc);
-  fmt::print(
-      R"({{"tabular_vs_fastai": {{"ours": {:.0f}, "anchor": {:.0f}, "ratio": {:.3f}, "unit": "rows/s", )"
-      R"("higher_is_better": true, "ours_range": [{:.0f}, {:.0f}], "anchor_range": [{:.0f}, {:.0f}], "repeats": {}, )"
-      R"("rows": {}, "epochs": {}, "bs": {}, "ours_accuracy": {:.4f}, "anchor_accuracy": {:.4f}, )"
-      R"("ours_accuracy_range": [{:.4f}, {:.4f}], "anchor_accuracy_range": [{:.4f}, {:.4f}], )"
-      R"x("what": "fit_one_cycle(3, 1e-2) of tabular_learner(layers [200, 100]) on the census-like CSV: )x"
-      R"x(TabularDataLoaders vs fastai TabularPandas, same split and procs, bs 64, 2 threads"}}}})x"
-      "\n",
-      o.median, a.median, o.median / a.median, o.min, o.max, a.min, a.max, repeats, rows, epochs, bs, oa.median,
-      ta.median, oa.min, oa.max, ta.min, ta.max);
+  const auto range = [](const bench::Stats& st) {
+    return nlohmann::ordered_json{bench::rounded(st.min, 4), bench::rounded(st.max, 4)};
+  };
+  const auto row = bench::Row("tabular_vs_fastai", o, a, "rows/s", /*higher_is_better=*/true, 0)
+                       .set("repeats", repeats)
+                       .set("rows", rows)
+                       .set("epochs", epochs)
+                       .set("bs", bs)
+                       .set("ours_accuracy", oa.median, 4)
+                       .set("anchor_accuracy", ta.median, 4)
+                       .set("ours_accuracy_range", range(oa))
+                       .set("anchor_accuracy_range", range(ta))
+                       .set("what",
+                            "fit_one_cycle(3, 1e-2) of tabular_learner(layers [200, 100]) on the census-like CSV: "
+                            "TabularDataLoaders vs fastai TabularPandas, same split and procs, bs 64, 2 threads");
+  fmt::print("{}\n", bench::results_line({row}));
   return 0;
 }

@@ -23,6 +23,7 @@
 #include <string>
 
 #include "support/bench_support.h"
+#include "support/result_row.h"
 #include "support/source_dir.h"
 
 namespace fl = fastlearn;
@@ -69,14 +70,17 @@ int main(int argc, char** argv) {
   }
   fs::remove_all(dir);
   const auto o = bench::summarize(ours), a = bench::summarize(anchor);
-  fmt::print(
-      R"({{"vision_fine_tune": {{"ours": {:.2f}, "anchor": {:.2f}, "ratio": {:.3f}, "unit": "images/s", )"
-      R"("higher_is_better": true, "ours_range": [{:.2f}, {:.2f}], "anchor_range": [{:.2f}, {:.2f}], "repeats": {}, )"
-      R"("images": {}, "bs": {}, "ours_last_accuracy": {:.3f}, "anchor_last_accuracy": {:.3f}, )"
-      R"x("what": "fine_tune(1) of resnet18 at 128 px (frozen epoch + unfrozen epoch, validation included): )x"
-      R"x(vision_learner ({}) vs fastai vision_learner, same exported weights, aug_transforms, 2 threads"}}}})x"
-      "\n",
-      o.median, a.median, o.median / a.median, o.min, o.max, a.min, a.max, repeats, images, bs, accuracy,
-      their_accuracy, contiguous ? "contiguous" : "channels-last");
+  const auto row =
+      bench::Row("vision_fine_tune", o, a, "images/s", /*higher_is_better=*/true, 2)
+          .set("repeats", repeats)
+          .set("images", images)
+          .set("bs", bs)
+          .set("ours_last_accuracy", accuracy, 3)
+          .set("anchor_last_accuracy", their_accuracy, 3)
+          .set("what", fmt::format("fine_tune(1) of resnet18 at 128 px (frozen epoch + unfrozen epoch, validation "
+                                   "included): vision_learner ({}) vs fastai vision_learner, same exported weights, "
+                                   "aug_transforms, 2 threads",
+                                   contiguous ? "contiguous" : "channels-last"));
+  fmt::print("{}\n", bench::results_line({row}));
   return 0;
 }

@@ -18,14 +18,16 @@ int main(int argc, char** argv) {
     const auto cnn_cl = bench::compare_epochs("fastai", "simple_cnn", data, n, /*channels_last=*/true);
     const auto defaults = bench::compare_epochs("fastai", "simple_cnn", data, n, /*channels_last=*/true,
                                                 /*anchor_channels_last=*/false);
-    fmt::print("{{{}, {}, {}}}\n",
-               bench::epoch_json("vs_fastai", cnn, "Learner.fit(1) vs fastai Learner.fit(1), simple_cnn, CPU"),
-               bench::epoch_json(
-                   "vs_fastai_channels_last", cnn_cl,
-                   "the same with both sides in channels-last memory format (each library's ChannelsLast callback)"),
-               bench::epoch_json("vs_fastai_defaults", defaults,
-                                 "each side's default layout for simple_cnn: ours channels-last (fastlearn train's "
-                                 "channels_last = auto), fastai contiguous"));
+    fmt::print(
+        "{}\n",
+        bench::results_line(
+            {bench::epoch_json("vs_fastai", cnn, "Learner.fit(1) vs fastai Learner.fit(1), simple_cnn, CPU"),
+             bench::epoch_json(
+                 "vs_fastai_channels_last", cnn_cl,
+                 "the same with both sides in channels-last memory format (each library's ChannelsLast callback)"),
+             bench::epoch_json("vs_fastai_defaults", defaults,
+                               "each side's default layout for simple_cnn: ours channels-last (fastlearn train's "
+                               "channels_last = auto), fastai contiguous")}));
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "vs_fastai: " << e.what() << "\n";

@@ -12,12 +12,13 @@ int main(int argc, char** argv) {
     const int n = bench::repeats(5);
     const auto cnn = bench::compare_epochs("torch", "simple_cnn", data, n);
     const auto mlp = bench::compare_epochs("torch", "mlp", data, n);
-    fmt::print(
-        "{{{}, {}}}\n",
-        bench::epoch_json("vs_pytorch_loop", cnn,
-                          "Learner.fit(1) vs a plain Python PyTorch loop (torch.optim.AdamW), simple_cnn"),
-        bench::epoch_json("vs_pytorch_loop_mlp", mlp,
-                          "Learner.fit(1) vs a plain Python PyTorch loop (torch.optim.AdamW), mlp 784-512-256-10"));
+    fmt::print("{}\n",
+               bench::results_line(
+                   {bench::epoch_json("vs_pytorch_loop", cnn,
+                                      "Learner.fit(1) vs a plain Python PyTorch loop (torch.optim.AdamW), simple_cnn"),
+                    bench::epoch_json(
+                        "vs_pytorch_loop_mlp", mlp,
+                        "Learner.fit(1) vs a plain Python PyTorch loop (torch.optim.AdamW), mlp 784-512-256-10")}));
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "vs_pytorch_loop: " << e.what() << "\n";

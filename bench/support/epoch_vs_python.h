@@ -9,6 +9,7 @@
 // callbacks or metrics). bare / anchor is the ratio the Learner would reach if the library cost nothing: the
 // ceiling with ATen's kernels.
 #include "bench_support.h"
+#include "result_row.h"
 #include "source_dir.h"
 
 #include <fastlearn/callbacks/channels_last.h>
@@ -146,16 +147,19 @@ inline EpochComparison compare_epochs(const std::string& side, const std::string
   return result;
 }
 
-/// One JSON member `"name": {...}` in the results format of ARCHITECTURE.md "Contracts".
-inline std::string epoch_json(const std::string& name, const EpochComparison& c, const std::string& what) {
-  return fmt::format(
-      R"("{}": {{"ours": {:.1f}, "anchor": {:.1f}, "ratio": {:.3f}, "unit": "train samples/s", "higher_is_better": true, )"
-      R"("ours_range": [{:.1f}, {:.1f}], "anchor_range": [{:.1f}, {:.1f}], "threads": {}, "repeats": {}, "batch": {}, )"
-      R"("train_items": {}, "valid_items": {}, "ours_valid_accuracy": {:.4f}, "anchor_valid_accuracy": {:.4f}, )"
-      R"("bare": {:.1f}, "bare_range": [{:.1f}, {:.1f}], "ceiling": {:.3f}, "what": "{}"}})",
-      name, c.ours.median, c.anchor.median, c.ours.median / c.anchor.median, c.ours.min, c.ours.max, c.anchor.min,
-      c.anchor.max, c.threads, c.repeats, kEpochBatch, kEpochTrainItems, kEpochValidItems, c.ours_accuracy,
-      c.anchor_accuracy, c.bare.median, c.bare.min, c.bare.max, c.bare.median / c.anchor.median, what);
+/// The row `"name": {...}` in the results format of ARCHITECTURE.md "Contracts".
+inline Row epoch_json(const std::string& name, const EpochComparison& c, const std::string& what) {
+  return Row(name, c.ours, c.anchor, "train samples/s", /*higher_is_better=*/true, 1)
+      .set("threads", c.threads)
+      .set("repeats", c.repeats)
+      .set("batch", kEpochBatch)
+      .set("train_items", kEpochTrainItems)
+      .set("valid_items", kEpochValidItems)
+      .set("ours_valid_accuracy", c.ours_accuracy, 4)
+      .set("anchor_valid_accuracy", c.anchor_accuracy, 4)
+      .stats("bare", c.bare, 1)
+      .set("ceiling", c.bare.median / c.anchor.median, 3)
+      .set("what", what);
 }
 
 }  // namespace bench

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "support/bench_support.h"
+#include "bench_support.h"
 
 namespace bench {
 
