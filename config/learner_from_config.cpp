@@ -71,9 +71,9 @@ LearnerOptions learner_options(const TrainConfig& c, const LearnerFromConfigOpti
 }  // namespace
 
 std::unique_ptr<Learner> learner_from_config(const TrainConfig& config, const LearnerFromConfigOptions& options) {
-  // Checked as a file would be, which also fills in what a hand-built config leaves empty (the loss); a parsed
-  // config comes back unchanged.
-  const auto c = options.checked ? config : parse_config(to_toml(config), "to_toml(config)", {}, regression_of_data);
+  // Checked as a value as a file would be, which also fills in what a hand-built config leaves empty (the loss); a
+  // parsed config comes back unchanged.
+  const auto c = options.checked ? config : check_config(config);
   set_seed(static_cast<std::uint64_t>(c.train.seed));
   // The names first: an unknown one fails before the data is read.
   const auto arch = find_arch(c);

@@ -29,8 +29,7 @@ struct LearnerFromConfigOptions {
   /// The Progress callback: bars on a TTY, a line per epoch otherwise.
   bool progress = true;
   /// The config is what load_config / parse_config returned (perhaps with output.dir changed): it is not checked
-  /// again. Otherwise (a config built in code) it is checked as a file holding it would be, through to_toml, which
-  /// needs every string to be UTF-8.
+  /// again. Otherwise (a config built in code) check_config checks it as a value, as a file holding it would be.
   bool checked = false;
 };
 

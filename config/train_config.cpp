@@ -666,6 +666,44 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
 
 std::string describe_config_keys() { return strict::describe_tables(key_names()); }
 
+TrainConfig check_config(const TrainConfig& config, const RegressionProbe& probe) {
+  constexpr std::string_view kWhere = "config built in code";
+  const auto refuse = [&](const std::string& key, const std::string& what) {
+    throw ConfigFileError(fmt::format("{}: {}: {}", kWhere, key, what), key, 0, 0);
+  };
+  const TrainConfig defaults;
+  std::vector<std::string_view> off;  // tables not on: their keys are not looked at
+  for (const Key& key : schema()) {
+    if (inside(key.name, off)) continue;
+    if (!key.spec) {
+      if (key.is_on && !key.is_on(config)) off.push_back(key.name);
+      continue;
+    }
+    const auto value = key.get(config);
+    if (!value) continue;
+    const auto utf8 = [&](const std::string& text) {
+      if (const auto at = invalid_utf8_at(text))
+        refuse(key.name, fmt::format("'{}' is not valid UTF-8 (byte 0x{:02X} at offset {}), which a config's text is "
+                                     "(only a path may hold other bytes)",
+                                     excerpt(text), static_cast<unsigned char>(text[*at]), *at));
+    };
+    if (const auto* text = std::get_if<std::string>(&*value); text && !key.rules.path) utf8(*text);
+    if (const auto* texts = std::get_if<std::vector<std::string>>(&*value))
+      for (const auto& text : *texts) utf8(text);
+    // A file that names a key where it does not apply is refused; to_toml would leave it out without a word.
+    if (!key.applies(config) && value != key.get(defaults))
+      refuse(key.name, fmt::format("{} (it is set away from its default)", key.rules.applies.unless));
+  }
+  try {
+    return parse_config(to_toml(config), kWhere, {}, probe);
+  } catch (const ConfigFileError& e) {  // the line of a text the caller never saw says nothing: the key does
+    std::string message = e.what();
+    if (message.starts_with(kWhere) && message.find(": ", kWhere.size()) != std::string::npos)
+      message = fmt::format("{}{}", kWhere, message.substr(message.find(": ", kWhere.size())));
+    throw ConfigFileError(message, e.key(), 0, 0);
+  }
+}
+
 std::string to_toml(const TrainConfig& config) {
   strict::Writer writer;
   std::vector<std::string_view> off;  // tables that do not apply or are not on: their keys are left out

@@ -196,6 +196,13 @@ TrainConfig parse_config(std::string_view toml_text, std::string_view source_nam
 TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {},
                         const RegressionProbe& probe = regression_of_data);
 
+/// A config built in code, checked as a value as a file would be (what a file leaves out being at its default): a
+/// key set away from its default where it does not apply, or a string that is not UTF-8 (a path has its byte form),
+/// is refused by key, where to_toml would drop the one and could not write the other; then every range, choice and
+/// rule is checked and the defaults resolved as parse_config does. Errors are ConfigFileErrors that name the key and
+/// "config built in code" as where.
+TrainConfig check_config(const TrainConfig& config, const RegressionProbe& probe = regression_of_data);
+
 /// The configuration as TOML, every key spelled out; parse_config(to_toml(c), ...) == c.
 std::string to_toml(const TrainConfig& config);
 

@@ -293,9 +293,28 @@ TEST_F(TinyConfigs, AnUnknownNameInAConfigBuiltInCodeIsAnErrorNamingTheKey) {
     auto config = base;
     b.breaks(config);
     const auto message = message_of([&] { fl::learner_from_config(config, {.run_callbacks = false}); });
-    for (const auto& part : {"to_toml(config):", b.key.c_str(), b.name.c_str(), b.fitting.c_str()})
+    for (const auto& part : {"config built in code: ", b.key.c_str(), b.name.c_str(), b.fitting.c_str()})
       EXPECT_NE(message.find(part), std::string::npos) << part << " not in: " << message;
   }
+  // Checked as a value, not through TOML text: a key set where it does not apply is refused as a file naming it is
+  // (to_toml would have left it out), a name that is not UTF-8 is refused by key, and a path that is not UTF-8 is
+  // fine (its byte form holds it).
+  const auto refused = [&](const std::function<void(fl::TrainConfig&)>& breaks) {
+    auto config = base;
+    breaks(config);
+    return message_of([&] { fl::check_config(config); });
+  };
+  auto message = refused([](fl::TrainConfig& c) { c.model.weights = "resnet18.safetensors"; });
+  EXPECT_NE(message.find("config built in code: model.weights: applies to arch = "), std::string::npos) << message;
+  message = refused([](fl::TrainConfig& c) { c.data.synthetic.noise = 7; });
+  EXPECT_EQ(message, "no error") << "it applies";
+  message = refused([](fl::TrainConfig& c) { c.data.label_col = "caf\xe9"; });
+  EXPECT_NE(message.find("config built in code: data.label_col: "), std::string::npos) << message;
+  message = refused([](fl::TrainConfig& c) { c.train.metrics = {"rmse", "caf\xe9"}; });
+  EXPECT_NE(message.find("train.metrics: 'caf\\xE9' is not valid UTF-8"), std::string::npos) << message;
+  auto latin1 = base;
+  latin1.output.dir = (dir_ / "caf\xe9").string();
+  EXPECT_EQ(fl::check_config(latin1).output.dir, latin1.output.dir);
   // The finders say the same for the names they are asked about.
   auto config = base;
   config.train.loss = "hinge";
