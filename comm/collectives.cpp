@@ -54,11 +54,22 @@ namespace {
 // This caller's global rank as `g` numbers its members (a group of threads numbers them itself).
 int self_rank(const Group& g) { return g.is_member() ? g.ranks()[static_cast<std::size_t>(g.rank())] : rank(); }
 
-enum class Op : std::int64_t { broadcast = 1, reduce, all_reduce, scatter, gather, all_gather, barrier };
+enum class Op : std::int64_t {
+  broadcast = 1,
+  reduce,
+  all_reduce,
+  scatter,
+  gather,
+  all_gather,
+  barrier,
+  reduce_scatter,
+  all_gather_into
+};
 
 const char* op_name(std::int64_t op) {
-  static constexpr std::array<const char*, 8> names{"?",       "broadcast", "reduce",     "all_reduce",
-                                                    "scatter", "gather",    "all_gather", "barrier"};
+  static constexpr std::array<const char*, 10> names{
+      "?",      "broadcast",  "reduce",  "all_reduce",     "scatter",
+      "gather", "all_gather", "barrier", "reduce_scatter", "all_gather_into"};
   return op >= 1 && op < static_cast<std::int64_t>(names.size()) ? names[static_cast<std::size_t>(op)] : "?";
 }
 
@@ -166,7 +177,8 @@ void check_same_call(Group& g, Op op, const at::Tensor& t, int root = -1, Reduce
     for (int d = 0; d < std::min<std::int64_t>(kDims, c[3]); ++d) dims.push_back(c[6 + d]);
     detail += fmt::format(
         "\n  rank {}: call #{} {}{} of {} [{}]{}", g.ranks()[static_cast<std::size_t>(r)], c[0], op_name(c[1]),
-        c[1] == static_cast<std::int64_t>(Op::all_reduce) || c[1] == static_cast<std::int64_t>(Op::reduce)
+        c[1] == static_cast<std::int64_t>(Op::all_reduce) || c[1] == static_cast<std::int64_t>(Op::reduce) ||
+                c[1] == static_cast<std::int64_t>(Op::reduce_scatter)
             ? fmt::format("({})", to_string(static_cast<ReduceOp>(c[5])))
             : "",
         c[2] >= 0 ? c10::toString(static_cast<c10::ScalarType>(c[2])) : "no tensor", fmt::join(dims, ", "),
@@ -317,6 +329,62 @@ void all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     if (!outputs[i].is_same(out[0][i])) outputs[i].copy_(out[0][i]);
   }
+}
+
+namespace {
+// The flat tensors of reduce_scatter and all_gather_into: `whole` holds `size` parts of `part`'s elements.
+void check_parts(const at::Tensor& part, const at::Tensor& whole, int size, const char* what) {
+  if (!part.defined() || !whole.defined() || whole.numel() != part.numel() * size ||
+      whole.scalar_type() != part.scalar_type() || whole.device() != part.device()) {
+    throw DistributedError(
+        fmt::format("{}: {} on {} and {} on {} for a group of {} ranks; the whole must hold {} "
+                    "times the part's elements, of its dtype and device",
+                    what, describe_tensor(whole), whole.defined() ? whole.device().str() : "-", describe_tensor(part),
+                    part.defined() ? part.device().str() : "-", size, size));
+  }
+}
+}  // namespace
+
+void reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op, Group* group) {
+  Group* g = group_or_world(group);
+  if (!g) {
+    check_parts(output, input, 1, "reduce_scatter");
+    output.view({-1}).copy_(input.reshape({-1}));
+    return;
+  }
+  check_parts(output, input, g->size(), "reduce_scatter");
+  check_same_call(*g, Op::reduce_scatter, input, -1, op);
+  const bool emulate_avg = op == ReduceOp::avg && g->kind() == BackendKind::gloo;
+  if (emulate_avg && !at::isFloatingType(input.scalar_type())) {
+    throw DistributedError("reduce_scatter(avg) of an integer tensor (" + describe_tensor(input) +
+                           ") is not exact; use sum");
+  }
+  auto in = input.contiguous().view({-1});
+  with_contiguous(output, [&](const at::Tensor& out) {
+    auto flat = out.view({-1});
+    c10d::ReduceScatterOptions options;
+    options.reduceOp = to_c10d(emulate_avg ? ReduceOp::sum : op);
+    run(*g, fmt::format("reduce_scatter({}) of {}", to_string(op), describe_tensor(input)),
+        [&] { return g->backend()._reduce_scatter_base(flat, in, options); });
+    if (emulate_avg) out.div_(g->size());
+  });
+}
+
+void all_gather_into(const at::Tensor& output, const at::Tensor& input, Group* group) {
+  Group* g = group_or_world(group);
+  if (!g) {
+    check_parts(input, output, 1, "all_gather_into");
+    output.view({-1}).copy_(input.reshape({-1}));
+    return;
+  }
+  check_parts(input, output, g->size(), "all_gather_into");
+  check_same_call(*g, Op::all_gather_into, input);
+  auto in = input.contiguous().view({-1});
+  with_contiguous(output, [&](const at::Tensor& out) {
+    auto flat = out.view({-1});
+    run(*g, fmt::format("all_gather_into of {}", describe_tensor(input)),
+        [&] { return g->backend()._allgather_base(flat, in); });
+  });
 }
 
 void barrier(Group* group) {

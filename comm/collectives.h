@@ -52,6 +52,14 @@ void scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs, in
 void gather(const at::Tensor& input, const std::vector<at::Tensor>& outputs, int dst, Group* group = nullptr);
 /// Every rank receives every rank's `input` in `outputs` (group-rank order).
 void all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input, Group* group = nullptr);
+/// Every rank's `input`, split along its flattened elements into as many equal parts as the group has ranks, reduced
+/// part by part: the rank of group rank r gets part r in `output` (input.numel() == output.numel() * group size,
+/// the same dtype and device). avg divides the sum by the group size, as all_reduce's.
+void reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op = ReduceOp::sum,
+                    Group* group = nullptr);
+/// Every rank's `input` laid end to end in group-rank order into every rank's `output` (output.numel() ==
+/// input.numel() * group size, the same dtype and device): all_gather into one flat tensor.
+void all_gather_into(const at::Tensor& output, const at::Tensor& input, Group* group = nullptr);
 /// Waits until every rank of the group arrives.
 void barrier(Group* group = nullptr);
 

@@ -166,6 +166,25 @@ class SharedMemoryBackend final : public c10d::Backend {
     });
   }
 
+  // The flat collectives of sharded training; what the slots do not handle (or Gloo's avg) goes to Gloo.
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& options) override {
+    if (!handles({output}) || !handles({input}) || input.numel() != output.numel() * size_ ||
+        input.scalar_type() != output.scalar_type() || !reducible(options.reduceOp, input.scalar_type())) {
+      return gloo_->_reduce_scatter_base(output, input, options);
+    }
+    return run(c10d::OpType::_REDUCE_SCATTER_BASE, [&] { reduce_scatter_parts(output, input, options.reduceOp); });
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& options) override {
+    if (!handles({output}) || !handles({input}) || output.numel() != input.numel() * size_ ||
+        input.scalar_type() != output.scalar_type()) {
+      return gloo_->_allgather_base(output, input, options);
+    }
+    return run(c10d::OpType::_ALLGATHER_BASE, [&] { gather_parts(output, input); });
+  }
+
   // The rest goes to Gloo, unchanged.
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& options) override {
     return gloo_->reduce(tensors, options);
@@ -270,6 +289,66 @@ class SharedMemoryBackend final : public c10d::Backend {
             break;
         }
       }
+    }
+  }
+
+  // Chunk by chunk of each part: every rank copies its input's piece of every part into its slot, then sums piece
+  // `rank_` of every slot, in rank order, into its output (written only after every slot was filled, so the output
+  // may be a view of the input).
+  void reduce_scatter_parts(const at::Tensor& output, const at::Tensor& input, const c10d::ReduceOp& op) {
+    const auto part = output.numel();
+    const auto item = static_cast<std::int64_t>(input.element_size());
+    const auto per_chunk = std::max<std::int64_t>(1, static_cast<std::int64_t>(slot_bytes) / item / size_);
+    auto in = input.view({-1});
+    auto out = output.view({-1});
+    const auto options = input.options();
+    for (std::int64_t first = 0; first < part; first += per_chunk) {
+      const auto n = std::min(per_chunk, part - first);
+      const int set = next_phase();
+      auto* mine = slot(set, rank_);
+      for (int r = 0; r < size_; ++r) {
+        std::memcpy(mine + static_cast<std::size_t>(r * n * item),
+                    static_cast<const std::byte*>(in.data_ptr()) + static_cast<std::size_t>((r * part + first) * item),
+                    static_cast<std::size_t>(n * item));
+      }
+      arrive_and_wait("reduce_scatter");
+      auto from = [&](int r) {
+        return at::from_blob(slot(set, r) + static_cast<std::size_t>(rank_ * n * item), {n}, options);
+      };
+      auto target = out.narrow(0, first, n);
+      if (size_ == 1) target.copy_(from(0));
+      for (int r = 1; r < size_; ++r) {
+        const auto left = r == 1 ? from(0) : target;
+        switch (op.op_) {
+          case c10d::ReduceOp::SUM:
+            at::add_out(target, left, from(r));
+            break;
+          case c10d::ReduceOp::PRODUCT:
+            at::mul_out(target, left, from(r));
+            break;
+          case c10d::ReduceOp::MIN:
+            at::minimum_out(target, left, from(r));
+            break;
+          default:
+            at::maximum_out(target, left, from(r));
+            break;
+        }
+      }
+    }
+  }
+
+  // Chunk by chunk: every rank copies a piece of its input into its slot, then every slot's piece into its place in
+  // the output.
+  void gather_parts(const at::Tensor& output, const at::Tensor& input) {
+    const auto bytes = input.nbytes();
+    const auto* in = static_cast<const std::byte*>(input.data_ptr());
+    auto* out = static_cast<std::byte*>(output.data_ptr());
+    for (std::size_t first = 0; first < bytes; first += slot_bytes) {
+      const auto n = std::min(slot_bytes, bytes - first);
+      const int set = next_phase();
+      std::memcpy(slot(set, rank_), in + first, n);
+      arrive_and_wait("all_gather_into");
+      for (int r = 0; r < size_; ++r) std::memcpy(out + static_cast<std::size_t>(r) * bytes + first, slot(set, r), n);
     }
   }
 

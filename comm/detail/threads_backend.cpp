@@ -40,6 +40,10 @@ std::string describe(const Call& c) {
       return fmt::format("broadcast of {} from {}", describe_tensor(c.input), c.root);
     case c10d::OpType::ALLGATHER:
       return fmt::format("all_gather of {}", describe_tensor(c.input));
+    case c10d::OpType::_REDUCE_SCATTER_BASE:
+      return fmt::format("reduce_scatter of {}", describe_tensor(c.input));
+    case c10d::OpType::_ALLGATHER_BASE:
+      return fmt::format("all_gather_into of {}", describe_tensor(c.input));
     case c10d::OpType::BARRIER:
       return "barrier";
     default:
@@ -128,6 +132,17 @@ class Hub {
           for (std::size_t r = 0; r < round.size(); ++r) copy_unless_same(c.outputs[r], round[r].input);
         }
         return;
+      case c10d::OpType::_ALLGATHER_BASE: {
+        const auto part = first.input.numel();
+        for (auto& c : round) {
+          auto whole = c.outputs.front().view({-1});
+          for (std::size_t r = 0; r < round.size(); ++r)
+            copy_unless_same(whole.narrow(0, static_cast<std::int64_t>(r) * part, part), round[r].input.view({-1}));
+        }
+        return;
+      }
+      case c10d::OpType::_REDUCE_SCATTER_BASE:
+        return reduce_scatter(round);
       default:
         return;  // a barrier: every rank has arrived
     }
@@ -135,6 +150,40 @@ class Hub {
 
   static void copy_unless_same(const at::Tensor& to, const at::Tensor& from) {
     if (to.data_ptr() != from.data_ptr()) to.copy_(from);  // replicas may share storage
+  }
+
+  // Part r of every rank's input, reduced in rank order into rank r's output (through a copy: an output may be a
+  // view of its rank's own part, as ZeRO's gradient shards are).
+  static void reduce_scatter(std::vector<Call>& round) {
+    const auto op = round.front().op;
+    const auto part = round.front().outputs.front().numel();
+    for (std::size_t r = 0; r < round.size(); ++r) {
+      const auto piece = [&](std::size_t k) {
+        return round[k].input.view({-1}).narrow(0, static_cast<std::int64_t>(r) * part, part);
+      };
+      auto out = piece(0).clone();
+      for (std::size_t k = 1; k < round.size(); ++k) {
+        switch (op) {
+          case c10d::ReduceOp::SUM:
+          case c10d::ReduceOp::AVG:
+            out.add_(piece(k));
+            break;
+          case c10d::ReduceOp::PRODUCT:
+            out.mul_(piece(k));
+            break;
+          case c10d::ReduceOp::MIN:
+            at::minimum_out(out, out, piece(k));
+            break;
+          case c10d::ReduceOp::MAX:
+            at::maximum_out(out, out, piece(k));
+            break;
+          default:
+            throw DistributedError("the threads backend reduces by sum, avg, product, min or max only");
+        }
+      }
+      if (op == c10d::ReduceOp::AVG) out.div_(static_cast<double>(round.size()));
+      round[r].outputs.front().view({-1}).copy_(out);
+    }
   }
 
   static void all_reduce(std::vector<Call>& round) {
@@ -198,6 +247,21 @@ class ThreadsBackend final : public c10d::Backend {
     return hub_->call(rank_, {.type = c10d::OpType::ALLGATHER, .input = one(inputs), .outputs = outputs.front()});
   }
 
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions&) override {
+    whole_of(output, input, "all_gather_into");
+    return hub_->call(rank_, {.type = c10d::OpType::_ALLGATHER_BASE, .input = one({input}), .outputs = {output}});
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& options) override {
+    whole_of(input, output, "reduce_scatter");
+    return hub_->call(rank_, {.type = c10d::OpType::_REDUCE_SCATTER_BASE,
+                              .op = options.reduceOp.op_,
+                              .input = one({input}),
+                              .outputs = {one({output})}});
+  }
+
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
     return hub_->call(rank_, {.type = c10d::OpType::BARRIER});
   }
@@ -208,6 +272,17 @@ class ThreadsBackend final : public c10d::Backend {
   Hub& hub() { return *hub_; }
 
  private:
+  // `whole` holds one `part` per rank, contiguous (its elements are read and written as one flat run).
+  void whole_of(const at::Tensor& whole, const at::Tensor& part, const char* what) const {
+    if (!whole.defined() || !part.defined() || !whole.is_contiguous() || !part.is_contiguous() ||
+        whole.numel() != part.numel() * size_ || whole.scalar_type() != part.scalar_type()) {
+      throw DistributedError(
+          fmt::format("{} on the threads backend: {} and {} for {} ranks; the whole holds one "
+                      "contiguous part per rank",
+                      what, describe_tensor(whole), describe_tensor(part), size_));
+    }
+  }
+
   static at::Tensor one(const std::vector<at::Tensor>& tensors) {
     if (tensors.size() != 1 || !tensors.front().defined()) {
       throw DistributedError(

@@ -8,8 +8,9 @@
 //
 // On a GPU the last rank's kernels go to its current stream: every rank's work on that device must be ordered
 // by one stream (the default stream, as the replicas use), so that a call's kernels follow every rank's inputs.
-// Calls: all_reduce (sum, avg, product, min, max), broadcast, all_gather, barrier, one tensor per rank and call;
-// anything else is a DistributedError. Calls that do not match across ranks fail on every rank, naming each
+// Calls: all_reduce (sum, avg, product, min, max), broadcast, all_gather, barrier, and the flat reduce_scatter and
+// all_gather_into (_reduce_scatter_base, _allgather_base), one tensor per rank and call; anything else is a
+// DistributedError. Calls that do not match across ranks fail on every rank, naming each
 // rank's call.
 #include <c10/util/intrusive_ptr.h>
 

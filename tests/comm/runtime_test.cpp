@@ -132,6 +132,22 @@ TEST_P(Runtime, BroadcastReduceScatterGatherAllGather) {
         for (int k = 0; k < w; ++k) EXPECT_EQ(all[k][0].item<float>(), static_cast<float>(k * k));
         EXPECT_NE(message_of([&] { fl::all_gather({torch::empty({3})}, torch::zeros({3})); }).find("1 tensors given"),
                   std::string::npos);
+        // The flat collectives of sharded training: part r of the sum (or the exact average) to rank r, and every
+        // rank's part end to end.
+        auto parts = torch::arange(4 * w, torch::kFloat32).reshape({w, 4}) * (r + 1);
+        auto part = torch::empty({2, 2});
+        fl::reduce_scatter(part, parts);
+        const float ranks_sum = static_cast<float>(w * (w + 1) / 2);
+        EXPECT_TRUE(torch::equal(part.view({-1}), torch::arange(4 * r, 4 * r + 4, torch::kFloat32) * ranks_sum));
+        fl::reduce_scatter(part, parts, fl::ReduceOp::avg);
+        EXPECT_TRUE(torch::allclose(part.view({-1}), torch::arange(4 * r, 4 * r + 4, torch::kFloat32) * ranks_sum / w));
+        auto whole = torch::empty({w, 3}, torch::kInt64);
+        fl::all_gather_into(whole, torch::full({3}, 7 * r, torch::kInt64));
+        for (int k = 0; k < w; ++k) EXPECT_EQ(whole[k][2].item<std::int64_t>(), 7 * k);
+        EXPECT_NE(message_of([&] {
+                    fl::reduce_scatter(torch::empty({3}), torch::empty({3 * w + 1}));
+                  }).find("times the part's elements"),
+                  std::string::npos);
       },
       torchrun(n));
 }

@@ -1,6 +1,8 @@
 // The shared memory backend for ranks on one host: results, chunking, delegation to Gloo, and how a wait
-// ends when a peer dies, hangs or gives up.
+// ends when a peer dies, hangs or gives up. The flat reduce_scatter and all_gather_into of sharded training on it,
+// on plain Gloo and on the threads backend of in-process replicas.
 #include <fastlearn/comm/detail/shared_memory_backend.h>
+#include <fastlearn/comm/detail/threads_backend.h>
 #include <fastlearn/comm/process_group.h>
 #include <fastlearn/core/error.h>
 
@@ -115,6 +117,54 @@ TEST_P(SharedMemoryCollectives, WhatItDoesNotHandleGoesToGloo) {
   });
 }
 
+// Each rank's input holds one part per rank; part r of every input, folded in rank order, lands in rank r's output,
+// bit for bit, also when the output is a view of the rank's own part of its input (ZeRO's gradient shards) and when
+// a part spans several slots. all_gather_into lays every rank's input end to end, also into a view that holds the
+// rank's own input. The same through plain Gloo (shared_memory off), whose ring sums in another order.
+TEST_P(SharedMemoryCollectives, ReduceScatterAndAllGatherIntoGiveEachRankItsPartAcrossChunks) {
+  run_on_ranks(GetParam(), [](const RankContext& ctx) {
+    for (const bool shared_memory : {true, false}) {
+      auto pg = local_backend(ctx, std::chrono::seconds(30), shared_memory);
+      const auto w = ctx.world_size;
+      for (const std::int64_t n : {1, 7, 300'000}) {
+        for (const auto dtype : {torch::kFloat32, torch::kFloat64, torch::kInt64}) {
+          for (const auto op : {c10d::ReduceOp::SUM, c10d::ReduceOp::MIN, c10d::ReduceOp::MAX}) {
+            if (!shared_memory && (n == 7 || dtype == torch::kInt64)) continue;  // Gloo: a quicker sample
+            const auto part = [&](int rank, int r) { return contribution(rank, n * w, dtype).narrow(0, r * n, n); };
+            auto expected = part(0, ctx.rank);
+            for (int k = 1; k < w; ++k) expected = fold(op, expected, part(k, ctx.rank));
+            c10d::ReduceScatterOptions options;
+            options.reduceOp = op;
+            auto input = contribution(ctx.rank, n * w, dtype);
+            auto output = torch::zeros({n}, dtype);
+            pg->_reduce_scatter_base(output, input, options)->wait();
+            // Gloo's ring sums in its own order: the same within rounding, not bit for bit.
+            const bool same = shared_memory ? torch::equal(output, expected) : torch::allclose(output, expected);
+            EXPECT_TRUE(same) << "n " << n << " " << dtype << " op " << static_cast<int>(op) << " rank " << ctx.rank
+                              << " shm " << shared_memory;
+            if (!shared_memory) continue;
+            auto in_place = input.clone();
+            auto own = in_place.narrow(0, ctx.rank * n, n);
+            pg->_reduce_scatter_base(own, in_place, options)->wait();
+            EXPECT_TRUE(torch::equal(own, expected)) << "in place: n " << n << " rank " << ctx.rank;
+          }
+          auto gathered = torch::zeros({n * w}, dtype);
+          auto mine = contribution(ctx.rank, n, dtype);
+          pg->_allgather_base(gathered, mine)->wait();
+          for (int k = 0; k < w; ++k)
+            EXPECT_TRUE(torch::equal(gathered.narrow(0, k * n, n), contribution(k, n, dtype)))
+                << "n " << n << " part " << k;
+          auto whole = torch::zeros({n * w}, dtype);
+          auto view = whole.narrow(0, ctx.rank * n, n);
+          view.copy_(mine);
+          pg->_allgather_base(whole, view)->wait();
+          EXPECT_TRUE(torch::equal(whole, gathered)) << "in place: n " << n << " rank " << ctx.rank;
+        }
+      }
+    }
+  });
+}
+
 TEST_P(SharedMemoryCollectives, TheSegmentLeavesNothingInDevShm) {
   run_on_ranks(GetParam(), [](const RankContext& ctx) {
     auto pg = local_backend(ctx, std::chrono::seconds(30));
@@ -185,3 +235,41 @@ TEST(SharedMemoryBackend, AWaitForARankThatAbortedFailsAtOnce) {
 }
 
 }  // namespace
+
+// The replicas of one process (ParallelTrainer's threads backend): reduce_scatter gives each replica its part of the
+// sum in rank order, also into a view of its own input; all_gather_into lays every replica's input end to end; an
+// average divides by the replicas.
+TEST(ThreadsBackend, ReduceScatterAndAllGatherIntoOfReplicas) {
+  constexpr int kReplicas = 3;
+  constexpr std::int64_t kPart = 5;
+  auto backends = fl::threads_backends(kReplicas);
+  std::vector<at::Tensor> inputs, outputs, in_place, gathered;
+  for (int r = 0; r < kReplicas; ++r) {
+    inputs.push_back(contribution(r, kPart * kReplicas, torch::kFloat64));
+    outputs.push_back(torch::zeros({kPart}, torch::kFloat64));
+    in_place.push_back(inputs.back().clone());
+    gathered.push_back(torch::zeros({kPart * kReplicas}, torch::kFloat64));
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kReplicas; ++r) {
+    threads.emplace_back([&, r] {
+      c10d::ReduceScatterOptions sum;
+      backends[r]->_reduce_scatter_base(outputs[r], inputs[r], sum)->wait();
+      c10d::ReduceScatterOptions avg;
+      avg.reduceOp = c10d::ReduceOp::AVG;
+      auto own = in_place[r].narrow(0, r * kPart, kPart);
+      backends[r]->_reduce_scatter_base(own, in_place[r], avg)->wait();
+      auto mine = contribution(10 + r, kPart, torch::kFloat64);
+      backends[r]->_allgather_base(gathered[r], mine)->wait();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kReplicas; ++r) {
+    auto expected = inputs[0].narrow(0, r * kPart, kPart).clone();
+    for (int k = 1; k < kReplicas; ++k) expected += inputs[k].narrow(0, r * kPart, kPart);
+    EXPECT_TRUE(torch::equal(outputs[r], expected)) << "replica " << r;
+    EXPECT_TRUE(torch::allclose(in_place[r].narrow(0, r * kPart, kPart), expected / kReplicas)) << "replica " << r;
+    for (int k = 0; k < kReplicas; ++k)
+      EXPECT_TRUE(torch::equal(gathered[r].narrow(0, k * kPart, kPart), contribution(10 + k, kPart, torch::kFloat64)));
+  }
+}
