@@ -109,8 +109,9 @@ fl_status fl_steps(fl_learner* learner, int64_t* trained, int64_t* planned, int3
  * program hands over its batches from there. */
 fl_status fl_resume(fl_learner* learner, const char* checkpoint);
 /* The model's weights and the optimizer state now, written atomically to `file` (safetensors), by rank 0 (for
- * fl_load, or other tools); the other ranks return at once. Not collective: rank 0 may call it alone. Not the schedule's position nor the random streams: a program that restarts continues
- * its steps with fl_resume, from the checkpoints the config has the Learner write. */
+ * fl_load, or other tools); the other ranks return at once. Not collective: rank 0 may call it alone. Not the
+ * schedule's position nor the random streams: a program that restarts continues its steps with fl_resume, from the
+ * checkpoints the config has the Learner write. */
 fl_status fl_save(fl_learner* learner, const char* file);
 /* Weights (and the optimizer state, when the file has it) from fl_save's file or a checkpoint; not while steps are
  * under way. */

@@ -1,5 +1,6 @@
 #include <fastlearn/comm/detail/shared_memory_backend.h>
 
+#include <fastlearn/comm/detail/fold.h>
 #include <fastlearn/comm/process_group.h>
 #include <fastlearn/core/error.h>
 #include <fcntl.h>
@@ -272,23 +273,7 @@ class SharedMemoryBackend final : public c10d::Backend {
       arrive_and_wait("all_reduce");
       // Every rank combines the slots in rank order: the same bits on every rank.
       auto from = [&](int r) { return at::from_blob(slot(set, r), {n}, options); };
-      for (int r = 1; r < size_; ++r) {
-        const auto left = r == 1 ? from(0) : out;
-        switch (op.op_) {
-          case c10d::ReduceOp::SUM:
-            at::add_out(out, left, from(r));
-            break;
-          case c10d::ReduceOp::PRODUCT:
-            at::mul_out(out, left, from(r));
-            break;
-          case c10d::ReduceOp::MIN:
-            at::minimum_out(out, left, from(r));
-            break;
-          default:
-            at::maximum_out(out, left, from(r));
-            break;
-        }
-      }
+      for (int r = 1; r < size_; ++r) fold_into(out, r == 1 ? from(0) : out, from(r), op.op_);
     }
   }
 
@@ -317,23 +302,7 @@ class SharedMemoryBackend final : public c10d::Backend {
       };
       auto target = out.narrow(0, first, n);
       if (size_ == 1) target.copy_(from(0));
-      for (int r = 1; r < size_; ++r) {
-        const auto left = r == 1 ? from(0) : target;
-        switch (op.op_) {
-          case c10d::ReduceOp::SUM:
-            at::add_out(target, left, from(r));
-            break;
-          case c10d::ReduceOp::PRODUCT:
-            at::mul_out(target, left, from(r));
-            break;
-          case c10d::ReduceOp::MIN:
-            at::minimum_out(target, left, from(r));
-            break;
-          default:
-            at::maximum_out(target, left, from(r));
-            break;
-        }
-      }
+      for (int r = 1; r < size_; ++r) fold_into(target, r == 1 ? from(0) : target, from(r), op.op_);
     }
   }
 

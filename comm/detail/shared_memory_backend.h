@@ -1,10 +1,10 @@
 #pragma once
 // A c10d backend for the ranks of one host. all_reduce, broadcast, barrier, and the flat reduce_scatter and
-// all_gather_into of sharded training, of dense contiguous CPU tensors go through a shared memory segment: each rank copies its tensor into its own slot, waits until
-// every rank has arrived, and reads the result straight from the peers' slots. That is one memcpy and one
-// wake-up instead of Gloo's loopback TCP round trips, which cost about a millisecond each on a busy
-// 2-core machine (SyncBatchNorm makes two per layer per step). Every other operation, and tensors it does
-// not handle (CUDA, sparse, several per call, unusual dtypes or ops), go to the wrapped Gloo backend.
+// all_gather_into of sharded training, of dense contiguous CPU tensors go through a shared memory segment: each rank
+// copies its tensor into its own slot, waits until every rank has arrived, and reads the result straight from the
+// peers' slots. That is one memcpy and one wake-up instead of Gloo's loopback TCP round trips, which cost about a
+// millisecond each on a busy 2-core machine (SyncBatchNorm makes two per layer per step). Every other operation, and
+// tensors it does not handle (CUDA, sparse, several per call, unusual dtypes or ops), go to the wrapped Gloo backend.
 //
 // Waits spin for a few microseconds, then sleep on a futex. A wait fails with a DistributedError naming the
 // rank it waited for when that rank exits (its pid is gone), gives up (it failed or was aborted), or does

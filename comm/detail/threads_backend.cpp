@@ -1,6 +1,7 @@
 #include <fastlearn/comm/detail/threads_backend.h>
 
 #include <fastlearn/comm/collectives.h>
+#include <fastlearn/comm/detail/fold.h>
 #include <fastlearn/core/error.h>
 
 #include <fmt/format.h>
@@ -162,25 +163,7 @@ class Hub {
         return round[k].input.view({-1}).narrow(0, static_cast<std::int64_t>(r) * part, part);
       };
       auto out = piece(0).clone();
-      for (std::size_t k = 1; k < round.size(); ++k) {
-        switch (op) {
-          case c10d::ReduceOp::SUM:
-          case c10d::ReduceOp::AVG:
-            out.add_(piece(k));
-            break;
-          case c10d::ReduceOp::PRODUCT:
-            out.mul_(piece(k));
-            break;
-          case c10d::ReduceOp::MIN:
-            at::minimum_out(out, out, piece(k));
-            break;
-          case c10d::ReduceOp::MAX:
-            at::maximum_out(out, out, piece(k));
-            break;
-          default:
-            throw DistributedError("the threads backend reduces by sum, avg, product, min or max only");
-        }
-      }
+      for (std::size_t k = 1; k < round.size(); ++k) fold_into(out, out, piece(k), op);
       if (op == c10d::ReduceOp::AVG) out.div_(static_cast<double>(round.size()));
       round[r].outputs.front().view({-1}).copy_(out);
     }
@@ -189,26 +172,7 @@ class Hub {
   static void all_reduce(std::vector<Call>& round) {
     auto result = round.front().input;  // a handle: the data is every rank's first tensor
     const auto op = round.front().op;
-    for (std::size_t r = 1; r < round.size(); ++r) {
-      const auto& other = round[r].input;
-      switch (op) {
-        case c10d::ReduceOp::SUM:
-        case c10d::ReduceOp::AVG:
-          result.add_(other);
-          break;
-        case c10d::ReduceOp::PRODUCT:
-          result.mul_(other);
-          break;
-        case c10d::ReduceOp::MIN:
-          at::minimum_out(result, result, other);
-          break;
-        case c10d::ReduceOp::MAX:
-          at::maximum_out(result, result, other);
-          break;
-        default:
-          throw DistributedError("the threads backend reduces by sum, avg, product, min or max only");
-      }
-    }
+    for (std::size_t r = 1; r < round.size(); ++r) fold_into(result, result, round[r].input, op);
     if (op == c10d::ReduceOp::AVG) result.div_(static_cast<double>(round.size()));
     for (std::size_t r = 1; r < round.size(); ++r) copy_unless_same(round[r].input, result);
   }
