@@ -21,6 +21,7 @@
 #include <fastlearn/config/train_config.h>
 #include <fastlearn/core/build_info.h>
 #include <fastlearn/core/cpu_memory_cache.h>
+#include <fastlearn/core/cpu_memory_counter.h>
 #include <fastlearn/core/device.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/random.h>
@@ -49,6 +50,7 @@
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/loss.h>
 #include <fastlearn/learner/lr_finder.h>
+#include <fastlearn/learner/memory_report.h>
 #include <fastlearn/learner/metrics.h>
 #include <fastlearn/learner/multi_label_metrics.h>
 #include <fastlearn/learner/named_predictions.h>

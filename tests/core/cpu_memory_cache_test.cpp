@@ -1,6 +1,8 @@
 // The CPU memory cache: freed large blocks come back for the next tensor of their size, never while a
-// tensor holds them; small ones are not cached; the limit and empty_cpu_memory_cache return memory.
+// tensor holds them; small ones are not cached; the limit and empty_cpu_memory_cache return memory. The CPU memory
+// counter over it: the bytes alive and the peak.
 #include <fastlearn/core/cpu_memory_cache.h>
+#include <fastlearn/core/cpu_memory_counter.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -66,4 +68,29 @@ TEST(CpuMemoryCache, ZeroInTheEnvironmentLeavesItOff) {
   a = at::Tensor();
   EXPECT_EQ(fl::cpu_memory_cache_stats().cached_bytes, 0u);
   EXPECT_EQ(fl::cpu_memory_cache_stats().misses, 0u);
+}
+
+// Counted: every tensor allocated from then on, small and large, while it lives, and the most alive at once; the
+// cache still serves under the counter (the Learner turning it on later leaves the counter in place).
+TEST(CpuMemoryCounter, CountsTheBytesAliveAndThePeak) {
+  EXPECT_FALSE(fl::counting_cpu_memory());
+  fl::count_cpu_memory();
+  ASSERT_TRUE(fl::counting_cpu_memory());
+  const auto start = fl::cpu_memory_count();
+  {
+    auto large = torch::empty({kMiB}, torch::kFloat32);  // 4 MiB
+    auto small = torch::empty({1000}, torch::kFloat32);
+    EXPECT_EQ(fl::cpu_memory_count().current_bytes - start.current_bytes, 4 * kMiB + 4000);
+  }
+  EXPECT_EQ(fl::cpu_memory_count().current_bytes, start.current_bytes);
+  EXPECT_GE(fl::cpu_memory_count().peak_bytes, start.current_bytes + 4 * kMiB + 4000);
+  fl::reset_cpu_memory_peak();
+  EXPECT_EQ(fl::cpu_memory_count().peak_bytes, fl::cpu_memory_count().current_bytes);
+  ASSERT_TRUE(fl::enable_cpu_memory_cache());
+  const auto hits = fl::cpu_memory_cache_stats().hits;
+  { auto again = torch::ones({kMiB}, torch::kFloat32); }
+  { auto once_more = torch::ones({kMiB}, torch::kFloat32); }
+  EXPECT_GT(fl::cpu_memory_cache_stats().hits, hits) << "the cache serves under the counter";
+  EXPECT_EQ(fl::cpu_memory_count().current_bytes, start.current_bytes);
+  EXPECT_EQ(torch::arange(3 * kMiB, torch::kLong).sum().item<std::int64_t>(), 3 * kMiB * (3 * kMiB - 1) / 2);
 }

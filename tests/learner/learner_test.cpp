@@ -9,6 +9,7 @@
 #include <fastlearn/learner/detail/capture_plan.h>
 #include <fastlearn/learner/detail/step_graphs.h>
 #include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/memory_report.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/models/models.h>
 #include <fastlearn/optim/adam.h>
@@ -116,6 +117,27 @@ std::function<void()> throws() {
 }
 
 }  // namespace
+
+// The memory report counts by storage: the parameters (a tied weight once), the gradients of a backward, and Adam's
+// two moments per parameter after its first step.
+TEST(LearnerMemory, TheReportCountsParametersGradientsAndOptimizerStateByStorage) {
+  torch::nn::Sequential model(torch::nn::Linear(4, 4), torch::nn::Linear(4, 4), torch::nn::Linear(4, 1));
+  // The second layer's weight is tied to the first's storage (as ParallelTrainer's replicas share theirs).
+  model[1]->as<torch::nn::LinearImpl>()->weight.set_data(model[0]->as<torch::nn::LinearImpl>()->weight);
+  fl::Learner learn(flt::regression_data(), model, fl::mse_loss(), {.opt_func = fl::Adam(), .progress = false});
+  const std::int64_t first = (16 + 4) * 4, second_bias = 4 * 4, last = (4 + 1) * 4;
+  auto report = fl::memory_report(learn);
+  EXPECT_EQ(report.parameters, first + second_bias + last) << "the tied weight's storage is the first layer's";
+  EXPECT_EQ(report.gradients, 0);
+  EXPECT_EQ(report.optimizer_state, 0);
+  learn.fit(1, 1e-3);
+  const auto batch = learn.dls().train().one_batch();
+  learn.loss_func().fn(learn.forward(batch.inputs), batch.targets.front()).backward();
+  report = fl::memory_report(learn);
+  EXPECT_EQ(report.gradients, (16 + 4 + 16 + 4 + 4 + 1) * 4) << "each parameter's gradient once";
+  EXPECT_EQ(report.optimizer_state, 2 * (16 + 4 + 16 + 4 + 4 + 1) * 4) << "Adam's exp_avg and exp_avg_sq";
+  EXPECT_EQ(report.total(), report.parameters + report.gradients + report.optimizer_state);
+}
 
 TEST(Learner, FiresEveryEventInFastaiOrder) {
   auto log = std::make_shared<EventLog>();

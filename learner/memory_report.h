@@ -1,0 +1,21 @@
+#pragma once
+// What a Learner holds for training, in bytes: its parameters, their gradients and the optimizer's state, each
+// counted by unique storage (a gradient that is a view of a reducer's bucket counts the bucket once; tied weights
+// once). The figures a sharded run reports per rank (distributed.md), beside the CPU allocator's own count
+// (core/cpu_memory_counter.h), which sees every tensor, activations included.
+#include <cstdint>
+
+namespace fastlearn {
+
+class Learner;
+
+struct MemoryReport {
+  std::int64_t parameters = 0;
+  std::int64_t gradients = 0;        ///< the storages the defined .grad tensors live in
+  std::int64_t optimizer_state = 0;  ///< the optimizer's per-parameter state (none before its first step)
+  std::int64_t total() const { return parameters + gradients + optimizer_state; }
+};
+
+MemoryReport memory_report(Learner& learn);
+
+}  // namespace fastlearn
