@@ -1,11 +1,12 @@
 // The bucketed gradient reducer on 2 ranks with Gloo: averaged gradients equal the mean of every rank's
 // own gradients, parameters start equal, buckets follow the caps and start before backward ends,
 // gradient accumulation communicates once, unused parameters are named, compression stays close, and
-// gradients are views into the buckets.
+// gradients are views into the buckets. The sharded layout of a bucket (ShardLayout).
 #include <fastlearn/callbacks/channels_last.h>
 #include <fastlearn/comm/p2p.h>
 #include <fastlearn/comm/runtime.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/distributed/detail/shard_layout.h>
 #include <fastlearn/distributed/grad_reducer.h>
 #include <fastlearn/models/models.h>
 
@@ -383,4 +384,48 @@ TEST(GradReducer, AVoteOfOneRankReachesEveryRankWithTheGradients) {
         EXPECT_EQ(reducer.last_stats().launched_after.size(), reducer.bucket_count());
       },
       {.timeout = std::chrono::seconds(60), .env = flt::torchrun_env(2)});
+}
+
+// The sharded layout of a bucket (ZeRO, issue 64): every element of every parameter owned by exactly one rank, at the
+// place its piece says; parts equal on every rank, padding last; a parameter straddling two ranks, and a rank whose
+// part holds only padding (an empty share).
+TEST(ShardLayout, EveryElementHasOneOwnerAndThePartsAreEven) {
+  for (const auto& numels : std::vector<std::vector<std::int64_t>>{{7 * 33, 1}, {1}, {5, 0, 3}, {}, {64, 64, 64}}) {
+    for (const int world : {1, 2, 3, 4}) {
+      SCOPED_TRACE(fmt::format("{} parameters over {} ranks", numels.size(), world));
+      const auto layout = fl::shard_bucket(numels, world);
+      std::int64_t total = 0;
+      for (const auto n : numels) total += n;
+      EXPECT_EQ(layout.numel, total);
+      EXPECT_EQ(layout.padded % world, 0);
+      EXPECT_LT(layout.padded - total, world);
+      EXPECT_EQ(layout.part * world, layout.padded);
+      std::vector<int> owners(static_cast<std::size_t>(total), 0);
+      for (int r = 0; r < world; ++r) {
+        for (const auto& piece : layout.pieces[static_cast<std::size_t>(r)]) {
+          EXPECT_EQ(piece.bucket_offset, layout.param_offsets[piece.param] + piece.param_offset);
+          EXPECT_EQ(piece.part_offset, piece.bucket_offset - r * layout.part);
+          EXPECT_GE(piece.part_offset, 0);
+          EXPECT_LE(piece.part_offset + piece.numel, layout.part);
+          EXPECT_LE(piece.param_offset + piece.numel, numels[piece.param]);
+          for (std::int64_t k = 0; k < piece.numel; ++k) ++owners[static_cast<std::size_t>(piece.bucket_offset + k)];
+        }
+      }
+      EXPECT_TRUE(std::all_of(owners.begin(), owners.end(), [](int n) { return n == 1; }));
+    }
+  }
+  // 7x33 + 1 elements over 2 ranks: 232 -> parts of 116; the weight straddles, the bias is rank 1's last element.
+  const auto two = fl::shard_bucket({7 * 33, 1}, 2);
+  ASSERT_EQ(two.pieces[0].size(), 1U);
+  ASSERT_EQ(two.pieces[1].size(), 2U);
+  EXPECT_EQ(two.pieces[1][0],
+            (fl::ParamPiece{.param = 0, .param_offset = 116, .bucket_offset = 116, .part_offset = 0, .numel = 115}));
+  EXPECT_EQ(two.pieces[1][1],
+            (fl::ParamPiece{.param = 1, .param_offset = 0, .bucket_offset = 231, .part_offset = 115, .numel = 1}));
+  // One element over 3 ranks: ranks 1 and 2 hold padding only.
+  const auto one = fl::shard_bucket({1}, 3);
+  EXPECT_EQ(one.part, 1);
+  EXPECT_TRUE(one.pieces[1].empty() && one.pieces[2].empty());
+  EXPECT_THROW(fl::shard_bucket({3}, 0), fl::ConfigError);
+  EXPECT_THROW(fl::shard_bucket({-1}, 2), fl::ConfigError);
 }
