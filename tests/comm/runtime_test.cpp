@@ -137,7 +137,7 @@ TEST_P(Runtime, BroadcastReduceScatterGatherAllGather) {
         auto parts = torch::arange(4 * w, torch::kFloat32).reshape({w, 4}) * (r + 1);
         auto part = torch::empty({2, 2});
         fl::reduce_scatter(part, parts);
-        const float ranks_sum = static_cast<float>(w * (w + 1) / 2);
+        const float ranks_sum = static_cast<float>(w * (w + 1)) / 2.0F;
         EXPECT_TRUE(torch::equal(part.view({-1}), torch::arange(4 * r, 4 * r + 4, torch::kFloat32) * ranks_sum));
         fl::reduce_scatter(part, parts, fl::ReduceOp::avg);
         EXPECT_TRUE(torch::allclose(part.view({-1}), torch::arange(4 * r, 4 * r + 4, torch::kFloat32) * ranks_sum / w));
