@@ -4,7 +4,6 @@
 #include <fastlearn/c/fastlearn.h>
 
 #include <fastlearn/callbacks/checkpointing.h>
-#include <fastlearn/callbacks/epoch_logs.h>
 #include <fastlearn/comm/runtime.h>
 #include <fastlearn/config/learner_from_config.h>
 #include <fastlearn/config/load_learner.h>
