@@ -440,7 +440,7 @@ fl_status fl_resume(fl_learner* learner, const char* checkpoint) {
 fl_status fl_save(fl_learner* learner, const char* file) {
   return with_learner("fl_save", learner, [&](LearnerState& s) {
     const fs::path path = needed(file, "the file");
-    if (s.learn->coordination().is_main()) fl::save_checkpoint(*s.learn, path);
+    if (s.learn->coordination().is_main() || fl::saving_is_collective(*s.learn)) fl::save_checkpoint(*s.learn, path);
   });
 }
 

@@ -122,8 +122,12 @@ fs::path Checkpointer::save_now(bool epoch_end) {
   const auto file = dir() / checkpoint_file_name(position.epoch_offset + position.epoch, position.batch);
   if (last_saved_ == file) return file;
   const auto rng_states = gather_rng_states(l);  // every rank: each resumes its own random streams
-  if (l.coordination().is_main()) {
-    auto state = capture_state(l);
+  if (l.coordination().is_main() || saving_is_collective(l)) {
+    auto state = capture_state(l);  // every process when the optimizer's state is gathered from them
+    if (!l.coordination().is_main()) {
+      last_saved_ = file;
+      return file;
+    }
     if (rng_states.size(0) > 1) add_rng_states_of_every_rank(state, rng_states);
     set_fit_position(state, position);
     state.metadata["world_size"] = std::to_string(rng_states.size(0));  // a resume on another count is told

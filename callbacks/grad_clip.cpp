@@ -6,6 +6,8 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+
 namespace fastlearn {
 
 GradientClip::GradientClip(GradientClipOptions options) : options_(options) {
@@ -15,18 +17,44 @@ GradientClip::GradientClip(GradientClipOptions options) : options_(options) {
 }
 
 void GradientClip::before_step() {
+  auto& c = learn().coordination();
+  // Sharded gradients: this process's shares; the norm is then summed over the processes, so that every process
+  // clips by the norm of the whole gradient.
+  auto shares = c.gradient_shares ? c.gradient_shares() : std::nullopt;
   std::vector<at::Tensor> grads;  // the optimizer's parameters: each once, also when layers share a weight
-  for (auto& group : learn().opt().param_groups()) {
-    for (auto& p : group.params) {
-      if (p.grad().defined()) grads.push_back(p.mutable_grad());
+  if (shares) {
+    grads = std::move(*shares);
+  } else {
+    for (auto& group : learn().opt().param_groups()) {
+      for (auto& p : group.params) {
+        if (p.grad().defined()) grads.push_back(p.mutable_grad());
+      }
     }
+    if (grads.empty()) return;
   }
-  if (grads.empty()) return;
   torch::NoGradGuard no_grad;
   // The global norm is the norm of the per-tensor norms (any p); all on the gradients' device, no host read.
-  std::vector<at::Tensor> norms;
-  for (const auto& n : at::_foreach_norm(grads, options_.norm_type)) norms.push_back(n.to(at::kFloat));
-  const auto norm = at::linalg_vector_norm(at::stack(norms), options_.norm_type);
+  const double p = options_.norm_type;
+  at::Tensor norm;
+  if (!shares) {
+    std::vector<at::Tensor> norms;
+    for (const auto& n : at::_foreach_norm(grads, p)) norms.push_back(n.to(at::kFloat));
+    norm = at::linalg_vector_norm(at::stack(norms), p);
+  } else {
+    // Over the processes: the maximum for the infinity norm, else the p-th root of the sum of p-th powers.
+    const bool max = std::isinf(p);
+    const auto device = learn().model().parameters().empty() ? at::Device(at::kCPU)
+                                                             : learn().model().parameters().front().device();
+    auto mine = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device));
+    if (!grads.empty()) {
+      std::vector<at::Tensor> norms;
+      for (const auto& n : at::_foreach_norm(grads, p)) norms.push_back(n.to(at::kFloat));
+      const auto local = at::linalg_vector_norm(at::stack(norms), p);
+      mine.copy_(max ? local.reshape({1}) : local.pow(p).reshape({1}));
+    }
+    c.reduce_over_processes(mine, max);
+    norm = max ? mine.squeeze(0) : mine.squeeze(0).pow(1.0 / p);
+  }
   if (!last_norm_.defined() || last_norm_.device() != norm.device()) last_norm_ = at::empty_like(norm);
   last_norm_.copy_(norm);
   const auto coef = (options_.max_norm / (norm + 1e-6)).clamp_max(1.0);

@@ -2,16 +2,41 @@
 
 #include <fastlearn/comm/collectives.h>
 #include <fastlearn/comm/runtime.h>
+#include <fastlearn/core/detail/warning.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/distributed/detail/sharded_step.h>
 #include <fastlearn/distributed/parallel_trainer.h>
 #include <fastlearn/distributed/sync_batch_norm.h>
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/learner.h>
+#include <fastlearn/optim/optimizer.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <exception>
+#include <thread>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
 namespace fastlearn {
+
+std::string_view to_string(Shard shard) {
+  switch (shard) {
+    case Shard::none:
+      return "none";
+    case Shard::optimizer:
+      return "optimizer";
+    case Shard::gradients:
+      return "gradients";
+  }
+  return "none";
+}
+
+Shard shard_from_name(std::string_view name) {
+  for (const auto s : {Shard::none, Shard::optimizer, Shard::gradients})
+    if (to_string(s) == name) return s;
+  throw ConfigError(fmt::format("shard '{}' is not one of \"none\", \"optimizer\", \"gradients\"", name));
+}
 
 DistributedTrainer::DistributedTrainer(DistributedTrainerOptions options) : options_(options) {
   order = cb_order::distributed_trainer;
@@ -43,6 +68,16 @@ void DistributedTrainer::attach(Learner& learn) {
     all_reduce(flag, ReduceOp::max, &group());
     return flag.item<int>() != 0;
   };
+  c.gradient_shares = [this, &learn]() -> std::optional<std::vector<at::Tensor>> {
+    if (!sharded_ || !reducer_ || !reducer_->last_stats().scattered || !learn.has_opt()) return std::nullopt;
+    return sharded_->gradients(learn.opt());
+  };
+  c.reduce_over_processes = [this](const at::Tensor& t, bool max) {
+    auto on_device = t.to(device_of(group()));
+    all_reduce(on_device, max ? ReduceOp::max : ReduceOp::sum, &group());
+    if (!on_device.is_same(t)) t.copy_(on_device);
+  };
+  c.enter_collective = [this](const std::string& what) { enter_collective(what); };
   c.any_process_soon = [this](bool mine) {
     if (!reducer_) return mine;  // outside a fit nothing is reduced: only this process's view
     reducer_->vote(mine);
@@ -50,8 +85,46 @@ void DistributedTrainer::attach(Learner& learn) {
   };
 }
 
+// Every member counts itself in through the store and waits, briefly, for the others: a call that only some ranks
+// make fails here with a message rather than hanging in the collective that follows.
+void DistributedTrainer::enter_collective(const std::string& what) {
+  auto& g = group();
+  if (g.device()) return;  // ranks that are threads of one process: no store (the threads backend names a hang)
+  auto& store = dist_store();
+  const auto key = fmt::format("fastlearn/collective/{}/{}", g.name(), collective_calls_++);
+  store.add(key, 1);
+  const auto until = std::chrono::steady_clock::now() + options_.arrival_timeout;
+  for (;;) {
+    const auto arrived = store.add(key, 0);
+    if (arrived >= g.size()) return;
+    if (std::chrono::steady_clock::now() >= until) {
+      throw DistributedError(fmt::format(
+          "rank {}: {} needs every rank of the group, but only {} of its {} ranks arrived within {} ms; call it on "
+          "every rank at the same point (with shard = \"{}\" each rank holds part of the optimizer's state)",
+          g.ranks()[g.rank()], what, arrived, g.size(), options_.arrival_timeout.count(), to_string(options_.shard)));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 void DistributedTrainer::detach(Learner& learn) {
   unwrap_loaders();
+  // A sharded optimizer's state is put back together on every rank while the group still exists (collective: every
+  // rank detaches at the same point); when an error unwinds, the peers may be gone, so the state is dropped instead.
+  if (learn.has_opt() && learn.opt().sharded()) {
+    bool whole = false;
+    if (std::uncaught_exceptions() == 0) {
+      try {
+        learn.opt().unshard();
+        whole = true;
+      } catch (const std::exception& e) {
+        warn(fmt::format("the sharded optimizer's state could not be gathered when data parallel training ended "
+                              "({}); the learner's optimizer is dropped",
+                              e.what()));
+      }
+    }
+    if (!whole) learn.drop_opt();
+  }
   learn.coordination() = {};
 }
 
@@ -74,6 +147,16 @@ void DistributedTrainer::before_fit() {
   for (const auto& b : l.model().buffers()) buffers.push_back(b);
   auto reducer_options = options_.reducer;
   reducer_options.divide_by_world_size = false;  // before_backward divides the loss instead: one pass fewer
+  if (options_.shard != Shard::none) {
+    if (l.has_opt() && !l.opt().elementwise())
+      throw ConfigError(fmt::format(
+          "shard = \"{}\": the optimizer {} reads a whole parameter to update each element of it (a norm), so no rank "
+          "can update its share alone; use shard = \"none\" or an elementwise optimizer (SGD, Adam)",
+          to_string(options_.shard), l.opt().type()));
+    reducer_options.scatter = options_.shard == Shard::gradients;
+    reducer_options.separate_verdicts = true;
+    sharded_ = std::make_unique<ShardedStep>(group());
+  }
   reducer_ = std::make_unique<GradReducer>(std::move(params), std::move(buffers), group(), reducer_options);
 }
 
@@ -90,15 +173,26 @@ void DistributedTrainer::before_backward() {
   // The gradients' sum over ranks is then their mean; dividing the scalar loss costs nothing.
   auto& l = learn();
   l.loss_grad = l.loss_grad / static_cast<double>(group().size());
-  // Under gradient accumulation only the micro-batch that steps communicates.
-  reducer_->set_sync(l.will_step);
+  // Under gradient accumulation only the micro-batch that steps communicates; with sharded gradients every
+  // micro-batch is reduce-scattered into the shares once the buckets are final, so no rank holds whole gradients.
+  const bool scatter_always = options_.shard == Shard::gradients && reducer_->layout_final();
+  reducer_->set_sync(l.will_step || scatter_always);
 }
 
 void DistributedTrainer::after_backward() {
-  if (reducer_) reducer_->finalize_if_pending();
+  if (!reducer_) return;
+  reducer_->finalize_if_pending();
+  auto& l = learn();
+  if (sharded_ && l.will_step && l.has_opt()) {
+    sharded_->feed(*reducer_, l.opt());
+    reducer_->clear_shares();  // the next step's first backward writes them afresh
+  }
 }
 
-void DistributedTrainer::after_fit() { reducer_.reset(); }
+void DistributedTrainer::after_fit() {
+  reducer_.reset();
+  sharded_.reset();  // the optimizer keeps its plan, which holds what its step gathers
+}
 
 void to_distributed(Learner& learn, DistributedTrainerOptions options) {
   if (learn.cb<DistributedTrainer>()) throw Error("to_distributed: the learner is already distributed");

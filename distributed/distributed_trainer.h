@@ -11,12 +11,26 @@
 #include <fastlearn/distributed/grad_reducer.h>
 #include <fastlearn/learner/callback.h>
 
+#include <chrono>
+#include <cstdint>
 #include <memory>
 #include <optional>
+#include <string_view>
 
 namespace fastlearn {
 
 class Learner;
+class ShardedStep;
+
+/// What each rank keeps of the training state (ZeRO's stages). none: everything, as plain data parallel training.
+/// optimizer: the optimizer's state for its share of each parameter only; gradients are all-reduced as without
+/// sharding, each rank steps its share, and the updated shares are all-gathered into every rank's parameters.
+/// gradients: the same, and each gradient bucket is reduce-scattered instead of all-reduced, so that each rank
+/// keeps only its share of the gradients too. The parameters stay whole on every rank.
+enum class Shard { none, optimizer, gradients };
+std::string_view to_string(Shard shard);
+/// "none", "optimizer" or "gradients"; ConfigError naming the choices otherwise.
+Shard shard_from_name(std::string_view name);
 
 struct DistributedTrainerOptions {
   bool sync_bn = true;            ///< convert BatchNorm layers to SyncBatchNorm
@@ -26,6 +40,13 @@ struct DistributedTrainerOptions {
   /// Attach even in a job of one process (set up explicitly): the whole distributed path (reducer,
   /// SyncBatchNorm, stop votes, gathers) then runs on one device, e.g. to check NCCL with one GPU.
   bool with_one_process = false;
+  /// Shard the optimizer's state, or it and the gradients, over the ranks (see Shard). The optimizer must update
+  /// each element on its own (SGD, Adam); the shares follow the gradient buckets (see GradReducerOptions).
+  Shard shard = Shard::none;
+  /// With shard, a save is collective (the optimizer's state is gathered from every rank): how long a rank that
+  /// saves waits for the others to arrive before failing with a message, instead of waiting in the gather until
+  /// the group's timeout.
+  std::chrono::milliseconds arrival_timeout = std::chrono::seconds(30);
 };
 
 class DistributedTrainer : public Callback {
@@ -58,9 +79,12 @@ class DistributedTrainer : public Callback {
   void detach(Learner& learn);
   Group& group() const;
   void wrap(DataLoader& loader);
+  void enter_collective(const std::string& what);
 
   DistributedTrainerOptions options_;
   std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<ShardedStep> sharded_;  ///< with shard: the step on this rank's shares
+  std::int64_t collective_calls_ = 0;     ///< enter_collective calls so far: the same on every rank
   std::optional<DistributedDL> wrapped_;
 };
 

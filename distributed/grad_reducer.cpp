@@ -14,6 +14,8 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -33,7 +35,11 @@ struct ParamSlot {
 
 struct Bucket {
   std::vector<std::size_t> params;
-  at::Tensor flat;        ///< packed gradients; undefined for a bucket reduced in place
+  at::Tensor flat;        ///< packed gradients; undefined for a bucket reduced in place, and while scattering
+                          ///< between backward passes
+  std::int64_t numel = 0;   ///< its parameters' elements
+  std::int64_t padded = 0;  ///< scattering: numel rounded up to a multiple of the group size
+  at::Tensor scattered;     ///< scattering into shares that hold earlier micro-batches: this one's part
   bool in_place = false;  ///< one large parameter, all_reduced in its own .grad
   std::int64_t pending = 0;
   c10::intrusive_ptr<c10d::Work> work;
@@ -65,6 +71,11 @@ class GradReducer::Impl {
   Impl(std::vector<std::pair<std::string, at::Tensor>> params, std::vector<at::Tensor> buffers, Group& group,
        GradReducerOptions options)
       : group_(group), options_(options), buffers_(std::move(buffers)) {
+    if (options_.scatter && options_.compression)
+      throw ConfigError("GradReducer: gradients cannot be both compressed and reduce-scattered into shares (scatter); "
+                        "drop the compression");
+    options_.separate_verdicts = options_.separate_verdicts || options_.scatter;
+    layout_final_ = !options_.rebuild_buckets;
     for (auto& [name, t] : params) {
       if (t.requires_grad()) params_.push_back({.name = name, .tensor = t});
     }
@@ -118,6 +129,23 @@ class GradReducer::Impl {
   ReducerStats stats;
   std::int64_t iterations = 0;
   std::size_t bucket_count() const { return buckets_.size(); }
+  std::int64_t layout_version = 0;
+  bool layout_final() const { return layout_final_; }
+  const std::vector<at::Tensor>& shares() const { return shares_; }
+  void clear_shares() {
+    std::unique_lock lock(mutex_);
+    shares_fresh_ = true;
+  }
+
+  std::vector<std::vector<at::Tensor>> bucket_params() const {
+    std::vector<std::vector<at::Tensor>> out;
+    for (const auto& b : buckets_) {
+      if (b.params.empty()) continue;
+      auto& list = out.emplace_back();
+      for (const auto i : b.params) list.push_back(params_[i].tensor);
+    }
+    return out;
+  }
 
  private:
   struct Hook : torch::autograd::PostAccumulateGradHook {
@@ -131,8 +159,13 @@ class GradReducer::Impl {
     torch::autograd::impl::set_post_acc_grad_hooks(params_[i].tensor, std::make_unique<Hook>(this, i));
   }
 
+  // Reduce-scattering into shares: from the moment the buckets are final.
+  bool scattering() const { return options_.scatter && layout_final_; }
+
   void build_buckets(const std::vector<std::size_t>& order) {
     buckets_.clear();
+    shares_.clear();
+    ++layout_version;
     if (params_.empty()) return;  // nothing to reduce: no backward reaches the hooks
     const double mb = 1024.0 * 1024.0;
     std::map<std::pair<c10::ScalarType, std::string>, std::size_t> open;  // kind -> bucket being filled
@@ -170,17 +203,33 @@ class GradReducer::Impl {
       bytes[b] += item_bytes;
       buckets_[b].params.push_back(i);
     }
+    for (auto& b : buckets_)
+      for (const auto i : b.params) b.numel += params_[i].tensor.numel();
+    stats.bucket_bytes.clear();
+    if (scattering()) {
+      // Each bucket's whole buffer is made when its first gradient arrives and freed once it is reduced; this rank
+      // keeps its part.
+      const auto n = static_cast<std::int64_t>(group_.size());
+      for (auto& b : buckets_) {
+        const auto& like = params_[b.params.front()].tensor;
+        b.padded = (b.numel + n - 1) / n * n;
+        shares_.push_back(at::zeros({b.padded / n}, like.options()));
+        stats.bucket_bytes.push_back(b.padded * static_cast<std::int64_t>(like.element_size()));
+      }
+      shares_fresh_ = true;
+      for (auto& p : params_) p.view = at::Tensor();
+      return;
+    }
     // The vote rides at the end of the last bucket to launch (it finishes last anyway); when every bucket
-    // is reduced in place, a one-element bucket of its own carries it.
+    // is reduced in place, a one-element bucket of its own carries it. With separate verdicts, nothing rides.
     vote_bucket_ = buckets_.size();
-    for (std::size_t b = buckets_.size(); b-- > 0;) {
+    for (std::size_t b = buckets_.size(); b-- > 0 && !options_.separate_verdicts;) {
       if (!buckets_[b].in_place) {
         vote_bucket_ = b;
         break;
       }
     }
-    if (vote_bucket_ == buckets_.size()) buckets_.emplace_back();
-    stats.bucket_bytes.clear();
+    if (vote_bucket_ == buckets_.size() && !options_.separate_verdicts) buckets_.emplace_back();
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       if (buckets_[b].in_place) {
         stats.bucket_bytes.push_back(bytes[b]);
@@ -195,7 +244,8 @@ class GradReducer::Impl {
       stats.bucket_bytes.push_back(numel * item);
       buckets_[b].flat = torch::zeros({numel}, torch::TensorOptions().dtype(dtype).device(like.device()));
     }
-    vote_slot_ = buckets_[vote_bucket_].flat.narrow(0, buckets_[vote_bucket_].flat.numel() - 1, 1);
+    if (!options_.separate_verdicts)
+      vote_slot_ = buckets_[vote_bucket_].flat.narrow(0, buckets_[vote_bucket_].flat.numel() - 1, 1);
     torch::NoGradGuard no_grad;
     for (auto& p : params_) {
       if (buckets_[p.bucket].in_place) {
@@ -222,7 +272,7 @@ class GradReducer::Impl {
       b.work.reset();
     }
     next_launch_ = 0;
-    {
+    if (!options_.separate_verdicts) {
       torch::NoGradGuard no_grad;
       vote_slot_.fill_(vote_ ? 1 : 0);  // summed over ranks: > 0 when any rank voted yes
     }
@@ -257,6 +307,7 @@ class GradReducer::Impl {
     torch::NoGradGuard no_grad;
     auto& grad = p.tensor.mutable_grad();
     const double share = options_.divide_by_world_size ? 1.0 / group_.size() : 1.0;
+    if (scattering()) return stage_for_scatter(p, grad, share);
     if (buckets_[p.bucket].in_place) {
       if (!grad.defined()) {
         grad = at::zeros_like(p.tensor, at::MemoryFormat::Preserve);
@@ -279,6 +330,26 @@ class GradReducer::Impl {
     if (can_be_view(p)) grad = p.view;
   }
 
+  // The gradient, in its parameter's memory order, into the bucket's buffer (made by the bucket's first gradient,
+  // its padding zero); .grad is then dropped: this rank keeps only its part of the reduced bucket.
+  void stage_for_scatter(ParamSlot& p, at::Tensor& grad, double share) {
+    auto& b = buckets_[p.bucket];
+    if (!b.flat.defined()) {
+      b.flat = at::empty({b.padded}, p.tensor.options());
+      b.flat.narrow(0, b.numel, b.padded - b.numel).zero_();
+    }
+    auto slice = b.flat.narrow(0, p.offset, p.tensor.numel());
+    if (!grad.defined()) {
+      slice.zero_();
+      return;
+    }
+    const auto in_order = dense(grad) && grad.strides() == p.tensor.strides()
+                              ? grad
+                              : at::empty_like(p.tensor, at::MemoryFormat::Preserve).copy_(grad);
+    at::mul_out(slice, flat_alias(in_order), share);
+    grad.reset();
+  }
+
   // Dense (contiguous or another permutation such as channels-last): its memory is one block of numel
   // elements, which a bucket slice can alias and a collective can treat as a flat vector.
   static bool dense(const at::Tensor& t) { return !t.is_sparse() && t.is_non_overlapping_and_dense(); }
@@ -288,7 +359,7 @@ class GradReducer::Impl {
 
   // Large, dense, float as it is communicated: reduced in its own .grad.
   bool reduce_in_place(const ParamSlot& p, std::int64_t bytes) const {
-    return !options_.compression && dense(p.tensor) &&
+    return !options_.compression && !scattering() && dense(p.tensor) &&
            static_cast<double>(bytes) >= options_.in_place_mb * 1024.0 * 1024.0;
   }
 
@@ -306,6 +377,10 @@ class GradReducer::Impl {
   void launch_ready() {
     while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
       auto& b = buckets_[next_launch_];
+      if (scattering()) {
+        launch_scatter(b);
+        continue;
+      }
       std::vector<at::Tensor> tensors{b.in_place ? flat_alias(params_[b.params.front()].tensor.grad()) : b.flat};
       // FASTLEARN_DISTRIBUTED_DEBUG=1; not where ranks share the engine's thread (it is a blocking collective).
       if (debug_ && options_.finish_in_engine) debug_check_all_reduce(tensors.front(), group_);
@@ -320,6 +395,44 @@ class GradReducer::Impl {
       stats.launched_after.push_back(stats.hooks);
       ++next_launch_;
     }
+  }
+
+  // Reduce-scatters a bucket: into this rank's share when it holds nothing yet, else into a part of its own that
+  // finalize adds to the share (micro-batches under gradient accumulation).
+  void launch_scatter(Bucket& b) {
+    const auto k = next_launch_;
+    b.call = group_.next_call();
+    auto out = shares_fresh_ ? shares_[k] : (b.scattered = at::empty_like(shares_[k]));
+    try {
+      c10d::ReduceScatterOptions reduce;
+      reduce.reduceOp = c10d::ReduceOp::SUM;
+      b.work = group_.backend()._reduce_scatter_base(out, b.flat, reduce);
+    } catch (const std::exception& e) {
+      throw DistributedError(fmt::format("gradient reduce_scatter of bucket {} of {} could not start on rank {}: {}", k,
+                                         buckets_.size(), group_.ranks()[group_.rank()], error_text(e)));
+    }
+    stats.launched_after.push_back(stats.hooks);
+    ++next_launch_;
+  }
+
+  // The separate verdicts of this backward: the stop vote and a bit per rank that left parameters without
+  // gradient, summed over the ranks; read as the votes are (at once on CPU, a backward later on CUDA).
+  void reduce_verdicts(bool left_out) {
+    const auto rank = group_.rank();
+    // A bit per rank up to 52 (a double holds them exactly); ranks beyond share the last one.
+    const double bit = std::ldexp(1.0, std::min(rank, 52));
+    const auto device = params_.empty() ? c10::Device(c10::kCPU) : params_.front().tensor.device();
+    auto verdicts = torch::tensor({vote_ ? 1.0 : 0.0, left_out ? bit : 0.0}, torch::kDouble).to(device);
+    all_reduce(verdicts, ReduceOp::sum, &group_);
+    if (votes_wanted_) votes_.push(verdicts.narrow(0, 0, 1));
+    left_out_.push(verdicts.narrow(0, 1, 1));
+  }
+
+  // Ranks (by bit) that left parameters without gradient in a backward read back now, or 0.
+  std::uint64_t ranks_that_left_out() {
+    std::uint64_t mask = 0;
+    for (double v : left_out_.take_ready()) mask |= static_cast<std::uint64_t>(v);
+    return mask;
   }
 
   void finalize(std::unique_lock<std::mutex>& lock) {
@@ -343,9 +456,12 @@ class GradReducer::Impl {
       in_backward_ = false;
       throw;
     }
+    const bool scattered = scattering();
+    stats.scattered = scattered;
     for (std::size_t k = 0; k < buckets_.size(); ++k) {
-      const auto what = fmt::format("gradient all_reduce of bucket {} of {} ({} parameters, {} bytes)", k,
-                                    buckets_.size(), buckets_[k].params.size(), stats.bucket_bytes[k]);
+      const auto what = fmt::format("gradient {} of bucket {} of {} ({} parameters, {} bytes)",
+                                    scattered ? "reduce_scatter" : "all_reduce", k, buckets_.size(),
+                                    buckets_[k].params.size(), stats.bucket_bytes[k]);
       try {
         if (mode == WaitMode::stream) {
           buckets_[k].work->wait();  // no timeout: only the current stream waits
@@ -362,7 +478,16 @@ class GradReducer::Impl {
             group_.timeout().count()));
       }
     }
-    {
+    if (scattered) {
+      torch::NoGradGuard no_grad;
+      for (std::size_t k = 0; k < buckets_.size(); ++k) {
+        auto& b = buckets_[k];
+        if (b.scattered.defined()) shares_[k].add_(b.scattered);
+        b.scattered = at::Tensor();
+        b.flat = at::Tensor();  // the whole bucket lived only while it was reduced
+      }
+      shares_fresh_ = false;
+    } else {
       torch::NoGradGuard no_grad;
       for (auto& p : params_) {
         auto& grad = p.tensor.mutable_grad();
@@ -376,25 +501,49 @@ class GradReducer::Impl {
       }
     }
     in_backward_ = false;
-    if (votes_wanted_) votes_.push(vote_slot_);
+    const bool quiet = std::exchange(quiet_unused_, false);
+    const bool report_unused = !unused.empty() && !options_.find_unused_parameters && !quiet;
+    if (options_.separate_verdicts) {
+      try {
+        reduce_verdicts(report_unused);
+      } catch (...) {
+        in_backward_ = false;
+        throw;
+      }
+    } else if (votes_wanted_) {
+      votes_.push(vote_slot_);
+    }
     const bool first = iterations++ == 0;
     // Every rank rebuilds after its first synchronized backward (the broadcast inside is a collective: the
     // decision must not depend on anything rank-local, such as which parameters went unused here).
     if (first && options_.rebuild_buckets) rebuild_in_arrival_order(lock);
-    const bool quiet = std::exchange(quiet_unused_, false);
-    if (!unused.empty() && !options_.find_unused_parameters && !quiet) {
+    const auto me = group_.ranks()[group_.rank()];
+    if (options_.separate_verdicts) {
+      const auto mask = ranks_that_left_out();
+      if (mask != 0 && !report_unused) {
+        std::string ranks;
+        for (int r = 0; r < 53 && r < group_.size(); ++r)
+          if (mask & (std::uint64_t{1} << r)) ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ", group_.ranks()[r]);
+        throw DistributedError(fmt::format(
+            "rank {}: rank(s) {} left parameters without gradient in a backward (their errors name them); every rank "
+            "stops here instead of waiting for the others in the next collective",
+            me, ranks));
+      }
+    }
+    if (report_unused) {
       std::string names;
       for (std::size_t k = 0; k < unused.size() && k < 10; ++k) names += (k ? ", " : "") + unused[k];
       throw DistributedError(fmt::format(
           "rank {}: {} parameter(s) got no gradient in this backward: {}{}. Their gradients were averaged as zeros "
           "so the ranks stay in step; if the model leaves parameters unused on purpose, construct the reducer with "
           "find_unused_parameters = true, otherwise check that every parameter takes part in the loss",
-          group_.ranks()[group_.rank()], unused.size(), names, unused.size() > 10 ? ", ..." : ""));
+          me, unused.size(), names, unused.size() > 10 ? ", ..." : ""));
     }
   }
 
-  // Rank 0's arrival order, shared, so that every rank builds the same buckets.
+  // Rank 0's arrival order, shared, so that every rank builds the same buckets, which are then final.
   void rebuild_in_arrival_order(std::unique_lock<std::mutex>&) {
+    layout_final_ = true;
     // Arrival order, then the parameters without a gradient (in reverse registration order): a full
     // permutation on every rank, of which rank 0's is shared.
     std::vector<std::int64_t> mine(arrival_.begin(), arrival_.end());
@@ -425,6 +574,10 @@ class GradReducer::Impl {
   bool vote_ = false;
   bool votes_wanted_ = false;
   HostReadback votes_;
+  HostReadback left_out_;  ///< separate verdicts: the ranks that left parameters without gradient
+  std::vector<at::Tensor> shares_;  ///< scattering: this rank's part of each bucket
+  bool shares_fresh_ = true;        ///< the next reduce-scatter writes the shares instead of adding to them
+  bool layout_final_ = false;
   const bool debug_ = debug_checks_enabled();
   bool in_backward_ = false;
   bool quiet_unused_ = false;  // finish_backward of a rank whose share reached no parameter
@@ -447,5 +600,10 @@ void GradReducer::finish_backward(bool empty_share) { impl_->finish_backward(emp
 std::size_t GradReducer::bucket_count() const { return impl_->bucket_count(); }
 const ReducerStats& GradReducer::last_stats() const { return impl_->stats; }
 std::int64_t GradReducer::iterations() const { return impl_->iterations; }
+std::vector<std::vector<at::Tensor>> GradReducer::bucket_params() const { return impl_->bucket_params(); }
+std::int64_t GradReducer::layout_version() const { return impl_->layout_version; }
+bool GradReducer::layout_final() const { return impl_->layout_final(); }
+const std::vector<at::Tensor>& GradReducer::shares() const { return impl_->shares(); }
+void GradReducer::clear_shares() { impl_->clear_shares(); }
 
 }  // namespace fastlearn

@@ -46,6 +46,15 @@ struct GradReducerOptions {
   /// its last node. false: it ends in finish_backward(), on the caller's thread (ranks that are threads sharing
   /// one GPU share the engine's thread for it, and one must not wait there for another).
   bool finish_in_engine = true;
+  /// ZeRO stage 2 (DistributedTrainerOptions::shard = "gradients"): once the buckets are final (rebuilt after the
+  /// first iteration, or from the start without rebuild_buckets), each bucket is reduce-scattered instead of
+  /// all-reduced, into this rank's part of it (shares()); its whole buffer lives only while it is reduced and .grad
+  /// is dropped after each gradient is staged. Not with compression.
+  bool scatter = false;
+  /// The stop vote and, per rank, whether its backward left a parameter without gradient, in a small reduction of
+  /// their own after the buckets (always with scatter): every rank then fails together, naming the parameters on
+  /// the rank that left them out, instead of the others waiting out the timeout in the next step's collective.
+  bool separate_verdicts = false;
 };
 
 /// What happened in the last synchronized backward (for tests and diagnostics).
@@ -53,6 +62,7 @@ struct ReducerStats {
   std::int64_t hooks = 0;                    ///< gradients that arrived
   std::vector<std::int64_t> launched_after;  ///< per bucket, in launch order: gradients arrived when it started
   std::vector<std::int64_t> bucket_bytes;    ///< size of each bucket as communicated
+  bool scattered = false;                    ///< reduce-scattered into shares() (scatter, buckets final)
 };
 
 class GradReducer {
@@ -91,6 +101,19 @@ class GradReducer {
 
   /// Number of buckets and their parameter counts.
   std::size_t bucket_count() const;
+  /// The parameters of each bucket that holds any, in launch order and bucket order: a bucket's elements are its
+  /// parameters' end to end, each in memory order.
+  std::vector<std::vector<at::Tensor>> bucket_params() const;
+  /// Changes whenever the buckets are rebuilt.
+  std::int64_t layout_version() const;
+  /// Whether the buckets will not change any more (rebuilt, or rebuild_buckets off).
+  bool layout_final() const;
+  /// With scatter, after a synchronized backward that reduce-scattered: this rank's part of each bucket of
+  /// bucket_params() (bucket elements padded to a multiple of the group size, split evenly), summed over the
+  /// backward passes since clear_shares(); empty before the buckets are final.
+  const std::vector<at::Tensor>& shares() const;
+  /// The next backward's shares start from zero (after the optimizer step).
+  void clear_shares();
   const ReducerStats& last_stats() const;
   /// Synchronized backward passes so far.
   std::int64_t iterations() const;

@@ -84,7 +84,15 @@ std::vector<std::string> checkpoint_vocab(const CheckpointState& state, std::str
 
 }  // namespace
 
+bool saving_is_collective(Learner& learn, SaveOptions options) {
+  return options.with_opt && learn.has_opt() && learn.opt().sharded();
+}
+
 CheckpointState capture_state(Learner& learn, SaveOptions options) {
+  // A sharded optimizer's state is gathered from every process: a process calling alone fails within moments,
+  // instead of waiting for the others in the gather until the collective timeout.
+  if (saving_is_collective(learn, options) && learn.coordination().enter_collective)
+    learn.coordination().enter_collective("saving a checkpoint (the sharded optimizer's state is gathered)");
   CheckpointState state;
   for (auto& [name, t] : models::model_tensors(learn.model())) state.tensors.emplace_back(name, t.detach().clone());
   state.metadata["format"] = kFormat;
@@ -295,8 +303,9 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
 }
 
 void save_checkpoint(Learner& learn, const std::filesystem::path& file, SaveOptions options) {
-  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
   auto state = capture_state(learn, options);
+  if (!learn.coordination().is_main()) return;
+  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
   save_checked_safetensors(file, state.tensors, std::move(state.metadata));
 }
 
@@ -335,7 +344,8 @@ std::filesystem::path Learner::checkpoint_path(const std::string& name) const {
 
 std::filesystem::path Learner::save(const std::string& name, SaveOptions options) {
   const auto file = checkpoint_path(name);
-  if (coordination_.is_main()) save_checkpoint(*this, file, options);  // no collective: rank 0 may call it alone
+  // No collective unless the optimizer is sharded: rank 0 may call it alone.
+  if (coordination_.is_main() || saving_is_collective(*this, options)) save_checkpoint(*this, file, options);
   return file;
 }
 

@@ -61,8 +61,12 @@ at::Tensor gather_rng_states(Learner& learn);
 /// gives each rank its own (Learner::Coordination::rank), and a process of a one-process job the plain rng/cpu.
 void add_rng_states_of_every_rank(CheckpointState& state, const at::Tensor& gathered);
 
-/// capture_state, written atomically to `file` (its directory is created).
+/// capture_state, written atomically to `file` (its directory is created) by the main process; the others only take
+/// part in the capture, when saving_is_collective.
 void save_checkpoint(Learner& learn, const std::filesystem::path& file, SaveOptions options = {});
+/// Whether saving with `options` needs every process: the optimizer's state is sharded over them
+/// (DistributedTrainerOptions::shard) and each must take part in gathering it. Otherwise the main process saves alone.
+bool saving_is_collective(Learner& learn, SaveOptions options = {});
 /// Reads `file` and restore_state()s it.
 void load_checkpoint(Learner& learn, const std::filesystem::path& file, LoadOptions options = {});
 

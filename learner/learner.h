@@ -398,6 +398,15 @@ class Learner {
     /// Gives `loader` back (its own sampler and seed) if it is still wrapped for this process's share; called
     /// before the Learner frees a loader of its own.
     std::function<void(DataLoader&)> forget_loader;
+    /// Sharded gradients (DistributedTrainerOptions::shard = "gradients"): this process's shares of the step's
+    /// gradients, 1-d pieces that stand for the parameters' .grad (dropped then); nullopt while the parameters' .grad
+    /// holds the step's gradients. Whatever reads gradients (clipping, overflow checks) reads these when given.
+    std::function<std::optional<std::vector<at::Tensor>>()> gradient_shares;
+    /// Called by every process before a collective save (the optimizer's state sharded): fails within moments when
+    /// a process does not arrive, naming `what`, instead of waiting in the gather until the collective timeout.
+    std::function<void(const std::string& what)> enter_collective;
+    /// Collective: `t` (a few elements) becomes its sum over the processes, or its maximum when `max`; in place.
+    std::function<void(const at::Tensor& t, bool max)> reduce_over_processes;
   };
   Coordination& coordination() { return coordination_; }
 

@@ -25,6 +25,9 @@ std::string state_name(std::size_t group, std::size_t index, const std::string& 
   return fmt::format("{}.{}.{}", group, index, name);
 }
 
+// A dense tensor's memory as a flat vector, in memory order (the order of its gradient in a bucket).
+at::Tensor memory_order(const at::Tensor& t) { return t.as_strided({t.numel()}, {1}); }
+
 std::string shape_of(const at::Tensor& t) { return fmt::format("[{}]", fmt::join(t.sizes(), ", ")); }
 
 std::vector<std::string> keys_of(const Hypers& hypers) {
@@ -183,8 +186,15 @@ bool Optimizer::decays(std::size_t group, std::size_t index) const {
 
 // The exempt parameters of a group go through step_group on their own, with a copy of the group whose "wd" is 0.
 // Every gradient is checked first, so that a bad one cannot fail the second call after the first has updated.
-void Optimizer::step_group_with_exemptions(std::size_t g, const std::vector<std::size_t>& active) {
-  auto& group = groups_[g];
+// Sharded, the group's pieces are updated, those of no element (another process's) skipped.
+void Optimizer::step_group_with_exemptions(std::size_t g, const std::vector<std::size_t>& counted) {
+  std::vector<std::size_t> active;
+  for (const auto i : counted)
+    if (!sharded() || pieces_[g][i].numel() > 0) active.push_back(i);
+  if (active.empty()) return;
+  ParamGroup pieces;
+  if (sharded()) pieces = stepped_group(g);
+  auto& group = sharded() ? pieces : groups_[g];
   auto& state = states_[g];
   std::vector<std::size_t> decayed, exempt;
   for (const auto i : active) (exempt_[g][i] ? exempt : decayed).push_back(i);
@@ -201,6 +211,95 @@ void Optimizer::step_group_with_exemptions(std::size_t g, const std::vector<std:
     throw;
   }
   state.exempt_pass = false;
+}
+
+ParamGroup Optimizer::stepped_group(std::size_t g) const { return {pieces_[g], groups_[g].hypers}; }
+
+at::Tensor Optimizer::whole_state(std::size_t g, std::size_t i, const at::Tensor& piece) const {
+  auto whole = at::zeros_like(groups_[g].params[i], at::MemoryFormat::Preserve);
+  plan_.gather(whole, piece, plan_.ranges[g][i]);
+  return whole;
+}
+
+void Optimizer::shard(ShardPlan plan) {
+  const auto refuse = [&](const std::string& why) {
+    throw ConfigError(fmt::format("{}: cannot step shards of the parameters (data parallel shard): {}", type(), why));
+  };
+  if (!elementwise())
+    refuse("its update of an element reads other elements (a norm of the parameter), so no process can update its "
+           "share alone; use shard = \"none\"");
+  if (device_hypers_) refuse("device hyper-parameters (captured CUDA-graph steps) are not sharded");
+  if (!plan.gather) refuse("the plan has no gather");
+  if (plan.ranges.size() != groups_.size())
+    refuse(fmt::format("the plan has {} groups, the optimizer {}", plan.ranges.size(), groups_.size()));
+  at::NoGradGuard no_grad;
+  std::vector<std::vector<at::Tensor>> pieces(groups_.size());
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const auto& params = groups_[g].params;
+    if (plan.ranges[g].size() != params.size())
+      refuse(fmt::format("group {} has {} parameters, the plan {}", g, params.size(), plan.ranges[g].size()));
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const auto& p = params[i];
+      const auto& r = plan.ranges[g][i];
+      if (r.begin < 0 || r.numel < 0 || r.begin + r.numel > p.numel())
+        refuse(fmt::format("parameter {} of group {} has {} elements, the plan gives this process [{}, {})", i, g,
+                           p.numel(), r.begin, r.begin + r.numel));
+      if (!p.is_non_overlapping_and_dense())
+        refuse(fmt::format("parameter {} of group {} is not dense (its elements are not one block of memory)", i, g));
+      pieces[g].push_back(memory_order(p.detach()).narrow(0, r.begin, r.numel));
+    }
+  }
+  if (sharded() && plan_.ranges == plan.ranges) {
+    plan_.gather = std::move(plan.gather);
+    plan_.gather_params = std::move(plan.gather_params);
+    return;
+  }
+  // Each state tensor in turn: whole (gathered from an earlier plan's pieces, or as it is), then this process's piece.
+  // A piece of no element is never stepped, so its state stays undefined: every list is sized for every parameter.
+  const auto names = state_names();
+  std::vector<GroupState> states = states_;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const auto& params = groups_[g].params;
+    for (const auto& name : names) states[g].tensors[name].resize(params.size());
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (states[g].steps[i] == 0) continue;
+      for (const auto& name : names) {
+        auto& t = states[g].tensors.at(name).at(i);
+        auto whole = sharded() ? whole_state(g, i, t) : t;
+        if (!same_layout(whole, params[i]) || whole.device() != params[i].device())
+          whole = at::empty_like(params[i], at::MemoryFormat::Preserve).copy_(whole);
+        const auto& r = plan.ranges[g][i];
+        t = memory_order(whole).narrow(0, r.begin, r.numel).clone();
+      }
+    }
+  }
+  states_ = std::move(states);
+  plan_ = std::move(plan);
+  pieces_ = std::move(pieces);
+}
+
+void Optimizer::unshard() {
+  if (!sharded()) return;
+  const auto names = state_names();
+  std::vector<GroupState> states = states_;
+  for (std::size_t g = 0; g < groups_.size(); ++g)
+    for (std::size_t i = 0; i < groups_[g].params.size(); ++i) {
+      if (states[g].steps[i] == 0) continue;
+      for (const auto& name : names) {
+        auto& t = states[g].tensors.at(name).at(i);
+        t = whole_state(g, i, t);
+      }
+    }
+  states_ = std::move(states);
+  plan_ = {};
+  pieces_.clear();
+}
+
+at::Tensor& Optimizer::shard_piece(std::size_t group, std::size_t index) {
+  if (!sharded() || group >= pieces_.size() || index >= pieces_[group].size())
+    throw Error(fmt::format("{}::shard_piece({}, {}): {}", type(), group, index,
+                            sharded() ? "no such parameter" : "the optimizer is not sharded"));
+  return pieces_[group][index];
 }
 
 void Optimizer::step() {
@@ -221,7 +320,7 @@ void Optimizer::step() {
     const auto& params = groups_[g].params;
     active.clear();
     for (std::size_t i = 0; i < params.size(); ++i)
-      if (params[i].grad().defined()) active.push_back(i);
+      if ((sharded() ? pieces_[g][i] : params[i]).grad().defined()) active.push_back(i);
     auto& st = states_[g];
     st.last_active = active;
     if (active.empty()) continue;
@@ -231,7 +330,7 @@ void Optimizer::step() {
     st.device_step_views.clear();     // last step's counts
     std::vector<at::Tensor> counted;  // device_hypers: the device counts this step advanced
     try {
-      follow_params(params, st, active);
+      follow_params(sharded() ? pieces_[g] : params, st, active);
       if (device_hypers_) {
         if (!stream_capturing(params[active.front()].device())) stage_group(g);
         for (const auto i : active) counted.push_back(st.device_steps[i]);
@@ -246,9 +345,12 @@ void Optimizer::step() {
     }
   }
   ++step_count_;
+  if (sharded() && plan_.gather_params) plan_.gather_params();
 }
 
 void Optimizer::set_device_hypers(bool on) {
+  if (on && sharded())
+    throw ConfigError(fmt::format("{}: device hyper-parameters (captured CUDA-graph steps) are not sharded", type()));
   if (on) {
     // A factor rounded to bfloat16 or float16 would change the update (1 - lr*wd becomes 1): the host path computes
     // those parameters' updates in float32, the device path in their own dtype.
@@ -404,6 +506,8 @@ void Optimizer::follow_params(const std::vector<at::Tensor>& params, GroupState&
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
+  for (auto& group : pieces_)
+    for (auto& piece : group) piece.mutable_grad().reset();  // views of reduced gradients, set again each step
   std::vector<at::Tensor> to_zero;
   for (auto& group : groups_) {
     for (auto& p : group.params) {
@@ -461,7 +565,10 @@ NamedTensors Optimizer::state_tensors() const {
     const auto& st = states_[g];
     for (std::size_t i = 0; i < st.steps.size(); ++i) {
       if (st.steps[i] == 0) continue;
-      for (const auto& name : names) out.emplace_back(state_name(g, i, name), st.tensors.at(name).at(i));
+      for (const auto& name : names) {
+        const auto& t = st.tensors.at(name).at(i);
+        out.emplace_back(state_name(g, i, name), sharded() ? whole_state(g, i, t) : t);
+      }
     }
   }
   return out;
@@ -566,7 +673,12 @@ void Optimizer::load_state(const NamedTensors& tensors, const std::string& json)
     if (t.sizes() != p.sizes())
       load_fail(fmt::format("state tensor '{}' has shape {} but its parameter has shape {}", excerpt(name), shape_of(t),
                             shape_of(p)));
-    states[*g].tensors[what][*i] = at::empty_like(p, at::MemoryFormat::Preserve).copy_(t.detach());
+    auto whole = at::empty_like(p, at::MemoryFormat::Preserve).copy_(t.detach());
+    if (sharded()) {
+      const auto& r = plan_.ranges[*g][*i];
+      whole = memory_order(whole).narrow(0, r.begin, r.numel).clone();  // this process's piece
+    }
+    states[*g].tensors[what][*i] = std::move(whole);
   }
   for (std::size_t g = 0; g < groups_.size(); ++g)
     for (std::size_t i = 0; i < states[g].steps.size(); ++i)

@@ -21,6 +21,28 @@ namespace fastlearn {
 
 using Hypers = std::map<std::string, double>;
 
+/// The elements of one parameter that this process updates when data parallel training shards the optimizer
+/// (DistributedTrainerOptions::shard): [begin, begin + numel) of its elements in memory order (the order of its
+/// gradient in a bucket); numel 0 when another process updates all of it.
+struct ShardRange {
+  std::int64_t begin = 0;
+  std::int64_t numel = 0;
+  bool operator==(const ShardRange&) const = default;
+};
+
+/// What Optimizer::shard needs: per group and parameter, the range this process updates, and how the processes put
+/// a parameter's state back together from their pieces.
+struct ShardPlan {
+  std::vector<std::vector<ShardRange>> ranges;
+  /// Collective, called in the same order on every process: `whole` (shaped and laid out like its parameter,
+  /// zeros) gets every process's `piece` (its range's elements of one state tensor; undefined for an empty range)
+  /// at its range.
+  std::function<void(const at::Tensor& whole, const at::Tensor& piece, const ShardRange& range)> gather;
+  /// Collective, at the end of every step(): every process's updated pieces into every process's parameters, so
+  /// that whatever runs after the step sees whole parameters.
+  std::function<void()> gather_params;
+};
+
 struct ParamGroup {
   std::vector<at::Tensor> params;
   Hypers hypers;
@@ -60,6 +82,24 @@ class Optimizer {
   /// Whether parameter `index` of group `group` gets the group's weight decay.
   bool decays(std::size_t group, std::size_t index) const;
 
+  // --- sharded stepping (ZeRO stages 1 and 2: data parallel training with DistributedTrainerOptions::shard) ---
+  /// From now on step() updates only `plan.ranges` of each parameter, then calls plan.gather_params, keeping state for
+  /// those elements only: each
+  /// parameter's piece is a 1-d view of its memory (shard_piece), whose .grad is what step() reads (set by whoever
+  /// reduced the gradients; a piece with .grad counts as a step of its parameter even when empty, so every process
+  /// counts the same steps). Whole state (loaded, or made before) is cut to the pieces here; pieces of an earlier
+  /// plan are gathered through the old plan first, one tensor at a time (collective then). ConfigError for an
+  /// optimizer that is not elementwise, a parameter that is not dense, ranges that do not fit, or device_hypers.
+  void shard(ShardPlan plan);
+  /// Back to whole parameters: the state gathered (collective when there is state), the pieces dropped.
+  void unshard();
+  bool sharded() const { return !plan_.ranges.empty(); }
+  const ShardPlan& shard_plan() const { return plan_; }
+  /// The piece of parameter `index` of group `group` this process updates (sharded only).
+  at::Tensor& shard_piece(std::size_t group, std::size_t index);
+  /// Whether step_group's update of an element reads no other element (SGD, Adam): what sharded stepping needs.
+  virtual bool elementwise() const { return true; }
+
   /// Calls of step() so far (restored by load_state).
   std::int64_t step_count() const { return step_count_; }
 
@@ -95,7 +135,8 @@ class Optimizer {
 
   /// Checkpointing: every state tensor, named "<group>.<param index in group>.<state name>" (e.g.
   /// "0.3.exp_avg"), for the parameters that have been updated at least once. The tensors are the live
-  /// state (not copies): serialize them before the next step().
+  /// state (not copies): serialize them before the next step(). Sharded, each is whole, gathered from every
+  /// process (collective: every process calls it) into a new tensor.
   NamedTensors state_tensors() const;
   /// The rest of the state as a JSON object: {"type": "Adam", "step_count": 12, "groups": [{"hypers":
   /// {"lr": 0.001, ...}, "steps": [12, 12, 0]}, ...]} where "steps" counts the updates of each parameter.
@@ -103,7 +144,7 @@ class Optimizer {
   /// Inverse of state_tensors() + state_json(): restores the hypers, the step counts and a copy of every
   /// state tensor (moved to its parameter's device). A missing or extra tensor, a shape or dtype mismatch,
   /// a different group layout or optimizer type is a CheckpointError that names the culprit; on error the
-  /// optimizer is left unchanged.
+  /// optimizer is left unchanged. Sharded, whole tensors are given and each process keeps its pieces.
   void load_state(const NamedTensors& tensors, const std::string& json);
 
   // For the algorithms' constructors and step_group; `algorithm` / `where` name them in the errors.
@@ -179,8 +220,15 @@ class Optimizer {
   /// step_group for the active parameters of group `g`, the ones exempt from weight decay in a call of their own.
   void step_group_with_exemptions(std::size_t g, const std::vector<std::size_t>& active);
 
+  /// The group step_group updates: the parameters themselves, or their pieces when sharded.
+  ParamGroup stepped_group(std::size_t g) const;
+  /// The whole state tensor `name` of parameter i of group g from the pieces (sharded; collective).
+  at::Tensor whole_state(std::size_t g, std::size_t i, const at::Tensor& piece) const;
+
   std::vector<ParamGroup> groups_;
   std::vector<GroupState> states_;
+  ShardPlan plan_;
+  std::vector<std::vector<at::Tensor>> pieces_;  ///< sharded: per group and parameter, its piece
   std::vector<std::vector<bool>> exempt_;  ///< per group and parameter: no weight decay
   std::int64_t step_count_ = 0;
   bool device_hypers_ = false;
