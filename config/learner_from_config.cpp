@@ -137,7 +137,8 @@ DistributedTrainerOptions trainer_options(const DistributedConfig& d) {
   return {.sync_bn = d.sync_bn,
           .reducer = {.first_bucket_mb = d.first_bucket_mb,
                       .bucket_cap_mb = d.bucket_cap_mb,
-                      .find_unused_parameters = d.find_unused_parameters}};
+                      .find_unused_parameters = d.find_unused_parameters},
+          .shard = shard_from_name(d.shard)};
 }
 
 std::vector<c10::Device> parallel_devices(const DistributedConfig& d) {

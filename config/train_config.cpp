@@ -381,6 +381,15 @@ std::string devices_fit_the_model(const TrainConfig& c) {
   return {};
 }
 
+// distributed.shard splits the state over processes; replicas of one process (distributed.devices) are not sharded.
+std::string shard_without_devices(const TrainConfig& c) {
+  if (c.distributed.shard == "none" || c.distributed.devices.empty()) return {};
+  return fmt::format(
+      "\"{}\" shards the training state over the processes of a launch, and distributed.devices trains replicas in "
+      "one process, which are not sharded; leave one of them out",
+      excerpt(c.distributed.shard));
+}
+
 // Every key, in the order they are read and written: the data first, since it decides which losses, metrics
 // and models fit. A sub-table may come before its table's plain keys: the writer groups keys by table.
 const std::vector<Key>& schema() {
@@ -486,6 +495,8 @@ const std::vector<Key>& schema() {
       Key("distributed.timeout_seconds", in::distributed, &DistributedConfig::timeout_seconds, positive),
       Key("distributed.find_unused_parameters", in::distributed, &DistributedConfig::find_unused_parameters),
       Key("distributed.devices", in::distributed, &DistributedConfig::devices, {}, {.check = devices_fit_the_model}),
+      Key("distributed.shard", in::distributed, &DistributedConfig::shard, {.choices = {"none", "optimizer", "gradients"}},
+          {.check = shard_without_devices}),
 
       Key::optional_table("callbacks.early_stopping", in::callbacks, &CallbacksConfig::early_stopping),
       Key("callbacks.early_stopping.monitor", in::early_stopping, &EarlyStoppingConfig::monitor, {},

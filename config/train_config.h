@@ -131,6 +131,9 @@ struct DistributedConfig {
   /// Several devices of this one process, a replica of the model on each (ParallelTrainer): "cpu" (listed n times
   /// for n CPU replicas), "cuda" (every visible GPU) or "cuda:N". Empty: one device. Not with several processes.
   std::vector<std::string> devices;
+  /// What each rank keeps of the training state: none | optimizer (its share of the optimizer's state) | gradients
+  /// (and its share of the gradients); see DistributedTrainerOptions::shard. Not with devices.
+  std::string shard = "none";
   bool operator==(const DistributedConfig&) const = default;
 };
 

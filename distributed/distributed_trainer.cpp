@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include <exception>
+#include <set>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -142,7 +143,9 @@ void DistributedTrainer::unwrap_loaders() {
 void DistributedTrainer::before_fit() {
   auto& l = learn();
   std::vector<std::pair<std::string, at::Tensor>> params;
-  for (const auto& p : l.model().named_parameters()) params.emplace_back(p.key(), p.value());
+  std::set<const c10::TensorImpl*> seen;  // a weight two layers share is listed under both names: reduce it once
+  for (const auto& p : l.model().named_parameters())
+    if (seen.insert(p.value().unsafeGetTensorImpl()).second) params.emplace_back(p.key(), p.value());
   std::vector<at::Tensor> buffers;
   for (const auto& b : l.model().buffers()) buffers.push_back(b);
   auto reducer_options = options_.reducer;

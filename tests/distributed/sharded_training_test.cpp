@@ -4,8 +4,10 @@
 // a parameter is empty; gradient clipping by the global norm; an overflow on one rank skipping the step on every
 // rank; a parameter left without gradient on one rank failing every rank at once; checkpoints holding the whole
 // optimizer state, written collectively, and resumed on another world size.
+#include <fastlearn/callbacks/grad_accumulation.h>
 #include <fastlearn/callbacks/grad_clip.h>
 #include <fastlearn/callbacks/mixed_precision.h>
+#include <fastlearn/comm/collectives.h>
 #include <fastlearn/comm/runtime.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/safetensors.h>
@@ -65,13 +67,14 @@ std::vector<at::Tensor> inputs(const std::string& kind, std::int64_t n, std::uin
 
 // world > 1: this rank's loaders (the DistributedTrainer takes its share); world == 1 with `twin_of` ranks: one process
 // whose batch k is the union of every rank's batch k.
-fl::DataLoaders loaders(const std::string& kind, int twin_of) {
+fl::DataLoaders loaders(const std::string& kind, int twin_of, int micro_batches) {
   at::Tensor y, vy;
   auto x = inputs(kind, kItems, 1, y);
   auto vx = inputs(kind, 10, 2, vy);
   auto train = std::make_shared<fl::TensorDataset>(x, std::vector<at::Tensor>{y});
   auto valid = std::make_shared<fl::TensorDataset>(vx, std::vector<at::Tensor>{vy});
-  const std::int64_t bs = twin_of > 0 ? kPerRank * twin_of : kPerRank;
+  // The reference's batch is every rank's micro-batches of one step; the order below keeps each step's items together.
+  const std::int64_t bs = twin_of > 0 ? kPerRank * twin_of * micro_batches : kPerRank;
   fl::DataLoader train_dl(train, {.bs = bs});
   if (twin_of > 0) {
     std::vector<std::int64_t> order;
@@ -84,16 +87,25 @@ fl::DataLoaders loaders(const std::string& kind, int twin_of) {
   return fl::DataLoaders(std::move(train_dl), fl::DataLoader(valid, {.bs = 4}), 3);
 }
 
-fl::LearnerOptions learner_options(const std::string& opt) {
+fl::LearnerOptions learner_options(const std::string& opt, fl::Splitter splitter = {}) {
   return {.opt_func = opt == "sgd" ? fl::SGD({.mom = 0.9, .wd = 1e-3, .nesterov = true}) : fl::Adam({.wd = 0.01}),
           .lr = 0.01,
+          .splitter = std::move(splitter),
           .progress = false};
 }
 
 // "mlp": a 7x33 weight and a 1-element bias (whose share is empty on every rank but one) among larger ones.
-std::unique_ptr<fl::Learner> make_learner(const std::string& kind, const std::string& opt, int twin_of) {
+// "tied": a layer used twice. "resnet" comes split into body and head (two parameter groups, fine_tune).
+std::unique_ptr<fl::Learner> make_learner(const std::string& kind, const std::string& opt, int twin_of,
+                                          int micro_batches) {
   torch::manual_seed(0);
-  auto dls = loaders(kind, twin_of);
+  auto dls = loaders(kind, twin_of, micro_batches);
+  if (kind == "tied") {  // one layer applied twice: its weight is listed under two names
+    torch::nn::Linear shared(33, 33);
+    torch::nn::Sequential m(torch::nn::Flatten(), torch::nn::Linear(28 * 28, 33), torch::nn::ReLU(), shared,
+                            torch::nn::ReLU(), shared, torch::nn::ReLU(), torch::nn::Linear(33, 3));
+    return std::make_unique<fl::Learner>(std::move(dls), m, fl::cross_entropy(), learner_options(opt));
+  }
   if (kind == "mlp") {
     torch::nn::Sequential m(torch::nn::Flatten(), torch::nn::Linear(28 * 28, 33), torch::nn::ReLU(),
                             torch::nn::Linear(33, 7), torch::nn::ReLU(), torch::nn::Linear(7, 1),
@@ -103,7 +115,9 @@ std::unique_ptr<fl::Learner> make_learner(const std::string& kind, const std::st
   if (kind == "conv_net" || kind == "resnet") {
     auto m = kind == "conv_net" ? fl::models::conv_net({.widths = {8, 16}, .classes = 3})
                                 : fl::models::resnet({.widths = {8, 16}, .classes = 3, .stem_width = 8});
-    return std::make_unique<fl::Learner>(std::move(dls), m, fl::cross_entropy(), learner_options(opt));
+    return std::make_unique<fl::Learner>(
+        std::move(dls), m, fl::cross_entropy(),
+        learner_options(opt, kind == "resnet" ? fl::Splitter(fl::models::body_head_split) : fl::Splitter{}));
   }
   fl::models::TabularModel m(std::vector<std::pair<std::int64_t, std::int64_t>>{{4, 3}, {4, 2}}, 2, 3,
                              fl::models::TabularModelOptions{.layers = {16, 8}});
@@ -116,6 +130,12 @@ struct StepLog : fl::Callback {
   void after_step() override { params.push_back(flt::snapshot(learn().model())); }
 };
 
+// Small buckets, so that parameters straddle ranks and there are several buckets, and a large parameter reduced in
+// place while the buckets are not final.
+fl::GradReducerOptions small_buckets() {
+  return {.first_bucket_mb = 0.004, .bucket_cap_mb = 0.02, .in_place_mb = 0.05};
+}
+
 struct RunOptions {
   std::string kind = "mlp";
   std::string opt = "adam";  // or "sgd" (nesterov momentum)
@@ -123,23 +143,35 @@ struct RunOptions {
   int twin_of = 0;
   fl::Shard shard = fl::Shard::none;
   int epochs = 2;
+  int micro_batches = 1;                       // > 1: gradient accumulation over that many batches per step
+  bool bf16 = false;                           // MixedPrecision with bfloat16 autocast
+  bool fine_tune = false;                      // fine_tune(1): a frozen epoch, then an unfrozen one
+  bool one_cycle = true;                       // false: a constant lr (the schedule counts micro-batches)
+  std::function<void(fl::Learner&)> setup;     // more callbacks
+  std::chrono::milliseconds arrival = std::chrono::seconds(30);
 };
 
-// Small buckets, so that parameters straddle ranks and there are several buckets, and a large parameter reduced in
-// place while the buckets are not final.
-fl::GradReducerOptions small_buckets() {
-  return {.first_bucket_mb = 0.004, .bucket_cap_mb = 0.02, .in_place_mb = 0.05};
-}
-
 std::vector<std::vector<at::Tensor>> train(const RunOptions& o) {
-  auto learn = make_learner(o.kind, o.opt, o.twin_of);
+  auto learn = make_learner(o.kind, o.opt, o.twin_of, o.micro_batches);
   auto log = std::make_shared<StepLog>();
   learn->add_cb(log);
+  if (o.micro_batches > 1 && o.world > 1)
+    learn->add_cb(std::make_shared<fl::GradientAccumulation>(kPerRank * o.micro_batches));
+  if (o.bf16) learn->add_cb(std::make_shared<fl::MixedPrecision>(fl::MixedPrecisionOptions{.dtype = at::kBFloat16}));
+  if (o.setup) o.setup(*learn);
+  const auto run = [&] {
+    if (o.fine_tune)
+      learn->fine_tune(1, 0.01);
+    else if (o.one_cycle)
+      learn->fit_one_cycle(o.epochs, 0.01);
+    else
+      learn->fit(o.epochs, 0.01);
+  };
   if (o.world > 1) {
-    fl::DistribCtx ctx(*learn, {.reducer = small_buckets(), .shard = o.shard});
-    learn->fit_one_cycle(o.epochs, 0.01);
+    fl::DistribCtx ctx(*learn, {.reducer = small_buckets(), .shard = o.shard, .arrival_timeout = o.arrival});
+    run();
   } else {
-    learn->fit_one_cycle(o.epochs, 0.01);
+    run();
   }
   return log->params;
 }
@@ -201,6 +233,188 @@ TEST(ShardedTraining, SgdWithNesterovMomentumMatchesOneProcess) {
         for (const auto shard : {fl::Shard::optimizer, fl::Shard::gradients}) {
           const auto ours = train({.opt = "sgd", .world = 2, .shard = shard});
           expect_same_steps(reference, ours, 1e-5, std::string(fl::to_string(shard)));
+        }
+        fl::teardown_distrib();
+      },
+      {.env = flt::torchrun_env(2)});
+}
+
+// Gradient accumulation (stage 2 reduce-scatters every micro-batch into the shares), bf16 autocast, fine_tune's
+// frozen then unfrozen fit (the layout changes and the optimizer's state is redistributed) over two parameter groups,
+// and a weight two layers share: each as one process with every rank's batch.
+TEST(ShardedTraining, AccumulationBf16FineTuneAndTiedWeightsMatchOneProcess) {
+  flt::run_on_ranks(
+      2,
+      [](const RankContext&) {
+        const auto acc_reference = train({.twin_of = 2, .epochs = 3, .micro_batches = 2, .one_cycle = false});
+        const auto bf16_reference = train({.kind = "conv_net", .twin_of = 2, .bf16 = true});
+        const auto tuned_reference = train({.kind = "resnet", .twin_of = 2, .fine_tune = true});
+        const auto tied_reference = train({.kind = "tied", .twin_of = 2});
+        fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+        for (const auto shard : {fl::Shard::optimizer, fl::Shard::gradients}) {
+          const std::string stage(fl::to_string(shard));
+          expect_same_steps(acc_reference,
+                            train({.world = 2, .shard = shard, .epochs = 3, .micro_batches = 2, .one_cycle = false}),
+                            1e-5, stage + ", accumulation");
+          // bf16 rounds the two runs' batch shapes differently: bf16's precision (see distributed_trainer_test).
+          expect_same_steps(bf16_reference, train({.kind = "conv_net", .world = 2, .shard = shard, .bf16 = true}),
+                            2e-2, stage + ", bf16");
+          expect_same_steps(tuned_reference, train({.kind = "resnet", .world = 2, .shard = shard, .fine_tune = true}),
+                            tolerance("resnet"), stage + ", fine_tune");
+          expect_same_steps(tied_reference, train({.kind = "tied", .world = 2, .shard = shard}), 1e-5,
+                            stage + ", tied weights");
+        }
+        fl::teardown_distrib();
+      },
+      {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(2)});
+}
+
+namespace {
+
+// The global norm GradientClip measured before each step.
+struct NormLog : fl::Callback {
+  std::vector<double> norms;
+  void after_step() override { norms.push_back(learn().cb<fl::GradientClip>()->last_norm()); }
+};
+
+}  // namespace
+
+// Each rank holds a share of the gradients: the norm that clipping divides by must still be the whole gradient's,
+// the same on every rank, so that the clipped steps equal one process's.
+TEST(ShardedTraining, GradientClippingUsesTheWholeGradientsNormOnEveryRank) {
+  flt::run_on_ranks(
+      2,
+      [](const RankContext& ctx) {
+        auto clip_and_log = [](std::shared_ptr<NormLog>& log) {
+          return [&log](fl::Learner& learn) {
+            learn.add_cb(std::make_shared<fl::GradientClip>(fl::GradientClipOptions{.max_norm = 0.1}));
+            log = std::make_shared<NormLog>();
+            learn.add_cb(log);
+          };
+        };
+        std::shared_ptr<NormLog> reference_norms, norms;
+        const auto reference = train({.twin_of = 2, .setup = clip_and_log(reference_norms)});
+        fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+        for (const auto shard : {fl::Shard::optimizer, fl::Shard::gradients}) {
+          const std::string stage(fl::to_string(shard));
+          const auto ours = train({.world = 2, .shard = shard, .setup = clip_and_log(norms)});
+          expect_same_steps(reference, ours, 1e-5, stage);
+          ASSERT_EQ(norms->norms.size(), reference_norms->norms.size());
+          for (std::size_t s = 0; s < norms->norms.size(); ++s) {
+            EXPECT_NEAR(norms->norms[s], reference_norms->norms[s], 1e-5 * reference_norms->norms[s])
+                << stage << ", step " << s << " on rank " << ctx.rank;
+            EXPECT_GT(norms->norms[s], 0.1) << "the test needs steps that clip";
+          }
+        }
+        fl::teardown_distrib();
+      },
+      {.env = flt::torchrun_env(2)});
+}
+
+namespace {
+
+// On rank 1 only, at the third step, a gradient overflows. Sharded gradients: one element of rank 1's share, after
+// the reduction, so that no other rank sees it unless the overflow check is agreed on. Sharded optimizer state: rank
+// 1's loss, so its gradients overflow before they are all-reduced, as an overflow happens.
+struct OverflowOnRankOne : fl::Callback {
+  explicit OverflowOnRankOne(bool in_share) : in_share_(in_share) { order = fl::cb_order::distributed_trainer + 1; }
+  void after_loss() override {
+    auto& l = learn();
+    if (!in_share_ && l.coordination().rank == 1 && l.train_iter == 2)
+      l.loss_grad = l.loss_grad * std::numeric_limits<float>::infinity();
+  }
+  void after_backward() override {
+    auto& l = learn();
+    if (!in_share_ || l.coordination().rank != 1 || l.train_iter != 2) return;
+    auto shares = l.coordination().gradient_shares();
+    ASSERT_TRUE(shares && !shares->empty());
+    torch::NoGradGuard no_grad;
+    shares->front().view(-1)[0] = std::numeric_limits<float>::infinity();
+  }
+
+ private:
+  bool in_share_;
+};
+
+}  // namespace
+
+TEST(ShardedTraining, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
+  flt::run_on_ranks(
+      2,
+      [](const RankContext&) {
+        fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+        for (const auto shard : {fl::Shard::optimizer, fl::Shard::gradients}) {
+          const std::string stage(fl::to_string(shard));
+          std::shared_ptr<fl::MixedPrecision> mp;
+          const auto steps = train({.world = 2,
+                                    .shard = shard,
+                                    .epochs = 1,
+                                    .setup = [&mp, shard](fl::Learner& learn) {
+                                      mp = std::make_shared<fl::MixedPrecision>(fl::MixedPrecisionOptions{
+                                          .dtype = at::kBFloat16, .loss_scaling = true, .init_scale = 8.0});
+                                      learn.add_cb(mp);
+                                      learn.add_cb(
+                                          std::make_shared<OverflowOnRankOne>(shard == fl::Shard::gradients));
+                                    }});
+          EXPECT_EQ(mp->skipped_steps(), 1) << stage;
+          EXPECT_EQ(steps.size(), 6u) << stage << ": after_step of 6 batches (one step cancelled)";
+          // Every rank holds the same parameters after every step.
+          for (const auto& t : steps.back()) {
+            if (!t.is_floating_point()) continue;
+            auto mine = t.clone(), theirs = t.clone();
+            fl::broadcast(theirs, 0);
+            EXPECT_TRUE(mine.equal(theirs)) << stage;
+          }
+        }
+        fl::teardown_distrib();
+      },
+      {.env = flt::torchrun_env(2)});
+}
+
+namespace {
+
+// A model whose forward uses its second head on rank 0 only.
+struct TwoHeadsImpl : torch::nn::Module {
+  TwoHeadsImpl() {
+    body = register_module("body", torch::nn::Sequential(torch::nn::Flatten(), torch::nn::Linear(28 * 28, 3)));
+    aux = register_module("aux", torch::nn::Linear(3, 3));
+  }
+  torch::nn::Sequential body{nullptr};
+  torch::nn::Linear aux{nullptr};
+};
+
+}  // namespace
+
+// A parameter with a gradient on one rank and none on another: every rank fails at that step with a message (the one
+// that left it out names it), within seconds, not after the collective timeout.
+TEST(ShardedTraining, AParameterWithoutGradientOnOneRankFailsEveryRankAtOnce) {
+  flt::run_on_ranks(
+      2,
+      [](const RankContext& ctx) {
+        fl::setup_distrib({.timeout = std::chrono::seconds(120)});
+        for (const auto shard : {fl::Shard::optimizer, fl::Shard::gradients}) {
+          torch::manual_seed(0);
+          auto model = std::make_shared<TwoHeadsImpl>();
+          const bool use_aux = ctx.rank == 0;
+          fl::Learner learn(loaders("mlp", 0, 1), model,
+                            [model, use_aux](const std::vector<at::Tensor>& xb) {
+                              auto out = model->body->forward(xb[0]);
+                              return use_aux ? model->aux->forward(out) : out;
+                            },
+                            fl::cross_entropy(), learner_options("adam"));
+          fl::DistribCtx dctx(learn, {.reducer = small_buckets(), .shard = shard});
+          const auto start = std::chrono::steady_clock::now();
+          try {
+            learn.fit(1);
+            ADD_FAILURE() << "the fit ended";
+          } catch (const fl::DistributedError& e) {
+            const std::string what = e.what();
+            if (ctx.rank == 1)
+              EXPECT_NE(what.find("aux.weight"), std::string::npos) << what;
+            else
+              EXPECT_NE(what.find("rank(s) 1 left parameters without gradient"), std::string::npos) << what;
+          }
+          EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
         }
         fl::teardown_distrib();
       },
