@@ -5,6 +5,7 @@
 // rank; a parameter left without gradient on one rank failing every rank at once; checkpoints holding the whole
 // optimizer state, written collectively, and resumed on another world size.
 #include <fastlearn/callbacks/grad_accumulation.h>
+#include <fastlearn/callbacks/checkpointing.h>
 #include <fastlearn/callbacks/grad_clip.h>
 #include <fastlearn/callbacks/mixed_precision.h>
 #include <fastlearn/comm/collectives.h>
@@ -417,6 +418,132 @@ TEST(ShardedTraining, AParameterWithoutGradientOnOneRankFailsEveryRankAtOnce) {
           EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
         }
         fl::teardown_distrib();
+      },
+      {.env = flt::torchrun_env(2)});
+}
+
+namespace {
+
+fs::path checkpoint_root() {
+  return fs::temp_directory_path() / ("fl_sharded_ckpt_" + std::to_string(flt::test_process_id()));
+}
+
+fs::path checkpoints_of(const std::string& run) { return checkpoint_root() / run; }
+
+// The checkpoint taken after the first of three epochs of `run`, to resume the last two from.
+fs::path first_epoch_checkpoint(const std::string& run) {
+  return checkpoints_of(run) / fl::checkpoint_file_name(1, 0);
+}
+
+// Three epochs of one-cycle Adam on the mlp, checkpointed after each into checkpoints_of(run), or resumed from
+// `resume`; the parameters at the end.
+std::vector<at::Tensor> three_epochs(const std::string& run, int world, fl::Shard shard, const fs::path& resume = {}) {
+  auto learn = make_learner("mlp", "adam", 0, 1);
+  learn->add_cb(std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.dir = checkpoints_of(run), .keep = 0}));
+  const auto fit = [&] { learn->fit_one_cycle(3, 0.01, {.fit = {.resume_from = resume}}); };
+  if (world > 1) {
+    fl::DistribCtx ctx(*learn, {.reducer = small_buckets(), .shard = shard});
+    fit();
+  } else {
+    fit();
+  }
+  return flt::snapshot(learn->model());
+}
+
+void expect_close(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b, double tol,
+                  const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(a[i].allclose(b[i], tol, tol))
+        << what << ": tensor " << i << " differs by " << (a[i] - b[i]).abs().max().item<double>();
+}
+
+}  // namespace
+
+// A checkpoint of a sharded run holds the whole optimizer state under the unsharded names, each tensor as an unsharded
+// run's at that step; resumed on the same ranks it ends bit for bit as the run not interrupted; resumed on another
+// number of ranks, sharded, it ends as the same checkpoint resumed there unsharded (3 -> 2, 2 -> 1, 2 -> 3, 1 -> 3).
+TEST(ShardedTraining, CheckpointsHoldTheWholeStateAndResumeOnAnyNumberOfRanks) {
+  fs::remove_all(checkpoint_root());
+  const auto none = fl::Shard::none, optimizer = fl::Shard::optimizer, gradients = fl::Shard::gradients;
+  flt::run_on_ranks(
+      2,
+      [&](const RankContext&) {
+        fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+        three_epochs("2_none", 2, none);
+        const auto uninterrupted = three_epochs("2_gradients", 2, gradients);
+        three_epochs("2_optimizer", 2, optimizer);
+        const auto unsharded = fl::load_safetensors(first_epoch_checkpoint("2_none"));
+        for (const auto* run : {"2_gradients", "2_optimizer"}) {
+          const auto sharded = fl::load_safetensors(first_epoch_checkpoint(run));
+          ASSERT_EQ(sharded.tensors.size(), unsharded.tensors.size()) << run;
+          std::size_t optimizer_tensors = 0;
+          for (std::size_t i = 0; i < sharded.tensors.size(); ++i) {
+            const auto& [name, t] = sharded.tensors[i];
+            ASSERT_EQ(name, unsharded.tensors[i].first) << run;
+            optimizer_tensors += name.starts_with("optimizer/") ? 1 : 0;
+            if (t.is_floating_point())
+              EXPECT_TRUE(t.allclose(unsharded.tensors[i].second, 1e-6, 1e-6)) << run << ": " << name;
+            else
+              EXPECT_TRUE(t.equal(unsharded.tensors[i].second)) << run << ": " << name;
+          }
+          EXPECT_EQ(optimizer_tensors, 2u * 8u) << run << ": Adam's two states of 8 parameters";
+        }
+        const auto resumed = three_epochs("2_gradients_resumed", 2, gradients, first_epoch_checkpoint("2_gradients"));
+        EXPECT_TRUE(flt::same_tensors(resumed, uninterrupted)) << "resumed on the same ranks: not bit for bit";
+        fl::teardown_distrib();
+      },
+      {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(2)});
+  if (flt::in_rank_process()) return;
+  // 2 -> 1: one process has nothing to shard; the sharded run's checkpoint resumes as the unsharded one's.
+  expect_close(three_epochs("1_from_sharded", 1, none, first_epoch_checkpoint("2_gradients")),
+               three_epochs("1_from_unsharded", 1, none, first_epoch_checkpoint("2_none")), 1e-5, "2 -> 1");
+  three_epochs("1", 1, none);
+  flt::run_on_ranks(
+      3,
+      [&](const RankContext&) {
+        fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+        expect_close(three_epochs("3_from_2", 3, optimizer, first_epoch_checkpoint("2_gradients")),
+                     three_epochs("3_from_2_none", 3, none, first_epoch_checkpoint("2_gradients")), 1e-5, "2 -> 3");
+        expect_close(three_epochs("3_from_1", 3, gradients, first_epoch_checkpoint("1")),
+                     three_epochs("3_from_1_none", 3, none, first_epoch_checkpoint("1")), 1e-5, "1 -> 3");
+        three_epochs("3_gradients", 3, gradients);
+        fl::teardown_distrib();
+      },
+      {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(3)});
+  flt::run_on_ranks(
+      2,
+      [&](const RankContext&) {
+        fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+        expect_close(three_epochs("2_from_3", 2, gradients, first_epoch_checkpoint("3_gradients")),
+                     three_epochs("2_from_3_none", 2, none, first_epoch_checkpoint("3_gradients")), 1e-5, "3 -> 2");
+        fl::teardown_distrib();
+      },
+      {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(2)});
+  fs::remove_all(checkpoint_root());
+}
+
+// With a sharded optimizer a save gathers the state from every rank: a rank that saves alone fails within the
+// arrival timeout, naming the call, instead of waiting in the gather until the collective timeout.
+TEST(ShardedTraining, ASaveOnOneRankAloneFailsWithAMessage) {
+  flt::run_on_ranks(
+      2,
+      [](const RankContext& ctx) {
+        fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+        auto learn = make_learner("mlp", "adam", 0, 1);
+        fl::DistribCtx dctx(*learn, {.shard = fl::Shard::gradients, .arrival_timeout = std::chrono::seconds(2)});
+        learn->fit(1);
+        if (ctx.rank == 0) {
+          const auto start = std::chrono::steady_clock::now();
+          try {
+            learn->save("alone");
+            ADD_FAILURE() << "a save on one rank went through";
+          } catch (const fl::DistributedError& e) {
+            EXPECT_NE(std::string(e.what()).find("only 1 of its 2 ranks arrived"), std::string::npos) << e.what();
+          }
+          EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+        }
+        fl::barrier();
       },
       {.env = flt::torchrun_env(2)});
 }
