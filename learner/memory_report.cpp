@@ -29,7 +29,12 @@ MemoryReport memory_report(Learner& learn) {
     report.gradients += storage_bytes(p.grad(), grads);
   }
   if (learn.has_opt()) {
-    for (const auto& [name, t] : learn.opt().state_tensors()) report.optimizer_state += storage_bytes(t, state);
+    auto& opt = learn.opt();
+    for (const auto& [name, t] : opt.held_state_tensors()) report.optimizer_state += storage_bytes(t, state);
+    // Sharded: the gradients the optimizer steps with are this process's shares (a reducer's buffers).
+    for (std::size_t g = 0; opt.sharded() && g < opt.param_groups().size(); ++g)
+      for (std::size_t i = 0; i < opt.param_groups()[g].params.size(); ++i)
+        report.gradients += storage_bytes(opt.shard_piece(g, i).grad(), grads);
   }
   return report;
 }

@@ -11,8 +11,11 @@ class Learner;
 
 struct MemoryReport {
   std::int64_t parameters = 0;
-  std::int64_t gradients = 0;        ///< the storages the defined .grad tensors live in
-  std::int64_t optimizer_state = 0;  ///< the optimizer's per-parameter state (none before its first step)
+  /// The storages the defined .grad tensors live in, and with a sharded optimizer those its pieces' gradients live in
+  /// (this process's shares of the reduced buckets, between backward and the optimizer's zero_grad).
+  std::int64_t gradients = 0;
+  /// The optimizer's per-parameter state (none before its first step); sharded, this process's pieces only.
+  std::int64_t optimizer_state = 0;
   std::int64_t total() const { return parameters + gradients + optimizer_state; }
 };
 

@@ -574,6 +574,23 @@ NamedTensors Optimizer::state_tensors() const {
   return out;
 }
 
+NamedTensors Optimizer::held_state_tensors() const {
+  NamedTensors out;
+  const auto names = state_names();
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const auto& st = states_[g];
+    for (std::size_t i = 0; i < st.steps.size(); ++i) {
+      if (st.steps[i] == 0) continue;
+      for (const auto& name : names) {
+        const auto it = st.tensors.find(name);
+        if (it != st.tensors.end() && i < it->second.size() && it->second[i].defined())
+          out.emplace_back(state_name(g, i, name), it->second[i]);
+      }
+    }
+  }
+  return out;
+}
+
 std::string Optimizer::state_json() const {
   nlohmann::json groups = nlohmann::json::array();
   for (std::size_t g = 0; g < groups_.size(); ++g) {

@@ -141,6 +141,9 @@ class Optimizer {
   /// The rest of the state as a JSON object: {"type": "Adam", "step_count": 12, "groups": [{"hypers":
   /// {"lr": 0.001, ...}, "steps": [12, 12, 0]}, ...]} where "steps" counts the updates of each parameter.
   std::string state_json() const;
+  /// The state tensors as this process holds them, named as state_tensors() names them: the pieces when sharded
+  /// (1-d, this process's elements only), without a collective. For measuring memory, not for checkpoints.
+  NamedTensors held_state_tensors() const;
   /// Inverse of state_tensors() + state_json(): restores the hypers, the step counts and a copy of every
   /// state tensor (moved to its parameter's device). A missing or extra tensor, a shape or dtype mismatch,
   /// a different group layout or optimizer type is a CheckpointError that names the culprit; on error the

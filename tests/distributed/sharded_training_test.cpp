@@ -10,22 +10,26 @@
 #include <fastlearn/callbacks/mixed_precision.h>
 #include <fastlearn/comm/collectives.h>
 #include <fastlearn/comm/runtime.h>
+#include <fastlearn/core/cpu_memory_counter.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/safetensors.h>
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/learner.h>
+#include <fastlearn/learner/memory_report.h>
 #include <fastlearn/models/models.h>
 #include <fastlearn/models/tabular_model.h>
 #include <fastlearn/optim/adam.h>
 #include <fastlearn/optim/sgd.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 #include <tuple>
@@ -546,4 +550,97 @@ TEST(ShardedTraining, ASaveOnOneRankAloneFailsWithAMessage) {
         fl::barrier();
       },
       {.env = flt::torchrun_env(2)});
+}
+
+namespace {
+
+// Bytes the CPU allocator counts: the optimizer's state made by the first step, and what is held after the backward
+// of training batch 3 (a micro-batch that steps).
+struct MemoryProbe : fl::Callback {
+  MemoryProbe() { order = fl::cb_order::distributed_trainer + 1; }  // after the reducer's part of after_backward
+  std::size_t before_first_step = 0, state_bytes = 0, after_backward_bytes = 0;
+  fl::MemoryReport report;
+  void before_step() override {
+    if (learn().opt().step_count() == 0) before_first_step = fl::cpu_memory_count().current_bytes;
+  }
+  void after_step() override {
+    if (learn().opt().step_count() == 1 && state_bytes == 0)
+      state_bytes = fl::cpu_memory_count().current_bytes - before_first_step;
+  }
+  void after_backward() override {
+    if (learn().train_iter != 3) return;
+    after_backward_bytes = fl::cpu_memory_count().current_bytes;
+    report = fl::memory_report(learn());
+  }
+};
+
+struct MemoryUse {
+  std::size_t state = 0;     // the optimizer's state, counted by the allocator
+  std::size_t gradients = 0;  // held after backward beyond the parameters, data and state: gradient buffers
+  fl::MemoryReport report;
+};
+
+constexpr std::int64_t kWidth = 1024, kLayers = 8;  // 8 layers of 1024 x 1024: 8.4M parameters
+constexpr double kBucketMb = 4.2;                   // each bucket one layer's weight and bias
+
+// Adam on the 8.4M-parameter MLP, 2 micro-batches of 4 per step, buckets of one layer each.
+MemoryUse memory_use(fl::Shard shard) {
+  torch::manual_seed(0);
+  torch::nn::Sequential mlp;
+  for (std::int64_t k = 0; k < kLayers; ++k) {
+    mlp->push_back(torch::nn::Linear(kWidth, kWidth));
+    mlp->push_back(torch::nn::ReLU());
+  }
+  mlp->push_back(torch::nn::Linear(kWidth, 3));
+  auto gen = at::detail::createCPUGenerator(5);
+  auto x = at::randn({48, kWidth}, gen);
+  auto y = at::randint(0, 3, {48}, gen, at::TensorOptions().dtype(at::kLong));
+  auto ds = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
+  fl::Learner learn(fl::DataLoaders(fl::DataLoader(ds, {.bs = kPerRank}), fl::DataLoader(ds, {.bs = 8}), 3), mlp,
+                    fl::cross_entropy(), learner_options("adam"));
+  auto probe = std::make_shared<MemoryProbe>();
+  learn.add_cb(probe);
+  learn.add_cb(std::make_shared<fl::GradientAccumulation>(kPerRank * 2));
+  fl::DistribCtx ctx(learn, {.reducer = {.first_bucket_mb = kBucketMb, .bucket_cap_mb = kBucketMb}, .shard = shard});
+  const auto baseline = fl::cpu_memory_count().current_bytes;
+  learn.fit(1, 1e-4);
+  return {.state = probe->state_bytes,
+          .gradients = probe->after_backward_bytes - baseline - probe->state_bytes,
+          .report = probe->report};
+}
+
+}  // namespace
+
+// The optimizer's state per rank is 1/N of the unsharded state (+5%) under both stages; with sharded gradients the
+// gradient buffers held after backward are at most 1/N of the gradients plus the largest bucket, with gradient
+// accumulation. Measured by the CPU allocator's count (and the storage-based report, which must agree).
+TEST(ShardedTraining, EachRankHoldsItsShareOfTheOptimizerStateAndGradients) {
+  for (const int world : {2, 3}) {
+    flt::run_on_ranks(
+        world,
+        [world](const RankContext& ctx) {
+          fl::count_cpu_memory();
+          fl::setup_distrib({.timeout = std::chrono::seconds(120)});
+          const auto whole = memory_use(fl::Shard::none);
+          const auto params_bytes = static_cast<double>(kLayers * (kWidth * kWidth + kWidth) + 3 * kWidth + 3) * 4;
+          // The measure sees the unsharded run's Adam state (two copies) and its gradient buckets.
+          EXPECT_NEAR(static_cast<double>(whole.state), 2 * params_bytes, 0.02 * params_bytes);
+          EXPECT_GT(static_cast<double>(whole.gradients), 0.95 * params_bytes);
+          for (const auto shard : {fl::Shard::optimizer, fl::Shard::gradients}) {
+            const auto ours = memory_use(shard);
+            const std::string what = fmt::format("{} on rank {} of {}", fl::to_string(shard), ctx.rank, world);
+            EXPECT_LE(static_cast<double>(ours.state), 1.05 * static_cast<double>(whole.state) / world) << what;
+            EXPECT_EQ(static_cast<std::size_t>(ours.report.optimizer_state), ours.state) << what;
+            std::printf("%s: optimizer state %.1f MB (unsharded %.1f MB), gradient buffers %.1f MB (unsharded %.1f)\n",
+                        what.c_str(), static_cast<double>(ours.state) / 1e6, static_cast<double>(whole.state) / 1e6,
+                        static_cast<double>(ours.gradients) / 1e6, static_cast<double>(whole.gradients) / 1e6);
+            if (shard == fl::Shard::gradients) {
+              EXPECT_LE(static_cast<double>(ours.gradients), params_bytes / world + kBucketMb * 1024 * 1024) << what;
+              EXPECT_LE(static_cast<double>(ours.report.gradients), 1.01 * params_bytes / world) << what;
+            }
+          }
+          fl::teardown_distrib();
+        },
+        {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(world)});
+  }
 }
