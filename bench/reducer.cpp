@@ -1,4 +1,4 @@
-// reducer_bandwidth and bucketed_vs_naive, on 2 ranks spawned from this binary (local ranks, so the shared memory
+// reducer_bandwidth, bucketed_vs_naive and the reduce-scatter rows, on 2 ranks spawned from this binary (local ranks, so the shared memory
 // transport unless said otherwise):
 //  - reducer_bandwidth: gradient bytes per second the GradReducer adds to backward (its extra time over a
 //    plain backward of the same model, overlap included) vs one raw all_reduce of a flat buffer holding
@@ -6,6 +6,11 @@
 //    for the slower rank. ratio = ours / anchor (1.0 = the raw all_reduce's bandwidth).
 //  - bucketed_vs_naive: the time gradient averaging adds to a step for a 62-tensor MLP: the reducer vs
 //    the tutorial's average_gradients (one all_reduce per parameter after backward). ratio = naive / ours.
+//  - reduce_scatter_vs_all_reduce: seconds of one reduce_scatter of a flat 25 MB float buffer (what sharded gradients
+//    communicate per bucket) against one all_reduce of the same buffer (what data parallel training communicates),
+//    both over the shared memory transport, calls interleaved. ratio = all_reduce / reduce_scatter.
+//  - reduce_scatter_vs_gloo: the same reduce_scatter over shared memory against Gloo's over loopback TCP (Gloo's
+//    _reduce_scatter_base, what PyTorch's reduce_scatter_tensor runs on CPU). ratio = Gloo / ours.
 // Rank 0 prints one JSON object.
 #include <fastlearn/comm/collectives.h>
 #include <fastlearn/comm/runtime.h>
@@ -158,6 +163,31 @@ WideSteps reducer_and_raw(fl::Group& world) {
   return out;
 }
 
+// Median seconds of one call of each collective over a flat 25 MB buffer, the calls interleaved (ranks start together).
+struct FlatCollectives {
+  double reduce_scatter = 0, all_reduce = 0;
+};
+
+FlatCollectives flat_collectives(bool with_all_reduce) {
+  const std::int64_t numel = 25 * 1024 * 1024 / 4 / fl::world_size() * fl::world_size();
+  auto flat = torch::randn({numel}), part = torch::empty({numel / fl::world_size()});
+  auto timed = [](auto&& call) {
+    fl::barrier();
+    const auto start = Clock::now();
+    call();
+    return seconds_since(start);
+  };
+  std::vector<double> scatters, reduces;
+  for (int r = 0; r < kRepeats + 2; ++r) {
+    const double s = timed([&] { fl::reduce_scatter(part, flat); });
+    const double a = with_all_reduce ? timed([&] { fl::all_reduce(flat); }) : 0.0;
+    if (r < 2) continue;
+    scatters.push_back(s);
+    reduces.push_back(a);
+  }
+  return {.reduce_scatter = median(scatters), .all_reduce = median(reduces)};
+}
+
 void run_rank(int) {
   fl::setup_distrib({.timeout = std::chrono::seconds(60)});
   torch::manual_seed(0);
@@ -165,11 +195,13 @@ void run_rank(int) {
 
   const auto wide = reducer_and_raw(world);
   const auto shared = bucketed_and_naive(world);
+  const auto shared_flat = flat_collectives(true);
   fl::teardown_distrib();
   // The bucketing matters most where each call is expensive: Gloo over TCP, as between hosts. The shared memory
   // transport of local ranks makes a call cheap, so the same comparison is reported on it as well.
   fl::setup_distrib({.timeout = std::chrono::seconds(60), .shared_memory = false});
   const auto tcp = bucketed_and_naive(fl::world_group());
+  const auto gloo_flat = flat_collectives(false);
   const double naive_cost = tcp.naive_cost(), bucketed_cost = tcp.bucketed_cost();
   const std::int64_t deep_tensors = tcp.tensors;
   const double deep_plain = tcp.plain, bucketed = tcp.bucketed, naive = tcp.naive;
@@ -211,9 +243,31 @@ void run_rank(int) {
     bucketing["what"] =
         "time gradient averaging adds to a step: bucketed reducer vs one all_reduce per parameter after backward; 2 "
         "ranks, Gloo over loopback TCP; shared_memory_*: the same over the shared memory transport of local ranks";
+    nlohmann::ordered_json scatter = nlohmann::ordered_json::object();
+    scatter["ours"] = rounded(shared_flat.reduce_scatter, 6);
+    scatter["anchor"] = rounded(shared_flat.all_reduce, 6);
+    scatter["ratio"] = rounded(shared_flat.all_reduce / shared_flat.reduce_scatter, 3);
+    scatter["unit"] = "s/call";
+    scatter["higher_is_better"] = false;
+    scatter["mb"] = 25;
+    scatter["what"] =
+        "one reduce_scatter of a flat 25 MB float buffer (sharded gradients, per bucket) vs one all_reduce of it; 2 "
+        "local ranks, shared memory transport, calls interleaved, medians of 15";
+    nlohmann::ordered_json vs_gloo = nlohmann::ordered_json::object();
+    vs_gloo["ours"] = rounded(shared_flat.reduce_scatter, 6);
+    vs_gloo["anchor"] = rounded(gloo_flat.reduce_scatter, 6);
+    vs_gloo["ratio"] = rounded(gloo_flat.reduce_scatter / shared_flat.reduce_scatter, 3);
+    vs_gloo["unit"] = "s/call";
+    vs_gloo["higher_is_better"] = false;
+    vs_gloo["mb"] = 25;
+    vs_gloo["what"] =
+        "one reduce_scatter of a flat 25 MB float buffer: fastlearn's shared memory transport vs Gloo over loopback "
+        "TCP (_reduce_scatter_base, as PyTorch's reduce_scatter_tensor); 2 local ranks, medians of 15";
     nlohmann::ordered_json line = nlohmann::ordered_json::object();
     line["reducer_bandwidth"] = bandwidth;
     line["bucketed_vs_naive"] = bucketing;
+    line["reduce_scatter_vs_all_reduce"] = scatter;
+    line["reduce_scatter_vs_gloo"] = vs_gloo;
     fmt::print("{}\n", line.dump());
     std::fflush(stdout);
   }

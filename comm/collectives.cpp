@@ -1,5 +1,6 @@
 #include <fastlearn/comm/collectives.h>
 
+#include <fastlearn/comm/detail/shared_memory_backend.h>
 #include <fastlearn/comm/process_group.h>
 #include <fastlearn/comm/runtime.h>
 #include <fastlearn/core/error.h>
@@ -380,6 +381,9 @@ void all_gather_into(const at::Tensor& output, const at::Tensor& input, Group* g
   check_parts(input, output, g->size(), "all_gather_into");
   check_same_call(*g, Op::all_gather_into, input);
   auto in = input.contiguous().view({-1});
+  // The shared memory backend copies each part of the input before it writes over it; another backend gets a copy of
+  // an input that is this rank's part of the output.
+  if (in.is_alias_of(output) && g->backend().getBackendName() != shared_memory_backend_name) in = in.clone();
   with_contiguous(output, [&](const at::Tensor& out) {
     auto flat = out.view({-1});
     run(*g, fmt::format("all_gather_into of {}", describe_tensor(input)),

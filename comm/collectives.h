@@ -58,7 +58,8 @@ void all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
 void reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op = ReduceOp::sum,
                     Group* group = nullptr);
 /// Every rank's `input` laid end to end in group-rank order into every rank's `output` (output.numel() ==
-/// input.numel() * group size, the same dtype and device): all_gather into one flat tensor.
+/// input.numel() * group size, the same dtype and device): all_gather into one flat tensor. `input` may be this
+/// rank's part of `output` (then nothing is copied for it over shared memory).
 void all_gather_into(const at::Tensor& output, const at::Tensor& input, Group* group = nullptr);
 /// Waits until every rank of the group arrives.
 void barrier(Group* group = nullptr);

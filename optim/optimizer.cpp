@@ -249,9 +249,9 @@ void Optimizer::shard(ShardPlan plan) {
       pieces[g].push_back(memory_order(p.detach()).narrow(0, r.begin, r.numel));
     }
   }
-  if (sharded() && plan_.ranges == plan.ranges) {
-    plan_.gather = std::move(plan.gather);
-    plan_.gather_params = std::move(plan.gather_params);
+  if (sharded() && plan_.ranges == plan.ranges) {  // the same parts: the state stays, the pieces are made anew
+    plan_ = std::move(plan);
+    pieces_ = std::move(pieces);
     return;
   }
   // Each state tensor in turn: whole (gathered from an earlier plan's pieces, or as it is), then this process's piece.

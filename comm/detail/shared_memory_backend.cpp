@@ -181,7 +181,8 @@ class SharedMemoryBackend final : public c10d::Backend {
                                                  const c10d::AllgatherOptions& options) override {
     if (!handles({output}) || !handles({input}) || output.numel() != input.numel() * size_ ||
         input.scalar_type() != output.scalar_type()) {
-      return gloo_->_allgather_base(output, input, options);
+      auto separate = input.is_alias_of(output) ? input.clone() : input;  // Gloo may write before it reads
+      return gloo_->_allgather_base(output, separate, options);
     }
     return run(c10d::OpType::_ALLGATHER_BASE, [&] { gather_parts(output, input); });
   }
@@ -317,7 +318,10 @@ class SharedMemoryBackend final : public c10d::Backend {
       const int set = next_phase();
       std::memcpy(slot(set, rank_), in + first, n);
       arrive_and_wait("all_gather_into");
-      for (int r = 0; r < size_; ++r) std::memcpy(out + static_cast<std::size_t>(r) * bytes + first, slot(set, r), n);
+      for (int r = 0; r < size_; ++r) {
+        auto* to = out + static_cast<std::size_t>(r) * bytes + first;
+        if (to != in + first) std::memcpy(to, slot(set, r), n);  // an input that is this part is there already
+      }
     }
   }
 

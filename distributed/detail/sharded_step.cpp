@@ -19,6 +19,23 @@ at::Tensor memory_order(const at::Tensor& t) { return t.as_strided({t.numel()}, 
 
 }  // namespace
 
+// Moves the bucket's parameters into one buffer (each in memory order at its offset, the padding zero): each
+// parameter's tensor stays the same object (the model, the optimizer and the reducer keep it), only its storage moves.
+void ShardedStep::flatten(Bucket& b) {
+  torch::NoGradGuard no_grad;
+  const auto& like = b.params.front();
+  b.flat = at::empty({b.layout.padded}, like.options());
+  b.flat.narrow(0, b.layout.numel, b.layout.padded - b.layout.numel).zero_();
+  for (std::size_t j = 0; j < b.params.size(); ++j) {
+    auto& p = b.params[j];
+    if (!p.is_non_overlapping_and_dense())
+      throw DistributedError("sharded training: a parameter is not dense (its elements are not one block of memory)");
+    const auto offset = b.layout.param_offsets[j];
+    b.flat.narrow(0, offset, p.numel()).copy_(memory_order(p.detach()));
+    p.set_(b.flat.storage(), b.flat.storage_offset() + offset, p.sizes(), p.strides());
+  }
+}
+
 void ShardedStep::adopt(const GradReducer& reducer, Optimizer& opt) {
   std::unordered_map<const c10::TensorImpl*, std::pair<std::size_t, std::size_t>> where;
   ShardPlan plan;
@@ -35,6 +52,7 @@ void ShardedStep::adopt(const GradReducer& reducer, Optimizer& opt) {
     for (const auto& p : params) numels.push_back(p.numel());
     b.layout = shard_bucket(numels, group_.size());
     b.params = std::move(params);
+    flatten(b);
     for (const auto& p : b.params) {
       const auto it = where.find(p.unsafeGetTensorImpl());
       b.in_opt.push_back(it != where.end());
@@ -101,17 +119,9 @@ void ShardedStep::gather_params(const std::vector<Bucket>& buckets, Group& group
   torch::NoGradGuard no_grad;
   const auto me = static_cast<std::size_t>(group.rank());
   for (const auto& b : buckets) {
-    const auto& like = b.params.front();
-    auto mine = at::zeros({b.layout.part}, like.options());
-    for (const auto& piece : b.layout.pieces[me])
-      mine.narrow(0, piece.part_offset, piece.numel)
-          .copy_(memory_order(b.params[piece.param].detach()).narrow(0, piece.param_offset, piece.numel));
-    auto whole = at::empty({b.layout.padded}, like.options());
-    all_gather_into(whole, mine, &group);
-    for (std::size_t j = 0; j < b.params.size(); ++j) {
-      memory_order(b.params[j].detach())
-          .copy_(whole.narrow(0, b.layout.param_offsets[j], b.params[j].numel()));
-    }
+    // This rank's part of the buffer holds its updated elements: it is what this rank sends, and where it receives.
+    const auto part = static_cast<std::int64_t>(me) * b.layout.part;
+    all_gather_into(b.flat, b.flat.narrow(0, part, b.layout.part), &group);
   }
 }
 

@@ -3,8 +3,9 @@
 // step. Each rank owns the same part of every reducer bucket (detail/shard_layout); once the reducer's buckets are
 // final, the optimizer is told which elements of each parameter this rank updates (Optimizer::shard). After each
 // synchronized backward, each piece gets its gradient: its part of the parameter's averaged .grad (stage 1), or of
-// the reducer's share of the bucket (stage 2: the only gradient this rank keeps). After the step, the ranks'
-// updated parts are all-gathered into every rank's parameters, a bucket at a time.
+// the reducer's share of the bucket (stage 2: the only gradient this rank keeps). The parameters of each bucket are
+// moved into one flat buffer laid out as the bucket (the layout stage 3 shards), so that after the step the ranks'
+// updated parts are all-gathered straight into every rank's parameters, a bucket at a time, without a copy.
 #include <fastlearn/distributed/detail/shard_layout.h>
 
 #include <ATen/core/Tensor.h>
@@ -34,17 +35,18 @@ class ShardedStep {
   bool adopted() const { return buckets_ != nullptr; }
 
  private:
-  // After the optimizer stepped (ShardPlan::gather_params): every rank's part of every bucket into every rank's
-  // parameters.
-  struct Bucket;
-  static void gather_params(const std::vector<Bucket>& buckets, Group& group);
   struct Bucket {
     ShardedBucket layout;
+    at::Tensor flat;                                              ///< the parameters' memory, padded
     std::vector<at::Tensor> params;                               ///< bucket order
     std::vector<std::pair<std::size_t, std::size_t>> opt_index;  ///< (group, index) in the optimizer, per param
     std::vector<bool> in_opt;                                     ///< whether the optimizer holds the param
   };
   void adopt(const GradReducer& reducer, Optimizer& opt);
+  static void flatten(Bucket& b);
+  // After the optimizer stepped (ShardPlan::gather_params): every rank's part of every bucket into every rank's
+  // parameters.
+  static void gather_params(const std::vector<Bucket>& buckets, Group& group);
 
   Group& group_;
   std::shared_ptr<const std::vector<Bucket>> buckets_;  ///< shared with the optimizer's plan
