@@ -1,5 +1,5 @@
-// reducer_bandwidth, bucketed_vs_naive and the reduce-scatter rows, on 2 ranks spawned from this binary (local ranks, so the shared memory
-// transport unless said otherwise):
+// reducer_bandwidth, bucketed_vs_naive and the reduce-scatter rows, on 2 ranks spawned from this binary (local ranks,
+// so the shared memory transport unless said otherwise):
 //  - reducer_bandwidth: gradient bytes per second the GradReducer adds to backward (its extra time over a
 //    plain backward of the same model, overlap included) vs one raw all_reduce of a flat buffer holding
 //    every gradient run right after the same backward (the time it adds, likewise). Both include waiting

@@ -43,8 +43,8 @@ void GradientClip::before_step() {
   } else {
     // Over the processes: the maximum for the infinity norm, else the p-th root of the sum of p-th powers.
     const bool max = std::isinf(p);
-    const auto device = learn().model().parameters().empty() ? at::Device(at::kCPU)
-                                                             : learn().model().parameters().front().device();
+    const auto device =
+        learn().model().parameters().empty() ? at::Device(at::kCPU) : learn().model().parameters().front().device();
     auto mine = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device));
     if (!grads.empty()) {
       std::vector<at::Tensor> norms;

@@ -495,8 +495,8 @@ const std::vector<Key>& schema() {
       Key("distributed.timeout_seconds", in::distributed, &DistributedConfig::timeout_seconds, positive),
       Key("distributed.find_unused_parameters", in::distributed, &DistributedConfig::find_unused_parameters),
       Key("distributed.devices", in::distributed, &DistributedConfig::devices, {}, {.check = devices_fit_the_model}),
-      Key("distributed.shard", in::distributed, &DistributedConfig::shard, {.choices = {"none", "optimizer", "gradients"}},
-          {.check = shard_without_devices}),
+      Key("distributed.shard", in::distributed, &DistributedConfig::shard,
+          {.choices = {"none", "optimizer", "gradients"}}, {.check = shard_without_devices}),
 
       Key::optional_table("callbacks.early_stopping", in::callbacks, &CallbacksConfig::early_stopping),
       Key("callbacks.early_stopping.monitor", in::early_stopping, &EarlyStoppingConfig::monitor, {},

@@ -119,9 +119,10 @@ void DistributedTrainer::detach(Learner& learn) {
         learn.opt().unshard();
         whole = true;
       } catch (const std::exception& e) {
-        warn(fmt::format("the sharded optimizer's state could not be gathered when data parallel training ended "
-                              "({}); the learner's optimizer is dropped",
-                              e.what()));
+        warn(
+            fmt::format("the sharded optimizer's state could not be gathered when data parallel training ended "
+                        "({}); the learner's optimizer is dropped",
+                        e.what()));
       }
     }
     if (!whole) learn.drop_opt();

@@ -35,12 +35,12 @@ struct ParamSlot {
 
 struct Bucket {
   std::vector<std::size_t> params;
-  at::Tensor flat;        ///< packed gradients; undefined for a bucket reduced in place, and while scattering
-                          ///< between backward passes
+  at::Tensor flat;          ///< packed gradients; undefined for a bucket reduced in place, and while scattering
+                            ///< between backward passes
   std::int64_t numel = 0;   ///< its parameters' elements
   std::int64_t padded = 0;  ///< scattering: numel rounded up to a multiple of the group size
   at::Tensor scattered;     ///< scattering into shares that hold earlier micro-batches: this one's part
-  bool in_place = false;  ///< one large parameter, all_reduced in its own .grad
+  bool in_place = false;    ///< one large parameter, all_reduced in its own .grad
   std::int64_t pending = 0;
   c10::intrusive_ptr<c10d::Work> work;
   std::int64_t call = -1;  ///< the group's call number of its all_reduce (Group::next_call)
@@ -72,8 +72,9 @@ class GradReducer::Impl {
        GradReducerOptions options)
       : group_(group), options_(options), buffers_(std::move(buffers)) {
     if (options_.scatter && options_.compression)
-      throw ConfigError("GradReducer: gradients cannot be both compressed and reduce-scattered into shares (scatter); "
-                        "drop the compression");
+      throw ConfigError(
+          "GradReducer: gradients cannot be both compressed and reduce-scattered into shares (scatter); "
+          "drop the compression");
     options_.separate_verdicts = options_.separate_verdicts || options_.scatter;
     layout_final_ = !options_.rebuild_buckets;
     for (auto& [name, t] : params) {
@@ -523,7 +524,8 @@ class GradReducer::Impl {
       if (mask != 0 && !report_unused) {
         std::string ranks;
         for (int r = 0; r < 53 && r < group_.size(); ++r)
-          if (mask & (std::uint64_t{1} << r)) ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ", group_.ranks()[r]);
+          if (mask & (std::uint64_t{1} << r))
+            ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ", group_.ranks()[r]);
         throw DistributedError(fmt::format(
             "rank {}: rank(s) {} left parameters without gradient in a backward (their errors name them); every rank "
             "stops here instead of waiting for the others in the next collective",
@@ -574,7 +576,7 @@ class GradReducer::Impl {
   bool vote_ = false;
   bool votes_wanted_ = false;
   HostReadback votes_;
-  HostReadback left_out_;  ///< separate verdicts: the ranks that left parameters without gradient
+  HostReadback left_out_;           ///< separate verdicts: the ranks that left parameters without gradient
   std::vector<at::Tensor> shares_;  ///< scattering: this rank's part of each bucket
   bool shares_fresh_ = true;        ///< the next reduce-scatter writes the shares instead of adding to them
   bool layout_final_ = false;

@@ -226,8 +226,9 @@ void Optimizer::shard(ShardPlan plan) {
     throw ConfigError(fmt::format("{}: cannot step shards of the parameters (data parallel shard): {}", type(), why));
   };
   if (!elementwise())
-    refuse("its update of an element reads other elements (a norm of the parameter), so no process can update its "
-           "share alone; use shard = \"none\"");
+    refuse(
+        "its update of an element reads other elements (a norm of the parameter), so no process can update its "
+        "share alone; use shard = \"none\"");
   if (device_hypers_) refuse("device hyper-parameters (captured CUDA-graph steps) are not sharded");
   if (!plan.gather) refuse("the plan has no gather");
   if (plan.ranges.size() != groups_.size())

@@ -232,7 +232,7 @@ class Optimizer {
   std::vector<GroupState> states_;
   ShardPlan plan_;
   std::vector<std::vector<at::Tensor>> pieces_;  ///< sharded: per group and parameter, its piece
-  std::vector<std::vector<bool>> exempt_;  ///< per group and parameter: no weight decay
+  std::vector<std::vector<bool>> exempt_;        ///< per group and parameter: no weight decay
   std::int64_t step_count_ = 0;
   bool device_hypers_ = false;
   /// Makes (or remakes, when the device moved) a group's device tensors from the host's values.

@@ -37,10 +37,10 @@ class ShardedStep {
  private:
   struct Bucket {
     ShardedBucket layout;
-    at::Tensor flat;                                              ///< the parameters' memory, padded
-    std::vector<at::Tensor> params;                               ///< bucket order
+    at::Tensor flat;                                             ///< the parameters' memory, padded
+    std::vector<at::Tensor> params;                              ///< bucket order
     std::vector<std::pair<std::size_t, std::size_t>> opt_index;  ///< (group, index) in the optimizer, per param
-    std::vector<bool> in_opt;                                     ///< whether the optimizer holds the param
+    std::vector<bool> in_opt;                                    ///< whether the optimizer holds the param
   };
   void adopt(const GradReducer& reducer, Optimizer& opt);
   static void flatten(Bucket& b);

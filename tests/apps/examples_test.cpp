@@ -91,3 +91,27 @@ TEST(Examples, ServeExportPredictsWhatTheCliPredicts) {
   EXPECT_NE(bad.second.find("README.md"), std::string::npos) << bad.second;
   std::filesystem::remove_all(dir);
 }
+
+// configs/regression_sharded.toml as its header says: 2 ranks, each keeping its share of Adam's state and of the
+// gradients; its checkpoint after epoch 3 resumes in one process (the whole state is in the file) and the run ends.
+TEST(Examples, TheShardedConfigTrainsOnTwoRanksAndResumesInOneProcess) {
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("fastlearn_sharded_config_{}", ::getpid());
+  std::filesystem::remove_all(dir);
+  const auto config = fmt::format("{}/configs/regression_sharded.toml", FASTLEARN_SOURCE_DIR);
+  const auto [code, out] =
+      run_shell(cli(fmt::format("train {} --nproc-per-node 2 --out {}", config, (dir / "run").string())));
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("final validation set"), std::string::npos) << out;
+  std::filesystem::remove(dir / "run" / "checkpoints" / "ckpt-e0004-b0000000.safetensors");
+  const auto [resumed_code, resumed] =
+      run_shell(cli(fmt::format("train {} --out {} --resume", config, (dir / "run").string())));
+  ASSERT_EQ(resumed_code, 0) << resumed;
+  EXPECT_NE(resumed.find("continuing from"), std::string::npos) << resumed;
+  EXPECT_NE(resumed.find("ckpt-e0003"), std::string::npos) << resumed;
+  EXPECT_NE(resumed.find("written by 2 rank(s) and this run has 1"), std::string::npos) << resumed;
+  std::ifstream history(dir / "run" / "history.csv");
+  std::string line, last;
+  while (std::getline(history, line)) last = line;
+  EXPECT_EQ(last.rfind("3,", 0), 0u) << "the last epoch (3) is in the history: " << last;
+  std::filesystem::remove_all(dir);
+}

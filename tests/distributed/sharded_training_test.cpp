@@ -4,8 +4,8 @@
 // a parameter is empty; gradient clipping by the global norm; an overflow on one rank skipping the step on every
 // rank; a parameter left without gradient on one rank failing every rank at once; checkpoints holding the whole
 // optimizer state, written collectively, and resumed on another world size.
-#include <fastlearn/callbacks/grad_accumulation.h>
 #include <fastlearn/callbacks/checkpointing.h>
+#include <fastlearn/callbacks/grad_accumulation.h>
 #include <fastlearn/callbacks/grad_clip.h>
 #include <fastlearn/callbacks/mixed_precision.h>
 #include <fastlearn/comm/collectives.h>
@@ -148,11 +148,11 @@ struct RunOptions {
   int twin_of = 0;
   fl::Shard shard = fl::Shard::none;
   int epochs = 2;
-  int micro_batches = 1;                       // > 1: gradient accumulation over that many batches per step
-  bool bf16 = false;                           // MixedPrecision with bfloat16 autocast
-  bool fine_tune = false;                      // fine_tune(1): a frozen epoch, then an unfrozen one
-  bool one_cycle = true;                       // false: a constant lr (the schedule counts micro-batches)
-  std::function<void(fl::Learner&)> setup;     // more callbacks
+  int micro_batches = 1;                    // > 1: gradient accumulation over that many batches per step
+  bool bf16 = false;                        // MixedPrecision with bfloat16 autocast
+  bool fine_tune = false;                   // fine_tune(1): a frozen epoch, then an unfrozen one
+  bool one_cycle = true;                    // false: a constant lr (the schedule counts micro-batches)
+  std::function<void(fl::Learner&)> setup;  // more callbacks
   std::chrono::milliseconds arrival = std::chrono::seconds(30);
 };
 
@@ -193,9 +193,8 @@ void expect_same_steps(const std::vector<std::vector<at::Tensor>>& a, const std:
     ASSERT_EQ(a[s].size(), b[s].size());
     for (std::size_t i = 0; i < a[s].size(); ++i) {
       if (!a[s][i].is_floating_point()) continue;
-      ASSERT_TRUE(a[s][i].allclose(b[s][i], tol, tol))
-          << what << ": step " << s << " tensor " << i << " differs by "
-          << (a[s][i] - b[s][i]).abs().max().item<double>();
+      ASSERT_TRUE(a[s][i].allclose(b[s][i], tol, tol)) << what << ": step " << s << " tensor " << i << " differs by "
+                                                       << (a[s][i] - b[s][i]).abs().max().item<double>();
     }
   }
 }
@@ -208,18 +207,17 @@ class ShardedEquivalence : public ::testing::TestWithParam<std::tuple<std::strin
 TEST_P(ShardedEquivalence, EachStageMatchesOneProcessWithEveryRanksBatch) {
   const std::string kind = std::get<0>(GetParam());
   const int world = std::get<1>(GetParam());
-  flt::run_on_ranks(
-      world,
-      [&kind, world](const RankContext&) {
-        const auto reference = train({.kind = kind, .twin_of = world});
-        fl::setup_distrib({.timeout = std::chrono::seconds(60)});
-        for (const auto shard : {fl::Shard::none, fl::Shard::optimizer, fl::Shard::gradients}) {
-          const auto ours = train({.kind = kind, .world = world, .shard = shard});
-          expect_same_steps(reference, ours, tolerance(kind), std::string(fl::to_string(shard)));
-        }
-        fl::teardown_distrib();
-      },
-      {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(world)});
+  flt::run_on_ranks(world,
+                    [&kind, world](const RankContext&) {
+                      const auto reference = train({.kind = kind, .twin_of = world});
+                      fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+                      for (const auto shard : {fl::Shard::none, fl::Shard::optimizer, fl::Shard::gradients}) {
+                        const auto ours = train({.kind = kind, .world = world, .shard = shard});
+                        expect_same_steps(reference, ours, tolerance(kind), std::string(fl::to_string(shard)));
+                      }
+                      fl::teardown_distrib();
+                    },
+                    {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(world)});
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ShardedEquivalence,
@@ -230,18 +228,17 @@ INSTANTIATE_TEST_SUITE_P(Models, ShardedEquivalence,
                          });
 
 TEST(ShardedTraining, SgdWithNesterovMomentumMatchesOneProcess) {
-  flt::run_on_ranks(
-      2,
-      [](const RankContext&) {
-        const auto reference = train({.opt = "sgd", .twin_of = 2});
-        fl::setup_distrib({.timeout = std::chrono::seconds(60)});
-        for (const auto shard : {fl::Shard::optimizer, fl::Shard::gradients}) {
-          const auto ours = train({.opt = "sgd", .world = 2, .shard = shard});
-          expect_same_steps(reference, ours, 1e-5, std::string(fl::to_string(shard)));
-        }
-        fl::teardown_distrib();
-      },
-      {.env = flt::torchrun_env(2)});
+  flt::run_on_ranks(2,
+                    [](const RankContext&) {
+                      const auto reference = train({.opt = "sgd", .twin_of = 2});
+                      fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+                      for (const auto shard : {fl::Shard::optimizer, fl::Shard::gradients}) {
+                        const auto ours = train({.opt = "sgd", .world = 2, .shard = shard});
+                        expect_same_steps(reference, ours, 1e-5, std::string(fl::to_string(shard)));
+                      }
+                      fl::teardown_distrib();
+                    },
+                    {.env = flt::torchrun_env(2)});
 }
 
 // Gradient accumulation (stage 2 reduce-scatters every micro-batch into the shares), bf16 autocast, fine_tune's
@@ -262,8 +259,8 @@ TEST(ShardedTraining, AccumulationBf16FineTuneAndTiedWeightsMatchOneProcess) {
                             train({.world = 2, .shard = shard, .epochs = 3, .micro_batches = 2, .one_cycle = false}),
                             1e-5, stage + ", accumulation");
           // bf16 rounds the two runs' batch shapes differently: bf16's precision (see distributed_trainer_test).
-          expect_same_steps(bf16_reference, train({.kind = "conv_net", .world = 2, .shard = shard, .bf16 = true}),
-                            2e-2, stage + ", bf16");
+          expect_same_steps(bf16_reference, train({.kind = "conv_net", .world = 2, .shard = shard, .bf16 = true}), 2e-2,
+                            stage + ", bf16");
           expect_same_steps(tuned_reference, train({.kind = "resnet", .world = 2, .shard = shard, .fine_tune = true}),
                             tolerance("resnet"), stage + ", fine_tune");
           expect_same_steps(tied_reference, train({.kind = "tied", .world = 2, .shard = shard}), 1e-5,
@@ -287,33 +284,32 @@ struct NormLog : fl::Callback {
 // Each rank holds a share of the gradients: the norm that clipping divides by must still be the whole gradient's,
 // the same on every rank, so that the clipped steps equal one process's.
 TEST(ShardedTraining, GradientClippingUsesTheWholeGradientsNormOnEveryRank) {
-  flt::run_on_ranks(
-      2,
-      [](const RankContext& ctx) {
-        auto clip_and_log = [](std::shared_ptr<NormLog>& log) {
-          return [&log](fl::Learner& learn) {
-            learn.add_cb(std::make_shared<fl::GradientClip>(fl::GradientClipOptions{.max_norm = 0.1}));
-            log = std::make_shared<NormLog>();
-            learn.add_cb(log);
-          };
-        };
-        std::shared_ptr<NormLog> reference_norms, norms;
-        const auto reference = train({.twin_of = 2, .setup = clip_and_log(reference_norms)});
-        fl::setup_distrib({.timeout = std::chrono::seconds(60)});
-        for (const auto shard : {fl::Shard::optimizer, fl::Shard::gradients}) {
-          const std::string stage(fl::to_string(shard));
-          const auto ours = train({.world = 2, .shard = shard, .setup = clip_and_log(norms)});
-          expect_same_steps(reference, ours, 1e-5, stage);
-          ASSERT_EQ(norms->norms.size(), reference_norms->norms.size());
-          for (std::size_t s = 0; s < norms->norms.size(); ++s) {
-            EXPECT_NEAR(norms->norms[s], reference_norms->norms[s], 1e-5 * reference_norms->norms[s])
-                << stage << ", step " << s << " on rank " << ctx.rank;
-            EXPECT_GT(norms->norms[s], 0.1) << "the test needs steps that clip";
-          }
-        }
-        fl::teardown_distrib();
-      },
-      {.env = flt::torchrun_env(2)});
+  flt::run_on_ranks(2,
+                    [](const RankContext& ctx) {
+                      auto clip_and_log = [](std::shared_ptr<NormLog>& log) {
+                        return [&log](fl::Learner& learn) {
+                          learn.add_cb(std::make_shared<fl::GradientClip>(fl::GradientClipOptions{.max_norm = 0.1}));
+                          log = std::make_shared<NormLog>();
+                          learn.add_cb(log);
+                        };
+                      };
+                      std::shared_ptr<NormLog> reference_norms, norms;
+                      const auto reference = train({.twin_of = 2, .setup = clip_and_log(reference_norms)});
+                      fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+                      for (const auto shard : {fl::Shard::optimizer, fl::Shard::gradients}) {
+                        const std::string stage(fl::to_string(shard));
+                        const auto ours = train({.world = 2, .shard = shard, .setup = clip_and_log(norms)});
+                        expect_same_steps(reference, ours, 1e-5, stage);
+                        ASSERT_EQ(norms->norms.size(), reference_norms->norms.size());
+                        for (std::size_t s = 0; s < norms->norms.size(); ++s) {
+                          EXPECT_NEAR(norms->norms[s], reference_norms->norms[s], 1e-5 * reference_norms->norms[s])
+                              << stage << ", step " << s << " on rank " << ctx.rank;
+                          EXPECT_GT(norms->norms[s], 0.1) << "the test needs steps that clip";
+                        }
+                      }
+                      fl::teardown_distrib();
+                    },
+                    {.env = flt::torchrun_env(2)});
 }
 
 namespace {
@@ -344,36 +340,32 @@ struct OverflowOnRankOne : fl::Callback {
 }  // namespace
 
 TEST(ShardedTraining, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
-  flt::run_on_ranks(
-      2,
-      [](const RankContext&) {
-        fl::setup_distrib({.timeout = std::chrono::seconds(60)});
-        for (const auto shard : {fl::Shard::optimizer, fl::Shard::gradients}) {
-          const std::string stage(fl::to_string(shard));
-          std::shared_ptr<fl::MixedPrecision> mp;
-          const auto steps = train({.world = 2,
-                                    .shard = shard,
-                                    .epochs = 1,
-                                    .setup = [&mp, shard](fl::Learner& learn) {
-                                      mp = std::make_shared<fl::MixedPrecision>(fl::MixedPrecisionOptions{
-                                          .dtype = at::kBFloat16, .loss_scaling = true, .init_scale = 8.0});
-                                      learn.add_cb(mp);
-                                      learn.add_cb(
-                                          std::make_shared<OverflowOnRankOne>(shard == fl::Shard::gradients));
-                                    }});
-          EXPECT_EQ(mp->skipped_steps(), 1) << stage;
-          EXPECT_EQ(steps.size(), 6u) << stage << ": after_step of 6 batches (one step cancelled)";
-          // Every rank holds the same parameters after every step.
-          for (const auto& t : steps.back()) {
-            if (!t.is_floating_point()) continue;
-            auto mine = t.clone(), theirs = t.clone();
-            fl::broadcast(theirs, 0);
-            EXPECT_TRUE(mine.equal(theirs)) << stage;
-          }
-        }
-        fl::teardown_distrib();
-      },
-      {.env = flt::torchrun_env(2)});
+  flt::run_on_ranks(2,
+                    [](const RankContext&) {
+                      fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+                      for (const auto shard : {fl::Shard::optimizer, fl::Shard::gradients}) {
+                        const std::string stage(fl::to_string(shard));
+                        std::shared_ptr<fl::MixedPrecision> mp;
+                        const auto steps =
+                            train({.world = 2, .shard = shard, .epochs = 1, .setup = [&mp, shard](fl::Learner& learn) {
+                                     mp = std::make_shared<fl::MixedPrecision>(fl::MixedPrecisionOptions{
+                                         .dtype = at::kBFloat16, .loss_scaling = true, .init_scale = 8.0});
+                                     learn.add_cb(mp);
+                                     learn.add_cb(std::make_shared<OverflowOnRankOne>(shard == fl::Shard::gradients));
+                                   }});
+                        EXPECT_EQ(mp->skipped_steps(), 1) << stage;
+                        EXPECT_EQ(steps.size(), 6u) << stage << ": after_step of 6 batches (one step cancelled)";
+                        // Every rank holds the same parameters after every step.
+                        for (const auto& t : steps.back()) {
+                          if (!t.is_floating_point()) continue;
+                          auto mine = t.clone(), theirs = t.clone();
+                          fl::broadcast(theirs, 0);
+                          EXPECT_TRUE(mine.equal(theirs)) << stage;
+                        }
+                      }
+                      fl::teardown_distrib();
+                    },
+                    {.env = flt::torchrun_env(2)});
 }
 
 namespace {
@@ -393,37 +385,38 @@ struct TwoHeadsImpl : torch::nn::Module {
 // A parameter with a gradient on one rank and none on another: every rank fails at that step with a message (the one
 // that left it out names it), within seconds, not after the collective timeout.
 TEST(ShardedTraining, AParameterWithoutGradientOnOneRankFailsEveryRankAtOnce) {
-  flt::run_on_ranks(
-      2,
-      [](const RankContext& ctx) {
-        fl::setup_distrib({.timeout = std::chrono::seconds(120)});
-        for (const auto shard : {fl::Shard::optimizer, fl::Shard::gradients}) {
-          torch::manual_seed(0);
-          auto model = std::make_shared<TwoHeadsImpl>();
-          const bool use_aux = ctx.rank == 0;
-          fl::Learner learn(loaders("mlp", 0, 1), model,
+  flt::run_on_ranks(2,
+                    [](const RankContext& ctx) {
+                      fl::setup_distrib({.timeout = std::chrono::seconds(120)});
+                      for (const auto shard : {fl::Shard::optimizer, fl::Shard::gradients}) {
+                        torch::manual_seed(0);
+                        auto model = std::make_shared<TwoHeadsImpl>();
+                        const bool use_aux = ctx.rank == 0;
+                        fl::Learner learn(
+                            loaders("mlp", 0, 1), model,
                             [model, use_aux](const std::vector<at::Tensor>& xb) {
                               auto out = model->body->forward(xb[0]);
                               return use_aux ? model->aux->forward(out) : out;
                             },
                             fl::cross_entropy(), learner_options("adam"));
-          fl::DistribCtx dctx(learn, {.reducer = small_buckets(), .shard = shard});
-          const auto start = std::chrono::steady_clock::now();
-          try {
-            learn.fit(1);
-            ADD_FAILURE() << "the fit ended";
-          } catch (const fl::DistributedError& e) {
-            const std::string what = e.what();
-            if (ctx.rank == 1)
-              EXPECT_NE(what.find("aux.weight"), std::string::npos) << what;
-            else
-              EXPECT_NE(what.find("rank(s) 1 left parameters without gradient"), std::string::npos) << what;
-          }
-          EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
-        }
-        fl::teardown_distrib();
-      },
-      {.env = flt::torchrun_env(2)});
+                        fl::DistribCtx dctx(learn, {.reducer = small_buckets(), .shard = shard});
+                        const auto start = std::chrono::steady_clock::now();
+                        try {
+                          learn.fit(1);
+                          ADD_FAILURE() << "the fit ended";
+                        } catch (const fl::DistributedError& e) {
+                          const std::string what = e.what();
+                          if (ctx.rank == 1)
+                            EXPECT_NE(what.find("aux.weight"), std::string::npos) << what;
+                          else
+                            EXPECT_NE(what.find("rank(s) 1 left parameters without gradient"), std::string::npos)
+                                << what;
+                        }
+                        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+                      }
+                      fl::teardown_distrib();
+                    },
+                    {.env = flt::torchrun_env(2)});
 }
 
 namespace {
@@ -435,9 +428,7 @@ fs::path checkpoint_root() {
 fs::path checkpoints_of(const std::string& run) { return checkpoint_root() / run; }
 
 // The checkpoint taken after the first of three epochs of `run`, to resume the last two from.
-fs::path first_epoch_checkpoint(const std::string& run) {
-  return checkpoints_of(run) / fl::checkpoint_file_name(1, 0);
-}
+fs::path first_epoch_checkpoint(const std::string& run) { return checkpoints_of(run) / fl::checkpoint_file_name(1, 0); }
 
 // Three epochs of one-cycle Adam on the mlp, checkpointed after each into checkpoints_of(run), or resumed from
 // `resume`; the parameters at the end.
@@ -503,27 +494,27 @@ TEST(ShardedTraining, CheckpointsHoldTheWholeStateAndResumeOnAnyNumberOfRanks) {
   expect_close(three_epochs("1_from_sharded", 1, none, first_epoch_checkpoint("2_gradients")),
                three_epochs("1_from_unsharded", 1, none, first_epoch_checkpoint("2_none")), 1e-5, "2 -> 1");
   three_epochs("1", 1, none);
-  flt::run_on_ranks(
-      3,
-      [&](const RankContext&) {
-        fl::setup_distrib({.timeout = std::chrono::seconds(60)});
-        expect_close(three_epochs("3_from_2", 3, optimizer, first_epoch_checkpoint("2_gradients")),
-                     three_epochs("3_from_2_none", 3, none, first_epoch_checkpoint("2_gradients")), 1e-5, "2 -> 3");
-        expect_close(three_epochs("3_from_1", 3, gradients, first_epoch_checkpoint("1")),
-                     three_epochs("3_from_1_none", 3, none, first_epoch_checkpoint("1")), 1e-5, "1 -> 3");
-        three_epochs("3_gradients", 3, gradients);
-        fl::teardown_distrib();
-      },
-      {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(3)});
-  flt::run_on_ranks(
-      2,
-      [&](const RankContext&) {
-        fl::setup_distrib({.timeout = std::chrono::seconds(60)});
-        expect_close(three_epochs("2_from_3", 2, gradients, first_epoch_checkpoint("3_gradients")),
-                     three_epochs("2_from_3_none", 2, none, first_epoch_checkpoint("3_gradients")), 1e-5, "3 -> 2");
-        fl::teardown_distrib();
-      },
-      {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(2)});
+  flt::run_on_ranks(3,
+                    [&](const RankContext&) {
+                      fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+                      expect_close(three_epochs("3_from_2", 3, optimizer, first_epoch_checkpoint("2_gradients")),
+                                   three_epochs("3_from_2_none", 3, none, first_epoch_checkpoint("2_gradients")), 1e-5,
+                                   "2 -> 3");
+                      expect_close(three_epochs("3_from_1", 3, gradients, first_epoch_checkpoint("1")),
+                                   three_epochs("3_from_1_none", 3, none, first_epoch_checkpoint("1")), 1e-5, "1 -> 3");
+                      three_epochs("3_gradients", 3, gradients);
+                      fl::teardown_distrib();
+                    },
+                    {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(3)});
+  flt::run_on_ranks(2,
+                    [&](const RankContext&) {
+                      fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+                      expect_close(three_epochs("2_from_3", 2, gradients, first_epoch_checkpoint("3_gradients")),
+                                   three_epochs("2_from_3_none", 2, none, first_epoch_checkpoint("3_gradients")), 1e-5,
+                                   "3 -> 2");
+                      fl::teardown_distrib();
+                    },
+                    {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(2)});
   fs::remove_all(checkpoint_root());
 }
 
@@ -575,7 +566,7 @@ struct MemoryProbe : fl::Callback {
 };
 
 struct MemoryUse {
-  std::size_t state = 0;     // the optimizer's state, counted by the allocator
+  std::size_t state = 0;      // the optimizer's state, counted by the allocator
   std::size_t gradients = 0;  // held after backward beyond the parameters, data and state: gradient buffers
   fl::MemoryReport report;
 };
