@@ -450,6 +450,47 @@ TEST(CInterfaceRanks, RankZeroAloneSavesAndExportsWhileTheOtherRankWorks) {
   if (!flt::in_rank_process()) fs::remove_all(dir);
 }
 
+// With `shard = "gradients"` in the config, each rank keeps its share of the optimizer's state and fl_save is
+// collective: every rank calls it, rank 0 writes the whole state, the same as an unsharded run's file of those steps.
+TEST(CInterfaceRanks, ShardedStepsSaveTheWholeStateWhenEveryRankSaves) {
+  const auto dir = fs::temp_directory_path() / fmt::format("fastlearn_c_sharded_{}", flt::test_process_id());
+  flt::run_on_ranks(2,
+                    [&dir](const flt::RankContext& rank) {
+                      for (const char* shard : {"none", "gradients"}) {
+                        auto text = config_text(dir / shard, fmt::format("[distributed]\nshard = \"{}\"", shard));
+                        text.replace(text.find("held_out = 8\n"), 13, "");
+                        fl_learner* learn = nullptr;
+                        ASSERT_EQ(fl_create_from_toml(text.c_str(), "sharded.toml", &learn), FL_OK) << fl_last_error();
+                        ASSERT_EQ(fl_distributed_init(learn), FL_OK) << fl_last_error();
+                        torch::manual_seed(10 + rank.rank);
+                        for (int s = 0; s < 6; ++s) {
+                          const auto x = torch::randn({4, 3, 4}), y = torch::randn({4, 2});
+                          auto xa = row_major(x), ya = row_major(y);
+                          ASSERT_EQ(fl_train_step(learn, &xa, &ya, nullptr), FL_OK) << fl_last_error();
+                        }
+                        const auto file = dir / fmt::format("{}.safetensors", shard);
+                        ASSERT_EQ(fl_save(learn, file.c_str()), FL_OK) << fl_last_error();
+                        ASSERT_EQ(fl_end_steps(learn), FL_OK) << fl_last_error();
+                        ASSERT_EQ(fl_free(&learn), FL_OK) << fl_last_error();
+                      }
+                      if (rank.rank != 0) return;
+                      const auto whole = fl::load_safetensors(dir / "none.safetensors");
+                      const auto sharded = fl::load_safetensors(dir / "gradients.safetensors");
+                      ASSERT_EQ(sharded.tensors.size(), whole.tensors.size());
+                      int optimizer_tensors = 0;
+                      for (std::size_t i = 0; i < whole.tensors.size(); ++i) {
+                        const auto& [name, t] = whole.tensors[i];
+                        ASSERT_EQ(sharded.tensors[i].first, name);
+                        optimizer_tensors += name.starts_with("optimizer/") ? 1 : 0;
+                        if (t.is_floating_point())
+                          EXPECT_TRUE(t.allclose(sharded.tensors[i].second, 1e-6, 1e-6)) << name;
+                      }
+                      EXPECT_EQ(optimizer_tensors, 8) << "Adam's two states of the MLP's 4 parameters";
+                    },
+                    {.timeout = std::chrono::seconds(120), .env = flt::torchrun_env(2)});
+  if (!flt::in_rank_process()) fs::remove_all(dir);
+}
+
 // apps/examples/heat_surrogate in C++, C and Fortran: the solver trains its surrogate on 1 and on 2 ranks, the three
 // train the same weights, and the surrogate stands in for the solver for 20 steps within 1%.
 TEST(HeatSurrogate, CppCAndFortranTrainTheSameSurrogateOnOneAndTwoRanks) {

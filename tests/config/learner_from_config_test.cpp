@@ -616,3 +616,25 @@ TEST(Registry, TheCliGuideNamesEveryChoice) {
 }
 
 }  // namespace
+
+// distributed.shard reaches the trainer the config's run attaches, and the buckets and the unused-parameter rule with
+// it; with distributed.devices it is refused by name (replicas of one process are not sharded).
+TEST(DistributedKeys, ShardReachesTheTrainerAndIsRefusedWithDevices) {
+  const auto config = fl::parse_config(
+      "[data]\ndataset = \"synthetic_regression\"\n[distributed]\nshard = \"gradients\"\nbucket_cap_mb = 4\n",
+      "shard.toml", {}, fl::regression_of_data);
+  const auto options = fl::trainer_options(config.distributed);
+  EXPECT_EQ(options.shard, fl::Shard::gradients);
+  EXPECT_EQ(options.reducer.bucket_cap_mb, 4.0);
+  EXPECT_EQ(fl::trainer_options(fl::DistributedConfig{}).shard, fl::Shard::none);
+  try {
+    fl::parse_config(
+        "[data]\ndataset = \"synthetic_regression\"\n[distributed]\nshard = \"optimizer\"\ndevices = [\"cpu\", \"cpu\"]\n",
+        "shard.toml", {}, fl::regression_of_data);
+    ADD_FAILURE() << "shard with devices was accepted";
+  } catch (const fl::ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("distributed.shard"), std::string::npos) << what;
+    EXPECT_NE(what.find("distributed.devices"), std::string::npos) << what;
+  }
+}
