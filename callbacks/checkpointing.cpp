@@ -123,16 +123,17 @@ fs::path Checkpointer::save_now(bool epoch_end) {
   if (last_saved_ == file) return file;
   const auto rng_states = gather_rng_states(l);  // every rank: each resumes its own random streams
   if (l.coordination().is_main() || saving_is_collective(l)) {
-    auto state = capture_state(l);  // every process when the optimizer's state is gathered from them
+    auto to_save = capture_state_to_save(l);  // every process when the optimizer's state is gathered from them
     if (!l.coordination().is_main()) {
+      write_checkpoint(l, file, to_save);  // its part of the gathers
       last_saved_ = file;
       return file;
     }
+    auto& state = to_save.state;
     if (rng_states.size(0) > 1) add_rng_states_of_every_rank(state, rng_states);
     set_fit_position(state, position);
     state.metadata["world_size"] = std::to_string(rng_states.size(0));  // a resume on another count is told
-    fs::create_directories(file.parent_path());
-    save_checked_safetensors(file, state.tensors, std::move(state.metadata));
+    write_checkpoint(l, file, to_save);
     prune();
   }
   last_saved_ = file;

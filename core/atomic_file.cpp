@@ -64,6 +64,18 @@ class FdStreamBuf : public std::streambuf {
 
   int sync() override { return flush_buffer() ? 0 : -1; }
 
+  // Seeking (a writer that fills in a placeholder once it knows the value) writes out what is buffered first.
+  pos_type seekoff(off_type off, std::ios_base::seekdir dir, std::ios_base::openmode) override {
+    if (!flush_buffer()) return pos_type(off_type(-1));
+    const int whence = dir == std::ios_base::beg ? SEEK_SET : dir == std::ios_base::cur ? SEEK_CUR : SEEK_END;
+    const auto at = ::lseek(fd_, off, whence);
+    if (at < 0 && error_ == 0) error_ = errno;
+    return pos_type(off_type(at));
+  }
+  pos_type seekpos(pos_type pos, std::ios_base::openmode which) override {
+    return seekoff(off_type(pos), std::ios_base::beg, which);
+  }
+
  private:
   void reset() { setp(buffer_.data(), buffer_.data() + buffer_.size()); }
 

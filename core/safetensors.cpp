@@ -48,9 +48,16 @@ void check_utf8(const std::string& text, std::string_view origin, std::string_vi
   }
 }
 
-// The 8-byte length and the JSON header for `tensors`, laid out in the given order. The JSON is padded with
+// What the header says of a tensor.
+struct Spec {
+  std::string_view name;
+  at::ScalarType dtype;
+  std::vector<std::int64_t> shape;
+};
+
+// The 8-byte length and the JSON header for tensors of `specs`, laid out in the given order. The JSON is padded with
 // spaces to a multiple of 8 bytes, as the reference writer does, so the data buffer starts 8-byte aligned.
-std::string make_header(const NamedTensors& tensors, const Metadata& metadata, std::string_view origin) {
+std::string make_header(const std::vector<Spec>& specs, const Metadata& metadata, std::string_view origin) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     auto& meta = header[std::string(kMetadataKey)];
@@ -63,28 +70,23 @@ std::string make_header(const NamedTensors& tensors, const Metadata& metadata, s
   }
   std::set<std::string_view> names;
   std::uint64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
+  for (const auto& [name, type, shape] : specs) {
     if (name == kMetadataKey)
       fail(origin, "the name '__metadata__' is reserved for the metadata; no tensor may have it");
     if (!names.insert(name).second) fail(origin, fmt::format("duplicate tensor name '{}'", excerpt(name)));
-    check_utf8(name, origin, fmt::format("tensor name '{}'", excerpt(name)));
-    if (!tensor.defined()) fail(origin, fmt::format("tensor '{}' is undefined", excerpt(name)));
-    if (tensor.layout() != at::kStrided) {
-      std::ostringstream layout;
-      layout << tensor.layout();
-      fail(origin, fmt::format("tensor '{}' has layout {}; only dense (strided) tensors can be saved", excerpt(name),
-                               layout.str()));
-    }
-    const DType* dtype = dtype_by_type(tensor.scalar_type());
+    check_utf8(std::string(name), origin, fmt::format("tensor name '{}'", excerpt(name)));
+    const DType* dtype = dtype_by_type(type);
     if (!dtype) {
       fail(origin,
            fmt::format("tensor '{}' has dtype {}, which fastlearn does not store in safetensors (supported: {})",
-                       excerpt(name), c10::toString(tensor.scalar_type()), dtype_names()));
+                       excerpt(name), c10::toString(type), dtype_names()));
     }
-    const std::uint64_t bytes = static_cast<std::uint64_t>(tensor.numel()) * dtype->size;
-    header[name] = {{"dtype", std::string(dtype->name)},
-                    {"shape", tensor.sizes().vec()},
-                    {"data_offsets", nlohmann::ordered_json::array({offset, offset + bytes})}};
+    std::uint64_t numel = 1;
+    for (const auto d : shape) numel *= static_cast<std::uint64_t>(d);
+    const std::uint64_t bytes = numel * dtype->size;
+    header[std::string(name)] = {{"dtype", std::string(dtype->name)},
+                                 {"shape", shape},
+                                 {"data_offsets", nlohmann::ordered_json::array({offset, offset + bytes})}};
     offset += bytes;
   }
   std::string json = header.dump();
@@ -92,6 +94,22 @@ std::string make_header(const NamedTensors& tensors, const Metadata& metadata, s
   std::string out(kLengthBytes, '\0');
   for (std::uint64_t i = 0, n = json.size(); i < kLengthBytes; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
   return out + json;
+}
+
+// The header of saved tensors, each checked to be one the format stores.
+std::string make_header(const NamedTensors& tensors, const Metadata& metadata, std::string_view origin) {
+  std::vector<Spec> specs;
+  for (const auto& [name, tensor] : tensors) {
+    if (!tensor.defined()) fail(origin, fmt::format("tensor '{}' is undefined", excerpt(name)));
+    if (tensor.layout() != at::kStrided) {
+      std::ostringstream layout;
+      layout << tensor.layout();
+      fail(origin, fmt::format("tensor '{}' has layout {}; only dense (strided) tensors can be saved", excerpt(name),
+                               layout.str()));
+    }
+    specs.push_back({name, tensor.scalar_type(), tensor.sizes().vec()});
+  }
+  return make_header(specs, metadata, origin);
 }
 
 // The tensor's values in contiguous host memory (the tensor itself when it already is).
@@ -280,6 +298,49 @@ void save_checked_safetensors(const std::filesystem::path& path, const NamedTens
   host.reserve(tensors.size());
   for (const auto& [name, tensor] : tensors) host.emplace_back(name, host_contiguous(name, tensor, path.string()));
   save_safetensors(path, host, with_checksums(host, std::move(metadata)));
+}
+
+void save_checked_safetensors(const std::filesystem::path& path, const std::vector<DeferredTensor>& deferred,
+                              Metadata metadata, bool write) {
+  const std::string origin = path.string();
+  if (!write) {
+    for (const auto& d : deferred) (void)d.make();
+    return;
+  }
+  std::vector<Spec> specs;
+  for (const auto& d : deferred) specs.push_back({d.name, d.dtype, d.shape});
+  // A placeholder as long as the checksums will be, found again in the header once they are known.
+  const auto count = specs.size();
+  metadata[std::string(kChecksumKey)] = count == 0 ? std::string() : std::string(count * 9 - 1, '0');
+  const std::string header = make_header(specs, metadata, origin);
+  const auto key = fmt::format("\"{}\":\"", kChecksumKey);
+  const auto placeholder = header.find(key) + key.size();
+  std::string sums;
+  const auto add = [&](const at::Tensor& data, std::ostream& out) {
+    if (!sums.empty()) sums += ' ';
+    sums += fmt::format("{:08x}", crc32_of(data.const_data_ptr(), data.nbytes()));
+    if (data.nbytes() > 0) out.write(static_cast<const char*>(data.const_data_ptr()), data.nbytes());
+  };
+  try {
+    write_file_atomically(path, [&](std::ostream& out) {
+      out.write(header.data(), static_cast<std::streamsize>(header.size()));
+      for (const auto& d : deferred) {
+        const auto made = d.make();
+        if (!made.defined() || made.scalar_type() != d.dtype || made.sizes().vec() != d.shape)
+          fail(origin,
+               fmt::format("tensor '{}' was promised as {} {} and made as {}", excerpt(d.name), c10::toString(d.dtype),
+                           fmt::join(d.shape, "x"), made.defined() ? c10::toString(made.scalar_type()) : "nothing"));
+        add(cpu_data(d.name, made, origin), out);
+      }
+      out.seekp(static_cast<std::streamoff>(placeholder));
+      out.write(sums.data(), static_cast<std::streamsize>(sums.size()));
+      out.seekp(0, std::ios_base::end);
+    });
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const Error& e) {
+    throw CheckpointError(e.what());
+  }
 }
 
 void save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, const Metadata& metadata) {

@@ -55,6 +55,22 @@ void save_safetensors(const std::filesystem::path& path, const NamedTensors& ten
 /// on a GPU, or not contiguous) once for both: what checkpoints use.
 void save_checked_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, Metadata metadata = {});
 
+/// A tensor that a streamed save makes only when it reaches it: its name, dtype and shape up front.
+struct DeferredTensor {
+  std::string name;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<std::int64_t> shape;
+  std::function<at::Tensor()> make;  ///< called once, in order; gives a tensor of that dtype and shape
+};
+
+/// save_checked_safetensors of `tensors`, in order, each made only when the writer reaches it and dropped once its
+/// bytes are written and summed, so that at most one made tensor is in memory at a time. The header holds the
+/// checksums: they are written into a placeholder of the same length (8 hex digits each) once all are known. With
+/// `write` false every tensor is made, in order, and nothing is written: what the other processes of a save do when a
+/// make() is a collective (a sharded optimizer's state gathered from every process).
+void save_checked_safetensors(const std::filesystem::path& path, const std::vector<DeferredTensor>& tensors,
+                              Metadata metadata, bool write = true);
+
 /// Loads a safetensors file, reading each tensor's bytes straight into its own storage. Errors are a
 /// CheckpointError naming the file, as parse_safetensors.
 SafetensorsContent load_safetensors(const std::filesystem::path& path);

@@ -88,13 +88,25 @@ bool saving_is_collective(Learner& learn, SaveOptions options) {
   return options.with_opt && learn.has_opt() && learn.opt().sharded();
 }
 
-CheckpointState capture_state(Learner& learn, SaveOptions options) {
+namespace {
+
+// `for_saving`: written at once (the model's tensors are not copied), a sharded optimizer's state deferred to the
+// writer, and on a process other than the main one nothing but that (its part of the gathers).
+// `step_state`: the held-out samples of the step API (private to the Learner, given by its friend capture_state).
+StateToSave capture(Learner& learn, SaveOptions options, bool for_saving, const NamedTensors& step_state) {
   // A sharded optimizer's state is gathered from every process: a process calling alone fails within moments,
   // instead of waiting for the others in the gather until the collective timeout.
-  if (saving_is_collective(learn, options) && learn.coordination().enter_collective)
+  const bool collective = saving_is_collective(learn, options);
+  if (collective && learn.coordination().enter_collective)
     learn.coordination().enter_collective("saving a checkpoint (the sharded optimizer's state is gathered)");
-  CheckpointState state;
-  for (auto& [name, t] : models::model_tensors(learn.model())) state.tensors.emplace_back(name, t.detach().clone());
+  StateToSave out;
+  if (for_saving && collective && !learn.coordination().is_main()) {
+    out.deferred = learn.opt().deferred_state_tensors();
+    return out;
+  }
+  auto& state = out.state;
+  for (auto& [name, t] : models::model_tensors(learn.model()))
+    state.tensors.emplace_back(name, for_saving ? t.detach() : t.detach().clone());
   state.metadata["format"] = kFormat;
   state.metadata["format_version"] = kFormatVersion;
   // The class names, so that predictions from the saved model map back to them.
@@ -105,20 +117,54 @@ CheckpointState capture_state(Learner& learn, SaveOptions options) {
   }
   // A table's procs (vocabularies, fill values, statistics), which its rows must go through at predict time.
   if (const auto* table = tabular_dataset(learn.dls())) state.metadata["tabular_procs"] = table->procs().to_json();
-  if (!options.with_opt) return state;
+  if (!options.with_opt) return out;
   if (learn.has_opt()) {
-    for (auto& [name, t] : learn.opt().state_tensors()) {
-      state.tensors.emplace_back(std::string(kOptimizerPrefix) + name, t.detach().clone());
+    if (for_saving && learn.opt().sharded()) {
+      out.deferred_at = state.tensors.size();
+      out.deferred = learn.opt().deferred_state_tensors();
+      for (auto& d : out.deferred) d.name = std::string(kOptimizerPrefix) + d.name;
+    } else {
+      for (auto& [name, t] : learn.opt().state_tensors())
+        state.tensors.emplace_back(std::string(kOptimizerPrefix) + name, t.detach().clone());
     }
     state.metadata["optimizer"] = learn.opt().state_json();
   }
   const auto gens = rng_generators();
   for (std::size_t i = 0; i < gens.size(); ++i) state.tensors.emplace_back(rng_name(i), gens[i].get_state());
-  for (auto& [name, t] : learn.step_state()) state.tensors.emplace_back(std::string(kStepsPrefix) + name, t);
+  for (auto& [name, t] : step_state) state.tensors.emplace_back(std::string(kStepsPrefix) + name, t);
   state.metadata["epochs_completed"] = std::to_string(learn.epochs_completed());
   state.metadata["train_dl_epoch"] = std::to_string(learn.dls().train().epoch());
   state.metadata["train_dl_seed"] = std::to_string(learn.dls().train().seed());
-  return state;
+  return out;
+}
+
+}  // namespace
+
+CheckpointState capture_state(Learner& learn, SaveOptions options) {
+  return capture(learn, options, /*for_saving=*/false, learn.step_state()).state;
+}
+
+StateToSave capture_state_to_save(Learner& learn, SaveOptions options) {
+  return capture(learn, options, /*for_saving=*/true, learn.step_state());
+}
+
+void write_checkpoint(Learner& learn, const std::filesystem::path& file, const StateToSave& to_save) {
+  const bool main = learn.coordination().is_main();
+  if (main && file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+  // The file's order is the unsharded one's: the deferred tensors where capture_state would have put them.
+  std::vector<DeferredTensor> all;
+  const auto& eager = to_save.state.tensors;
+  const auto at_once = [&](std::size_t k) {
+    const auto& tensor = eager[k].second;
+    all.push_back(
+        {.name = eager[k].first, .dtype = tensor.scalar_type(), .shape = tensor.sizes().vec(), .make = [tensor] {
+           return tensor;
+         }});
+  };
+  for (std::size_t k = 0; k < std::min(to_save.deferred_at, eager.size()); ++k) at_once(k);
+  all.insert(all.end(), to_save.deferred.begin(), to_save.deferred.end());
+  for (std::size_t k = to_save.deferred_at; k < eager.size(); ++k) at_once(k);
+  save_checked_safetensors(file, all, to_save.state.metadata, main);
 }
 
 FitPosition current_fit_position(const Learner& learn, bool epoch_end) {
@@ -303,10 +349,7 @@ void restore_state(Learner& learn, const CheckpointState& state, LoadOptions opt
 }
 
 void save_checkpoint(Learner& learn, const std::filesystem::path& file, SaveOptions options) {
-  auto state = capture_state(learn, options);
-  if (!learn.coordination().is_main()) return;
-  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
-  save_checked_safetensors(file, state.tensors, std::move(state.metadata));
+  write_checkpoint(learn, file, capture_state_to_save(learn, options));
 }
 
 void load_checkpoint(Learner& learn, const std::filesystem::path& file, LoadOptions options) {

@@ -61,6 +61,19 @@ at::Tensor gather_rng_states(Learner& learn);
 /// gives each rank its own (Learner::Coordination::rank), and a process of a one-process job the plain rng/cpu.
 void add_rng_states_of_every_rank(CheckpointState& state, const at::Tensor& gathered);
 
+/// What a save writes: the learner's state as capture_state takes it, except that a sharded optimizer's state is left
+/// to be gathered one tensor at a time while the file is written (`deferred`, collective), so that no process holds
+/// all of it at once.
+struct StateToSave {
+  CheckpointState state;
+  std::vector<DeferredTensor> deferred;
+  std::size_t deferred_at = 0;  ///< where in state.tensors' order the deferred tensors are written
+};
+StateToSave capture_state_to_save(Learner& learn, SaveOptions options = {});
+/// Writes `to_save` atomically to `file` (its directory created) on the main process; on the others it only makes the
+/// deferred tensors, which is their part of the gathers.
+void write_checkpoint(Learner& learn, const std::filesystem::path& file, const StateToSave& to_save);
+
 /// capture_state, written atomically to `file` (its directory is created) by the main process; the others only take
 /// part in the capture, when saving_is_collective.
 void save_checkpoint(Learner& learn, const std::filesystem::path& file, SaveOptions options = {});

@@ -476,6 +476,7 @@ class Learner {
   std::unique_ptr<StepGraphs> step_graphs_;  // during a fit with options_.cuda_graph
   StepGraphStats step_graph_stats_;          // of the last fit, kept when step_graphs_ goes
   friend CheckpointState capture_state(Learner& learn, SaveOptions options);
+  friend StateToSave capture_state_to_save(Learner& learn, SaveOptions options);
   friend void restore_state(Learner& learn, const CheckpointState& state, LoadOptions options, std::string_view origin);
   std::shared_ptr<StepRunner> steps_;      // the steps under way (begin_steps)
   void skip_step_batches(std::int64_t n);  // in learner/step_session.cpp

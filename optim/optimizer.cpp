@@ -575,6 +575,26 @@ NamedTensors Optimizer::state_tensors() const {
   return out;
 }
 
+std::vector<DeferredTensor> Optimizer::deferred_state_tensors() const {
+  std::vector<DeferredTensor> out;
+  const auto names = state_names();
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const auto& st = states_[g];
+    for (std::size_t i = 0; i < st.steps.size(); ++i) {
+      if (st.steps[i] == 0) continue;
+      const auto& p = groups_[g].params[i];
+      for (const auto& name : names) {
+        const auto& t = st.tensors.at(name).at(i);
+        out.push_back({.name = state_name(g, i, name),
+                       .dtype = p.scalar_type(),
+                       .shape = p.sizes().vec(),
+                       .make = [this, g, i, t] { return sharded() ? whole_state(g, i, t) : t; }});
+      }
+    }
+  }
+  return out;
+}
+
 NamedTensors Optimizer::held_state_tensors() const {
   NamedTensors out;
   const auto names = state_names();

@@ -5,6 +5,7 @@
 // optim/adam.h (Adam / AdamW), with weight decay either decoupled (fastai's true weight decay,
 // p *= 1 - lr*wd before the update) or as L2 (grad += wd*p, like torch.optim's weight_decay).
 #include <fastlearn/core/named_tensors.h>
+#include <fastlearn/core/safetensors.h>
 
 #include <ATen/core/Tensor.h>
 
@@ -141,6 +142,9 @@ class Optimizer {
   /// The rest of the state as a JSON object: {"type": "Adam", "step_count": 12, "groups": [{"hypers":
   /// {"lr": 0.001, ...}, "steps": [12, 12, 0]}, ...]} where "steps" counts the updates of each parameter.
   std::string state_json() const;
+  /// state_tensors() one tensor at a time, for a streamed save: each makes its tensor when called (sharded: gathered
+  /// from every process, a collective: every process calls them, in order). Valid until the next step().
+  std::vector<DeferredTensor> deferred_state_tensors() const;
   /// The state tensors as this process holds them, named as state_tensors() names them: the pieces when sharded
   /// (1-d, this process's elements only), without a collective. For measuring memory, not for checkpoints.
   NamedTensors held_state_tensors() const;

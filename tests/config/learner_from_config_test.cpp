@@ -629,7 +629,8 @@ TEST(DistributedKeys, ShardReachesTheTrainerAndIsRefusedWithDevices) {
   EXPECT_EQ(fl::trainer_options(fl::DistributedConfig{}).shard, fl::Shard::none);
   try {
     fl::parse_config(
-        "[data]\ndataset = \"synthetic_regression\"\n[distributed]\nshard = \"optimizer\"\ndevices = [\"cpu\", \"cpu\"]\n",
+        "[data]\ndataset = \"synthetic_regression\"\n[distributed]\nshard = \"optimizer\"\ndevices = [\"cpu\", "
+        "\"cpu\"]\n",
         "shard.toml", {}, fl::regression_of_data);
     ADD_FAILURE() << "shard with devices was accepted";
   } catch (const fl::ConfigError& e) {

@@ -604,3 +604,38 @@ TEST_F(Safetensors, WeLoadPythonsFilesExactly) {
 }
 
 }  // namespace
+
+// The streamed save writes the bytes of a checked save of the same tensors (the checksums written into their
+// placeholder afterwards), and holds at most one made tensor at a time: each is freed before the next is made.
+TEST_F(Safetensors, AStreamedSaveWritesTheCheckedBytesMakingOneTensorAtATime) {
+  const auto tensors = reference();
+  std::vector<fl::DeferredTensor> deferred;
+  c10::weak_intrusive_ptr<c10::TensorImpl> previous{c10::intrusive_ptr<c10::TensorImpl>()};
+  int made = 0, alive_at_make = 0;
+  for (const auto& [name, tensor] : tensors) {
+    deferred.push_back(
+        {.name = name, .dtype = tensor.scalar_type(), .shape = tensor.sizes().vec(), .make = [&, t = tensor] {
+           alive_at_make += previous.expired() ? 0 : 1;
+           auto copy = t.clone();  // a tensor nobody else holds, as a gathered one
+           previous = c10::weak_intrusive_ptr<c10::TensorImpl>(copy.getIntrusivePtr());
+           ++made;
+           return copy;
+         }});
+  }
+  const auto streamed = dir_ / "streamed.safetensors", checked = dir_ / "checked.safetensors";
+  fl::save_checked_safetensors(streamed, deferred, kMetadata);
+  fl::save_checked_safetensors(checked, tensors, kMetadata);
+  EXPECT_EQ(read_bytes(streamed), read_bytes(checked));
+  EXPECT_EQ(made, static_cast<int>(tensors.size()));
+  EXPECT_EQ(alive_at_make, 0) << "a made tensor was still alive when the next was made";
+  expect_same(fl::load_safetensors(streamed).tensors, tensors);  // the checksums check out
+  // Without writing (another process of a collective save): every tensor made, in order, no file.
+  made = 0;
+  fl::save_checked_safetensors(dir_ / "not_written.safetensors", deferred, kMetadata, /*write=*/false);
+  EXPECT_EQ(made, static_cast<int>(tensors.size()));
+  EXPECT_FALSE(fs::exists(dir_ / "not_written.safetensors"));
+  // A tensor made otherwise than promised is an error naming it, and leaves no file.
+  deferred.front().shape.push_back(1);
+  EXPECT_THROW(fl::save_checked_safetensors(dir_ / "bad.safetensors", deferred, kMetadata), fl::CheckpointError);
+  EXPECT_FALSE(fs::exists(dir_ / "bad.safetensors"));
+}
