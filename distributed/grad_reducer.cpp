@@ -423,7 +423,10 @@ class GradReducer::Impl {
     // A bit per rank up to 52 (a double holds them exactly); ranks beyond share the last one.
     const double bit = std::ldexp(1.0, std::min(rank, 52));
     const auto device = params_.empty() ? c10::Device(c10::kCPU) : params_.front().tensor.device();
-    auto verdicts = torch::tensor({vote_ ? 1.0 : 0.0, left_out ? bit : 0.0}, torch::kDouble).to(device);
+    // Filled where they are reduced: no copy from host memory, which would make a GPU's host wait.
+    auto verdicts = at::zeros({2}, at::TensorOptions().dtype(at::kDouble).device(device));
+    if (vote_) verdicts.narrow(0, 0, 1).fill_(1.0);
+    if (left_out) verdicts.narrow(0, 1, 1).fill_(bit);
     all_reduce(verdicts, ReduceOp::sum, &group_);
     if (votes_wanted_) votes_.push(verdicts.narrow(0, 0, 1));
     left_out_.push(verdicts.narrow(0, 1, 1));

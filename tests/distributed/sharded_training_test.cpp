@@ -4,6 +4,7 @@
 // a parameter is empty; gradient clipping by the global norm; an overflow on one rank skipping the step on every
 // rank; a parameter left without gradient on one rank failing every rank at once; checkpoints holding the whole
 // optimizer state, written collectively, and resumed on another world size.
+#include <fastlearn/callbacks/channels_last.h>
 #include <fastlearn/callbacks/checkpointing.h>
 #include <fastlearn/callbacks/grad_accumulation.h>
 #include <fastlearn/callbacks/grad_clip.h>
@@ -92,11 +93,26 @@ fl::DataLoaders loaders(const std::string& kind, int twin_of, int micro_batches)
   return fl::DataLoaders(std::move(train_dl), fl::DataLoader(valid, {.bs = 4}), 3);
 }
 
+// An optimizer whose update of an element would read the whole parameter (as LARS's trust ratio does).
+class NormReadingSgd : public fl::SGDOptimizer {
+ public:
+  using fl::SGDOptimizer::SGDOptimizer;
+  std::string type() const override { return "NormReadingSgd"; }
+  bool elementwise() const override { return false; }
+};
+
+fl::OptFunc opt_func(const std::string& opt) {
+  if (opt == "sgd") return fl::SGD({.mom = 0.9, .wd = 1e-3, .nesterov = true});
+  if (opt == "norm_reading")
+    return [](std::vector<std::vector<at::Tensor>> groups, double lr) -> std::unique_ptr<fl::Optimizer> {
+      return std::make_unique<NormReadingSgd>(std::move(groups), lr);
+    };
+  return fl::Adam({.wd = 0.01});
+}
+
+// opt: "adam", "sgd" (nesterov momentum) or "norm_reading".
 fl::LearnerOptions learner_options(const std::string& opt, fl::Splitter splitter = {}) {
-  return {.opt_func = opt == "sgd" ? fl::SGD({.mom = 0.9, .wd = 1e-3, .nesterov = true}) : fl::Adam({.wd = 0.01}),
-          .lr = 0.01,
-          .splitter = std::move(splitter),
-          .progress = false};
+  return {.opt_func = opt_func(opt), .lr = 0.01, .splitter = std::move(splitter), .progress = false};
 }
 
 // "mlp": a 7x33 weight and a 1-element bias (whose share is empty on every rank but one) among larger ones.
@@ -143,7 +159,7 @@ fl::GradReducerOptions small_buckets() {
 
 struct RunOptions {
   std::string kind = "mlp";
-  std::string opt = "adam";  // or "sgd" (nesterov momentum)
+  std::string opt = "adam";  // see learner_options
   int world = 1;             // ranks of the run; 1 with twin_of: the single-process reference
   int twin_of = 0;
   fl::Shard shard = fl::Shard::none;
@@ -241,10 +257,11 @@ TEST(ShardedTraining, SgdWithNesterovMomentumMatchesOneProcess) {
                     {.env = flt::torchrun_env(2)});
 }
 
-// Gradient accumulation (stage 2 reduce-scatters every micro-batch into the shares), bf16 autocast, fine_tune's
-// frozen then unfrozen fit (the layout changes and the optimizer's state is redistributed) over two parameter groups,
-// and a weight two layers share: each as one process with every rank's batch.
-TEST(ShardedTraining, AccumulationBf16FineTuneAndTiedWeightsMatchOneProcess) {
+// Gradient accumulation (stage 2 reduce-scatters every micro-batch into the shares), bf16 autocast, channels-last
+// parameters (their shares follow memory order), fine_tune's frozen then unfrozen fit (the layout changes and the
+// optimizer's state is redistributed) over two parameter groups, and a weight two layers share: each as one process
+// with every rank's batch.
+TEST(ShardedTraining, AccumulationBf16ChannelsLastFineTuneAndTiedWeightsMatchOneProcess) {
   flt::run_on_ranks(
       2,
       [](const RankContext&) {
@@ -252,6 +269,8 @@ TEST(ShardedTraining, AccumulationBf16FineTuneAndTiedWeightsMatchOneProcess) {
         const auto bf16_reference = train({.kind = "conv_net", .twin_of = 2, .bf16 = true});
         const auto tuned_reference = train({.kind = "resnet", .twin_of = 2, .fine_tune = true});
         const auto tied_reference = train({.kind = "tied", .twin_of = 2});
+        const auto channels_last = [](fl::Learner& learn) { learn.add_cb(std::make_shared<fl::ChannelsLast>()); };
+        const auto cl_reference = train({.kind = "conv_net", .twin_of = 2, .setup = channels_last});
         fl::setup_distrib({.timeout = std::chrono::seconds(60)});
         for (const auto shard : {fl::Shard::optimizer, fl::Shard::gradients}) {
           const std::string stage(fl::to_string(shard));
@@ -265,6 +284,9 @@ TEST(ShardedTraining, AccumulationBf16FineTuneAndTiedWeightsMatchOneProcess) {
                             tolerance("resnet"), stage + ", fine_tune");
           expect_same_steps(tied_reference, train({.kind = "tied", .world = 2, .shard = shard}), 1e-5,
                             stage + ", tied weights");
+          expect_same_steps(cl_reference,
+                            train({.kind = "conv_net", .world = 2, .shard = shard, .setup = channels_last}),
+                            tolerance("conv_net"), stage + ", channels-last");
         }
         fl::teardown_distrib();
       },
@@ -634,4 +656,49 @@ TEST(ShardedTraining, EachRankHoldsItsShareOfTheOptimizerStateAndGradients) {
         },
         {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(world)});
   }
+}
+
+namespace {
+
+// Rank 1 votes to stop from training batch 3 on; every rank stops where the agreed vote says so.
+struct StopVote : fl::Callback {
+  std::int64_t stopped_at = -1;
+  void after_batch() override {
+    auto& l = learn();
+    if (!l.training) return;
+    if (l.coordination().any_process_soon(l.coordination().rank == 1 && l.iter >= 3)) {
+      stopped_at = l.iter;
+      throw fl::CancelFitException();
+    }
+  }
+};
+
+}  // namespace
+
+// The stop vote travels in the reduction of its own that sharded gradients need: the ranks stop at the same batch,
+// the one after the vote (on CPU the vote of a batch is read after the next backward). An optimizer that is not
+// elementwise is refused by name when the fit starts.
+TEST(ShardedTraining, StopVotesAgreeAndANonElementwiseOptimizerIsRefused) {
+  flt::run_on_ranks(2,
+                    [](const RankContext&) {
+                      fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+                      for (const auto shard : {fl::Shard::optimizer, fl::Shard::gradients}) {
+                        auto learn = make_learner("mlp", "adam", 0, 1);
+                        auto vote = std::make_shared<StopVote>();
+                        learn->add_cb(vote);
+                        fl::DistribCtx ctx(*learn, {.shard = shard});
+                        learn->fit(2);
+                        EXPECT_EQ(vote->stopped_at, 4) << fl::to_string(shard);
+                      }
+                      auto learn = make_learner("mlp", "norm_reading", 0, 1);
+                      fl::DistribCtx ctx(*learn, {.shard = fl::Shard::optimizer});
+                      try {
+                        learn->fit(1);
+                        ADD_FAILURE() << "a non-elementwise optimizer was sharded";
+                      } catch (const fl::ConfigError& e) {
+                        EXPECT_NE(std::string(e.what()).find("NormReadingSgd"), std::string::npos) << e.what();
+                      }
+                      fl::teardown_distrib();
+                    },
+                    {.env = flt::torchrun_env(2)});
 }
