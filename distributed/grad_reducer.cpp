@@ -3,6 +3,7 @@
 #include <fastlearn/comm/collectives.h>
 #include <fastlearn/comm/process_group.h>
 #include <fastlearn/comm/runtime.h>
+#include <fastlearn/core/detail/memory_order.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/host_readback.h>
 
@@ -347,16 +348,13 @@ class GradReducer::Impl {
     const auto in_order = dense(grad) && grad.strides() == p.tensor.strides()
                               ? grad
                               : at::empty_like(p.tensor, at::MemoryFormat::Preserve).copy_(grad);
-    at::mul_out(slice, flat_alias(in_order), share);
+    at::mul_out(slice, memory_order(in_order), share);
     grad.reset();
   }
 
   // Dense (contiguous or another permutation such as channels-last): its memory is one block of numel
   // elements, which a bucket slice can alias and a collective can treat as a flat vector.
   static bool dense(const at::Tensor& t) { return !t.is_sparse() && t.is_non_overlapping_and_dense(); }
-
-  // The memory of a dense tensor as a flat vector, in memory order (an elementwise sum does not mind).
-  static at::Tensor flat_alias(const at::Tensor& t) { return t.as_strided({t.numel()}, {1}); }
 
   // Large, dense, float as it is communicated: reduced in its own .grad.
   bool reduce_in_place(const ParamSlot& p, std::int64_t bytes) const {
@@ -382,7 +380,7 @@ class GradReducer::Impl {
         launch_scatter(b);
         continue;
       }
-      std::vector<at::Tensor> tensors{b.in_place ? flat_alias(params_[b.params.front()].tensor.grad()) : b.flat};
+      std::vector<at::Tensor> tensors{b.in_place ? memory_order(params_[b.params.front()].tensor.grad()) : b.flat};
       // FASTLEARN_DISTRIBUTED_DEBUG=1; not where ranks share the engine's thread (it is a blocking collective).
       if (debug_ && options_.finish_in_engine) debug_check_all_reduce(tensors.front(), group_);
       b.call = group_.next_call();

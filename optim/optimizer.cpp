@@ -1,6 +1,7 @@
 #include <fastlearn/optim/optimizer.h>
 
 #include <fastlearn/core/detail/cuda_graph.h>
+#include <fastlearn/core/detail/memory_order.h>
 #include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
 #include <fmt/format.h>
@@ -24,9 +25,6 @@ namespace {
 std::string state_name(std::size_t group, std::size_t index, const std::string& name) {
   return fmt::format("{}.{}.{}", group, index, name);
 }
-
-// A dense tensor's memory as a flat vector, in memory order (the order of its gradient in a bucket).
-at::Tensor memory_order(const at::Tensor& t) { return t.as_strided({t.numel()}, {1}); }
 
 std::string shape_of(const at::Tensor& t) { return fmt::format("[{}]", fmt::join(t.sizes(), ", ")); }
 
@@ -87,7 +85,7 @@ bool Optimizer::fusable(const at::Tensor& p, const at::Tensor& g, bool cuda_too)
 
 at::Tensor Optimizer::fused_operand(const at::Tensor& t) {
   if (!t.is_cpu() || t.is_contiguous()) return t;
-  return t.as_strided({t.numel()}, {1});
+  return memory_order(t);
 }
 
 const std::vector<at::Tensor>& Optimizer::step_views_on(GroupState& state, const c10::Device& device) {

@@ -1,6 +1,7 @@
 #include <fastlearn/distributed/detail/sharded_step.h>
 
 #include <fastlearn/comm/collectives.h>
+#include <fastlearn/core/detail/memory_order.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/grad_reducer.h>
 #include <fastlearn/optim/optimizer.h>
@@ -11,13 +12,6 @@
 #include <unordered_map>
 
 namespace fastlearn {
-
-namespace {
-
-// A dense tensor's memory as a flat vector, in memory order: the order of its gradient in a bucket.
-at::Tensor memory_order(const at::Tensor& t) { return t.as_strided({t.numel()}, {1}); }
-
-}  // namespace
 
 // Moves the bucket's parameters into one buffer (each in memory order at its offset, the padding zero): each
 // parameter's tensor stays the same object (the model, the optimizer and the reducer keep it), only its storage moves.
