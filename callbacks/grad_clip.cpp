@@ -17,21 +17,10 @@ GradientClip::GradientClip(GradientClipOptions options) : options_(options) {
 }
 
 void GradientClip::before_step() {
-  auto& c = learn().coordination();
   // Sharded gradients: this process's shares; the norm is then summed over the processes, so that every process
   // clips by the norm of the whole gradient.
-  auto shares = c.gradient_shares ? c.gradient_shares() : std::nullopt;
-  std::vector<at::Tensor> grads;  // the optimizer's parameters: each once, also when layers share a weight
-  if (shares) {
-    grads = std::move(*shares);
-  } else {
-    for (auto& group : learn().opt().param_groups()) {
-      for (auto& p : group.params) {
-        if (p.grad().defined()) grads.push_back(p.mutable_grad());
-      }
-    }
-    if (grads.empty()) return;
-  }
+  auto [grads, shares] = learn().step_gradients();
+  if (grads.empty() && !shares) return;
   torch::NoGradGuard no_grad;
   // The global norm is the norm of the per-tensor norms (any p); all on the gradients' device, no host read.
   const double p = options_.norm_type;
@@ -52,7 +41,7 @@ void GradientClip::before_step() {
       const auto local = at::linalg_vector_norm(at::stack(norms), p);
       mine.copy_(max ? local.reshape({1}) : local.pow(p).reshape({1}));
     }
-    c.reduce_over_processes(mine, max);
+    learn().coordination().reduce_over_processes(mine, max);
     norm = max ? mine.squeeze(0) : mine.squeeze(0).pow(1.0 / p);
   }
   if (!last_norm_.defined() || last_norm_.device() != norm.device()) last_norm_ = at::empty_like(norm);

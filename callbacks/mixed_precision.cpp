@@ -88,23 +88,11 @@ void MixedPrecision::before_backward() {
 
 void MixedPrecision::before_step() {
   if (!scaling_) return;
-  auto& c = learn().coordination();
   // Sharded gradients: this process's shares, and an overflow in any process's skips the step on every process.
-  auto shares = c.gradient_shares ? c.gradient_shares() : std::nullopt;
-  std::vector<at::Tensor> grads;
-  if (shares) {
-    grads = std::move(*shares);
-  } else {
-    // The optimizer's parameters: each exactly once, also when layers share a weight.
-    for (auto& group : learn().opt().param_groups()) {
-      for (auto& p : group.params) {
-        if (p.grad().defined()) grads.push_back(p.mutable_grad());
-      }
-    }
-  }
+  auto [grads, shares] = learn().step_gradients();
   found_inf_.zero_();
   if (!grads.empty()) at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, scale_.reciprocal());
-  if (shares) c.reduce_over_processes(found_inf_, /*max=*/true);
+  if (shares) learn().coordination().reduce_over_processes(found_inf_, /*max=*/true);
   unscaled_ = true;
   if (found_inf_.item<float>() > 0) {
     ++skipped_;

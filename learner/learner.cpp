@@ -206,6 +206,16 @@ void Learner::remove_cb(const CallbackPtr& cb) {
   cbs_.erase(it);
 }
 
+Learner::StepGradients Learner::step_gradients() {
+  if (auto shares = coordination_.gradient_shares ? coordination_.gradient_shares() : std::nullopt)
+    return {.tensors = std::move(*shares), .shares = true};
+  StepGradients out;
+  for (auto& group : opt().param_groups())
+    for (auto& p : group.params)
+      if (p.grad().defined()) out.tensors.push_back(p.mutable_grad());
+  return out;
+}
+
 void Learner::sort_cbs() {
   std::stable_sort(cbs_.begin(), cbs_.end(),
                    [](const CallbackPtr& a, const CallbackPtr& b) { return a->order < b->order; });

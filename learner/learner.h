@@ -409,6 +409,15 @@ class Learner {
     std::function<void(const at::Tensor& t, bool max)> reduce_over_processes;
   };
   Coordination& coordination() { return coordination_; }
+  /// The gradients the optimizer steps with, for callbacks that read or scale them before the step (clipping, an
+  /// overflow check): this process's shares when data parallel training shards the gradients (`shares` true: a
+  /// figure over them must be reduced over the processes, Coordination::reduce_over_processes), else the defined
+  /// .grad of the optimizer's parameters, each once (also when layers share a weight).
+  struct StepGradients {
+    std::vector<at::Tensor> tensors;
+    bool shares = false;
+  };
+  StepGradients step_gradients();
 
   // --- loop state (fastai's names); callbacks read and may change these ------------------------
   std::vector<at::Tensor> xb;  ///< inputs of the current batch

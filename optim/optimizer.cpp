@@ -559,17 +559,7 @@ void Optimizer::set_hyper(const std::string& name, const std::vector<double>& pe
 
 NamedTensors Optimizer::state_tensors() const {
   NamedTensors out;
-  const auto names = state_names();
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    const auto& st = states_[g];
-    for (std::size_t i = 0; i < st.steps.size(); ++i) {
-      if (st.steps[i] == 0) continue;
-      for (const auto& name : names) {
-        const auto& t = st.tensors.at(name).at(i);
-        out.emplace_back(state_name(g, i, name), sharded() ? whole_state(g, i, t) : t);
-      }
-    }
-  }
+  for (const auto& d : deferred_state_tensors()) out.emplace_back(d.name, d.make());
   return out;
 }
 

@@ -43,18 +43,6 @@ std::pair<at::Tensor, at::Tensor> images(std::int64_t n, std::uint64_t seed) {
   return {x, y};
 }
 
-// A fixed order: what a single process must see so that its batch k is the union of every rank's batch k
-// (rank r's share is the contiguous block [r * n/2, (r+1) * n/2) of the order).
-class FixedSampler : public fl::Sampler {
- public:
-  explicit FixedSampler(std::vector<std::int64_t> order) : order_(std::move(order)) {}
-  std::int64_t size() const override { return static_cast<std::int64_t>(order_.size()); }
-  std::vector<std::int64_t> order(std::int64_t) const override { return order_; }
-
- private:
-  std::vector<std::int64_t> order_;
-};
-
 fl::DataLoaders loaders(std::int64_t bs, bool single_process_twin, std::uint64_t data_seed = 1) {
   auto [x, y] = images(kItems, data_seed);
   auto [vx, vy] = images(kValid, 2);
@@ -69,7 +57,7 @@ fl::DataLoaders loaders(std::int64_t bs, bool single_process_twin, std::uint64_t
       for (std::int64_t i = 0; i < b; ++i) order.push_back(k * b + i);
       for (std::int64_t i = 0; i < b; ++i) order.push_back(half + k * b + i);
     }
-    train_dl.set_sampler(std::make_shared<FixedSampler>(order));
+    train_dl.set_sampler(std::make_shared<flt::FixedSampler>(order));
   }
   return fl::DataLoaders(std::move(train_dl), fl::DataLoader(valid, {.bs = 4}), 3);
 }

@@ -47,18 +47,6 @@ namespace {
 
 constexpr std::int64_t kItems = 48, kPerRank = 4;  // 48 / (2 or 3 ranks): 6 or 4 steps per epoch
 
-// A fixed order: the single process's batch k is rank 0's batch k, then rank 1's, ... (rank r's share is the
-// contiguous block [r * n/N, (r+1) * n/N) of the order).
-class FixedSampler : public fl::Sampler {
- public:
-  explicit FixedSampler(std::vector<std::int64_t> order) : order_(std::move(order)) {}
-  std::int64_t size() const override { return static_cast<std::int64_t>(order_.size()); }
-  std::vector<std::int64_t> order(std::int64_t) const override { return order_; }
-
- private:
-  std::vector<std::int64_t> order_;
-};
-
 bool tabular(const std::string& kind) { return kind == "tabular"; }
 
 std::vector<at::Tensor> inputs(const std::string& kind, std::int64_t n, std::uint64_t seed, at::Tensor& y) {
@@ -88,7 +76,7 @@ fl::DataLoaders loaders(const std::string& kind, int twin_of, int micro_batches)
     for (std::int64_t k = 0; k * kPerRank < block; ++k)
       for (int r = 0; r < twin_of; ++r)
         for (std::int64_t i = 0; i < kPerRank; ++i) order.push_back(r * block + k * kPerRank + i);
-    train_dl.set_sampler(std::make_shared<FixedSampler>(order));
+    train_dl.set_sampler(std::make_shared<flt::FixedSampler>(order));
   }
   return fl::DataLoaders(std::move(train_dl), fl::DataLoader(valid, {.bs = 4}), 3);
 }

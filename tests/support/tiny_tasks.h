@@ -2,11 +2,27 @@
 // Small deterministic tasks for Learner tests: a linear regression and a 3-class classification, each
 // with train and valid loaders over in-memory tensors.
 #include <fastlearn/data/dataloaders.h>
+#include <fastlearn/data/sampler.h>
 #include <fastlearn/learner/learner.h>
 
+#include <cstdint>
 #include <memory>
+#include <utility>
+#include <vector>
 
 namespace fastlearn::testing {
+
+/// The same order every epoch: what a single process is given so that its batch k is every rank's batch k together
+/// (rank r's share is the contiguous block [r * n/N, (r+1) * n/N) of the order).
+class FixedSampler : public Sampler {
+ public:
+  explicit FixedSampler(std::vector<std::int64_t> order) : order_(std::move(order)) {}
+  std::int64_t size() const override { return static_cast<std::int64_t>(order_.size()); }
+  std::vector<std::int64_t> order(std::int64_t) const override { return order_; }
+
+ private:
+  std::vector<std::int64_t> order_;
+};
 
 struct TinyTaskOptions {
   std::int64_t n_train = 32;
