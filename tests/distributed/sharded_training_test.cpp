@@ -690,3 +690,24 @@ TEST(ShardedTraining, StopVotesAgreeAndANonElementwiseOptimizerIsRefused) {
                     },
                     {.env = flt::torchrun_env(2)});
 }
+
+// A job of one process with the whole distributed path (with_one_process): every rank's part is the whole bucket,
+// and each stage trains as the plain Learner does (the CPU twin of the NCCL test in tests/gpu).
+TEST(ShardedTraining, OneProcessWithTheWholePathTrainsAsThePlainLearner) {
+  flt::run_on_ranks(1,
+                    [](const RankContext&) {
+                      const auto plain = train({.twin_of = 1});
+                      fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+                      for (const auto shard : {fl::Shard::optimizer, fl::Shard::gradients}) {
+                        auto learn = make_learner("mlp", "adam", 1, 1);
+                        auto log = std::make_shared<StepLog>();
+                        learn->add_cb(log);
+                        fl::DistribCtx ctx(*learn,
+                                           {.reducer = small_buckets(), .with_one_process = true, .shard = shard});
+                        learn->fit_one_cycle(2, 0.01);
+                        expect_same_steps(plain, log->params, 1e-6, std::string(fl::to_string(shard)));
+                      }
+                      fl::teardown_distrib();
+                    },
+                    {.env = flt::torchrun_env(1)});
+}
