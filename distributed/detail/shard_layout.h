@@ -13,7 +13,7 @@ namespace fastlearn {
 /// A run of one parameter's elements inside one rank's part.
 struct ParamPiece {
   std::size_t param = 0;           ///< the parameter's index among the bucket's (bucket order)
-  std::int64_t param_offset = 0;   ///< its first element within the parameter (flat, logical order)
+  std::int64_t param_offset = 0;   ///< its first element within the parameter (flat, in its memory order)
   std::int64_t bucket_offset = 0;  ///< that element's position in the bucket
   std::int64_t part_offset = 0;    ///< and in the rank's part
   std::int64_t numel = 0;

@@ -7,6 +7,7 @@
 #include <fastlearn/optim/optimizer.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <unordered_map>
@@ -23,7 +24,10 @@ void ShardedStep::flatten(Bucket& b) {
   for (std::size_t j = 0; j < b.params.size(); ++j) {
     auto& p = b.params[j];
     if (!p.is_non_overlapping_and_dense())
-      throw DistributedError("sharded training: a parameter is not dense (its elements are not one block of memory)");
+      throw ConfigError(fmt::format(
+          "sharded training: a parameter of shape [{}] and strides [{}] is not dense (its elements are not one block "
+          "of memory), so it cannot be split into shares; make it contiguous, or use shard = \"none\"",
+          fmt::join(p.sizes(), ", "), fmt::join(p.strides(), ", ")));
     const auto offset = b.layout.param_offsets[j];
     b.flat.narrow(0, offset, p.numel()).copy_(memory_order(p.detach()));
     p.set_(b.flat.storage(), b.flat.storage_offset() + offset, p.sizes(), p.strides());
