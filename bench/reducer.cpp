@@ -243,26 +243,26 @@ void run_rank(int) {
     bucketing["what"] =
         "time gradient averaging adds to a step: bucketed reducer vs one all_reduce per parameter after backward; 2 "
         "ranks, Gloo over loopback TCP; shared_memory_*: the same over the shared memory transport of local ranks";
-    nlohmann::ordered_json scatter = nlohmann::ordered_json::object();
-    scatter["ours"] = rounded(shared_flat.reduce_scatter, 6);
-    scatter["anchor"] = rounded(shared_flat.all_reduce, 6);
-    scatter["ratio"] = rounded(shared_flat.all_reduce / shared_flat.reduce_scatter, 3);
-    scatter["unit"] = "s/call";
-    scatter["higher_is_better"] = false;
-    scatter["mb"] = 25;
-    scatter["what"] =
+    // Seconds per call of our reduce_scatter over shared memory against another call on the same 25 MB buffer.
+    const auto per_call = [&](double anchor, const char* what) {
+      nlohmann::ordered_json row = nlohmann::ordered_json::object();
+      row["ours"] = rounded(shared_flat.reduce_scatter, 6);
+      row["anchor"] = rounded(anchor, 6);
+      row["ratio"] = rounded(anchor / shared_flat.reduce_scatter, 3);
+      row["unit"] = "s/call";
+      row["higher_is_better"] = false;
+      row["mb"] = 25;
+      row["what"] = what;
+      return row;
+    };
+    const auto scatter = per_call(
+        shared_flat.all_reduce,
         "one reduce_scatter of a flat 25 MB float buffer (sharded gradients, per bucket) vs one all_reduce of it; 2 "
-        "local ranks, shared memory transport, calls interleaved, medians of 15";
-    nlohmann::ordered_json vs_gloo = nlohmann::ordered_json::object();
-    vs_gloo["ours"] = rounded(shared_flat.reduce_scatter, 6);
-    vs_gloo["anchor"] = rounded(gloo_flat.reduce_scatter, 6);
-    vs_gloo["ratio"] = rounded(gloo_flat.reduce_scatter / shared_flat.reduce_scatter, 3);
-    vs_gloo["unit"] = "s/call";
-    vs_gloo["higher_is_better"] = false;
-    vs_gloo["mb"] = 25;
-    vs_gloo["what"] =
+        "local ranks, shared memory transport, calls interleaved, medians of 15");
+    const auto vs_gloo = per_call(
+        gloo_flat.reduce_scatter,
         "one reduce_scatter of a flat 25 MB float buffer: fastlearn's shared memory transport vs Gloo over loopback "
-        "TCP (_reduce_scatter_base, as PyTorch's reduce_scatter_tensor); 2 local ranks, medians of 15";
+        "TCP (_reduce_scatter_base, as PyTorch's reduce_scatter_tensor); 2 local ranks, medians of 15");
     nlohmann::ordered_json line = nlohmann::ordered_json::object();
     line["reducer_bandwidth"] = bandwidth;
     line["bucketed_vs_naive"] = bucketing;

@@ -31,8 +31,6 @@ class ShardedStep {
   void feed(GradReducer& reducer, Optimizer& opt);
   /// The gradients this rank steps with (its pieces'), when the optimizer is sharded; empty otherwise.
   std::vector<at::Tensor> gradients(Optimizer& opt) const;
-  /// Whether the optimizer steps this rank's parts (the layout was adopted).
-  bool adopted() const { return buckets_ != nullptr; }
 
  private:
   struct Bucket {
