@@ -5,6 +5,7 @@
 #include <fastlearn/core/detail/warning.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/detail/sharded_step.h>
+#include <fastlearn/distributed/detail/sharded_units.h>
 #include <fastlearn/distributed/parallel_trainer.h>
 #include <fastlearn/distributed/sync_batch_norm.h>
 #include <fastlearn/learner/callback_order.h>
@@ -29,14 +30,17 @@ std::string_view to_string(Shard shard) {
       return "optimizer";
     case Shard::gradients:
       return "gradients";
+    case Shard::parameters:
+      return "parameters";
   }
   return "none";
 }
 
 Shard shard_from_name(std::string_view name) {
-  for (const auto s : {Shard::none, Shard::optimizer, Shard::gradients})
+  for (const auto s : {Shard::none, Shard::optimizer, Shard::gradients, Shard::parameters})
     if (to_string(s) == name) return s;
-  throw ConfigError(fmt::format("shard '{}' is not one of \"none\", \"optimizer\", \"gradients\"", name));
+  throw ConfigError(
+      fmt::format("shard '{}' is not one of \"none\", \"optimizer\", \"gradients\", \"parameters\"", name));
 }
 
 DistributedTrainer::DistributedTrainer(DistributedTrainerOptions options) : options_(options) {
@@ -79,6 +83,9 @@ void DistributedTrainer::attach(Learner& learn) {
     if (!on_device.is_same(t)) t.copy_(on_device);
   };
   c.enter_collective = [this](const std::string& what) { enter_collective(what); };
+  c.model_sharded = [this] { return units_ && units_->started(); };
+  c.whole_model_tensor = [this](const at::Tensor& t) { return units_ ? units_->whole(t) : t; };
+  c.fit_failed = [this] { abandon_units(); };
   c.any_process_soon = [this](bool mine) {
     if (!reducer_) return mine;  // outside a fit nothing is reduced: only this process's view
     reducer_->vote(mine);
@@ -108,7 +115,19 @@ void DistributedTrainer::enter_collective(const std::string& what) {
   }
 }
 
+void DistributedTrainer::abandon_units() {
+  if (!units_) return;
+  if (sharded_ && sharded_->abandon())
+    warn(
+        "a fit with shard = \"parameters\" failed: the model's parameters could not be gathered from the other "
+        "ranks, so this rank holds its share of them and NaN for the rest; load a checkpoint before using the model");
+  units_.reset();
+  sharded_.reset();
+  reducer_.reset();
+}
+
 void DistributedTrainer::detach(Learner& learn) {
+  abandon_units();
   unwrap_loaders();
   // A sharded optimizer's state is put back together on every rank while the group still exists (collective: every
   // rank detaches at the same point); when an error unwinds, the peers may be gone, so the state is dropped instead.
@@ -157,9 +176,16 @@ void DistributedTrainer::before_fit() {
           "shard = \"{}\": the optimizer {} reads a whole parameter to update each element of it (a norm), so no rank "
           "can update its share alone; use shard = \"none\" or an elementwise optimizer (SGD, Adam)",
           to_string(options_.shard), l.opt().type()));
-    reducer_options.scatter = options_.shard == Shard::gradients;
+    reducer_options.scatter = options_.shard == Shard::gradients || options_.shard == Shard::parameters;
     reducer_options.separate_verdicts = true;
     sharded_ = std::make_unique<ShardedStep>(group());
+  }
+  if (options_.shard == Shard::parameters) {
+    abandon_units();  // what an earlier fit that failed left
+    units_ = std::make_unique<ShardedUnits>(l.model(), options_.shard_units, group(), options_.reshard_after_forward);
+    // A unit's gradients are one bucket from the first step on: the buckets are final, and sharded, from the start.
+    reducer_options.rebuild_buckets = false;
+    for (const auto& [name, p] : params) reducer_options.unit_of.push_back(units_->unit_of(p));
   }
   reducer_ = std::make_unique<GradReducer>(std::move(params), std::move(buffers), group(), reducer_options);
 }
@@ -169,7 +195,14 @@ void DistributedTrainer::before_train() { wrap(learn().dls().train()); }
 void DistributedTrainer::before_validate() { wrap(*learn().dl); }
 
 void DistributedTrainer::before_batch() {
-  if (learn().training && options_.broadcast_buffers && reducer_) reducer_->broadcast_buffers();
+  auto& l = learn();
+  if (l.training && options_.broadcast_buffers && reducer_) reducer_->broadcast_buffers();
+  // Stage 3 shards the parameters at the first training batch, so that whatever runs before it (a checkpoint loaded
+  // at before_fit, lr_find's copy of the model) sees them whole.
+  if (l.training && units_ && !units_->started() && l.has_opt()) {
+    sharded_->adopt_units(*reducer_, l.opt(), units_->params());
+    units_->start(*sharded_);
+  }
 }
 
 void DistributedTrainer::before_backward() {
@@ -185,6 +218,7 @@ void DistributedTrainer::before_backward() {
 
 void DistributedTrainer::after_backward() {
   if (!reducer_) return;
+  if (units_) units_->release_all();  // units whose backward left them gathered (the first: its input needs none)
   reducer_->finalize_if_pending();
   auto& l = learn();
   if (sharded_ && l.will_step && l.has_opt()) {
@@ -194,6 +228,11 @@ void DistributedTrainer::after_backward() {
 }
 
 void DistributedTrainer::after_fit() {
+  if (units_) {
+    // Every rank's model whole again, in its own structure; the optimizer's pieces back in the parameters' memory.
+    if (sharded_ && learn().has_opt()) sharded_->make_whole(learn().opt());
+    units_.reset();
+  }
   reducer_.reset();
   sharded_.reset();  // the optimizer keeps its plan, which holds what its step gathers
 }

@@ -15,21 +15,28 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace fastlearn {
 
 class Learner;
 class ShardedStep;
+class ShardedUnits;
 
 /// What each rank keeps of the training state (ZeRO's stages). none: everything, as plain data parallel training.
 /// optimizer: the optimizer's state for its share of each parameter only; gradients are all-reduced as without
 /// sharding, each rank steps its share, and the updated shares are all-gathered into every rank's parameters.
 /// gradients: the same, and each gradient bucket is reduce-scattered instead of all-reduced, so that each rank
 /// keeps only its share of the gradients too. The parameters stay whole on every rank.
-enum class Shard { none, optimizer, gradients };
+/// parameters: the same, and each rank keeps only its share of the parameters of each unit (ZeRO stage 3, FSDP): a
+/// unit's parameters are gathered for its forward and freed after it, gathered again for its backward and freed once
+/// it is done, its gradients reduce-scattered then (see DistributedTrainerOptions::shard_units). Outside a fit the
+/// model is whole.
+enum class Shard { none, optimizer, gradients, parameters };
 std::string_view to_string(Shard shard);
-/// "none", "optimizer" or "gradients"; ConfigError naming the choices otherwise.
+/// "none", "optimizer", "gradients" or "parameters"; ConfigError naming the choices otherwise.
 Shard shard_from_name(std::string_view name);
 
 struct DistributedTrainerOptions {
@@ -47,6 +54,15 @@ struct DistributedTrainerOptions {
   /// saves waits for the others to arrive before failing with a message, instead of waiting in the gather until
   /// the group's timeout.
   std::chrono::milliseconds arrival_timeout = std::chrono::seconds(30);
+  /// With shard = parameters, the units: modules of the model by their dotted path as in named_modules ("*" stands for
+  /// any one name: "0.layer*.*" is every residual block of a vision model), each an entry of a Sequential (LibTorch
+  /// modules have no hooks: the Sequential runs a wrapper in the entry's place during a fit). Empty: each entry of the
+  /// model when it is a Sequential, else each entry of the Sequentials among its children. Parameters outside every
+  /// unit stay whole on every rank (sharded as with "gradients").
+  std::vector<std::string> shard_units;
+  /// With shard = parameters: free a unit's parameters after its forward and gather them again for its backward (the
+  /// last unit's are kept, its backward coming next); false keeps every unit's from its forward to its backward.
+  bool reshard_after_forward = true;
 };
 
 class DistributedTrainer : public Callback {
@@ -80,10 +96,13 @@ class DistributedTrainer : public Callback {
   Group& group() const;
   void wrap(DataLoader& loader);
   void enter_collective(const std::string& what);
+  // After an exception left a fit: the units' parameters given memory again, without a collective.
+  void abandon_units();
 
   DistributedTrainerOptions options_;
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<ShardedStep> sharded_;  ///< with shard: the step on this rank's shares
+  std::unique_ptr<ShardedUnits> units_;   ///< with shard = parameters, during a fit: the wrapped units
   std::int64_t collective_calls_ = 0;     ///< enter_collective calls so far: the same on every rank
   std::optional<DistributedDL> wrapped_;
 };

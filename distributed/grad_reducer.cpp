@@ -28,6 +28,7 @@ namespace {
 struct ParamSlot {
   std::string name;
   at::Tensor tensor;
+  std::int64_t unit = -1;  ///< GradReducerOptions::unit_of
   std::size_t bucket = 0;
   std::int64_t offset = 0;
   bool ready = false;
@@ -78,8 +79,13 @@ class GradReducer::Impl {
           "drop the compression");
     options_.separate_verdicts = options_.separate_verdicts || options_.scatter;
     layout_final_ = !options_.rebuild_buckets;
-    for (auto& [name, t] : params) {
-      if (t.requires_grad()) params_.push_back({.name = name, .tensor = t});
+    if (!options_.unit_of.empty() && options_.unit_of.size() != params.size())
+      throw ConfigError(fmt::format("GradReducer: unit_of has {} entries for {} parameters", options_.unit_of.size(),
+                                    params.size()));
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      auto& [name, t] = params[i];
+      const auto unit = options_.unit_of.empty() ? -1 : options_.unit_of[i];
+      if (t.requires_grad()) params_.push_back({.name = name, .tensor = t, .unit = unit});
     }
     if (!group_.is_member())
       throw DistributedError("GradReducer: this rank is not a member of group '" + group_.name() + "'");
@@ -172,11 +178,21 @@ class GradReducer::Impl {
     const double mb = 1024.0 * 1024.0;
     std::map<std::pair<c10::ScalarType, std::string>, std::size_t> open;  // kind -> bucket being filled
     std::map<std::size_t, std::int64_t> bytes;
+    std::map<std::int64_t, std::size_t> unit_bucket;  // unit -> its bucket
     for (std::size_t i : order) {
       auto& p = params_[i];
       const auto dtype = options_.compression.value_or(p.tensor.scalar_type());
       const std::pair key{dtype, p.tensor.device().str()};
       const auto item_bytes = static_cast<std::int64_t>(c10::elementSize(dtype)) * p.tensor.numel();
+      if (p.unit >= 0) {
+        auto [it, made] = unit_bucket.try_emplace(p.unit, buckets_.size());
+        if (made) buckets_.emplace_back();
+        p.bucket = it->second;
+        p.offset = bytes[p.bucket] / static_cast<std::int64_t>(c10::elementSize(dtype));
+        bytes[p.bucket] += item_bytes;
+        buckets_[p.bucket].params.push_back(i);
+        continue;
+      }
       if (reduce_in_place(p, item_bytes)) {
         buckets_.emplace_back();
         buckets_.back().in_place = true;

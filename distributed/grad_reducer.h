@@ -55,6 +55,11 @@ struct GradReducerOptions {
   /// their own after the buckets (always with scatter): every rank then fails together, naming the parameters on
   /// the rank that left them out, instead of the others waiting out the timeout in the next step's collective.
   bool separate_verdicts = false;
+  /// Sharded parameters (DistributedTrainerOptions::shard = "parameters"): per parameter given to the constructor (in
+  /// its order), the unit it belongs to, or -1. A unit's trainable parameters form one bucket of their own whatever
+  /// its size, so that its gradients are reduce-scattered as soon as its backward is done; the other parameters are
+  /// bucketed as usual. Empty: no units.
+  std::vector<std::int64_t> unit_of;
 };
 
 /// What happened in the last synchronized backward (for tests and diagnostics).

@@ -84,9 +84,35 @@ std::vector<std::string> checkpoint_vocab(const CheckpointState& state, std::str
 
 }  // namespace
 
-bool saving_is_collective(Learner& learn, SaveOptions options) {
-  return options.with_opt && learn.has_opt() && learn.opt().sharded();
+namespace {
+
+// Sharded parameters, during a fit: a model tensor is read through Coordination::whole_model_tensor.
+bool model_sharded(Learner& learn) {
+  const auto& c = learn.coordination();
+  return c.model_sharded && c.model_sharded() && c.whole_model_tensor;
 }
+
+}  // namespace
+
+bool saving_is_collective(Learner& learn, SaveOptions options) {
+  return (options.with_opt && learn.has_opt() && learn.opt().sharded()) || model_sharded(learn);
+}
+
+namespace {
+
+// Sharded parameters: the model's tensors each made whole when the writer reaches it, a unit at a time (collective).
+std::vector<DeferredTensor> deferred_model_tensors(Learner& learn) {
+  std::vector<DeferredTensor> out;
+  for (auto& [name, tensor] : models::model_tensors(learn.model())) {
+    out.push_back({.name = name,
+                   .dtype = tensor.scalar_type(),
+                   .shape = tensor.sizes().vec(),
+                   .make = [&learn, t = tensor] { return learn.coordination().whole_model_tensor(t); }});
+  }
+  return out;
+}
+
+}  // namespace
 
 namespace {
 
@@ -97,16 +123,31 @@ StateToSave capture(Learner& learn, SaveOptions options, bool for_saving, const 
   // A sharded optimizer's state is gathered from every process: a process calling alone fails within moments,
   // instead of waiting for the others in the gather until the collective timeout.
   const bool collective = saving_is_collective(learn, options);
+  const bool params_sharded = model_sharded(learn);
+  const bool opt_sharded = options.with_opt && learn.has_opt() && learn.opt().sharded();
   if (collective && learn.coordination().enter_collective)
-    learn.coordination().enter_collective("saving a checkpoint (the sharded optimizer's state is gathered)");
+    learn.coordination().enter_collective(
+        params_sharded ? "saving a checkpoint (the sharded parameters are gathered)"
+                       : "saving a checkpoint (the sharded optimizer's state is gathered)");
   StateToSave out;
   if (for_saving && collective && !learn.coordination().is_main()) {
-    out.deferred = learn.opt().deferred_state_tensors();
+    if (params_sharded) out.deferred = deferred_model_tensors(learn);
+    if (opt_sharded) {
+      auto state = learn.opt().deferred_state_tensors();
+      out.deferred.insert(out.deferred.end(), state.begin(), state.end());
+    }
     return out;
   }
   auto& state = out.state;
-  for (auto& [name, t] : models::model_tensors(learn.model()))
-    state.tensors.emplace_back(name, for_saving ? t.detach() : t.detach().clone());
+  if (params_sharded && for_saving) {
+    out.deferred_at = 0;  // the model's tensors come first in the file, the optimizer's state next
+    out.deferred = deferred_model_tensors(learn);
+  } else {
+    for (auto& [name, t] : models::model_tensors(learn.model())) {
+      const auto whole = params_sharded ? learn.coordination().whole_model_tensor(t) : t;
+      state.tensors.emplace_back(name, for_saving ? whole.detach() : whole.detach().clone());
+    }
+  }
   state.metadata["format"] = kFormat;
   state.metadata["format_version"] = kFormatVersion;
   // The class names, so that predictions from the saved model map back to them.
@@ -121,8 +162,9 @@ StateToSave capture(Learner& learn, SaveOptions options, bool for_saving, const 
   if (learn.has_opt()) {
     if (for_saving && learn.opt().sharded()) {
       out.deferred_at = state.tensors.size();
-      out.deferred = learn.opt().deferred_state_tensors();
-      for (auto& d : out.deferred) d.name = std::string(kOptimizerPrefix) + d.name;
+      auto deferred = learn.opt().deferred_state_tensors();
+      for (auto& d : deferred) d.name = std::string(kOptimizerPrefix) + d.name;
+      out.deferred.insert(out.deferred.end(), deferred.begin(), deferred.end());
     } else {
       for (auto& [name, t] : learn.opt().state_tensors())
         state.tensors.emplace_back(std::string(kOptimizerPrefix) + name, t.detach().clone());

@@ -77,8 +77,9 @@ void write_checkpoint(Learner& learn, const std::filesystem::path& file, const S
 /// capture_state, written atomically to `file` (its directory is created) by the main process; the others only take
 /// part in the capture, when saving_is_collective.
 void save_checkpoint(Learner& learn, const std::filesystem::path& file, SaveOptions options = {});
-/// Whether saving with `options` needs every process: the optimizer's state is sharded over them
-/// (DistributedTrainerOptions::shard) and each must take part in gathering it. Otherwise the main process saves alone.
+/// Whether saving with `options` needs every process: the optimizer's state or the model's parameters are sharded
+/// over them (DistributedTrainerOptions::shard) and each must take part in gathering them. Otherwise the main process
+/// saves alone.
 bool saving_is_collective(Learner& learn, SaveOptions options = {});
 /// Reads `file` and restore_state()s it.
 void load_checkpoint(Learner& learn, const std::filesystem::path& file, LoadOptions options = {});

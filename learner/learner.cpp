@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <exception>
 #include <cmath>
 #include <set>
 
@@ -370,7 +371,14 @@ void Learner::run_fit(int n_epoch_, const std::vector<double>& lrs, FitOptions o
   training_stopped_ = false;
   struct EndCleanup {  // also when an exception leaves the fit
     Learner& l;
+    int exceptions = std::uncaught_exceptions();
     ~EndCleanup() {
+      if (std::uncaught_exceptions() > exceptions && l.coordination_.fit_failed) {
+        try {
+          l.coordination_.fit_failed();
+        } catch (...) {  // the exception in flight is the one to report
+        }
+      }
       l.in_fit_ = false;
       l.resume_.reset();
       l.dl = nullptr;
@@ -379,7 +387,7 @@ void Learner::run_fit(int n_epoch_, const std::vector<double>& lrs, FitOptions o
       l.step_graph_stats_ = l.step_graph_stats();
       l.step_graphs_.reset();  // the graphs read this fit's callbacks' tensors too
     }
-  } cleanup{*this};
+  } cleanup{.l = *this};
   step_graph_stats_ = {};
   if (options_.cuda_graph) step_graphs_ = std::make_unique<StepGraphs>();
   with_events<CancelFitException>([&] { do_fit(options.start_epoch); }, Event::before_fit, Event::after_cancel_fit,

@@ -407,6 +407,15 @@ class Learner {
     std::function<void(const std::string& what)> enter_collective;
     /// Collective: `t` (a few elements) becomes its sum over the processes, or its maximum when `max`; in place.
     std::function<void(const at::Tensor& t, bool max)> reduce_over_processes;
+    /// Sharded parameters (shard = "parameters"): true while the model's parameters are split over the processes
+    /// (during a fit, from its first training batch); a model tensor is then read through whole_model_tensor.
+    std::function<bool()> model_sharded;
+    /// A model tensor made whole for reading, its unit gathered (collective: every process asks for the same tensors
+    /// in the same order); valid until the next call or the next step.
+    std::function<at::Tensor(const at::Tensor&)> whole_model_tensor;
+    /// Called when an exception leaves a fit (whose after_fit then does not run): puts right, without a collective,
+    /// what only the end of the fit would have undone.
+    std::function<void()> fit_failed;
   };
   Coordination& coordination() { return coordination_; }
   /// The gradients the optimizer steps with, for callbacks that read or scale them before the step (clipping, an

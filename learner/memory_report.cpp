@@ -31,6 +31,11 @@ MemoryReport memory_report(Learner& learn) {
   if (learn.has_opt()) {
     auto& opt = learn.opt();
     for (const auto& [name, t] : opt.held_state_tensors()) report.optimizer_state += storage_bytes(t, state);
+    // Sharded parameters: this process's elements of them are the pieces the optimizer updates, kept apart from the
+    // parameters' memory (freed between uses); pieces that are views of a parameter add nothing.
+    for (std::size_t g = 0; opt.sharded() && g < opt.param_groups().size(); ++g)
+      for (std::size_t i = 0; i < opt.param_groups()[g].params.size(); ++i)
+        report.parameters += storage_bytes(opt.shard_piece(g, i), params);
     // Sharded: the gradients the optimizer steps with are this process's shares (a reducer's buffers).
     for (std::size_t g = 0; opt.sharded() && g < opt.param_groups().size(); ++g)
       for (std::size_t i = 0; i < opt.param_groups()[g].params.size(); ++i)

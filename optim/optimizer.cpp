@@ -229,13 +229,13 @@ void Optimizer::shard(ShardPlan plan) {
         "share alone; use shard = \"none\"");
   if (device_hypers_) refuse("device hyper-parameters (captured CUDA-graph steps) are not sharded");
   if (!plan.gather) refuse("the plan has no gather");
-  if (plan.ranges.size() != groups_.size())
+  if (plan.ranges.size() != groups_.size() || (!plan.pieces.empty() && plan.pieces.size() != groups_.size()))
     refuse(fmt::format("the plan has {} groups, the optimizer {}", plan.ranges.size(), groups_.size()));
   at::NoGradGuard no_grad;
   std::vector<std::vector<at::Tensor>> pieces(groups_.size());
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const auto& params = groups_[g].params;
-    if (plan.ranges[g].size() != params.size())
+    if (plan.ranges[g].size() != params.size() || (!plan.pieces.empty() && plan.pieces.at(g).size() != params.size()))
       refuse(fmt::format("group {} has {} parameters, the plan {}", g, params.size(), plan.ranges[g].size()));
     for (std::size_t i = 0; i < params.size(); ++i) {
       const auto& p = params[i];
@@ -245,9 +245,19 @@ void Optimizer::shard(ShardPlan plan) {
                            p.numel(), r.begin, r.begin + r.numel));
       if (!p.is_non_overlapping_and_dense())
         refuse(fmt::format("parameter {} of group {} is not dense (its elements are not one block of memory)", i, g));
-      pieces[g].push_back(memory_order(p.detach()).narrow(0, r.begin, r.numel));
+      if (plan.pieces.empty()) {
+        pieces[g].push_back(memory_order(p.detach()).narrow(0, r.begin, r.numel));
+        continue;
+      }
+      const auto& given = plan.pieces.at(g).at(i);
+      if (!given.defined() || given.dim() != 1 || given.numel() != r.numel || given.scalar_type() != p.scalar_type())
+        refuse(fmt::format("parameter {} of group {}: the plan's piece is {}, not {} elements of its dtype", i, g,
+                           given.defined() ? fmt::format("[{}]", fmt::join(given.sizes(), ", ")) : "undefined",
+                           r.numel));
+      pieces[g].push_back(given);
     }
   }
+  plan.pieces.clear();  // held as pieces_
   if (sharded() && plan_.ranges == plan.ranges) {  // the same parts: the state stays, the pieces are made anew
     plan_ = std::move(plan);
     pieces_ = std::move(pieces);

@@ -42,6 +42,10 @@ struct ShardPlan {
   /// Collective, at the end of every step(): every process's updated pieces into every process's parameters, so
   /// that whatever runs after the step sees whole parameters.
   std::function<void()> gather_params;
+  /// Optional, per group and parameter: the 1-d tensor of range.numel elements that holds this process's elements and
+  /// that the step updates, where that is not the parameter's own memory (sharded parameters keep their elements
+  /// apart from the parameter, whose memory is freed between uses). Empty: views of each parameter's memory.
+  std::vector<std::vector<at::Tensor>> pieces;
 };
 
 struct ParamGroup {
