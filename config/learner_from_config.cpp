@@ -138,7 +138,8 @@ DistributedTrainerOptions trainer_options(const DistributedConfig& d) {
           .reducer = {.first_bucket_mb = d.first_bucket_mb,
                       .bucket_cap_mb = d.bucket_cap_mb,
                       .find_unused_parameters = d.find_unused_parameters},
-          .shard = shard_from_name(d.shard)};
+          .shard = shard_from_name(d.shard),
+          .shard_units = d.shard_units};
 }
 
 std::vector<c10::Device> parallel_devices(const DistributedConfig& d) {

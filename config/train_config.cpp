@@ -134,6 +134,8 @@ constexpr Condition tabular_model_only{[](const TrainConfig& c) { return c.model
 constexpr Condition torchvision_only{
     [](const TrainConfig& c) { return c.model.arch.starts_with("resnet") && c.model.arch != "resnet"; },
     "applies to arch = \"resnet18\", \"resnet34\" or \"resnet50\" only"};
+constexpr Condition parameters_sharded{[](const TrainConfig& c) { return c.distributed.shard == "parameters"; },
+                                       "applies to distributed.shard = \"parameters\" only"};
 constexpr Condition synthetic_only{[](const TrainConfig& c) { return c.data.dataset == "synthetic_regression"; },
                                    "applies to dataset = \"synthetic_regression\" only"};
 constexpr Condition hidden_applies{
@@ -496,7 +498,9 @@ const std::vector<Key>& schema() {
       Key("distributed.find_unused_parameters", in::distributed, &DistributedConfig::find_unused_parameters),
       Key("distributed.devices", in::distributed, &DistributedConfig::devices, {}, {.check = devices_fit_the_model}),
       Key("distributed.shard", in::distributed, &DistributedConfig::shard,
-          {.choices = {"none", "optimizer", "gradients"}}, {.check = shard_without_devices}),
+          {.choices = {"none", "optimizer", "gradients", "parameters"}}, {.check = shard_without_devices}),
+      Key("distributed.shard_units", in::distributed, &DistributedConfig::shard_units, {},
+          {.applies = parameters_sharded}),
 
       Key::optional_table("callbacks.early_stopping", in::callbacks, &CallbacksConfig::early_stopping),
       Key("callbacks.early_stopping.monitor", in::early_stopping, &EarlyStoppingConfig::monitor, {},

@@ -132,8 +132,12 @@ struct DistributedConfig {
   /// for n CPU replicas), "cuda" (every visible GPU) or "cuda:N". Empty: one device. Not with several processes.
   std::vector<std::string> devices;
   /// What each rank keeps of the training state: none | optimizer (its share of the optimizer's state) | gradients
-  /// (and its share of the gradients); see DistributedTrainerOptions::shard. Not with devices.
+  /// (and its share of the gradients) | parameters (and of the parameters of each unit); see
+  /// DistributedTrainerOptions::shard. Not with devices.
   std::string shard = "none";
+  /// With shard = parameters: the units, by dotted module path ("*" for any one name); empty: the model's default
+  /// units (DistributedTrainerOptions::shard_units).
+  std::vector<std::string> shard_units;
   bool operator==(const DistributedConfig&) const = default;
 };
 

@@ -426,6 +426,9 @@ class GradReducer::Impl {
       throw DistributedError(fmt::format("gradient reduce_scatter of bucket {} of {} could not start on rank {}: {}", k,
                                          buckets_.size(), group_.ranks()[group_.rank()], error_text(e)));
     }
+    // The work holds its input while it needs it (a collective done when it returns, over shared memory, not at all):
+    // one bucket's whole buffer at a time, not every bucket's until backward ends.
+    b.flat = at::Tensor();
     stats.launched_after.push_back(stats.hooks);
     ++next_launch_;
   }

@@ -638,4 +638,19 @@ TEST(DistributedKeys, ShardReachesTheTrainerAndIsRefusedWithDevices) {
     EXPECT_NE(what.find("distributed.shard"), std::string::npos) << what;
     EXPECT_NE(what.find("distributed.devices"), std::string::npos) << what;
   }
+  // Stage 3 with its units; the units without it are refused by name.
+  const auto units = fl::trainer_options(
+      fl::parse_config("[data]\ndataset = \"synthetic_regression\"\n[distributed]\nshard = \"parameters\"\n"
+                       "shard_units = [\"0.layer*.*\", \"1\"]\n",
+                       "shard.toml", {}, fl::regression_of_data)
+          .distributed);
+  EXPECT_EQ(units.shard, fl::Shard::parameters);
+  EXPECT_EQ(units.shard_units, (std::vector<std::string>{"0.layer*.*", "1"}));
+  try {
+    fl::parse_config("[data]\ndataset = \"synthetic_regression\"\n[distributed]\nshard_units = [\"1\"]\n", "shard.toml",
+                     {}, fl::regression_of_data);
+    ADD_FAILURE() << "shard_units without shard = parameters was accepted";
+  } catch (const fl::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("distributed.shard = \"parameters\""), std::string::npos) << e.what();
+  }
 }

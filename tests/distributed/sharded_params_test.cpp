@@ -11,7 +11,10 @@
 #include <fastlearn/core/cpu_memory_counter.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/safetensors.h>
+#include <fastlearn/learner/callback_order.h>
+#include <fastlearn/learner/checkpoint.h>
 #include <fastlearn/learner/memory_report.h>
+#include <fastlearn/models/weights.h>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -258,4 +261,180 @@ TEST(ShardedParameters, WhatCannotBeShardedIsRefusedByNameAndASkippedUnitFails) 
         fl::teardown_distrib();
       },
       {.env = flt::torchrun_env(2)});
+}
+
+namespace {
+
+constexpr std::int64_t kWidth = 1024, kLayers = 8;  // 8 layers of 1024 x 1024: 8.4M parameters, a unit each
+
+// What the CPU allocator counts over training batch 3 (a step): held at its start, the most held during it, held
+// after the step; the storage-based report after the step.
+struct StepMemory : fl::Callback {
+  StepMemory() { order = fl::cb_order::distributed_trainer + 1; }
+  std::size_t at_start = 0, peak = 0, after = 0;
+  fl::MemoryReport report;
+  void before_batch() override {
+    if (learn().train_iter != 3) return;
+    at_start = fl::cpu_memory_count().current_bytes;
+    fl::reset_cpu_memory_peak();
+  }
+  void after_step() override {
+    if (learn().train_iter != 3) return;
+    const auto count = fl::cpu_memory_count();
+    peak = count.peak_bytes;
+    after = count.current_bytes;
+    report = fl::memory_report(learn());
+  }
+};
+
+StepMemory step_memory(fl::Shard shard) {
+  torch::manual_seed(0);
+  torch::nn::Sequential mlp;
+  for (std::int64_t k = 0; k < kLayers; ++k) {
+    mlp->push_back(torch::nn::Linear(kWidth, kWidth));
+    mlp->push_back(torch::nn::ReLU());
+  }
+  mlp->push_back(torch::nn::Linear(kWidth, 3));
+  auto gen = at::detail::createCPUGenerator(5);
+  auto x = at::randn({48, kWidth}, gen);
+  auto y = at::randint(0, 3, {48}, gen, at::TensorOptions().dtype(at::kLong));
+  auto ds = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
+  fl::Learner learn(fl::DataLoaders(fl::DataLoader(ds, {.bs = kPerRank}), fl::DataLoader(ds, {.bs = 8}), 3), mlp,
+                    fl::cross_entropy(), learner_options("adam"));
+  auto probe = std::make_shared<StepMemory>();
+  learn.add_cb(probe);
+  fl::DistribCtx ctx(learn, {.shard = shard});
+  learn.fit(1, 1e-4);
+  return *probe;
+}
+
+}  // namespace
+
+// Per rank, after a step: the parameters held are at most 1/N of the model plus the two largest units; the most held
+// during the step is at most what was held at its start plus 3 units plus the activations, which are measured as the
+// unsharded run's peak over the same step minus what it held at the step's start. Every figure is printed.
+TEST(ShardedParameters, EachRankHoldsItsShareOfTheParametersAndAFewUnitsAtOnce) {
+  for (const int world : {2, 3}) {
+    flt::run_on_ranks(
+        world,
+        [world](const RankContext& ctx) {
+          fl::count_cpu_memory();
+          fl::setup_distrib({.timeout = std::chrono::seconds(120)});
+          const auto whole = step_memory(fl::Shard::none);
+          const auto ours = step_memory(fl::Shard::parameters);
+          const double model = static_cast<double>(kLayers * (kWidth * kWidth + kWidth) + 3 * kWidth + 3) * 4;
+          const double unit = static_cast<double>(kWidth * kWidth + kWidth) * 4;
+          const double activations = static_cast<double>(whole.peak - whole.at_start);
+          const std::string what = fmt::format("rank {} of {}", ctx.rank, world);
+          std::printf(
+              "%s: parameters held after a step %.2f MB (model %.2f MB, 1/N %.2f MB, unit %.2f MB); during the step "
+              "%.2f MB held at its start, peak %.2f MB (+%.2f MB; unsharded: %.2f MB at its start, peak +%.2f MB)\n",
+              what.c_str(), static_cast<double>(ours.report.parameters) / 1e6, model / 1e6, model / world / 1e6,
+              unit / 1e6, static_cast<double>(ours.at_start) / 1e6, static_cast<double>(ours.peak) / 1e6,
+              static_cast<double>(ours.peak - ours.at_start) / 1e6, static_cast<double>(whole.at_start) / 1e6,
+              activations / 1e6);
+          EXPECT_LE(static_cast<double>(ours.report.parameters), model / world + 2 * unit) << what;
+          EXPECT_LE(static_cast<double>(ours.peak), static_cast<double>(ours.at_start) + 3 * unit + activations)
+              << what;
+          // The unsharded run holds the whole model: the bound above is not loose enough to pass without sharding.
+          EXPECT_GE(static_cast<double>(whole.report.parameters), model) << what;
+          EXPECT_LT(static_cast<double>(ours.at_start) + 3 * unit, static_cast<double>(whole.at_start)) << what;
+          fl::teardown_distrib();
+        },
+        {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(world), .show_output = true});
+  }
+}
+
+namespace {
+
+fs::path checkpoint_root() {
+  return fs::temp_directory_path() / ("fl_fsdp_ckpt_" + std::to_string(flt::test_process_id()));
+}
+
+fs::path first_epoch_checkpoint(const std::string& run) {
+  return checkpoint_root() / run / fl::checkpoint_file_name(1, 0);
+}
+
+// Three epochs of one-cycle Adam on the conv_net (SyncBatchNorm: buffers beside the sharded parameters), checkpointed
+// after each into checkpoint_root() / run, or resumed from `resume`; the model at the end.
+std::vector<at::Tensor> three_epochs(const std::string& run, int world, fl::Shard shard, const fs::path& resume = {}) {
+  auto learn = make_learner("conv_net", "adam", 0, 1);
+  learn->add_cb(
+      std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.dir = checkpoint_root() / run, .keep = 0}));
+  const auto fit = [&] { learn->fit_one_cycle(3, 0.01, {.fit = {.resume_from = resume}}); };
+  if (world > 1) {
+    fl::DistribCtx ctx(*learn, {.reducer = small_buckets(), .shard = shard});
+    fit();
+  } else {
+    fit();
+  }
+  return flt::snapshot(learn->model());
+}
+
+void expect_close(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b, double tol,
+                  const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(a[i].allclose(b[i], tol, tol))
+        << what << ": tensor " << i << " differs by " << (a[i] - b[i]).abs().max().item<double>();
+}
+
+// Every tensor of `file` equals the learner's after loading it (its model and, whole, its optimizer's state).
+void expect_loads_whole(fl::Learner& learn, const fs::path& file, const std::string& what) {
+  const auto saved = fl::load_safetensors(file);
+  fl::load_checkpoint(learn, file);
+  std::map<std::string, at::Tensor> held;
+  for (auto& [name, t] : fl::models::model_tensors(learn.model())) held.emplace(name, t);
+  for (auto& [name, t] : learn.opt().state_tensors()) held.emplace("optimizer/" + name, t);
+  std::size_t compared = 0;
+  for (const auto& [name, t] : saved.tensors) {
+    const auto it = held.find(name);
+    if (it == held.end()) continue;  // the random generators, the step state
+    ++compared;
+    EXPECT_TRUE(it->second.equal(t)) << what << ": " << name;
+  }
+  EXPECT_EQ(compared, held.size()) << what;
+}
+
+}  // namespace
+
+// A checkpoint of 3 ranks with sharded parameters holds the whole model and optimizer state, as 3 unsharded ranks'
+// checkpoint at the same step does; it loads on 2 ranks and in one process with every tensor equal; resumed sharded
+// on 2 ranks it ends within 1e-5 of the same checkpoint resumed unsharded there.
+TEST(ShardedParameters, CheckpointsHoldTheWholeStateAndLoadOnAnyNumberOfRanks) {
+  fs::remove_all(checkpoint_root());
+  flt::run_on_ranks(3,
+                    [](const RankContext&) {
+                      fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+                      three_epochs("3_parameters", 3, fl::Shard::parameters);
+                      three_epochs("3_none", 3, fl::Shard::none);
+                      fl::teardown_distrib();
+                    },
+                    {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(3)});
+  if (flt::in_rank_process()) return;
+  const auto file = first_epoch_checkpoint("3_parameters");
+  const auto sharded = fl::load_safetensors(file), unsharded = fl::load_safetensors(first_epoch_checkpoint("3_none"));
+  ASSERT_EQ(sharded.tensors.size(), unsharded.tensors.size());
+  for (std::size_t i = 0; i < sharded.tensors.size(); ++i) {
+    const auto& [name, t] = sharded.tensors[i];
+    ASSERT_EQ(name, unsharded.tensors[i].first);
+    if (t.is_floating_point())
+      EXPECT_TRUE(t.allclose(unsharded.tensors[i].second, 2e-4, 2e-4)) << name;
+    else
+      EXPECT_TRUE(t.equal(unsharded.tensors[i].second)) << name;
+  }
+  auto one = make_learner("conv_net", "adam", 0, 1);
+  expect_loads_whole(*one, file, "in one process");
+  flt::run_on_ranks(2,
+                    [&file](const RankContext&) {
+                      fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+                      auto learn = make_learner("conv_net", "adam", 0, 1);
+                      fl::DistribCtx ctx(*learn, {.shard = fl::Shard::parameters});
+                      expect_loads_whole(*learn, file, "on 2 ranks");
+                      expect_close(three_epochs("2_from_3", 2, fl::Shard::parameters, file),
+                                   three_epochs("2_from_3_none", 2, fl::Shard::none, file), 1e-5, "3 -> 2");
+                      fl::teardown_distrib();
+                    },
+                    {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(2)});
+  fs::remove_all(checkpoint_root());
 }

@@ -1,5 +1,6 @@
 #include "support/multiprocess.h"
 
+#include <cstdio>
 #include <fastlearn/launch/launcher.h>
 
 #include <arpa/inet.h>
@@ -16,6 +17,7 @@
 
 #include <fcntl.h>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -302,6 +304,7 @@ void run_on_ranks(int world_size, const std::function<void(const RankContext&)>&
   for (const auto& r : results) all_skipped &= r.skipped;
   if (all_skipped) GTEST_SKIP() << "every rank skipped:\n" << results.front().output;
   for (const auto& r : results) {
+    if (options.show_output && r.passed && r.rank == 0) std::printf("--- output of rank 0 ---\n%s", r.output.c_str());
     if (r.passed || r.skipped) continue;
     constexpr std::size_t kTail = 6000;
     const auto& out = r.output;

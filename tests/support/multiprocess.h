@@ -33,6 +33,8 @@ struct MultiProcessOptions {
   std::chrono::milliseconds timeout = std::chrono::seconds(120);  ///< whole run; then every rank is killed
   /// Extra environment variables of a rank's process (e.g. RANK, MASTER_ADDR for env:// tests).
   std::function<std::map<std::string, std::string>(int rank)> env;
+  /// run_on_ranks: also print the output of a rank that passed (rank 0's), for tests that print their figures.
+  bool show_output = false;
 };
 
 /// How one rank ended.
