@@ -364,7 +364,10 @@ class GradReducer::Impl {
     const auto in_order = dense(grad) && grad.strides() == p.tensor.strides()
                               ? grad
                               : at::empty_like(p.tensor, at::MemoryFormat::Preserve).copy_(grad);
-    at::mul_out(slice, memory_order(in_order), share);
+    if (share == 1.0)
+      slice.copy_(memory_order(in_order));
+    else
+      at::mul_out(slice, memory_order(in_order), share);
     grad.reset();
   }
 

@@ -450,13 +450,14 @@ TEST(CInterfaceRanks, RankZeroAloneSavesAndExportsWhileTheOtherRankWorks) {
   if (!flt::in_rank_process()) fs::remove_all(dir);
 }
 
-// With `shard = "gradients"` in the config, each rank keeps its share of the optimizer's state and fl_save is
-// collective: every rank calls it, rank 0 writes the whole state, the same as an unsharded run's file of those steps.
+// With `shard = "gradients"` (or "parameters") in the config, each rank keeps its share of the optimizer's state (and
+// of the parameters) and fl_save is collective: every rank calls it, rank 0 writes the whole state, the same as an
+// unsharded run's file of those steps.
 TEST(CInterfaceRanks, ShardedStepsSaveTheWholeStateWhenEveryRankSaves) {
   const auto dir = fs::temp_directory_path() / fmt::format("fastlearn_c_sharded_{}", flt::test_process_id());
   flt::run_on_ranks(2,
                     [&dir](const flt::RankContext& rank) {
-                      for (const char* shard : {"none", "gradients"}) {
+                      for (const char* shard : {"none", "gradients", "parameters"}) {
                         auto text = config_text(dir / shard, fmt::format("[distributed]\nshard = \"{}\"", shard));
                         text.replace(text.find("held_out = 8\n"), 13, "");
                         fl_learner* learn = nullptr;
@@ -475,17 +476,19 @@ TEST(CInterfaceRanks, ShardedStepsSaveTheWholeStateWhenEveryRankSaves) {
                       }
                       if (rank.rank != 0) return;
                       const auto whole = fl::load_safetensors(dir / "none.safetensors");
-                      const auto sharded = fl::load_safetensors(dir / "gradients.safetensors");
-                      ASSERT_EQ(sharded.tensors.size(), whole.tensors.size());
-                      int optimizer_tensors = 0;
-                      for (std::size_t i = 0; i < whole.tensors.size(); ++i) {
-                        const auto& [name, t] = whole.tensors[i];
-                        ASSERT_EQ(sharded.tensors[i].first, name);
-                        optimizer_tensors += name.starts_with("optimizer/") ? 1 : 0;
-                        if (t.is_floating_point())
-                          EXPECT_TRUE(t.allclose(sharded.tensors[i].second, 1e-6, 1e-6)) << name;
+                      for (const char* stage : {"gradients", "parameters"}) {
+                        const auto sharded = fl::load_safetensors(dir / fmt::format("{}.safetensors", stage));
+                        ASSERT_EQ(sharded.tensors.size(), whole.tensors.size()) << stage;
+                        int optimizer_tensors = 0;
+                        for (std::size_t i = 0; i < whole.tensors.size(); ++i) {
+                          const auto& [name, t] = whole.tensors[i];
+                          ASSERT_EQ(sharded.tensors[i].first, name) << stage;
+                          optimizer_tensors += name.starts_with("optimizer/") ? 1 : 0;
+                          if (t.is_floating_point())
+                            EXPECT_TRUE(t.allclose(sharded.tensors[i].second, 1e-6, 1e-6)) << stage << ": " << name;
+                        }
+                        EXPECT_EQ(optimizer_tensors, 8) << stage << ": Adam's two states of the MLP's 4 parameters";
                       }
-                      EXPECT_EQ(optimizer_tensors, 8) << "Adam's two states of the MLP's 4 parameters";
                     },
                     {.timeout = std::chrono::seconds(120), .env = flt::torchrun_env(2)});
   if (!flt::in_rank_process()) fs::remove_all(dir);

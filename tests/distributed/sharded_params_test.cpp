@@ -10,6 +10,9 @@
 #include <fastlearn/comm/runtime.h>
 #include <fastlearn/core/cpu_memory_counter.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/config/learner_from_config.h>
+#include <fastlearn/config/load_learner.h>
+#include <fastlearn/config/train_config.h>
 #include <fastlearn/core/safetensors.h>
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/checkpoint.h>
@@ -136,7 +139,7 @@ struct ResidencyLog : fl::Callback {
 
 // A unit's parameters have memory only while it runs: freed after its forward (except the last unit's, whose backward
 // comes next) and after each step; with reshard_after_forward off they stay from the forward to the backward. After
-// the fit the model is whole, the same on every rank, and its structure is the user's again.
+// the fit the model is whole, the same on every rank, and its structure is the user's again; lr_find puts it back.
 TEST(ShardedParameters, AUnitsParametersHaveMemoryOnlyWhileItRuns) {
   flt::run_on_ranks(
       2,
@@ -170,6 +173,10 @@ TEST(ShardedParameters, AUnitsParametersHaveMemoryOnlyWhileItRuns) {
           }
           EXPECT_EQ(model->ptr(1).get(), a.ptr().get());
           EXPECT_NO_THROW(model->forward(at::zeros({2, 1, 28, 28})));
+          // lr_find is a fit of its own: it copies the whole model before its first batch and puts it back after.
+          const auto before = flt::snapshot(*model);
+          learn.lr_find({.num_it = 20});
+          EXPECT_TRUE(flt::same_tensors(flt::snapshot(*model), before)) << what << ": lr_find";
         }
         fl::teardown_distrib();
       },
@@ -437,4 +444,45 @@ TEST(ShardedParameters, CheckpointsHoldTheWholeStateAndLoadOnAnyNumberOfRanks) {
                     },
                     {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(2)});
   fs::remove_all(checkpoint_root());
+}
+
+namespace {
+
+fl::TrainConfig regression_config() {
+  return fl::parse_config(
+      "[data]\ndataset = \"synthetic_regression\"\nbs = 16\n[data.synthetic]\nn_train = 192\nn_valid = 64\n"
+      "[model]\narch = \"mlp\"\nhidden = [32, 16]\n[train]\nepochs = 2\n[distributed]\nshard = \"parameters\"\n",
+      "fsdp.toml", {}, fl::regression_of_data);
+}
+
+}  // namespace
+
+// A config with shard = "parameters" trains on 2 ranks; the export rank 0 writes after the fit loads in one process
+// with load_learner and predicts the validation set as the run did.
+TEST(ShardedParameters, AnExportOfAShardedRunPredictsInOneProcessAsTheRunDid) {
+  const auto dir = fs::temp_directory_path() / ("fl_fsdp_export_" + std::to_string(flt::test_process_id()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  flt::run_on_ranks(2,
+                    [&dir](const RankContext& ctx) {
+                      const auto config = regression_config();
+                      auto learn = fl::learner_from_config(config, {.run_callbacks = false, .progress = false});
+                      fl::DistribCtx dctx(*learn, fl::trainer_options(config.distributed));
+                      fl::fit_from_config(*learn, config);
+                      const auto preds = learn->get_preds();  // every rank's share gathered
+                      if (ctx.rank == 0) {
+                        learn->export_to(dir / "export.safetensors");
+                        fl::save_safetensors(dir / "preds.safetensors", {{"preds", preds.preds}});
+                      }
+                    },
+                    {.env = flt::torchrun_env(2)});
+  if (flt::in_rank_process()) return;
+  const auto config = regression_config();
+  auto data = fl::learner_from_config(config, {.run_callbacks = false, .progress = false});
+  auto loaded = fl::load_learner(dir / "export.safetensors", {.device = torch::kCPU});
+  const auto expected = fl::load_safetensors(dir / "preds.safetensors").tensors.front().second;
+  const auto preds = loaded->get_preds(&data->dls().valid()).preds;
+  ASSERT_EQ(preds.sizes(), expected.sizes());
+  EXPECT_TRUE(preds.allclose(expected, 1e-6, 1e-6)) << (preds - expected).abs().max().item<double>();
+  fs::remove_all(dir);
 }

@@ -43,6 +43,7 @@
 #include <map>
 #include <thread>
 
+#include "distributed/sharded_runs.h"
 #include "support/message_of.h"
 #include "support/multiprocess.h"
 #include "support/tiny_tasks.h"
@@ -539,7 +540,7 @@ TEST(NcclTwoGpus, TwoRanksTakeTheStepsOfOneProcessWithTwiceTheBatch) {
 // Sharded gradients on NCCL, in one process with the whole distributed path: the reduce-scatter into shares, the
 // verdicts read back a batch late, the flat parameter buffers all-gathered after each step, the clipping norm reduced,
 // and a collective save; the same weights and saved optimizer state as the run without sharding.
-TEST(NcclWorldOfOne, ShardedGradientsTrainAsUnshardedAndSaveTheWholeState) {
+TEST(NcclWorldOfOne, ShardedGradientsAndParametersTrainAsUnshardedAndSaveTheWholeState) {
   SKIP_WITHOUT_CUDA();
   if (!fl::backend_compiled_in(fl::BackendKind::nccl)) GTEST_SKIP() << "this build has no NCCL backend";
   const auto dir =
@@ -548,7 +549,7 @@ TEST(NcclWorldOfOne, ShardedGradientsTrainAsUnshardedAndSaveTheWholeState) {
       1,
       [&dir](const flt::RankContext&) {
         std::vector<std::vector<at::Tensor>> finals;
-        for (const auto shard : {fl::Shard::none, fl::Shard::gradients}) {
+        for (const auto shard : {fl::Shard::none, fl::Shard::gradients, fl::Shard::parameters}) {
           torch::manual_seed(0);
           auto model = small_conv_net();
           fl::Learner learn(image_loaders(256, 32), model, fl::cross_entropy(),
@@ -563,21 +564,62 @@ TEST(NcclWorldOfOne, ShardedGradientsTrainAsUnshardedAndSaveTheWholeState) {
           for (const auto& p : learn.model().parameters()) params.push_back(p.detach().cpu());
           finals.push_back(std::move(params));
         }
-        ASSERT_EQ(finals[0].size(), finals[1].size());
-        for (std::size_t i = 0; i < finals[0].size(); ++i)
-          EXPECT_TRUE(finals[0][i].allclose(finals[1][i], 1e-4, 1e-4)) << "parameter " << i;
         const auto whole = fl::load_safetensors(dir / "models" / "none.safetensors");
-        const auto sharded = fl::load_safetensors(dir / "models" / "gradients.safetensors");
-        ASSERT_EQ(whole.tensors.size(), sharded.tensors.size());
-        for (std::size_t i = 0; i < whole.tensors.size(); ++i) {
-          EXPECT_EQ(whole.tensors[i].first, sharded.tensors[i].first);
-          if (whole.tensors[i].second.is_floating_point())
-            EXPECT_TRUE(whole.tensors[i].second.allclose(sharded.tensors[i].second, 1e-4, 1e-4))
-                << whole.tensors[i].first;
+        for (std::size_t k = 1; k < finals.size(); ++k) {
+          const std::string stage = k == 1 ? "gradients" : "parameters";
+          ASSERT_EQ(finals[0].size(), finals[k].size());
+          for (std::size_t i = 0; i < finals[0].size(); ++i)
+            EXPECT_TRUE(finals[0][i].allclose(finals[k][i], 1e-4, 1e-4)) << stage << ": parameter " << i;
+          const auto sharded = fl::load_safetensors(dir / "models" / (stage + ".safetensors"));
+          ASSERT_EQ(whole.tensors.size(), sharded.tensors.size());
+          for (std::size_t i = 0; i < whole.tensors.size(); ++i) {
+            EXPECT_EQ(whole.tensors[i].first, sharded.tensors[i].first);
+            if (whole.tensors[i].second.is_floating_point())
+              EXPECT_TRUE(whole.tensors[i].second.allclose(sharded.tensors[i].second, 1e-4, 1e-4))
+                  << stage << ": " << whole.tensors[i].first;
+          }
         }
+#ifdef FASTLEARN_WITH_CUDA
+        // Sharded parameters gather each unit on the stream: the training batches make no host wait.
+        torch::manual_seed(0);
+        auto model = small_conv_net();
+        fl::Learner learn(image_loaders(256, 32), model, fl::cross_entropy(),
+                          {.opt_func = fl::Adam(), .path = dir, .progress = false});
+        auto watch = std::make_shared<SyncWatch>();
+        fl::DistribCtx ctx(learn, {.with_one_process = true, .shard = fl::Shard::parameters},
+                           {.backend = fl::BackendKind::nccl, .timeout = std::chrono::seconds(60),
+                            .env = {.world_size = 1}});
+        {
+          c10::WarningUtils::WarningHandlerGuard handler(watch.get());
+          learn.fit(2, 1e-3, {.cbs = {watch}});
+        }
+        EXPECT_EQ(watch->total(), 0) << "shard = parameters: the host waited for the GPU: " << watch->report();
+        std::cout << "[ gpu      ] shard = parameters: host waits in training batches: " << watch->report() << "\n";
+#endif
       },
       {.timeout = std::chrono::seconds(300), .env = flt::torchrun_env(1)});
   if (!flt::in_rank_process()) std::filesystem::remove_all(dir);
+}
+
+// Two GPUs, a rank on each over NCCL: sharded parameters (each unit gathered on the stream) train as one process fed
+// both ranks' batches. Skips on a machine with fewer GPUs.
+TEST(NcclTwoGpus, ShardedParametersMatchOneProcessWithBothRanksBatches) {
+  SKIP_WITHOUT_CUDA();
+  if (!fl::backend_compiled_in(fl::BackendKind::nccl)) GTEST_SKIP() << "this build has no NCCL backend";
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs, this machine has " << torch::cuda::device_count();
+  flt::run_on_ranks(
+      2,
+      [](const flt::RankContext&) {
+        namespace sharded = fastlearn::testing::sharded;
+        for (const std::string kind : {"mlp", "resnet"}) {
+          const auto reference = sharded::train({.kind = kind, .twin_of = 2});
+          fl::setup_distrib({.backend = fl::BackendKind::nccl, .timeout = std::chrono::seconds(60)});
+          const auto ours = sharded::train({.kind = kind, .world = 2, .shard = fl::Shard::parameters});
+          sharded::expect_same_steps(reference, ours, 1e-4, kind + ": parameters over NCCL");
+          fl::teardown_distrib();
+        }
+      },
+      {.timeout = std::chrono::seconds(300), .env = flt::torchrun_env(2)});
 }
 
 TEST(NcclWorldOfOne, ShutdownAndAbortLeaveNoStuckKernelOrThread) {
