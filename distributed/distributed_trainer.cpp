@@ -182,7 +182,8 @@ void DistributedTrainer::before_fit() {
   }
   if (options_.shard == Shard::parameters) {
     abandon_units();  // what an earlier fit that failed left
-    units_ = std::make_unique<ShardedUnits>(l.model(), options_.shard_units, group(), options_.reshard_after_forward);
+    units_ = std::make_unique<ShardedUnits>(l.model(), options_.shard_units, group(), options_.reshard_after_forward,
+                                            options_.prefetch);
     // A unit's gradients are one bucket from the first step on: the buckets are final, and sharded, from the start.
     reducer_options.rebuild_buckets = false;
     for (const auto& [name, p] : params) reducer_options.unit_of.push_back(units_->unit_of(p));

@@ -63,6 +63,11 @@ struct DistributedTrainerOptions {
   /// With shard = parameters: free a unit's parameters after its forward and gather them again for its backward (the
   /// last unit's are kept, its backward coming next); false keeps every unit's from its forward to its backward.
   bool reshard_after_forward = true;
+  /// With shard = parameters: each unit's forward starts gathering the next unit's parameters, each unit's backward
+  /// the previous one's, so that the transfer overlaps the compute where the backend runs collectives in the
+  /// background (NCCL on its stream, Gloo over TCP on its threads). Over shared memory (ranks on one host, the CPU)
+  /// a collective completes in the call, so it only holds one unit more; off by default (bench: fsdp_vs_torch).
+  bool prefetch = false;
 };
 
 class DistributedTrainer : public Callback {

@@ -1,6 +1,9 @@
 #include <fastlearn/distributed/detail/sharded_step.h>
 
 #include <fastlearn/comm/collectives.h>
+#include <fastlearn/comm/group.h>
+#include <fastlearn/comm/pending_works.h>
+#include <fastlearn/comm/process_group.h>
 #include <fastlearn/core/detail/memory_order.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/grad_reducer.h>
@@ -9,6 +12,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <limits>
 #include <unordered_map>
@@ -145,6 +151,7 @@ void ShardedStep::adopt_units(GradReducer& reducer, Optimizer& opt,
   }
   state->unit_buckets.resize(unit_params.size());
   state->unit_whole.assign(unit_params.size(), false);
+  state->in_flight.resize(unit_params.size());
   const auto me = static_cast<std::int64_t>(group_.rank());
   for (std::size_t k = 0; k < state->buckets.size(); ++k) {
     auto& b = state->buckets[k];
@@ -170,6 +177,7 @@ bool ShardedStep::has_units() const { return state_ && !state_->unit_buckets.emp
 bool ShardedStep::unit_whole(std::size_t u) const { return state_->unit_whole.at(u); }
 
 void ShardedStep::gather_unit(std::size_t u) {
+  finish_prefetch(u);
   if (state_->unit_whole.at(u)) return;
   torch::NoGradGuard no_grad;
   for (const auto k : state_->unit_buckets[u]) {
@@ -180,7 +188,51 @@ void ShardedStep::gather_unit(std::size_t u) {
   state_->unit_whole[u] = true;
 }
 
+void ShardedStep::prefetch_unit(std::size_t u) {
+  if (state_->unit_whole.at(u)) return;
+  torch::NoGradGuard no_grad;
+  check_pending(group_);
+  auto& works = state_->in_flight[u];
+  for (const auto k : state_->unit_buckets[u]) {
+    const auto& b = state_->buckets[k];
+    allocate_memory(b.flat);
+    auto output = b.flat, input = b.share;
+    const auto call = group_.next_call();
+    try {
+      works.emplace_back(group_.backend()._allgather_base(output, input), call);
+    } catch (const std::exception& e) {
+      throw DistributedError(fmt::format("rank {}: the prefetch of unit {}'s parameters could not start: {}",
+                                         group_.ranks()[static_cast<std::size_t>(group_.rank())], u, error_text(e)));
+    }
+  }
+  state_->unit_whole[u] = true;  // on its way: whoever reads or frees it waits first
+}
+
+void ShardedStep::finish_prefetch(std::size_t u) {
+  auto& works = state_->in_flight.at(u);
+  if (works.empty()) return;
+  auto pending = std::move(works);
+  works.clear();
+  const auto mode = wait_mode(group_.kind());
+  for (auto& [work, call] : pending) {
+    const auto what = fmt::format("the prefetch of unit {}'s parameters", u);
+    try {
+      if (mode == WaitMode::stream) {
+        work->wait();  // only the current stream waits
+        group_.pending().add(work, what, call);
+      } else {
+        work->wait(group_.timeout());
+      }
+    } catch (const std::exception& e) {
+      throw DistributedError(fmt::format("{} failed on rank {}: {}.{}", what,
+                                         group_.ranks()[static_cast<std::size_t>(group_.rank())], error_text(e),
+                                         silent_ranks(group_, call)));
+    }
+  }
+}
+
 void ShardedStep::release_unit(std::size_t u) {
+  finish_prefetch(u);
   if (!state_->unit_whole.at(u)) return;
   for (const auto k : state_->unit_buckets[u]) release_memory(state_->buckets[k].flat);
   state_->unit_whole[u] = false;
@@ -195,6 +247,7 @@ void ShardedStep::make_whole(Optimizer& opt) {
   }
   state_->unit_buckets.clear();
   state_->unit_whole.clear();
+  state_->in_flight.clear();
   // The same ranges: the optimizer keeps its state and takes its pieces from the parameters' memory again.
   shard_optimizer(*state_, opt);
 }
@@ -204,6 +257,13 @@ bool ShardedStep::abandon() {
   torch::NoGradGuard no_grad;
   const auto me = static_cast<std::int64_t>(group_.rank());
   for (std::size_t u = 0; u < state_->unit_buckets.size(); ++u) {
+    for (auto& [work, call] : state_->in_flight[u]) {
+      try {
+        work->wait(std::chrono::milliseconds(1));  // its memory is written by nobody once this returns or fails
+      } catch (...) {
+      }
+    }
+    state_->in_flight[u].clear();
     if (state_->unit_whole[u]) continue;
     for (const auto k : state_->unit_buckets[u]) {
       const auto& b = state_->buckets[k];
@@ -275,6 +335,8 @@ void ShardedStep::gather_params(State& state, Group& group) {
   }
   for (std::size_t u = 0; u < state.unit_buckets.size(); ++u) {
     if (!state.unit_whole[u]) continue;
+    for (auto& [work, call] : state.in_flight[u]) work->wait();  // a prefetch the step overtook (not expected)
+    state.in_flight[u].clear();
     for (const auto k : state.unit_buckets[u]) release_memory(state.buckets[k].flat);
     state.unit_whole[u] = false;
   }

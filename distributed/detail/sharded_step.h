@@ -12,12 +12,17 @@
 #include <fastlearn/distributed/detail/shard_layout.h>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
+
+namespace c10d {
+class Work;
+}
 
 namespace fastlearn {
 
@@ -42,8 +47,13 @@ class ShardedStep {
   /// unit's buffers and frees the rest. The parameters must be whole (outside a fit, or before its first step).
   void adopt_units(GradReducer& reducer, Optimizer& opt, const std::vector<std::vector<at::Tensor>>& unit_params);
   bool has_units() const;
-  /// Unit `u`'s parameters get memory and every rank's part (collective); nothing when they are whole.
+  /// Unit `u`'s parameters get memory and every rank's part (collective); nothing when they are whole. A gather
+  /// started by prefetch_unit is waited for (on a GPU: by the stream).
   void gather_unit(std::size_t u);
+  /// Starts gathering unit `u` without waiting for it (collective; nothing when it is whole or on its way): where the
+  /// backend runs collectives in the background (NCCL's stream, Gloo's threads) the transfer overlaps what runs
+  /// until gather_unit(u); over shared memory it completes here.
+  void prefetch_unit(std::size_t u);
   /// Frees unit `u`'s parameters' memory (its share stays).
   void release_unit(std::size_t u);
   bool unit_whole(std::size_t u) const;
@@ -69,8 +79,12 @@ class ShardedStep {
   struct State {
     std::vector<Bucket> buckets;  ///< the reducer's, in its order, then the units' frozen buffers
     std::vector<std::vector<std::size_t>> unit_buckets;
-    std::vector<bool> unit_whole;
+    std::vector<bool> unit_whole;  ///< gathered, or on its way (in_flight)
+    /// Per unit, the works of a prefetch not waited for yet (with the group's call number of each).
+    std::vector<std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, std::int64_t>>> in_flight;
   };
+  // Waits for unit u's prefetch, if any (before its parameters are read or freed).
+  void finish_prefetch(std::size_t u);
   void adopt(const GradReducer& reducer, Optimizer& opt);
   /// The buckets' layout, their flat buffers and the optimizer's ranges and pieces (from `share` where there is one).
   void shard_optimizer(State& state, Optimizer& opt);

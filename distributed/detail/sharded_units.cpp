@@ -94,8 +94,8 @@ struct ShardedUnits::Unit {
 };
 
 ShardedUnits::ShardedUnits(nn::Module& model, const std::vector<std::string>& names, Group& group,
-                           bool reshard_after_forward)
-    : group_(group), reshard_after_forward_(reshard_after_forward) {
+                           bool reshard_after_forward, bool prefetch)
+    : group_(group), reshard_after_forward_(reshard_after_forward), prefetch_(prefetch) {
   const auto modules = model.named_modules("", /*include_self=*/false);
   const auto module_at = [&](const std::string& path) -> nn::Module* {
     if (path.empty()) return &model;
@@ -182,6 +182,7 @@ ShardedUnits::ShardedUnits(nn::Module& model, const std::vector<std::string>& na
     }
     units_.push_back(std::move(unit));
   }
+  backward_pending_.assign(units_.size(), false);
   id_ = next_id++;
   {
     std::lock_guard lock(registry_mutex);
@@ -230,38 +231,35 @@ void ShardedUnits::stop() {
 
 void ShardedUnits::release_all() {
   read_unit_ = -1;
+  backward_pending_.assign(units_.size(), false);
   if (!step_) return;
   for (std::size_t u = 0; u < units_.size(); ++u) step_->release_unit(u);
 }
 
-void ShardedUnits::gather(std::size_t u, bool check) {
-  if (step_->unit_whole(u)) return;
-  // The unit every rank is about to gather, compared first: a rank that skipped a unit (or ran one the others did
-  // not) fails here with both names rather than exchanging one unit's parameters for another's. On a GPU this would
-  // make the host wait: NCCL ranks go without it.
-  if (check && !device_of(group_).is_cuda()) {
-    auto mine = torch::full({1}, static_cast<std::int64_t>(u), torch::kLong);
-    auto all = torch::empty({group_.size()}, torch::kLong);
-    all_gather_into(all, mine, &group_);
-    const auto* seen = all.data_ptr<std::int64_t>();
-    for (int r = 0; r < group_.size(); ++r) {
-      if (seen[r] == static_cast<std::int64_t>(u)) continue;
-      const auto other = static_cast<std::size_t>(seen[r]);
-      throw DistributedError(fmt::format(
-          "rank {}: sharded parameters: this rank gathers unit '{}' for its forward where rank {} gathers unit '{}'; "
-          "every rank must run the same units in the same order (a unit skipped, or run, on some ranks only)",
-          group_.ranks()[static_cast<std::size_t>(group_.rank())], units_[u]->name,
-          group_.ranks()[static_cast<std::size_t>(r)], other < units_.size() ? units_[other]->name : "?"));
-    }
+void ShardedUnits::check_same_unit(std::size_t u) {
+  if (device_of(group_).is_cuda()) return;  // it would make the host wait for the GPU: NCCL ranks go without it
+  auto mine = torch::full({1}, static_cast<std::int64_t>(u), torch::kLong);
+  auto all = torch::empty({group_.size()}, torch::kLong);
+  all_gather_into(all, mine, &group_);
+  const auto* seen = all.data_ptr<std::int64_t>();
+  for (int r = 0; r < group_.size(); ++r) {
+    if (seen[r] == static_cast<std::int64_t>(u)) continue;
+    const auto other = static_cast<std::size_t>(seen[r]);
+    throw DistributedError(fmt::format(
+        "rank {}: sharded parameters: this rank gathers unit '{}' for its forward where rank {} gathers unit '{}'; "
+        "every rank must run the same units in the same order (a unit skipped, or run, on some ranks only)",
+        group_.ranks()[static_cast<std::size_t>(group_.rank())], units_[u]->name,
+        group_.ranks()[static_cast<std::size_t>(r)], other < units_.size() ? units_[other]->name : "?"));
   }
-  step_->gather_unit(u);
 }
 
 at::Tensor ShardedUnits::run(std::size_t u, const at::Tensor& x) {
   auto& unit = *units_.at(u);
   if (!step_) return unit.wrapper->run_entry(x);
   if (read_unit_ == static_cast<std::int64_t>(u)) read_unit_ = -1;  // now the forward's
-  gather(u, /*check=*/true);
+  check_same_unit(u);
+  step_->gather_unit(u);
+  if (prefetch_ && u + 1 < units_.size()) step_->prefetch_unit(u + 1);
   const bool grad = at::GradMode::is_enabled();
   const auto id = id_;
   // The gradient of the input is complete once the unit's backward is done: its parameters can go.
@@ -270,6 +268,7 @@ at::Tensor ShardedUnits::run(std::size_t u, const at::Tensor& x) {
   });
   auto out = unit.wrapper->run_entry(x);
   const bool backward = grad && out.requires_grad();
+  backward_pending_[u] = backward;
   // The unit's backward starts when the gradient of its output is there: its parameters are gathered again first.
   if (backward) out.register_hook([id, u](const at::Tensor&) {
     if (auto* units = find_units(id)) units->before_unit_backward(u);
@@ -280,7 +279,11 @@ at::Tensor ShardedUnits::run(std::size_t u, const at::Tensor& x) {
 }
 
 void ShardedUnits::before_unit_backward(std::size_t u) {
-  if (step_) gather(u, /*check=*/false);
+  if (!step_) return;
+  backward_pending_[u] = false;
+  step_->gather_unit(u);
+  // The unit before runs its backward next (when it has one): its gather can start now.
+  if (prefetch_ && u > 0 && backward_pending_[u - 1]) step_->prefetch_unit(u - 1);
 }
 
 void ShardedUnits::after_unit_backward(std::size_t u) {
@@ -292,7 +295,7 @@ at::Tensor ShardedUnits::whole(const at::Tensor& t) {
   const auto u = unit_of(t);
   if (u < 0) return t;
   if (read_unit_ >= 0 && read_unit_ != u) step_->release_unit(static_cast<std::size_t>(read_unit_));
-  gather(static_cast<std::size_t>(u), /*check=*/false);
+  step_->gather_unit(static_cast<std::size_t>(u));
   read_unit_ = u;
   return t.detach();
 }

@@ -5,8 +5,8 @@
 // gathering its parameters (ShardedStep::gather_unit) and freeing them. LibTorch modules have no hooks: the wrapper
 // is the forward hook, and two autograd functions are the backward ones, one on the unit's output (its backward runs
 // before the unit's: the parameters are gathered again) and one on its input (its backward runs once the unit's is
-// done: they are freed). Every rank must run the same units in the same order; on the CPU each forward's gather is
-// preceded by a check of that (one small collective), so that a rank that skips a unit fails with its name.
+// done: they are freed). Every rank must run the same units in the same order; on the CPU each unit's forward starts
+// with a check of that (one small collective), so that a rank that skips a unit fails with its name.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -30,8 +30,9 @@ class ShardedUnits {
   /// Sequential, else each entry of the Sequentials among its children. Entries without parameters are not units.
   /// ConfigError, naming it, for a name that matches nothing or a module that is not a Sequential's entry, a unit
   /// inside another, a parameter two units share, or no unit at all.
+  /// `prefetch`: each unit's forward starts gathering the next unit, each unit's backward the previous one's.
   ShardedUnits(torch::nn::Module& model, const std::vector<std::string>& names, Group& group,
-               bool reshard_after_forward);
+               bool reshard_after_forward, bool prefetch);
   /// Puts the original entries back.
   ~ShardedUnits();
   ShardedUnits(const ShardedUnits&) = delete;
@@ -63,10 +64,14 @@ class ShardedUnits {
 
  private:
   struct Unit;
-  void gather(std::size_t u, bool check);
+  // Every rank is about to run unit u: compared first (CPU groups), so that a rank that skipped a unit (or ran one the
+  // others did not) fails naming both rather than exchanging one unit's parameters for another's.
+  void check_same_unit(std::size_t u);
 
   Group& group_;
   bool reshard_after_forward_;
+  bool prefetch_;
+  std::vector<bool> backward_pending_;  ///< per unit: its forward registered a backward that has not run
   std::vector<std::unique_ptr<Unit>> units_;
   ShardedStep* step_ = nullptr;
   std::int64_t id_ = 0;           ///< how the autograd functions find this object (see the registry in the .cpp)

@@ -152,6 +152,7 @@ struct RunOptions {
   std::chrono::milliseconds arrival = std::chrono::seconds(30);
   std::vector<std::string> shard_units;  // shard = parameters: the units (default: the top Sequential's entries)
   bool reshard_after_forward = true;
+  bool prefetch = false;
 };
 
 inline std::vector<std::vector<at::Tensor>> train(const RunOptions& o) {
@@ -175,7 +176,8 @@ inline std::vector<std::vector<at::Tensor>> train(const RunOptions& o) {
                                 .shard = o.shard,
                                 .arrival_timeout = o.arrival,
                                 .shard_units = o.shard_units,
-                                .reshard_after_forward = o.reshard_after_forward});
+                                .reshard_after_forward = o.reshard_after_forward,
+                                .prefetch = o.prefetch});
     run();
   } else {
     run();
