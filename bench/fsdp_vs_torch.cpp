@@ -7,7 +7,8 @@
 //    with parameters) vs PyTorch FSDP2 (fully_shard per layer, then the root, its defaults) in Python started by
 //    torchrun (bench/python/fsdp_step.py). ratio = anchor / ours. Also ours unsharded (`ours_ddp`,
 //    `ratio_vs_our_ddp` = ours_ddp / ours).
-//    `ours_prefetch`: ours with DistributedTrainerOptions::prefetch (each unit's gather started by the unit before).
+//    `ours`: prefetch off; `ours_prefetch`: on (each unit's gather started by the unit before; its default is on
+//    except over shared memory).
 //  - fsdp_vs_torch_large_batch: the same with 256 items per rank.
 //  - fsdp_vs_torch_conv_net: models::conv_net 32-64-128-256 (a unit per block), 32 items per rank.
 //  - fsdp_vs_torch_tcp: fsdp_vs_torch with our ranks over Gloo's TCP transport too (SetupOptions::shared_memory off),
@@ -60,7 +61,8 @@ void run_rank(int) {
       const auto& k = kCases[c];
       fl::setup_distrib({.timeout = std::chrono::seconds(300), .shared_memory = k.shared_memory});
       if (fl::rank() == 0 && !out.is_open()) out.open(std::getenv("FASTLEARN_BENCH_OUT"));
-      const fl::DistributedTrainerOptions sharded{.shard = fl::Shard::parameters};
+      fl::DistributedTrainerOptions sharded{.shard = fl::Shard::parameters};
+      sharded.prefetch = false;
       auto prefetched = sharded;
       prefetched.prefetch = true;
       const auto ours = bench::measure_steps(k.model, sharded, k.batch, kSteps, kWarmup);

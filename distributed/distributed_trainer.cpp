@@ -1,6 +1,7 @@
 #include <fastlearn/distributed/distributed_trainer.h>
 
 #include <fastlearn/comm/collectives.h>
+#include <fastlearn/comm/detail/shared_memory_backend.h>
 #include <fastlearn/comm/runtime.h>
 #include <fastlearn/core/detail/warning.h>
 #include <fastlearn/core/error.h>
@@ -18,6 +19,7 @@
 #include <exception>
 #include <set>
 #include <thread>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 namespace fastlearn {
@@ -85,7 +87,7 @@ void DistributedTrainer::attach(Learner& learn) {
   c.enter_collective = [this](const std::string& what) { enter_collective(what); };
   c.model_sharded = [this] { return units_ && units_->started(); };
   c.whole_model_tensor = [this](const at::Tensor& t) { return units_ ? units_->whole(t) : t; };
-  c.fit_failed = [this] { abandon_units(); };
+  c.fit_failed = [this, &learn] { abandon_units(learn); };
   c.any_process_soon = [this](bool mine) {
     if (!reducer_) return mine;  // outside a fit nothing is reduced: only this process's view
     reducer_->vote(mine);
@@ -115,19 +117,23 @@ void DistributedTrainer::enter_collective(const std::string& what) {
   }
 }
 
-void DistributedTrainer::abandon_units() {
+void DistributedTrainer::abandon_units(Learner& learn) {
   if (!units_) return;
-  if (sharded_ && sharded_->abandon())
+  if (sharded_ && sharded_->abandon()) {
+    // The optimizer's pieces are this rank's shares of units that are whole no more: its state goes too.
+    if (learn.has_opt() && learn.opt().sharded()) learn.drop_opt();
     warn(
         "a fit with shard = \"parameters\" failed: the model's parameters could not be gathered from the other "
-        "ranks, so this rank holds its share of them and NaN for the rest; load a checkpoint before using the model");
+        "ranks, so this rank holds its share of them and NaN for the rest, and the optimizer's state is dropped; "
+        "load a checkpoint before using the model");
+  }
   units_.reset();
   sharded_.reset();
   reducer_.reset();
 }
 
 void DistributedTrainer::detach(Learner& learn) {
-  abandon_units();
+  abandon_units(learn);
   unwrap_loaders();
   // A sharded optimizer's state is put back together on every rank while the group still exists (collective: every
   // rank detaches at the same point); when an error unwinds, the peers may be gone, so the state is dropped instead.
@@ -162,6 +168,7 @@ void DistributedTrainer::unwrap_loaders() {
 
 void DistributedTrainer::before_fit() {
   auto& l = learn();
+  abandon_units(l);  // what an earlier fit that failed left, if anything
   std::vector<std::pair<std::string, at::Tensor>> params;
   std::set<const c10::TensorImpl*> seen;  // a weight two layers share is listed under both names: reduce it once
   for (const auto& p : l.model().named_parameters())
@@ -181,9 +188,10 @@ void DistributedTrainer::before_fit() {
     sharded_ = std::make_unique<ShardedStep>(group());
   }
   if (options_.shard == Shard::parameters) {
-    abandon_units();  // what an earlier fit that failed left
+    const bool prefetch =
+        options_.prefetch.value_or(group().backend().getBackendName() != shared_memory_backend_name);
     units_ = std::make_unique<ShardedUnits>(l.model(), options_.shard_units, group(), options_.reshard_after_forward,
-                                            options_.prefetch);
+                                            prefetch);
     // A unit's gradients are one bucket from the first step on: the buckets are final, and sharded, from the start.
     reducer_options.rebuild_buckets = false;
     for (const auto& [name, p] : params) reducer_options.unit_of.push_back(units_->unit_of(p));

@@ -65,9 +65,10 @@ struct DistributedTrainerOptions {
   bool reshard_after_forward = true;
   /// With shard = parameters: each unit's forward starts gathering the next unit's parameters, each unit's backward
   /// the previous one's, so that the transfer overlaps the compute where the backend runs collectives in the
-  /// background (NCCL on its stream, Gloo over TCP on its threads). Over shared memory (ranks on one host, the CPU)
-  /// a collective completes in the call, so it only holds one unit more; off by default (bench: fsdp_vs_torch).
-  bool prefetch = false;
+  /// background (NCCL on its stream, Gloo over TCP on its threads); it holds one unit more. Unset: on, except where
+  /// the group's collectives go through shared memory (CPU ranks of one host), which completes a collective in the
+  /// call, so nothing overlaps (bench: fsdp_vs_torch).
+  std::optional<bool> prefetch;
 };
 
 class DistributedTrainer : public Callback {
@@ -102,7 +103,7 @@ class DistributedTrainer : public Callback {
   void wrap(DataLoader& loader);
   void enter_collective(const std::string& what);
   // After an exception left a fit: the units' parameters given memory again, without a collective.
-  void abandon_units();
+  void abandon_units(Learner& learn);
 
   DistributedTrainerOptions options_;
   std::unique_ptr<GradReducer> reducer_;
