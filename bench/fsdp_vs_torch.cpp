@@ -98,8 +98,8 @@ int main() {
     for (int k = 0; k < kSides; ++k) in >> s[k] >> h[k];
     if (!in || c >= kCases.size()) break;
     if (s[3] <= 0) {
-      std::cerr << "fsdp_vs_torch: the anchor's run of " << kCases[c].row << " did not report (python: "
-                << FASTLEARN_PYTHON << ")\n";
+      std::cerr << "fsdp_vs_torch: the anchor's run of " << kCases[c].row
+                << " did not report (python: " << FASTLEARN_PYTHON << ")\n";
       return 1;
     }
     auto& runs = series[c];

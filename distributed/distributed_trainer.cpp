@@ -188,8 +188,7 @@ void DistributedTrainer::before_fit() {
     sharded_ = std::make_unique<ShardedStep>(group());
   }
   if (options_.shard == Shard::parameters) {
-    const bool prefetch =
-        options_.prefetch.value_or(group().backend().getBackendName() != shared_memory_backend_name);
+    const bool prefetch = options_.prefetch.value_or(group().backend().getBackendName() != shared_memory_backend_name);
     units_ = std::make_unique<ShardedUnits>(l.model(), options_.shard_units, group(), options_.reshard_after_forward,
                                             prefetch);
     // A unit's gradients are one bucket from the first step on: the buckets are final, and sharded, from the start.

@@ -80,8 +80,8 @@ class GradReducer::Impl {
     options_.separate_verdicts = options_.separate_verdicts || options_.scatter;
     layout_final_ = !options_.rebuild_buckets;
     if (!options_.unit_of.empty() && options_.unit_of.size() != params.size())
-      throw ConfigError(fmt::format("GradReducer: unit_of has {} entries for {} parameters", options_.unit_of.size(),
-                                    params.size()));
+      throw ConfigError(
+          fmt::format("GradReducer: unit_of has {} entries for {} parameters", options_.unit_of.size(), params.size()));
     for (std::size_t i = 0; i < params.size(); ++i) {
       auto& [name, t] = params[i];
       const auto unit = options_.unit_of.empty() ? -1 : options_.unit_of[i];

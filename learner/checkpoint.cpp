@@ -104,10 +104,10 @@ namespace {
 std::vector<DeferredTensor> deferred_model_tensors(Learner& learn) {
   std::vector<DeferredTensor> out;
   for (auto& [name, tensor] : models::model_tensors(learn.model())) {
-    out.push_back({.name = name,
-                   .dtype = tensor.scalar_type(),
-                   .shape = tensor.sizes().vec(),
-                   .make = [&learn, t = tensor] { return learn.coordination().whole_model_tensor(t); }});
+    out.push_back(
+        {.name = name, .dtype = tensor.scalar_type(), .shape = tensor.sizes().vec(), .make = [&learn, t = tensor] {
+           return learn.coordination().whole_model_tensor(t);
+         }});
   }
   return out;
 }
@@ -126,9 +126,9 @@ StateToSave capture(Learner& learn, SaveOptions options, bool for_saving, const 
   const bool params_sharded = model_sharded(learn);
   const bool opt_sharded = options.with_opt && learn.has_opt() && learn.opt().sharded();
   if (collective && learn.coordination().enter_collective)
-    learn.coordination().enter_collective(
-        params_sharded ? "saving a checkpoint (the sharded parameters are gathered)"
-                       : "saving a checkpoint (the sharded optimizer's state is gathered)");
+    learn.coordination().enter_collective(params_sharded
+                                              ? "saving a checkpoint (the sharded parameters are gathered)"
+                                              : "saving a checkpoint (the sharded optimizer's state is gathered)");
   StateToSave out;
   if (for_saving && collective && !learn.coordination().is_main()) {
     if (params_sharded) out.deferred = deferred_model_tensors(learn);

@@ -15,8 +15,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <exception>
 #include <cmath>
+#include <exception>
 #include <set>
 
 namespace fastlearn {

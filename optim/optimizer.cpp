@@ -257,7 +257,7 @@ void Optimizer::shard(ShardPlan plan) {
       pieces[g].push_back(given);
     }
   }
-  plan.pieces.clear();  // held as pieces_
+  plan.pieces.clear();                             // held as pieces_
   if (sharded() && plan_.ranges == plan.ranges) {  // the same parts: the state stays, the pieces are made anew
     plan_ = std::move(plan);
     pieces_ = std::move(pieces);

@@ -96,9 +96,9 @@ void ShardedStep::shard_optimizer(State& state, Optimizer& opt) {
       const auto [g, i] = b.opt_index[piece.param];
       plan.ranges[g][i] = {.begin = piece.param_offset, .numel = piece.numel};
       if (!units) continue;
-      plan.pieces[g][i] = b.share.defined() ? b.share.narrow(0, piece.part_offset, piece.numel)
-                                            : memory_order(b.params[piece.param].detach())
-                                                  .narrow(0, piece.param_offset, piece.numel);
+      plan.pieces[g][i] = b.share.defined()
+                              ? b.share.narrow(0, piece.part_offset, piece.numel)
+                              : memory_order(b.params[piece.param].detach()).narrow(0, piece.param_offset, piece.numel);
     }
   }
   // The optimizer keeps the plan after this object (a fit's) is gone: the gather holds the group, which outlives it.
@@ -260,8 +260,7 @@ bool ShardedStep::abandon() {
     for (auto& [work, call] : state_->in_flight[u]) {
       try {
         work->wait(std::chrono::milliseconds(1));  // its memory is written by nobody once this returns or fails
-      } catch (...) {
-      }
+      } catch (...) {}
     }
     state_->in_flight[u].clear();
     if (state_->unit_whole[u]) continue;

@@ -59,7 +59,9 @@ class ShardedUnitImpl : public nn::Module {
 };
 
 // The AnyModule a Sequential runs for entry `i` (what operator[] does not give).
-nn::AnyModule& entry_at(nn::SequentialImpl& seq, std::size_t i) { return *(seq.begin() + static_cast<std::ptrdiff_t>(i)); }
+nn::AnyModule& entry_at(nn::SequentialImpl& seq, std::size_t i) {
+  return *(seq.begin() + static_cast<std::ptrdiff_t>(i));
+}
 
 std::vector<std::string> split_path(const std::string& path) {
   std::vector<std::string> parts;
@@ -153,8 +155,8 @@ ShardedUnits::ShardedUnits(nn::Module& model, const std::vector<std::string>& na
                                       pattern.find('*') != std::string::npos ? "Sequential entry among the " : "",
                                       model.name()));
     }
-    if (slots.empty()) throw ConfigError(fmt::format("shard_units: [{}] name no module with parameters",
-                                                     fmt::join(names, ", ")));
+    if (slots.empty())
+      throw ConfigError(fmt::format("shard_units: [{}] name no module with parameters", fmt::join(names, ", ")));
   }
   // No unit inside another, no parameter in two.
   std::unordered_map<const c10::TensorImpl*, std::size_t> owner;
@@ -263,16 +265,18 @@ at::Tensor ShardedUnits::run(std::size_t u, const at::Tensor& x) {
   const bool grad = at::GradMode::is_enabled();
   const auto id = id_;
   // The gradient of the input is complete once the unit's backward is done: its parameters can go.
-  if (grad && x.requires_grad()) x.register_hook([id, u](const at::Tensor&) {
-    if (auto* units = find_units(id)) units->after_unit_backward(u);
-  });
+  if (grad && x.requires_grad())
+    x.register_hook([id, u](const at::Tensor&) {
+      if (auto* units = find_units(id)) units->after_unit_backward(u);
+    });
   auto out = unit.wrapper->run_entry(x);
   const bool backward = grad && out.requires_grad();
   backward_pending_[u] = backward;
   // The unit's backward starts when the gradient of its output is there: its parameters are gathered again first.
-  if (backward) out.register_hook([id, u](const at::Tensor&) {
-    if (auto* units = find_units(id)) units->before_unit_backward(u);
-  });
+  if (backward)
+    out.register_hook([id, u](const at::Tensor&) {
+      if (auto* units = find_units(id)) units->before_unit_backward(u);
+    });
   // The last unit's backward comes right after the loss: kept rather than gathered again.
   if (!backward || (reshard_after_forward_ && u + 1 < units_.size())) step_->release_unit(u);
   return out;

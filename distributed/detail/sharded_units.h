@@ -74,8 +74,8 @@ class ShardedUnits {
   std::vector<bool> backward_pending_;  ///< per unit: its forward registered a backward that has not run
   std::vector<std::unique_ptr<Unit>> units_;
   ShardedStep* step_ = nullptr;
-  std::int64_t id_ = 0;           ///< how the autograd functions find this object (see the registry in the .cpp)
-  std::int64_t read_unit_ = -1;   ///< the unit whole() gathered last
+  std::int64_t id_ = 0;          ///< how the autograd functions find this object (see the registry in the .cpp)
+  std::int64_t read_unit_ = -1;  ///< the unit whole() gathered last
 };
 
 }  // namespace fastlearn

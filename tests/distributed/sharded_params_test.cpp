@@ -8,11 +8,11 @@
 #include <fastlearn/callbacks/grad_clip.h>
 #include <fastlearn/comm/collectives.h>
 #include <fastlearn/comm/runtime.h>
-#include <fastlearn/core/cpu_memory_counter.h>
-#include <fastlearn/core/error.h>
 #include <fastlearn/config/learner_from_config.h>
 #include <fastlearn/config/load_learner.h>
 #include <fastlearn/config/train_config.h>
+#include <fastlearn/core/cpu_memory_counter.h>
+#include <fastlearn/core/error.h>
 #include <fastlearn/core/safetensors.h>
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/checkpoint.h>
@@ -49,25 +49,25 @@ class ShardedParamsEquivalence : public ::testing::TestWithParam<std::tuple<std:
 TEST_P(ShardedParamsEquivalence, MatchesOneProcessWithEveryRanksBatch) {
   const std::string kind = std::get<0>(GetParam());
   const int world = std::get<1>(GetParam());
-  flt::run_on_ranks(world,
-                    [&kind, world](const RankContext&) {
-                      const auto reference = train({.kind = kind, .twin_of = world});
-                      fl::setup_distrib({.timeout = std::chrono::seconds(60)});
-                      const auto ours = train({.kind = kind, .world = world, .shard = fl::Shard::parameters});
-                      expect_same_steps(reference, ours, tolerance(kind), "parameters");
-                      const auto kept = train(
-                          {.kind = kind, .world = world, .shard = fl::Shard::parameters, .reshard_after_forward = false});
-                      const auto prefetched =
-                          train({.kind = kind, .world = world, .shard = fl::Shard::parameters, .prefetch = true});
-                      ASSERT_EQ(kept.size(), ours.size());
-                      ASSERT_EQ(prefetched.size(), ours.size());
-                      for (std::size_t s = 0; s < ours.size(); ++s) {
-                        EXPECT_TRUE(flt::same_tensors(kept[s], ours[s])) << "reshard_after_forward off, step " << s;
-                        EXPECT_TRUE(flt::same_tensors(prefetched[s], ours[s])) << "prefetch, step " << s;
-                      }
-                      fl::teardown_distrib();
-                    },
-                    {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(world)});
+  flt::run_on_ranks(
+      world,
+      [&kind, world](const RankContext&) {
+        const auto reference = train({.kind = kind, .twin_of = world});
+        fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+        const auto ours = train({.kind = kind, .world = world, .shard = fl::Shard::parameters});
+        expect_same_steps(reference, ours, tolerance(kind), "parameters");
+        const auto kept =
+            train({.kind = kind, .world = world, .shard = fl::Shard::parameters, .reshard_after_forward = false});
+        const auto prefetched = train({.kind = kind, .world = world, .shard = fl::Shard::parameters, .prefetch = true});
+        ASSERT_EQ(kept.size(), ours.size());
+        ASSERT_EQ(prefetched.size(), ours.size());
+        for (std::size_t s = 0; s < ours.size(); ++s) {
+          EXPECT_TRUE(flt::same_tensors(kept[s], ours[s])) << "reshard_after_forward off, step " << s;
+          EXPECT_TRUE(flt::same_tensors(prefetched[s], ours[s])) << "prefetch, step " << s;
+        }
+        fl::teardown_distrib();
+      },
+      {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(world)});
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ShardedParamsEquivalence,
@@ -105,7 +105,8 @@ TEST(ShardedParameters, SgdAccumulationBf16ChannelsLastFineTuneAndClippingMatchO
                           "bf16");
         expect_same_steps(tuned_reference, train({.kind = "resnet", .world = 2, .shard = stage3, .fine_tune = true}),
                           tolerance("resnet"), "fine_tune");
-        expect_same_steps(cl_reference, train({.kind = "conv_net", .world = 2, .shard = stage3, .setup = channels_last}),
+        expect_same_steps(cl_reference,
+                          train({.kind = "conv_net", .world = 2, .shard = stage3, .setup = channels_last}),
                           tolerance("conv_net"), "channels-last");
         expect_same_steps(clip_reference, train({.world = 2, .shard = stage3, .setup = clip}), 1e-5, "clipping");
         fl::teardown_distrib();
@@ -146,46 +147,46 @@ struct ResidencyLog : fl::Callback {
 // comes next) and after each step; with reshard_after_forward off they stay from the forward to the backward. After
 // the fit the model is whole, the same on every rank, and its structure is the user's again; lr_find puts it back.
 TEST(ShardedParameters, AUnitsParametersHaveMemoryOnlyWhileItRuns) {
-  flt::run_on_ranks(
-      2,
-      [](const RankContext&) {
-        fl::setup_distrib({.timeout = std::chrono::seconds(60)});
-        for (const bool reshard : {true, false}) {
-          torch::manual_seed(0);
-          torch::nn::Linear a(28 * 28, 16), b(16, 8), c(8, 3);
-          const std::vector<at::Tensor> weights{a->weight, b->weight, c->weight};
-          Probe first(weights), second(weights);
-          torch::nn::Sequential model(torch::nn::Flatten(), a, first, b, second, c);
-          fl::Learner learn(loaders("mlp", 0, 1), model, fl::cross_entropy(), learner_options("adam"));
-          auto log = std::make_shared<ResidencyLog>();
-          log->weights = weights;
-          learn.add_cb(log);
-          fl::DistribCtx ctx(learn, {.shard = fl::Shard::parameters, .reshard_after_forward = reshard});
-          learn.fit(1);
-          const std::string what = reshard ? "reshard_after_forward" : "kept until backward";
-          ASSERT_EQ(first->log.size(), 6u) << what;
-          for (std::size_t i = 0; i < first->log.size(); ++i) {
-            EXPECT_EQ(first->log[i], reshard ? "000" : "100") << what << ", batch " << i;
-            EXPECT_EQ(second->log[i], reshard ? "000" : "110") << what << ", batch " << i;
-            EXPECT_EQ(log->after_step_log[i], "000") << what << ", batch " << i;
-          }
-          // Whole after the fit, equal on every rank; the Sequential runs its own entries again.
-          for (const auto& p : model->parameters()) {
-            EXPECT_GE(p.storage().nbytes(), static_cast<std::size_t>(p.numel()) * 4);
-            auto theirs = p.detach().clone();
-            fl::broadcast(theirs, 0);
-            EXPECT_TRUE(theirs.equal(p)) << what;
-          }
-          EXPECT_EQ(model->ptr(1).get(), a.ptr().get());
-          EXPECT_NO_THROW(model->forward(at::zeros({2, 1, 28, 28})));
-          // lr_find is a fit of its own: it copies the whole model before its first batch and puts it back after.
-          const auto before = flt::snapshot(*model);
-          learn.lr_find({.num_it = 20});
-          EXPECT_TRUE(flt::same_tensors(flt::snapshot(*model), before)) << what << ": lr_find";
-        }
-        fl::teardown_distrib();
-      },
-      {.env = flt::torchrun_env(2)});
+  flt::run_on_ranks(2,
+                    [](const RankContext&) {
+                      fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+                      for (const bool reshard : {true, false}) {
+                        torch::manual_seed(0);
+                        torch::nn::Linear a(28 * 28, 16), b(16, 8), c(8, 3);
+                        const std::vector<at::Tensor> weights{a->weight, b->weight, c->weight};
+                        Probe first(weights), second(weights);
+                        torch::nn::Sequential model(torch::nn::Flatten(), a, first, b, second, c);
+                        fl::Learner learn(loaders("mlp", 0, 1), model, fl::cross_entropy(), learner_options("adam"));
+                        auto log = std::make_shared<ResidencyLog>();
+                        log->weights = weights;
+                        learn.add_cb(log);
+                        fl::DistribCtx ctx(learn, {.shard = fl::Shard::parameters, .reshard_after_forward = reshard});
+                        learn.fit(1);
+                        const std::string what = reshard ? "reshard_after_forward" : "kept until backward";
+                        ASSERT_EQ(first->log.size(), 6u) << what;
+                        for (std::size_t i = 0; i < first->log.size(); ++i) {
+                          EXPECT_EQ(first->log[i], reshard ? "000" : "100") << what << ", batch " << i;
+                          EXPECT_EQ(second->log[i], reshard ? "000" : "110") << what << ", batch " << i;
+                          EXPECT_EQ(log->after_step_log[i], "000") << what << ", batch " << i;
+                        }
+                        // Whole after the fit, equal on every rank; the Sequential runs its own entries again.
+                        for (const auto& p : model->parameters()) {
+                          EXPECT_GE(p.storage().nbytes(), static_cast<std::size_t>(p.numel()) * 4);
+                          auto theirs = p.detach().clone();
+                          fl::broadcast(theirs, 0);
+                          EXPECT_TRUE(theirs.equal(p)) << what;
+                        }
+                        EXPECT_EQ(model->ptr(1).get(), a.ptr().get());
+                        EXPECT_NO_THROW(model->forward(at::zeros({2, 1, 28, 28})));
+                        // lr_find is a fit of its own: it copies the whole model before its first batch and puts it
+                        // back after.
+                        const auto before = flt::snapshot(*model);
+                        learn.lr_find({.num_it = 20});
+                        EXPECT_TRUE(flt::same_tensors(flt::snapshot(*model), before)) << what << ": lr_find";
+                      }
+                      fl::teardown_distrib();
+                    },
+                    {.env = flt::torchrun_env(2)});
 }
 
 namespace {
@@ -243,8 +244,8 @@ TEST(ShardedParameters, WhatCannotBeShardedIsRefusedByNameAndASkippedUnitFails) 
           expect_error(fit_error(learn, {.shard = stage3}), {"PlainImpl", "shard_units"}, "no Sequential");
           expect_error(fit_error(learn, {.shard = stage3, .shard_units = {"fc"}}),
                        {"'fc'", "not an entry of a Sequential"}, "not an entry");
-          expect_error(fit_error(learn, {.shard = stage3, .shard_units = {"head.*"}}), {"'head.*' names no Sequential entry"},
-                       "unknown name");
+          expect_error(fit_error(learn, {.shard = stage3, .shard_units = {"head.*"}}),
+                       {"'head.*' names no Sequential entry"}, "unknown name");
         }
         {
           auto learn = make_learner("tabular", "adam", 0, 1);
@@ -374,8 +375,7 @@ fs::path first_epoch_checkpoint(const std::string& run) {
 // after each into checkpoint_root() / run, or resumed from `resume`; the model at the end.
 std::vector<at::Tensor> three_epochs(const std::string& run, int world, fl::Shard shard, const fs::path& resume = {}) {
   auto learn = make_learner("conv_net", "adam", 0, 1);
-  learn->add_cb(
-      std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.dir = checkpoint_root() / run, .keep = 0}));
+  learn->add_cb(std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.dir = checkpoint_root() / run, .keep = 0}));
   const auto fit = [&] { learn->fit_one_cycle(3, 0.01, {.fit = {.resume_from = resume}}); };
   if (world > 1) {
     fl::DistribCtx ctx(*learn, {.reducer = small_buckets(), .shard = shard});

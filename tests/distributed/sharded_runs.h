@@ -88,7 +88,7 @@ inline fl::LearnerOptions learner_options(const std::string& opt, fl::Splitter s
 // "mlp": a 7x33 weight and a 1-element bias (whose share is empty on every rank but one) among larger ones.
 // "tied": a layer used twice. "resnet" comes split into body and head (two parameter groups, fine_tune).
 inline std::unique_ptr<fl::Learner> make_learner(const std::string& kind, const std::string& opt, int twin_of,
-                                          int micro_batches) {
+                                                 int micro_batches) {
   torch::manual_seed(0);
   auto dls = loaders(kind, twin_of, micro_batches);
   if (kind == "tied") {  // one layer applied twice: its weight is listed under two names
@@ -189,8 +189,8 @@ inline std::vector<std::vector<at::Tensor>> train(const RunOptions& o) {
 // batch's std amplifies (see distributed_trainer_test's measurements).
 inline double tolerance(const std::string& kind) { return kind == "mlp" ? 1e-5 : 2e-4; }
 
-inline void expect_same_steps(const std::vector<std::vector<at::Tensor>>& a, const std::vector<std::vector<at::Tensor>>& b,
-                       double tol, const std::string& what) {
+inline void expect_same_steps(const std::vector<std::vector<at::Tensor>>& a,
+                              const std::vector<std::vector<at::Tensor>>& b, double tol, const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
   ASSERT_GE(a.size(), 5u) << what;
   for (std::size_t s = 0; s < a.size(); ++s) {

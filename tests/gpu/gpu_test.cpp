@@ -586,9 +586,9 @@ TEST(NcclWorldOfOne, ShardedGradientsAndParametersTrainAsUnshardedAndSaveTheWhol
         fl::Learner learn(image_loaders(256, 32), model, fl::cross_entropy(),
                           {.opt_func = fl::Adam(), .path = dir, .progress = false});
         auto watch = std::make_shared<SyncWatch>();
-        fl::DistribCtx ctx(learn, {.with_one_process = true, .shard = fl::Shard::parameters},
-                           {.backend = fl::BackendKind::nccl, .timeout = std::chrono::seconds(60),
-                            .env = {.world_size = 1}});
+        fl::DistribCtx ctx(
+            learn, {.with_one_process = true, .shard = fl::Shard::parameters},
+            {.backend = fl::BackendKind::nccl, .timeout = std::chrono::seconds(60), .env = {.world_size = 1}});
         {
           c10::WarningUtils::WarningHandlerGuard handler(watch.get());
           learn.fit(2, 1e-3, {.cbs = {watch}});
@@ -607,19 +607,18 @@ TEST(NcclTwoGpus, ShardedParametersMatchOneProcessWithBothRanksBatches) {
   SKIP_WITHOUT_CUDA();
   if (!fl::backend_compiled_in(fl::BackendKind::nccl)) GTEST_SKIP() << "this build has no NCCL backend";
   if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs, this machine has " << torch::cuda::device_count();
-  flt::run_on_ranks(
-      2,
-      [](const flt::RankContext&) {
-        namespace sharded = fastlearn::testing::sharded;
-        for (const std::string kind : {"mlp", "resnet"}) {
-          const auto reference = sharded::train({.kind = kind, .twin_of = 2});
-          fl::setup_distrib({.backend = fl::BackendKind::nccl, .timeout = std::chrono::seconds(60)});
-          const auto ours = sharded::train({.kind = kind, .world = 2, .shard = fl::Shard::parameters});
-          sharded::expect_same_steps(reference, ours, 1e-4, kind + ": parameters over NCCL");
-          fl::teardown_distrib();
-        }
-      },
-      {.timeout = std::chrono::seconds(300), .env = flt::torchrun_env(2)});
+  flt::run_on_ranks(2,
+                    [](const flt::RankContext&) {
+                      namespace sharded = fastlearn::testing::sharded;
+                      for (const std::string kind : {"mlp", "resnet"}) {
+                        const auto reference = sharded::train({.kind = kind, .twin_of = 2});
+                        fl::setup_distrib({.backend = fl::BackendKind::nccl, .timeout = std::chrono::seconds(60)});
+                        const auto ours = sharded::train({.kind = kind, .world = 2, .shard = fl::Shard::parameters});
+                        sharded::expect_same_steps(reference, ours, 1e-4, kind + ": parameters over NCCL");
+                        fl::teardown_distrib();
+                      }
+                    },
+                    {.timeout = std::chrono::seconds(300), .env = flt::torchrun_env(2)});
 }
 
 TEST(NcclWorldOfOne, ShutdownAndAbortLeaveNoStuckKernelOrThread) {

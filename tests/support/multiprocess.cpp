@@ -1,7 +1,7 @@
 #include "support/multiprocess.h"
 
-#include <cstdio>
 #include <fastlearn/launch/launcher.h>
+#include <cstdio>
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
