@@ -10,9 +10,7 @@ the median, min and max seconds per step, then the bytes of the unique local sto
 gradients and the optimizer's state on rank 0 after the last backward.
 usage: torchrun --nproc-per-node 2 fsdp_step.py BS STEPS MODEL
 """
-import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -20,7 +18,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from zero_step import make_model
+from zero_step import make_model, timed_steps
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -51,21 +49,7 @@ def main() -> None:
             fully_shard(child, mesh=mesh)
     fully_shard(net, mesh=mesh)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3, betas=(0.9, 0.99), eps=1e-5, weight_decay=0.01)
-    shape = (bs, 1024) if name == "mlp_8x1024" else (bs, 1, 28, 28)
-    x, y = torch.randn(*shape), torch.randint(0, 3, (bs,))
-    times, held = [], 0
-    for step in range(steps + 5):
-        dist.barrier()
-        start = time.perf_counter()
-        torch.nn.functional.cross_entropy(net(x), y).backward()
-        if step == steps + 4:
-            held = held_bytes(net, opt)
-        opt.step()
-        opt.zero_grad()
-        if step >= 5:
-            times.append(time.perf_counter() - start)
-    if dist.get_rank() == 0:
-        print(f"{statistics.median(times):.6f} {min(times):.6f} {max(times):.6f} {held}", flush=True)
+    timed_steps(net, opt, name, bs, steps, lambda: held_bytes(net, opt))
     dist.destroy_process_group()
 
 

@@ -43,6 +43,26 @@ def held_bytes(model: nn.Module, opt: ZeroRedundancyOptimizer) -> int:
     return total
 
 
+def timed_steps(model: nn.Module, opt, name: str, bs: int, steps: int, held) -> None:
+    """STEPS + 5 steps on a fixed random batch (the first 5 not timed), each from a barrier; rank 0 prints the median,
+    min and max seconds per step, then held() as measured after the last backward."""
+    shape = (bs, 1024) if name == "mlp_8x1024" else (bs, 1, 28, 28)
+    x, y = torch.randn(*shape), torch.randint(0, 3, (bs,))
+    times, held_after = [], 0
+    for step in range(steps + 5):
+        dist.barrier()
+        start = time.perf_counter()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        if step == steps + 4:
+            held_after = held()
+        opt.step()
+        opt.zero_grad()
+        if step >= 5:
+            times.append(time.perf_counter() - start)
+    if dist.get_rank() == 0:
+        print(f"{statistics.median(times):.6f} {min(times):.6f} {max(times):.6f} {held_after}", flush=True)
+
+
 def main() -> None:
     bs, steps, name = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     dist.init_process_group("gloo")
@@ -51,21 +71,7 @@ def main() -> None:
     model = torch.nn.parallel.DistributedDataParallel(net)
     opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3, betas=(0.9, 0.99),
                                   eps=1e-5, weight_decay=0.01)
-    shape = (bs, 1024) if name == "mlp_8x1024" else (bs, 1, 28, 28)
-    x, y = torch.randn(*shape), torch.randint(0, 3, (bs,))
-    times, held = [], 0
-    for step in range(steps + 5):
-        dist.barrier()
-        start = time.perf_counter()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        if step == steps + 4:
-            held = held_bytes(net, opt)
-        opt.step()
-        opt.zero_grad()
-        if step >= 5:
-            times.append(time.perf_counter() - start)
-    if dist.get_rank() == 0:
-        print(f"{statistics.median(times):.6f} {min(times):.6f} {max(times):.6f} {held}", flush=True)
+    timed_steps(model, opt, name, bs, steps, lambda: held_bytes(net, opt))
     dist.destroy_process_group()
 
 

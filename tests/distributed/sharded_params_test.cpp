@@ -37,6 +37,7 @@ namespace flt = fastlearn::testing;
 namespace fs = std::filesystem;
 using flt::RankContext;
 using namespace fastlearn::testing::sharded;
+namespace sharded = fastlearn::testing::sharded;
 
 namespace {
 
@@ -73,9 +74,7 @@ TEST_P(ShardedParamsEquivalence, MatchesOneProcessWithEveryRanksBatch) {
 INSTANTIATE_TEST_SUITE_P(Models, ShardedParamsEquivalence,
                          ::testing::Combine(::testing::Values("mlp", "conv_net", "resnet", "tabular"),
                                             ::testing::Values(2, 3)),
-                         [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& p) {
-                           return std::get<0>(p.param) + "_" + std::to_string(std::get<1>(p.param)) + "_ranks";
-                         });
+                         model_and_ranks);
 
 // SGD with nesterov momentum, gradient accumulation (the shares summed over the micro-batches), bf16 autocast,
 // channels-last parameters, fine_tune's frozen body (whose units' frozen parameters are sharded too, and whose
@@ -371,27 +370,9 @@ fs::path first_epoch_checkpoint(const std::string& run) {
   return checkpoint_root() / run / fl::checkpoint_file_name(1, 0);
 }
 
-// Three epochs of one-cycle Adam on the conv_net (SyncBatchNorm: buffers beside the sharded parameters), checkpointed
-// after each into checkpoint_root() / run, or resumed from `resume`; the model at the end.
+// Three epochs of the conv_net (sharded_runs.h), checkpointed into checkpoint_root() / run.
 std::vector<at::Tensor> three_epochs(const std::string& run, int world, fl::Shard shard, const fs::path& resume = {}) {
-  auto learn = make_learner("conv_net", "adam", 0, 1);
-  learn->add_cb(std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.dir = checkpoint_root() / run, .keep = 0}));
-  const auto fit = [&] { learn->fit_one_cycle(3, 0.01, {.fit = {.resume_from = resume}}); };
-  if (world > 1) {
-    fl::DistribCtx ctx(*learn, {.reducer = small_buckets(), .shard = shard});
-    fit();
-  } else {
-    fit();
-  }
-  return flt::snapshot(learn->model());
-}
-
-void expect_close(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b, double tol,
-                  const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    EXPECT_TRUE(a[i].allclose(b[i], tol, tol))
-        << what << ": tensor " << i << " differs by " << (a[i] - b[i]).abs().max().item<double>();
+  return sharded::three_epochs("conv_net", checkpoint_root() / run, world, shard, resume);
 }
 
 // Every tensor of `file` equals the learner's after loading it (its model and, whole, its optimizer's state).

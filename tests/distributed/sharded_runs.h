@@ -2,6 +2,7 @@
 // The runs that the sharded training tests (ZeRO stages 1 to 3) compare: tiny models (an mlp whose small parameters
 // straddle ranks, conv_net, a resnet, the tabular model, a tied weight), each trained on this rank's share of the batch
 // or, with `twin_of` ranks, in one process fed every rank's samples as one batch, and the parameters after each step.
+#include <fastlearn/callbacks/checkpointing.h>
 #include <fastlearn/callbacks/grad_accumulation.h>
 #include <fastlearn/callbacks/mixed_precision.h>
 #include <fastlearn/distributed/distrib_ctx.h>
@@ -17,7 +18,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "support/tiny_tasks.h"
@@ -201,6 +204,35 @@ inline void expect_same_steps(const std::vector<std::vector<at::Tensor>>& a,
                                                        << (a[s][i] - b[s][i]).abs().max().item<double>();
     }
   }
+}
+
+// Three epochs of one-cycle Adam on `kind`, checkpointed after each into `dir`, or resumed from `resume`; the model's
+// parameters and buffers at the end.
+inline std::vector<at::Tensor> three_epochs(const std::string& kind, const std::filesystem::path& dir, int world,
+                                            fl::Shard shard, const std::filesystem::path& resume = {}) {
+  auto learn = make_learner(kind, "adam", 0, 1);
+  learn->add_cb(std::make_shared<fl::Checkpointer>(fl::CheckpointerOptions{.dir = dir, .keep = 0}));
+  const auto fit = [&] { learn->fit_one_cycle(3, 0.01, {.fit = {.resume_from = resume}}); };
+  if (world > 1) {
+    fl::DistribCtx ctx(*learn, {.reducer = small_buckets(), .shard = shard});
+    fit();
+  } else {
+    fit();
+  }
+  return flt::snapshot(learn->model());
+}
+
+inline void expect_close(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b, double tol,
+                         const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(a[i].allclose(b[i], tol, tol))
+        << what << ": tensor " << i << " differs by " << (a[i] - b[i]).abs().max().item<double>();
+}
+
+// The name of a (model, ranks) test parameter: "mlp_2_ranks".
+inline std::string model_and_ranks(const ::testing::TestParamInfo<std::tuple<std::string, int>>& p) {
+  return std::get<0>(p.param) + "_" + std::to_string(std::get<1>(p.param)) + "_ranks";
 }
 
 }  // namespace fastlearn::testing::sharded
