@@ -135,8 +135,8 @@ struct DistributedConfig {
   /// (and its share of the gradients) | parameters (and of the parameters of each unit); see
   /// DistributedTrainerOptions::shard. Not with devices.
   std::string shard = "none";
-  /// With shard = parameters: the units, by dotted module path ("*" for any one name); empty: the model's default
-  /// units (DistributedTrainerOptions::shard_units).
+  /// With shard = parameters: the units, by dotted module path ("*" for any characters of one name); empty: the model's
+  /// default units (DistributedTrainerOptions::shard_units).
   std::vector<std::string> shard_units;
   bool operator==(const DistributedConfig&) const = default;
 };

@@ -55,10 +55,10 @@ struct DistributedTrainerOptions {
   /// the group's timeout.
   std::chrono::milliseconds arrival_timeout = std::chrono::seconds(30);
   /// With shard = parameters, the units: modules of the model by their dotted path as in named_modules ("*" stands for
-  /// any one name: "0.layer*.*" is every residual block of a vision model), each an entry of a Sequential (LibTorch
-  /// modules have no hooks: the Sequential runs a wrapper in the entry's place during a fit). Empty: each entry of the
-  /// model when it is a Sequential, else each entry of the Sequentials among its children. Parameters outside every
-  /// unit stay whole on every rank (sharded as with "gradients").
+  /// any characters of one name: "0.layer*.*" is every residual block of a vision model), each an entry of a Sequential
+  /// (LibTorch modules have no hooks: the Sequential runs a wrapper in the entry's place during a fit). Empty: each
+  /// entry of the model when it is a Sequential, else each entry of the Sequentials among its children. Parameters
+  /// outside every unit stay whole on every rank (sharded as with "gradients").
   std::vector<std::string> shard_units;
   /// With shard = parameters: free a unit's parameters after its forward and gather them again for its backward (the
   /// last unit's are kept, its backward coming next); false keeps every unit's from its forward to its backward.

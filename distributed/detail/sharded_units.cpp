@@ -7,6 +7,7 @@
 #include <fastlearn/distributed/detail/sharded_step.h>
 
 #include <fmt/format.h>
+#include <fnmatch.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
@@ -74,11 +75,12 @@ std::vector<std::string> split_path(const std::string& path) {
   }
 }
 
+// Name by name: a '*' in a name of the pattern stands for any characters of that name ("layer*" for "layer1").
 bool matches(const std::string& pattern, const std::string& path) {
   const auto want = split_path(pattern), have = split_path(path);
   if (want.size() != have.size()) return false;
   for (std::size_t i = 0; i < want.size(); ++i)
-    if (want[i] != "*" && want[i] != have[i]) return false;
+    if (fnmatch(want[i].c_str(), have[i].c_str(), 0) != 0) return false;
   return true;
 }
 

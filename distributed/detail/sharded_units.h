@@ -26,11 +26,11 @@ class ShardedStep;
 class ShardedUnits {
  public:
   /// Finds and wraps the units of `model`: the modules named by `names` (dotted paths as in named_modules; "*" stands
-  /// for any one name), each an entry of a Sequential; when `names` is empty, each entry of the model if it is a
-  /// Sequential, else each entry of the Sequentials among its children. Entries without parameters are not units.
-  /// ConfigError, naming it, for a name that matches nothing or a module that is not a Sequential's entry, a unit
-  /// inside another, a parameter two units share, or no unit at all.
-  /// `prefetch`: each unit's forward starts gathering the next unit, each unit's backward the previous one's.
+  /// for any characters of one name), each an entry of a Sequential; when `names` is empty, each entry of the model if
+  /// it is a Sequential, else each entry of the Sequentials among its children. Entries without parameters are not
+  /// units. ConfigError, naming it, for a name that matches nothing or a module that is not a Sequential's entry, a
+  /// unit inside another, a parameter two units share, or no unit at all. `prefetch`: each unit's forward starts
+  /// gathering the next unit, each unit's backward the previous one's.
   ShardedUnits(torch::nn::Module& model, const std::vector<std::string>& names, Group& group,
                bool reshard_after_forward, bool prefetch);
   /// Puts the original entries back.

@@ -17,6 +17,7 @@
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/checkpoint.h>
 #include <fastlearn/learner/memory_report.h>
+#include <fastlearn/models/vision_model.h>
 #include <fastlearn/models/weights.h>
 
 #include <fmt/format.h>
@@ -498,4 +499,45 @@ TEST(ShardedParameters, PrefetchedGathersOverGlooTcpGiveTheSameSteps) {
                       env["FASTLEARN_SHARED_MEMORY"] = "0";
                       return env;
                     }});
+}
+
+namespace {
+
+// The parameter bytes this rank holds after the first step.
+struct HeldAfterFirstStep : fl::Callback {
+  std::int64_t bytes = 0;
+  void after_step() override {
+    if (bytes == 0) bytes = fl::memory_report(learn()).parameters;
+  }
+};
+
+}  // namespace
+
+// shard_units by pattern: "0.layer*.*" makes each residual block of a vision_model's torchvision body a unit (its
+// layer1..layer4 are Sequentials of blocks; the stem and the head stay whole, sharded as with "gradients"). It trains
+// on 2 ranks as the unsharded run does, holding about half the parameters.
+TEST(ShardedParameters, TheResidualBlocksOfAVisionModelAreUnitsByPattern) {
+  flt::run_on_ranks(2,
+                    [](const RankContext&) {
+                      fl::setup_distrib({.timeout = std::chrono::seconds(120)});
+                      std::vector<std::vector<at::Tensor>> finals;
+                      std::vector<std::int64_t> held;
+                      for (const auto shard : {fl::Shard::none, fl::Shard::parameters}) {
+                        torch::manual_seed(0);
+                        auto model = fl::models::vision_model({.arch = "resnet18", .classes = 3, .in_channels = 1});
+                        fl::Learner learn(loaders("mlp", 0, 1), model, fl::cross_entropy(), learner_options("adam"));
+                        auto probe = std::make_shared<HeldAfterFirstStep>();
+                        learn.add_cb(probe);
+                        fl::DistribCtx ctx(learn,
+                                           {.reducer = small_buckets(), .shard = shard, .shard_units = {"0.layer*.*"}});
+                        learn.fit(1, 1e-3);
+                        finals.push_back(flt::snapshot(learn.model()));
+                        held.push_back(probe->bytes);
+                      }
+                      expect_close(finals[0], finals[1], 2e-4, "resnet18 with a unit per residual block");
+                      EXPECT_LT(static_cast<double>(held[1]), 0.6 * static_cast<double>(held[0]))
+                          << "parameters held: " << held[1] << " of " << held[0];
+                      fl::teardown_distrib();
+                    },
+                    {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(2)});
 }
