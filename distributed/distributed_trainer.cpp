@@ -218,9 +218,11 @@ void DistributedTrainer::before_backward() {
   // The gradients' sum over ranks is then their mean; dividing the scalar loss costs nothing.
   auto& l = learn();
   l.loss_grad = l.loss_grad / static_cast<double>(group().size());
-  // Under gradient accumulation only the micro-batch that steps communicates; with sharded gradients every
-  // micro-batch is reduce-scattered into the shares once the buckets are final, so no rank holds whole gradients.
-  const bool scatter_always = options_.shard == Shard::gradients && reducer_->layout_final();
+  // Under gradient accumulation only the micro-batch that steps communicates; with sharded gradients (or parameters)
+  // every micro-batch is reduce-scattered into the shares once the buckets are final, so no rank holds whole
+  // gradients.
+  const bool scatter_always =
+      (options_.shard == Shard::gradients || options_.shard == Shard::parameters) && reducer_->layout_final();
   reducer_->set_sync(l.will_step || scatter_always);
 }
 

@@ -277,6 +277,11 @@ std::optional<FitPosition> fit_position(const CheckpointState& state, std::strin
 }
 
 void restore_state(Learner& learn, const CheckpointState& state, LoadOptions options, std::string_view origin) {
+  if (model_sharded(learn))
+    throw CheckpointError(fmt::format(
+        "{}: cannot load into a model whose parameters are sharded over the processes (shard = \"parameters\", "
+        "during a fit after its first training batch); load before the fit (resume_from) or after it",
+        excerpt(origin, 256)));
   if (auto it = state.metadata.find("format"); it != state.metadata.end() && it->second != kFormat) {
     throw CheckpointError(
         fmt::format("{}: format '{}' is not a fastlearn checkpoint", excerpt(origin, 256), excerpt(it->second)));

@@ -164,7 +164,12 @@ void ShardedStep::adopt_units(GradReducer& reducer, Optimizer& opt,
     b.share = b.flat.narrow(0, me * b.layout.part, b.layout.part).clone();
   }
   state_ = state;
-  shard_optimizer(*state_, opt);
+  try {
+    shard_optimizer(*state_, opt);
+  } catch (...) {
+    state_.reset();  // nothing freed yet: the parameters are whole, in their flat buffers
+    throw;
+  }
   for (std::size_t u = 0; u < state_->unit_buckets.size(); ++u)
     for (const auto k : state_->unit_buckets[u]) release_memory(state_->buckets[k].flat);
   reducer_ = &reducer;
@@ -192,10 +197,13 @@ void ShardedStep::prefetch_unit(std::size_t u) {
   if (state_->unit_whole.at(u)) return;
   torch::NoGradGuard no_grad;
   check_pending(group_);
+  // Every buffer has memory before the first work starts, and the unit counts as whole (on its way) from then on, so
+  // that nothing frees memory a started work writes, even when a later start fails.
+  for (const auto k : state_->unit_buckets[u]) allocate_memory(state_->buckets[k].flat);
+  state_->unit_whole[u] = true;
   auto& works = state_->in_flight[u];
   for (const auto k : state_->unit_buckets[u]) {
     const auto& b = state_->buckets[k];
-    allocate_memory(b.flat);
     auto output = b.flat, input = b.share;
     const auto call = group_.next_call();
     try {
@@ -205,7 +213,6 @@ void ShardedStep::prefetch_unit(std::size_t u) {
                                          group_.ranks()[static_cast<std::size_t>(group_.rank())], u, error_text(e)));
     }
   }
-  state_->unit_whole[u] = true;  // on its way: whoever reads or frees it waits first
 }
 
 void ShardedStep::finish_prefetch(std::size_t u) {
@@ -257,12 +264,8 @@ bool ShardedStep::abandon() {
   torch::NoGradGuard no_grad;
   const auto me = static_cast<std::int64_t>(group_.rank());
   for (std::size_t u = 0; u < state_->unit_buckets.size(); ++u) {
-    for (auto& [work, call] : state_->in_flight[u]) {
-      try {
-        work->wait(std::chrono::milliseconds(1));  // its memory is written by nobody once this returns or fails
-      } catch (...) {}
-    }
-    state_->in_flight[u].clear();
+    // A unit gathered, or on its way (a prefetch whose work may still write its memory, the peers being gone or not),
+    // keeps its memory as it is: it is never freed under a running work.
     if (state_->unit_whole[u]) continue;
     for (const auto k : state_->unit_buckets[u]) {
       const auto& b = state_->buckets[k];

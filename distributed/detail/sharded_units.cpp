@@ -7,8 +7,8 @@
 #include <fastlearn/distributed/detail/sharded_step.h>
 
 #include <fmt/format.h>
-#include <fnmatch.h>
 #include <fmt/ranges.h>
+#include <fnmatch.h>
 #include <torch/torch.h>
 
 #include <atomic>
@@ -185,6 +185,18 @@ ShardedUnits::ShardedUnits(nn::Module& model, const std::vector<std::string>& na
       if (fresh) unit->params.push_back(p.value());
     }
     units_.push_back(std::move(unit));
+  }
+  // A unit's parameter used outside every unit (a weight tied to a head that is no unit) would be read there while
+  // its memory is freed.
+  for (const auto& p : model.named_parameters()) {
+    const auto it = owner.find(p.value().unsafeGetTensorImpl());
+    if (it == owner.end()) continue;
+    const auto& unit = slots[it->second].path;
+    if (p.key().starts_with(unit + ".")) continue;
+    throw ConfigError(fmt::format(
+        "shard = \"parameters\": '{}' is a parameter of unit '{}', and is also used outside every unit: a tied "
+        "parameter must stay in one unit; make a unit that holds both users (shard_units)",
+        p.key(), unit));
   }
   backward_pending_.assign(units_.size(), false);
   id_ = next_id++;

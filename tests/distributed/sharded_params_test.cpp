@@ -200,6 +200,29 @@ struct SkippingImpl : torch::nn::Module {
   torch::nn::Sequential blocks{nullptr};
 };
 
+// Blocks in a Sequential (the units) and a weight of the first registered on the model too, as a tied head's would be.
+struct TiedOutsideImpl : torch::nn::Module {
+  TiedOutsideImpl() {
+    blocks = register_module("blocks", torch::nn::Sequential(torch::nn::Linear(28 * 28, 8), torch::nn::Linear(8, 3)));
+    register_parameter("tied", blocks->ptr<torch::nn::LinearImpl>(0)->weight);
+  }
+  torch::nn::Sequential blocks{nullptr};
+};
+
+// Tries to load a checkpoint in the middle of the fit, where the parameters are sharded.
+struct LoadDuringFit : fl::Callback {
+  std::string error;
+  void after_batch() override {
+    if (learn().train_iter != 2 || !error.empty()) return;
+    try {
+      learn().load("before");
+      error = "loaded";
+    } catch (const fl::CheckpointError& e) {
+      error = e.what();
+    }
+  }
+};
+
 // A model without a Sequential.
 struct PlainImpl : torch::nn::Module {
   PlainImpl() { fc = register_module("fc", torch::nn::Linear(28 * 28, 3)); }
@@ -218,9 +241,10 @@ std::string fit_error(fl::Learner& learn, fl::DistributedTrainerOptions options)
 
 }  // namespace
 
-// What cannot be sharded by units is refused by name when the fit starts: a weight two units share, a model with no
-// Sequential, a unit name that matches nothing or a module that is no Sequential's entry, a unit inside another. A
-// rank that skips a unit fails, naming both units, instead of exchanging one unit's parameters for another's.
+// What cannot be sharded by units is refused by name when the fit starts: a weight two units share or a unit shares
+// with a module outside every unit, a model with no Sequential, a unit name that matches nothing or a module that is
+// no Sequential's entry, a unit inside another; a load in the middle of a sharded fit is refused too. A rank that
+// skips a unit fails, naming both units, instead of exchanging one unit's parameters for another's.
 TEST(ShardedParameters, WhatCannotBeShardedIsRefusedByNameAndASkippedUnitFails) {
   flt::run_on_ranks(
       2,
@@ -246,6 +270,26 @@ TEST(ShardedParameters, WhatCannotBeShardedIsRefusedByNameAndASkippedUnitFails) 
                        {"'fc'", "not an entry of a Sequential"}, "not an entry");
           expect_error(fit_error(learn, {.shard = stage3, .shard_units = {"head.*"}}),
                        {"'head.*' names no Sequential entry"}, "unknown name");
+        }
+        {
+          auto model = std::make_shared<TiedOutsideImpl>();
+          fl::Learner learn(
+              loaders("mlp", 0, 1), model,
+              [model](const std::vector<at::Tensor>& xb) { return model->blocks->forward(xb[0].flatten(1)); },
+              fl::cross_entropy(), learner_options("adam"));
+          expect_error(fit_error(learn, {.shard = stage3}),
+                       {"'tied' is a parameter of unit 'blocks.0'", "used outside every unit"}, "tied outside");
+        }
+        {
+          auto learn = make_learner("mlp", "adam", 0, 1);
+          auto loader = std::make_shared<LoadDuringFit>();
+          learn->add_cb(loader);
+          learn->save("before");
+          {
+            fl::DistribCtx dctx(*learn, {.shard = stage3});
+            learn->fit(1);
+          }
+          expect_error(loader->error, {"cannot load into a model whose parameters are sharded"}, "a load mid-fit");
         }
         {
           auto learn = make_learner("tabular", "adam", 0, 1);
