@@ -58,14 +58,19 @@ TEST_P(ShardedParamsEquivalence, MatchesOneProcessWithEveryRanksBatch) {
         fl::setup_distrib({.timeout = std::chrono::seconds(60)});
         const auto ours = train({.kind = kind, .world = world, .shard = fl::Shard::parameters});
         expect_same_steps(reference, ours, tolerance(kind), "parameters");
-        const auto kept =
-            train({.kind = kind, .world = world, .shard = fl::Shard::parameters, .reshard_after_forward = false});
-        const auto prefetched = train({.kind = kind, .world = world, .shard = fl::Shard::parameters, .prefetch = true});
-        ASSERT_EQ(kept.size(), ours.size());
-        ASSERT_EQ(prefetched.size(), ours.size());
-        for (std::size_t s = 0; s < ours.size(); ++s) {
-          EXPECT_TRUE(flt::same_tensors(kept[s], ours[s])) << "reshard_after_forward off, step " << s;
-          EXPECT_TRUE(flt::same_tensors(prefetched[s], ours[s])) << "prefetch, step " << s;
+        // The options that change when units are gathered, on 2 ranks of a model without BatchNorm and one with (the
+        // other models and world sizes would cost make test's time and exercise nothing more).
+        if (world == 2 && (kind == "mlp" || kind == "conv_net")) {
+          const auto kept =
+              train({.kind = kind, .world = world, .shard = fl::Shard::parameters, .reshard_after_forward = false});
+          const auto prefetched =
+              train({.kind = kind, .world = world, .shard = fl::Shard::parameters, .prefetch = true});
+          ASSERT_EQ(kept.size(), ours.size());
+          ASSERT_EQ(prefetched.size(), ours.size());
+          for (std::size_t s = 0; s < ours.size(); ++s) {
+            EXPECT_TRUE(flt::same_tensors(kept[s], ours[s])) << "reshard_after_forward off, step " << s;
+            EXPECT_TRUE(flt::same_tensors(prefetched[s], ours[s])) << "prefetch, step " << s;
+          }
         }
         fl::teardown_distrib();
       },
@@ -356,7 +361,9 @@ StepMemory step_memory(fl::Shard shard) {
   auto x = at::randn({48, kWidth}, gen);
   auto y = at::randint(0, 3, {48}, gen, at::TensorOptions().dtype(at::kLong));
   auto ds = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
-  fl::Learner learn(fl::DataLoaders(fl::DataLoader(ds, {.bs = kPerRank}), fl::DataLoader(ds, {.bs = 8}), 3), mlp,
+  auto valid = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x.narrow(0, 0, 8)},
+                                                   std::vector<at::Tensor>{y.narrow(0, 0, 8)});
+  fl::Learner learn(fl::DataLoaders(fl::DataLoader(ds, {.bs = kPerRank}), fl::DataLoader(valid, {.bs = 8}), 3), mlp,
                     fl::cross_entropy(), learner_options("adam"));
   auto probe = std::make_shared<StepMemory>();
   learn.add_cb(probe);
@@ -561,27 +568,33 @@ struct HeldAfterFirstStep : fl::Callback {
 // layer1..layer4 are Sequentials of blocks; the stem and the head stay whole, sharded as with "gradients"). It trains
 // on 2 ranks as the unsharded run does, holding about half the parameters.
 TEST(ShardedParameters, TheResidualBlocksOfAVisionModelAreUnitsByPattern) {
-  flt::run_on_ranks(2,
-                    [](const RankContext&) {
-                      fl::setup_distrib({.timeout = std::chrono::seconds(120)});
-                      std::vector<std::vector<at::Tensor>> finals;
-                      std::vector<std::int64_t> held;
-                      for (const auto shard : {fl::Shard::none, fl::Shard::parameters}) {
-                        torch::manual_seed(0);
-                        auto model = fl::models::vision_model({.arch = "resnet18", .classes = 3, .in_channels = 1});
-                        fl::Learner learn(loaders("mlp", 0, 1), model, fl::cross_entropy(), learner_options("adam"));
-                        auto probe = std::make_shared<HeldAfterFirstStep>();
-                        learn.add_cb(probe);
-                        fl::DistribCtx ctx(learn,
-                                           {.reducer = small_buckets(), .shard = shard, .shard_units = {"0.layer*.*"}});
-                        learn.fit(1, 1e-3);
-                        finals.push_back(flt::snapshot(learn.model()));
-                        held.push_back(probe->bytes);
-                      }
-                      expect_close(finals[0], finals[1], 2e-4, "resnet18 with a unit per residual block");
-                      EXPECT_LT(static_cast<double>(held[1]), 0.6 * static_cast<double>(held[0]))
-                          << "parameters held: " << held[1] << " of " << held[0];
-                      fl::teardown_distrib();
-                    },
-                    {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(2)});
+  flt::run_on_ranks(
+      2,
+      [](const RankContext&) {
+        fl::setup_distrib({.timeout = std::chrono::seconds(120)});
+        std::vector<std::vector<at::Tensor>> finals;
+        std::vector<std::int64_t> held;
+        for (const auto shard : {fl::Shard::none, fl::Shard::parameters}) {
+          torch::manual_seed(0);
+          auto model = fl::models::vision_model({.arch = "resnet18", .classes = 3, .in_channels = 1});
+          // 16 items: 2 steps of 4 per rank (resnet18's 11M parameters make each step long).
+          at::Tensor y;
+          auto x = inputs("mlp", 16, 1, y);
+          auto items = std::make_shared<fl::TensorDataset>(x, std::vector<at::Tensor>{y});
+          fl::Learner learn(
+              fl::DataLoaders(fl::DataLoader(items, {.bs = kPerRank}), fl::DataLoader(items, {.bs = 8}), 3), model,
+              fl::cross_entropy(), learner_options("adam"));
+          auto probe = std::make_shared<HeldAfterFirstStep>();
+          learn.add_cb(probe);
+          fl::DistribCtx ctx(learn, {.reducer = small_buckets(), .shard = shard, .shard_units = {"0.layer*.*"}});
+          learn.fit(1, 1e-3);
+          finals.push_back(flt::snapshot(learn.model()));
+          held.push_back(probe->bytes);
+        }
+        expect_close(finals[0], finals[1], 2e-4, "resnet18 with a unit per residual block");
+        EXPECT_LT(static_cast<double>(held[1]), 0.6 * static_cast<double>(held[0]))
+            << "parameters held: " << held[1] << " of " << held[0];
+        fl::teardown_distrib();
+      },
+      {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(2)});
 }
