@@ -223,8 +223,6 @@ ShardedUnits::~ShardedUnits() {
   }
 }
 
-const std::string& ShardedUnits::name(std::size_t u) const { return units_.at(u)->name; }
-
 std::vector<std::vector<at::Tensor>> ShardedUnits::params() const {
   std::vector<std::vector<at::Tensor>> out;
   for (const auto& unit : units_) out.push_back(unit->params);
@@ -239,11 +237,6 @@ std::int64_t ShardedUnits::unit_of(const at::Tensor& param) const {
 }
 
 void ShardedUnits::start(ShardedStep& step) { step_ = &step; }
-
-void ShardedUnits::stop() {
-  release_all();
-  step_ = nullptr;
-}
 
 void ShardedUnits::release_all() {
   read_unit_ = -1;

@@ -38,18 +38,14 @@ class ShardedUnits {
   ShardedUnits(const ShardedUnits&) = delete;
   ShardedUnits& operator=(const ShardedUnits&) = delete;
 
-  std::size_t size() const { return units_.size(); }
-  /// The unit's path in the model ("0", "0.layer1.1").
-  const std::string& name(std::size_t u) const;
   /// Each unit's parameters (each once, in registration order).
   std::vector<std::vector<at::Tensor>> params() const;
   /// The unit of a parameter, or -1.
   std::int64_t unit_of(const at::Tensor& param) const;
 
-  /// From now on the units' parameters are gathered and freed through `step` (its units adopted); until then, and
-  /// after stop(), the wrappers only run the entries.
+  /// From now on the units' parameters are gathered and freed through `step` (its units adopted); until then the
+  /// wrappers only run the entries.
   void start(ShardedStep& step);
-  void stop();
   bool started() const { return step_ != nullptr; }
   /// Frees every unit still gathered (after backward: the first unit, whose input needs no gradient).
   void release_all();
