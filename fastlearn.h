@@ -24,6 +24,7 @@
 #include <fastlearn/core/cpu_memory_counter.h>
 #include <fastlearn/core/device.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/image_size.h>
 #include <fastlearn/core/random.h>
 #include <fastlearn/data/aug_transforms.h>
 #include <fastlearn/data/dataloaders.h>
@@ -33,6 +34,8 @@
 #include <fastlearn/data/image_encode.h>
 #include <fastlearn/data/inference_pipeline.h>
 #include <fastlearn/data/sample_queue.h>
+#include <fastlearn/data/segmentation_dataloaders.h>
+#include <fastlearn/data/segmentation_dataset.h>
 #include <fastlearn/data/tabular_dataloaders.h>
 #include <fastlearn/data/tabular_procs.h>
 #include <fastlearn/data/untar_data.h>
@@ -71,6 +74,7 @@
 #include <fastlearn/models/sequential_block.h>
 #include <fastlearn/models/tabular_model.h>
 #include <fastlearn/models/torchvision_resnet.h>
+#include <fastlearn/models/unet.h>
 #include <fastlearn/models/vision_model.h>
 #include <fastlearn/models/weights.h>
 #include <fastlearn/optim/adam.h>

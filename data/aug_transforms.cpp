@@ -63,7 +63,7 @@ at::Tensor geometry(std::int64_t n, const AugOptions& o, at::Generator& rng) {
 
 }  // namespace
 
-BatchTransform aug_transforms(AugOptions o) {
+BatchTransform aug_transforms(AugOptions o, bool masks) {
   if (o.max_rotate < 0 || o.min_zoom <= 0 || o.max_zoom < o.min_zoom || o.max_warp < 0 || o.max_warp >= 1 ||
       o.p_affine < 0 || o.p_affine > 1 || o.max_lighting < 0 || o.max_lighting >= 1 || o.p_lighting < 0 ||
       o.p_lighting > 1) {
@@ -73,7 +73,7 @@ BatchTransform aug_transforms(AugOptions o) {
                     "in [0, 1])",
                     o.max_rotate, o.min_zoom, o.max_zoom, o.max_warp, o.max_lighting, o.p_affine, o.p_lighting));
   }
-  return [o](Batch& batch, at::Generator& rng) {
+  return [o, masks](Batch& batch, at::Generator& rng) {
     if (batch.inputs.empty()) throw DataError("aug_transforms: the batch has no input tensor");
     auto& x = batch.inputs.front();
     if (x.dim() != 4 || !x.is_floating_point()) {
@@ -89,8 +89,19 @@ BatchTransform aug_transforms(AugOptions o) {
             .view({1, h * w, 3});
     const auto mapped = torch::matmul(grid, geometry(n, o, rng).transpose(1, 2));  // (n, h*w, 3)
     const auto xy = (mapped.narrow(2, 0, 2) / mapped.narrow(2, 2, 1)).view({n, h, w, 2});
-    x = at::grid_sampler(x, xy.to(x.scalar_type()).to(x.device()), /*bilinear*/ 0, /*reflection*/ 2,
-                         /*align_corners=*/true);
+    const auto sample_at = xy.to(x.scalar_type()).to(x.device());
+    x = at::grid_sampler(x, sample_at, /*bilinear*/ 0, /*reflection*/ 2, /*align_corners=*/true);
+    if (masks) {
+      // The masks by the same grid and padding, nearest: every output pixel takes the class under its sample point.
+      if (batch.targets.empty() || batch.targets.front().dim() != 3 || batch.targets.front().size(0) != n ||
+          batch.targets.front().size(1) != h || batch.targets.front().size(2) != w) {
+        throw DataError("aug_transforms: asked to move masks, but target 0 is not the (N, H, W) masks of the images");
+      }
+      auto& m = batch.targets.front();
+      const auto moved = at::grid_sampler(m.unsqueeze(1).to(x.scalar_type()), sample_at, /*nearest*/ 1,
+                                          /*reflection*/ 2, /*align_corners=*/true);
+      m = moved.squeeze(1).round().to(m.scalar_type());
+    }
     // Lighting in logit space, as fastai: brightness adds logit(b), contrast multiplies by c.
     auto u = at::rand({n, 3}, rng, dbl);
     const auto on = u.select(1, 0).lt(o.p_lighting).to(at::kDouble);

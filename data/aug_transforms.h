@@ -18,7 +18,9 @@ struct AugOptions {
   double p_lighting = 0.75;   ///< probability of the lighting change, per image
 };
 
-/// The transform; ConfigError for options out of range.
-BatchTransform aug_transforms(AugOptions options = {});
+/// The transform; ConfigError for options out of range. With `masks`, target 0 holds the images' segmentation masks,
+/// (N, H, W) class indices, moved by each image's geometry (the same grid and padding, nearest neighbour); lighting
+/// changes the images only.
+BatchTransform aug_transforms(AugOptions options = {}, bool masks = false);
 
 }  // namespace fastlearn

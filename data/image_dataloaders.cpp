@@ -4,6 +4,7 @@
 #include <fastlearn/core/detail/warning.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/csv.h>
+#include <fastlearn/data/detail/model_input.h>
 #include <fastlearn/data/idx.h>
 #include <fastlearn/data/image_dataset.h>
 #include <fastlearn/data/inference_pipeline.h>
@@ -182,38 +183,6 @@ struct Items {
   std::vector<Labels> labels;
 };
 
-// torchvision's ImageNet statistics; a gray image gets their means.
-constexpr double kImagenetMean[] = {0.485, 0.456, 0.406};
-constexpr double kImagenetStd[] = {0.229, 0.224, 0.225};
-
-// to_float, then normalize by ImageNet's statistics or by `computed` ones; `between` (augmentations of images in
-// [0, 1]) after to_float. With nothing between, the two are one pass (to_normalized_float).
-// The per-channel statistics the images are normalized by (both empty: none).
-std::pair<std::vector<double>, std::vector<double>> model_input_mean_std(const ImageFilesOptions& options,
-                                                                         const ChannelStatistics& computed) {
-  std::vector<double> mean, std;
-  if (options.normalize == ImageNormalization::computed) {
-    mean = computed.mean, std = computed.std;
-  } else if (options.normalize == ImageNormalization::imagenet && options.mode == ImageMode::gray) {
-    mean = {(kImagenetMean[0] + kImagenetMean[1] + kImagenetMean[2]) / 3};
-    std = {(kImagenetStd[0] + kImagenetStd[1] + kImagenetStd[2]) / 3};
-  } else if (options.normalize == ImageNormalization::imagenet) {
-    mean.assign(std::begin(kImagenetMean), std::end(kImagenetMean));
-    std.assign(std::begin(kImagenetStd), std::end(kImagenetStd));
-  }
-  return {std::move(mean), std::move(std)};
-}
-
-std::vector<BatchTransform> to_model_input(const ImageFilesOptions& options, const ChannelStatistics& computed,
-                                           std::vector<BatchTransform> between = {}) {
-  auto [mean, std] = model_input_mean_std(options, computed);
-  if (between.empty()) return image_input_transforms(std::move(mean), std::move(std));
-  std::vector<BatchTransform> tfms{to_float(1.0 / 255.0)};
-  tfms.insert(tfms.end(), between.begin(), between.end());
-  if (!mean.empty()) tfms.push_back(normalize(std::move(mean), std::move(std)));
-  return tfms;
-}
-
 // Leaves out the files that do not decode, with one warning that counts and names them.
 void drop_bad_images(Items& items, const char* split) {
   const auto bad = verify_images(items.files);
@@ -251,7 +220,16 @@ at::Tensor targets_of(const Items& items, const std::map<std::string, std::int64
   return targets;
 }
 
-DataLoaders build(Items train, Items valid, bool multi_label, const ImageFilesOptions& options, const char* origin) {
+DataLoaders build(Items train, Items valid, bool multi_label, ImageFilesOptions options, const char* origin) {
+  if (options.item_size) {
+    if (options.item_size->height != options.item_size->width) {
+      throw DataError(fmt::format(
+          "{}: item_size {}x{} is not square; classification items are square for now (the export records one "
+          "side): use size",
+          excerpt(origin, 256), options.item_size->height, options.item_size->width));
+    }
+    options.size = options.item_size->height;
+  }
   if (options.size < 1)
     throw DataError(fmt::format("{}: size {} must be positive", excerpt(origin, 256), options.size));
   if (options.skip_bad_images) {
@@ -300,7 +278,9 @@ DataLoaders build(Items train, Items valid, bool multi_label, const ImageFilesOp
   std::vector<BatchTransform> augment;
   if (options.augment) augment.push_back(aug_transforms(*options.augment));
   auto train_tfms = to_model_input(options, stats, std::move(augment));
-  if (options.flip_p > 0) train_tfms.insert(train_tfms.begin(), random_flip(options.flip_p));
+  if (options.flip_p > 0) {
+    train_tfms.insert(train_tfms.begin(), options.flip_vert ? dihedral(options.flip_p) : random_flip(options.flip_p));
+  }
   DataLoaderOptions train_options{.bs = options.bs,
                                   .shuffle = true,
                                   .drop_last = true,

@@ -52,12 +52,18 @@ struct ImageFilesOptions {
   std::optional<std::uint64_t> seed;  ///< order and augmentation seed (default: drawn from torch's generator)
   std::optional<c10::Device> device;
   ImageMode mode = ImageMode::rgb;
-  std::int64_t size = 224;                   ///< items come out size x size
+  std::int64_t size = 224;  ///< items come out size x size
+  /// Items of another shape, height x width (fastai's item_tfms=Resize((h, w))); replaces size. The segmentation
+  /// loaders take any; the classification loaders a square one only (their exports record one side).
+  std::optional<ImageSize> item_size;
   ResizeMethod method = ResizeMethod::crop;  ///< Resize(size, method) on every item
   PadMode pad_mode = PadMode::reflection;    ///< with method pad: what fills the window outside the image
   /// Below 1: training items go through RandomResizedCrop(size, {min_scale}) instead of Resize.
   double min_scale = 1.0;
   double flip_p = 0.5;  ///< training batches: left-right flip probability (0: none)
+  /// Training batches: instead of the left-right flip, with probability flip_p one of the square's 8 symmetries
+  /// (fastai's aug_transforms(flip_vert=True): Dihedral); square items only.
+  bool flip_vert = false;
   ImageNormalization normalize = ImageNormalization::imagenet;
   /// With normalize = computed: how many training images (drawn by split_seed, so every rank draws the same)
   /// the statistics come from; 0: all of them.

@@ -4,6 +4,7 @@
 #include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/detail/buffer_pool.h>
+#include <fastlearn/data/detail/file_threads.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -103,27 +104,6 @@ std::vector<std::filesystem::path> get_image_files(const std::filesystem::path& 
   return files;
 }
 
-namespace {
-
-// Calls body(i) for i in [0, n) on `threads` threads (0: all cores), each index once.
-void parallel_for(std::size_t n, int threads, const std::function<void(std::size_t)>& body) {
-  const int n_threads = std::max(1, threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
-  std::atomic<std::size_t> next{0};
-  auto work = [&] {
-    for (std::size_t i; (i = next.fetch_add(1)) < n;) body(i);
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < n_threads; ++t)
-    pool.emplace_back([&] {
-      compute_alone();  // one thread per core already: an OpenMP team each would oversubscribe them
-      work();
-    });
-  work();
-  for (auto& t : pool) t.join();
-}
-
-}  // namespace
-
 ChannelStatistics channel_statistics(const ImageDataset& dataset, std::int64_t max_items, std::uint64_t seed,
                                      int threads) {
   const auto n = dataset.size();
@@ -138,7 +118,7 @@ ChannelStatistics channel_statistics(const ImageDataset& dataset, std::int64_t m
   std::vector<at::Tensor> sums(static_cast<std::size_t>(order.numel())), squares(sums.size());
   std::vector<std::int64_t> counts(sums.size());
   std::vector<std::exception_ptr> errors(sums.size());
-  parallel_for(sums.size(), threads, [&](std::size_t k) {
+  for_each_file(sums.size(), threads, [&](std::size_t k) {
     try {
       auto pixels = dataset.load_image(items[k], nullptr).to(torch::kFloat64).div_(255).flatten(1);
       sums[k] = pixels.sum(1);
@@ -167,7 +147,7 @@ ChannelStatistics channel_statistics(const ImageDataset& dataset, std::int64_t m
 
 std::vector<BadImage> verify_images(const std::vector<std::filesystem::path>& files, int threads) {
   std::vector<std::string> errors(files.size());
-  parallel_for(files.size(), threads, [&](std::size_t i) {
+  for_each_file(files.size(), threads, [&](std::size_t i) {
     try {
       // Decoding at 1/8 scale checks the whole JPEG stream at a fraction of the cost.
       read_image(files[i], {.min_side = 1});

@@ -145,37 +145,50 @@ at::Tensor decode_jpeg(std::span<const std::uint8_t> bytes, std::string_view ori
   return to_chw_view(hwc, options.mode);
 }
 
+// A libspng decoder over `bytes` with its header read; `check` fails naming `origin`.
+struct PngReader {
+  std::unique_ptr<spng_ctx, void (*)(spng_ctx*)> ctx{spng_ctx_new(0), spng_ctx_free};
+  spng_ihdr ihdr{};
+  std::string_view origin;
+
+  PngReader(std::span<const std::uint8_t> bytes, std::string_view origin_) : origin(origin_) {
+    if (!ctx) fail(origin, "libspng could not start a decoder");
+    check(spng_set_crc_action(ctx.get(), SPNG_CRC_ERROR, SPNG_CRC_ERROR), "options");
+    check(spng_set_chunk_limits(ctx.get(), 64 << 20, 64 << 20), "options");
+    check(spng_set_png_buffer(ctx.get(), bytes.data(), bytes.size()), "buffer");
+    check(spng_get_ihdr(ctx.get(), &ihdr), "header");
+  }
+  void check(int status, const char* what) const {
+    if (status != 0) fail(origin, fmt::format("corrupt PNG ({}): {}", what, spng_strerror(status)));
+  }
+};
+
+constexpr std::array<std::uint8_t, 3> kJpegMagic{0xFF, 0xD8, 0xFF};
+constexpr std::array<std::uint8_t, 8> kPngMagic{0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+
+template <std::size_t N>
+bool starts_with(std::span<const std::uint8_t> bytes, const std::array<std::uint8_t, N>& magic) {
+  return bytes.size() >= magic.size() && std::equal(magic.begin(), magic.end(), bytes.begin());
+}
+
 at::Tensor decode_png(std::span<const std::uint8_t> bytes, std::string_view origin, const DecodeOptions& options,
                       const PixelMemory& memory) {
-  std::unique_ptr<spng_ctx, void (*)(spng_ctx*)> ctx(spng_ctx_new(0), spng_ctx_free);
-  if (!ctx) fail(origin, "libspng could not start a decoder");
-  auto check = [&](int status, const char* what) {
-    if (status != 0) fail(origin, fmt::format("corrupt PNG ({}): {}", what, spng_strerror(status)));
-  };
-  check(spng_set_crc_action(ctx.get(), SPNG_CRC_ERROR, SPNG_CRC_ERROR), "options");
-  check(spng_set_chunk_limits(ctx.get(), 64 << 20, 64 << 20), "options");
-  check(spng_set_png_buffer(ctx.get(), bytes.data(), bytes.size()), "buffer");
-  spng_ihdr ihdr{};
-  check(spng_get_ihdr(ctx.get(), &ihdr), "header");
-  check_pixels(ihdr.width, ihdr.height, options, origin);
+  PngReader png(bytes, origin);
+  check_pixels(png.ihdr.width, png.ihdr.height, options, origin);
   std::size_t size = 0;
   // RGBA8 is the one output every PNG colour type and depth converts to (16-bit samples are scaled).
-  check(spng_decoded_image_size(ctx.get(), SPNG_FMT_RGBA8, &size), "size");
-  auto hwc = memory(ihdr.height, ihdr.width, 4);
+  png.check(spng_decoded_image_size(png.ctx.get(), SPNG_FMT_RGBA8, &size), "size");
+  auto hwc = memory(png.ihdr.height, png.ihdr.width, 4);
   if (size != static_cast<std::size_t>(hwc.numel())) fail(origin, "the decoded size does not match the header");
-  check(spng_decode_image(ctx.get(), hwc.data_ptr<std::uint8_t>(), size, SPNG_FMT_RGBA8, SPNG_DECODE_TRNS), "data");
+  png.check(spng_decode_image(png.ctx.get(), hwc.data_ptr<std::uint8_t>(), size, SPNG_FMT_RGBA8, SPNG_DECODE_TRNS),
+            "data");
   return to_chw_view(hwc, options.mode);
 }
 
 at::Tensor decode_any(std::span<const std::uint8_t> bytes, std::string_view origin, const DecodeOptions& options,
                       const PixelMemory& memory) {
-  constexpr std::array<std::uint8_t, 3> jpeg{0xFF, 0xD8, 0xFF};
-  constexpr std::array<std::uint8_t, 8> png{0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
-  auto starts_with = [&](const auto& magic) {
-    return bytes.size() >= magic.size() && std::equal(magic.begin(), magic.end(), bytes.begin());
-  };
-  if (starts_with(jpeg)) return decode_jpeg(bytes, origin, options, memory);
-  if (starts_with(png)) return decode_png(bytes, origin, options, memory);
+  if (starts_with(bytes, kJpegMagic)) return decode_jpeg(bytes, origin, options, memory);
+  if (starts_with(bytes, kPngMagic)) return decode_png(bytes, origin, options, memory);
   fail(origin, bytes.empty() ? "the file is empty" : "neither a JPEG nor a PNG file (by its first bytes)");
 }
 
@@ -194,6 +207,78 @@ void read_file(const std::filesystem::path& file, std::vector<std::uint8_t>& byt
 }
 
 }  // namespace
+
+ImageSize read_image_size(const std::filesystem::path& file) {
+  std::vector<std::uint8_t> bytes;
+  read_file(file, bytes);
+  const auto origin = file.string();
+  if (starts_with(bytes, kPngMagic)) {
+    PngReader png(bytes, origin);
+    return {png.ihdr.height, png.ihdr.width};
+  }
+  if (starts_with(bytes, kJpegMagic)) {
+    std::unique_ptr<void, int (*)(tjhandle)> handle(tjInitDecompress(), tjDestroy);
+    if (!handle) fail(origin, "libjpeg-turbo could not start a decoder");
+    int width = 0, height = 0, subsampling = 0, colorspace = 0;
+    if (tjDecompressHeader3(handle.get(), bytes.data(), static_cast<unsigned long>(bytes.size()), &width, &height,
+                            &subsampling, &colorspace) != 0) {
+      fail(origin, fmt::format("not a readable JPEG: {}", tjGetErrorStr2(handle.get())));
+    }
+    return {height, width};
+  }
+  fail(origin, bytes.empty() ? "the file is empty" : "neither a JPEG nor a PNG file (by its first bytes)");
+}
+
+at::Tensor decode_mask(std::span<const std::uint8_t> bytes, std::string_view origin, std::int64_t max_pixels) {
+  if (starts_with(bytes, kJpegMagic)) {
+    fail(origin,
+         "a JPEG cannot be a mask: its lossy compression changes the class values along every edge; save masks as "
+         "PNG");
+  }
+  if (!starts_with(bytes, kPngMagic)) {
+    fail(origin, bytes.empty() ? "the mask file is empty" : "not a PNG file (by its first bytes): masks are PNGs");
+  }
+  PngReader png(bytes, origin);
+  check_pixels(png.ihdr.width, png.ihdr.height, {.max_pixels = max_pixels}, origin);
+  const auto type = png.ihdr.color_type;
+  const bool grey = type == SPNG_COLOR_TYPE_GRAYSCALE || type == SPNG_COLOR_TYPE_GRAYSCALE_ALPHA;
+  if (!grey && type != SPNG_COLOR_TYPE_INDEXED) {
+    fail(origin,
+         "an RGB PNG cannot be a mask here: a mask holds one class index per pixel, as a grey or a palette PNG");
+  }
+  // SPNG_FMT_PNG keeps the file's own samples: palette indices unexpanded, 16-bit samples in host order.
+  std::size_t size = 0;
+  png.check(spng_decoded_image_size(png.ctx.get(), SPNG_FMT_PNG, &size), "size");
+  const std::int64_t h = png.ihdr.height, w = png.ihdr.width;
+  const bool wide = png.ihdr.bit_depth == 16;
+  const std::int64_t channels = type == SPNG_COLOR_TYPE_GRAYSCALE_ALPHA ? 2 : 1;
+  const std::int64_t sample_bytes = wide ? 2 : 1;
+  // Depths below 8 come out one sample per byte with SPNG_FMT_PNG only when asked for; let libspng expand them to 8.
+  const bool low_depth = png.ihdr.bit_depth < 8;
+  const auto format = low_depth ? SPNG_FMT_G8 : SPNG_FMT_PNG;
+  if (low_depth) {
+    if (type == SPNG_COLOR_TYPE_INDEXED) {
+      fail(origin,
+           fmt::format("a {}-bit palette PNG is not read as a mask; save it with 8-bit indices", png.ihdr.bit_depth));
+    }
+    png.check(spng_decoded_image_size(png.ctx.get(), SPNG_FMT_G8, &size), "size");
+  }
+  const auto expected = static_cast<std::size_t>(h * w * (low_depth ? 1 : channels * sample_bytes));
+  if (size != expected) fail(origin, "the decoded size does not match the header");
+  auto raw = torch::empty({h, w, low_depth ? 1 : channels}, wide && !low_depth ? torch::kInt16 : torch::kUInt8);
+  png.check(spng_decode_image(png.ctx.get(), raw.data_ptr(), size, format, 0), "data");
+  auto values = raw.select(2, 0);
+  // Low-depth grey is scaled up to 8 bits by SPNG_FMT_G8 (a 1-bit 1 becomes 255): back to the stored values.
+  if (low_depth) return values.to(torch::kInt32).div(255 / ((1 << png.ihdr.bit_depth) - 1), "floor");
+  if (wide) return values.to(torch::kInt32).bitwise_and(0xFFFF);  // int16 holds the 16 bits; read them unsigned
+  return values.to(torch::kInt32);
+}
+
+at::Tensor read_mask(const std::filesystem::path& file, std::int64_t max_pixels) {
+  std::vector<std::uint8_t> bytes;
+  read_file(file, bytes);
+  return decode_mask(bytes, file.string(), max_pixels);
+}
 
 at::Tensor decode_image(std::span<const std::uint8_t> bytes, std::string_view origin, const DecodeOptions& options) {
   return decode_any(bytes, origin, options, fresh_pixels()).contiguous();

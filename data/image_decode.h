@@ -4,6 +4,8 @@
 // ImageMode::gray), as torchvision's read_image with ImageReadMode.RGB / GRAY: alpha is dropped, 16-bit
 // samples are scaled to 8 bits, gray is ITU-R 601 luma. A file that is neither, truncated or corrupt is a
 // DataError naming it.
+#include <fastlearn/core/image_size.h>
+
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -41,5 +43,18 @@ struct DecodeScratch {
 /// For loaders that transform each image into new memory at once.
 at::Tensor read_image_into(DecodeScratch& scratch, const std::filesystem::path& file,
                            const DecodeOptions& options = {});
+
+/// The height and width a JPEG or PNG file's header gives (at full scale), read without decoding the pixels.
+/// DataError naming the file for anything else.
+ImageSize read_image_size(const std::filesystem::path& file);
+
+/// A segmentation mask's values as they are stored, (H, W) int32: an 8- or 16-bit grey PNG gives its samples (a grey
+/// PNG with alpha its grey channel), a palette PNG its palette indices. DataError naming `origin` for a JPEG (lossy
+/// compression changes the values along every edge), an RGB PNG (a colour per class needs a colour table, which masks
+/// here do not take), or a file that does not decode. Refused above `max_pixels` before anything is allocated.
+at::Tensor decode_mask(std::span<const std::uint8_t> bytes, std::string_view origin,
+                       std::int64_t max_pixels = std::int64_t{1} << 28);
+/// Reads and decodes the mask `file`.
+at::Tensor read_mask(const std::filesystem::path& file, std::int64_t max_pixels = std::int64_t{1} << 28);
 
 }  // namespace fastlearn

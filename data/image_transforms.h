@@ -1,8 +1,14 @@
 #pragma once
 // Item transforms for images: each takes one decoded uint8 (C, H, W) image and returns it uint8
-// (C, size, size), ready to be stacked into a batch. They run in the DataLoader's workers. With a
-// generator (training) the random ones draw from it; without one (validation) they are deterministic.
-// Resampling is bilinear with antialiasing (as PIL's and torchvision's antialiased resize).
+// (C, size, size), or (C, height, width) for an ImageSize, ready to be stacked into a batch. They run in the
+// DataLoader's workers. With a generator (training) the random ones draw from it; without one (validation) they are
+// deterministic. Resampling is bilinear with antialiasing (as PIL's and torchvision's antialiased resize).
+//
+// Pair transforms (segmentation) take an image and its mask, (H, W) class indices of any integer type, and move both
+// by the same draws: the same window, padded alike, the image resampled bilinearly and the mask by nearest neighbour
+// (the pixel under each output pixel's centre: PIL's NEAREST), so a class index is never blended.
+#include <fastlearn/core/image_size.h>
+
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
@@ -55,9 +61,28 @@ struct RandomResizedCropOptions {
 at::Tensor random_resized_crop(const at::Tensor& image, std::int64_t size, at::Generator* rng,
                                const RandomResizedCropOptions& options = {});
 
+/// Non-square items: resize_image to height x width. crop takes the largest window of the item's aspect ratio inside
+/// the image; pad the smallest window of that ratio around it (fastai's Resize with a (height, width) size).
+at::Tensor resize_image(const at::Tensor& image, ImageSize size, ResizeMethod method, at::Generator* rng = nullptr,
+                        PadMode padding = PadMode::reflection);
+/// Non-square items: random_resized_crop resized to height x width.
+at::Tensor random_resized_crop(const at::Tensor& image, ImageSize size, at::Generator* rng,
+                               const RandomResizedCropOptions& options = {});
+
 /// Item transform objects for datasets.
 ItemTransform resize(std::int64_t size, ResizeMethod method = ResizeMethod::crop,
                      PadMode padding = PadMode::reflection);
+ItemTransform resize(ImageSize size, ResizeMethod method = ResizeMethod::crop, PadMode padding = PadMode::reflection);
 ItemTransform random_resized_crop(std::int64_t size, RandomResizedCropOptions options = {});
+ItemTransform random_resized_crop(ImageSize size, RandomResizedCropOptions options = {});
+
+/// A function of (image, mask, generator or null) -> (image, mask).
+using PairTransform = std::function<std::pair<at::Tensor, at::Tensor>(const at::Tensor& image, const at::Tensor& mask,
+                                                                      at::Generator* rng)>;
+/// resize for an image and its mask: one window for both (DataError when the mask's size is not the image's).
+PairTransform resize_pair(ImageSize size, ResizeMethod method = ResizeMethod::crop,
+                          PadMode padding = PadMode::reflection);
+/// random_resized_crop for an image and its mask: one draw for both.
+PairTransform random_resized_crop_pair(ImageSize size, RandomResizedCropOptions options = {});
 
 }  // namespace fastlearn

@@ -54,6 +54,19 @@ void require_images(const at::Tensor& x, const char* transform) {
     throw DataError(fmt::format("{}: expects images shaped (N, C, H, W), got {} dimension(s)", transform, x.dim()));
 }
 
+// With `masks`, target 0: the (N, H, W) masks of the (N, C, H, W) images `x`; null without.
+at::Tensor* masks_of(Batch& batch, const at::Tensor& x, bool masks, const char* transform) {
+  if (!masks) return nullptr;
+  if (batch.targets.empty())
+    throw DataError(fmt::format("{}: asked to move masks, but the batch has no target", transform));
+  auto& m = batch.targets.front();
+  if (m.dim() != 3 || m.size(0) != x.size(0) || m.size(1) != x.size(2) || m.size(2) != x.size(3)) {
+    throw DataError(fmt::format("{}: target 0 is [{}], not the (N, H, W) masks of images [{}]", transform,
+                                fmt::join(m.sizes(), ", "), fmt::join(x.sizes(), ", ")));
+  }
+  return &m;
+}
+
 }  // namespace
 
 BatchTransform to_float(double scale) {
@@ -145,12 +158,14 @@ BatchTransform random_crop(std::int64_t size, std::int64_t padding) {
   };
 }
 
-BatchTransform random_flip(double p) {
+BatchTransform random_flip(double p, bool masks) {
   if (p < 0 || p > 1) throw DataError(fmt::format("random_flip: probability {} is outside [0, 1]", p));
-  return [p](Batch& batch, at::Generator& rng) {
+  return [p, masks](Batch& batch, at::Generator& rng) {
     auto& x = first_input(batch, "random_flip");
     require_images(x, "random_flip");
+    auto* m = masks_of(batch, x, masks, "random_flip");
     auto flip = at::rand({x.size(0)}, rng, torch::TensorOptions().dtype(torch::kFloat64)).lt(p);
+    if (m) *m = torch::where(flip.view({-1, 1, 1}).to(m->device()), m->flip({2}), *m);
     if (!x.is_cpu()) {
       x = torch::where(flip.view({-1, 1, 1, 1}).to(x.device()), x.flip({3}), x);
       return;
@@ -160,6 +175,43 @@ BatchTransform random_flip(double p) {
     const auto* flipped = flip.data_ptr<bool>();
     for (std::int64_t i = 0; i < x.size(0); ++i) out[i].copy_(flipped[i] ? x[i].flip({2}) : x[i]);
     x = out;
+  };
+}
+
+BatchTransform dihedral(double p, bool masks) {
+  if (p < 0 || p > 1) throw DataError(fmt::format("dihedral: probability {} is outside [0, 1]", p));
+  return [p, masks](Batch& batch, at::Generator& rng) {
+    auto& x = first_input(batch, "dihedral");
+    require_images(x, "dihedral");
+    if (x.size(2) != x.size(3)) {
+      throw DataError(fmt::format(
+          "dihedral: images are {}x{}; the square's symmetries keep only square images whole (use random_flip)",
+          x.size(2), x.size(3)));
+    }
+    auto* m = masks_of(batch, x, masks, "dihedral");
+    const auto n = x.size(0);
+    auto draws = at::rand({n, 2}, rng, torch::TensorOptions().dtype(torch::kFloat64));
+    auto on = draws.select(1, 0).lt(p);
+    auto which = draws.select(1, 1).mul(8).floor().clamp_max(7).to(torch::kLong);
+    const auto* apply = on.data_ptr<bool>();
+    const auto* k = which.data_ptr<std::int64_t>();
+    // Symmetry k: bit 0 flips left-right, bit 1 top-bottom, bit 2 transposes (after the flips).
+    auto move = [](const at::Tensor& t, std::int64_t k, std::int64_t h_dim) {
+      auto y = t;
+      if (k & 1) y = y.flip({h_dim + 1});
+      if (k & 2) y = y.flip({h_dim});
+      if (k & 4) y = y.transpose(h_dim, h_dim + 1);
+      return y;
+    };
+    auto out = at::empty_like(x, at::MemoryFormat::Contiguous);
+    auto out_masks = m ? at::empty_like(*m, at::MemoryFormat::Contiguous) : at::Tensor();
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto symmetry = apply[i] ? k[i] : 0;
+      out[i].copy_(move(x[i], symmetry, 1));
+      if (m) out_masks[i].copy_(move((*m)[i], symmetry, 0));
+    }
+    x = out;
+    if (m) *m = out_masks;
   };
 }
 

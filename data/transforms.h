@@ -29,7 +29,13 @@ BatchTransform to_normalized_float(double scale, std::vector<double> mean, std::
 /// window per image (the classic CIFAR/MNIST augmentation).
 BatchTransform random_crop(std::int64_t size, std::int64_t padding);
 
-/// Flips each image of input 0, shaped (N, C, H, W), left-right with probability `p`.
-BatchTransform random_flip(double p = 0.5);
+/// Flips each image of input 0, shaped (N, C, H, W), left-right with probability `p`. With `masks`, target 0 holds
+/// the images' segmentation masks, (N, H, W), and each flips with its image.
+BatchTransform random_flip(double p = 0.5, bool masks = false);
+
+/// fastai's Dihedral (aug_transforms with flip_vert): with probability `p` each square image of input 0 (and with
+/// `masks` its mask in target 0) goes through one of the square's 8 symmetries (flips and transposition), drawn
+/// uniformly; exact, as pixels only move. DataError for images that are not square.
+BatchTransform dihedral(double p = 0.5, bool masks = false);
 
 }  // namespace fastlearn

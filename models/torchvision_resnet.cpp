@@ -116,10 +116,25 @@ void TorchvisionResNetImpl::reset() {
   }
 }
 
-at::Tensor TorchvisionResNetImpl::features(const at::Tensor& x) {
-  auto y = torch::relu(batch_norm_forward(*children()[1], conv1_->forward(x)));
+at::Tensor TorchvisionResNetImpl::features(const at::Tensor& x) { return features(x, {}); }
+
+at::Tensor TorchvisionResNetImpl::features(const at::Tensor& x,
+                                           const std::function<void(int child, const at::Tensor& output)>& tap) {
+  auto show = [&](int child, const at::Tensor& y) {
+    if (tap) tap(child, y);
+  };
+  auto y = conv1_->forward(x);
+  show(0, y);
+  y = batch_norm_forward(*children()[1], y);
+  show(1, y);
+  y = torch::relu(y);
+  show(2, y);
   y = torch::max_pool2d(y, 3, 2, 1);
-  for (auto& layer : layers_) y = layer->forward(y);
+  show(3, y);
+  for (int stage = 0; stage < 4; ++stage) {
+    y = layers_[stage]->forward(y);
+    show(4 + stage, y);
+  }
   return y;
 }
 

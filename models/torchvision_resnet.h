@@ -11,6 +11,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace fastlearn::models {
@@ -33,6 +34,9 @@ class TorchvisionResNetImpl : public torch::nn::Cloneable<TorchvisionResNetImpl>
   at::Tensor forward(const at::Tensor& x);
   /// The body's output, before pooling: (N, features(), H/32, W/32).
   at::Tensor features(const at::Tensor& x);
+  /// features(x), showing `tap` the output of each of torchvision's first eight children in turn (0 conv1, 1 bn1,
+  /// 2 relu, 3 maxpool, 4..7 layer1..layer4), as hooks on fastai's cut body see them (the U-Net's skip connections).
+  at::Tensor features(const at::Tensor& x, const std::function<void(int child, const at::Tensor& output)>& tap);
   /// Channels of the body's output (512 for 18 and 34, 2048 for 50).
   std::int64_t feature_channels() const { return feature_channels_; }
   int depth() const { return depth_; }

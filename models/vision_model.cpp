@@ -29,6 +29,19 @@ at::Tensor first_layer_weights(const at::Tensor& rgb, std::int64_t channels) {
   return adapted;
 }
 
+void load_torchvision_body(nn::Module& body, const std::filesystem::path& weights) {
+  auto content = load_safetensors(weights);
+  const auto channels = body.named_parameters()["conv1.weight"].size(1);
+  if (channels != 3) {
+    for (auto& [name, tensor] : content.tensors) {
+      if (name == "conv1.weight" && tensor.dim() == 4 && tensor.size(1) == 3) {
+        tensor = first_layer_weights(tensor, channels);
+      }
+    }
+  }
+  copy_weights(match_weights(body, content.tensors, weights.string(), {.ignore_prefixes = {"fc."}}));
+}
+
 nn::Sequential vision_model(const VisionModelOptions& options) {
   if (options.classes < 1 || options.hidden < 1 || options.dropout < 0 || options.dropout >= 1) {
     throw ConfigError(fmt::format("vision_model: classes {} and hidden {} must be positive, dropout {} in [0, 1)",
@@ -36,17 +49,7 @@ nn::Sequential vision_model(const VisionModelOptions& options) {
   }
   TorchvisionResNet body(TorchvisionResNetOptions{
       .depth = torchvision_resnet_depth(options.arch), .head = false, .in_channels = options.in_channels});
-  if (!options.weights.empty()) {
-    auto content = load_safetensors(options.weights);
-    if (options.in_channels != 3) {
-      for (auto& [name, tensor] : content.tensors) {
-        if (name == "conv1.weight" && tensor.dim() == 4 && tensor.size(1) == 3) {
-          tensor = first_layer_weights(tensor, options.in_channels);
-        }
-      }
-    }
-    copy_weights(match_weights(*body, content.tensors, options.weights.string(), {.ignore_prefixes = {"fc."}}));
-  }
+  if (!options.weights.empty()) load_torchvision_body(*body, options.weights);
   const auto features = 2 * body->feature_channels();  // max and average pooling side by side
   SequentialBlock head;
   head->push_back(nn::Functional(std::function<at::Tensor(at::Tensor)>([](at::Tensor x) {

@@ -32,6 +32,11 @@ struct VisionModelOptions {
 /// three kept and zeros for the rest; for 3, unchanged.
 at::Tensor first_layer_weights(const at::Tensor& rgb, std::int64_t channels);
 
+/// Loads a torchvision state dict of the body's architecture (safetensors) into `body`, a TorchvisionResNet without
+/// its head: strictly (every body tensor there with its shape, fc left out), conv1's RGB weights adapted by
+/// first_layer_weights when the body takes another channel count.
+void load_torchvision_body(torch::nn::Module& body, const std::filesystem::path& weights);
+
 /// Sequential(body, head); the body's parameters are named "0.<torchvision name>", the head's "1.<index>...".
 torch::nn::Sequential vision_model(const VisionModelOptions& options);
 

@@ -1,0 +1,143 @@
+#include <fastlearn/data/segmentation_dataloaders.h>
+
+#include <fastlearn/core/detail/text.h>
+#include <fastlearn/core/detail/warning.h>
+#include <fastlearn/core/error.h>
+#include <fastlearn/data/detail/model_input.h>
+#include <fastlearn/data/random_splitter.h>
+#include <fastlearn/data/segmentation_dataset.h>
+#include <fastlearn/data/transforms.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+namespace fastlearn {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Pairs {
+  std::vector<fs::path> images, masks;
+};
+
+DataLoaders build(Pairs all, std::vector<std::string> codes, const ImageFilesOptions& options, const char* origin) {
+  const auto size = options.item_size.value_or(ImageSize{options.size, options.size});
+  if (size.height < 1 || size.width < 1) {
+    throw DataError(fmt::format("{}: item size {}x{} must be positive", origin, size.height, size.width));
+  }
+  if (codes.empty()) throw DataError(fmt::format("{}: no codes; name each class of the masks, in index order", origin));
+  if (std::set<std::string>(codes.begin(), codes.end()).size() != codes.size()) {
+    throw DataError(fmt::format("{}: the codes [{}] name a class twice", origin, fmt::join(excerpts(codes), ", ")));
+  }
+  if (all.images.empty()) throw DataError(fmt::format("{}: no images", origin));
+  const auto classes = static_cast<std::int64_t>(codes.size());
+  const auto scan = check_masks(all.images, all.masks, classes);
+  if (scan.binary_255) {
+    warn(fmt::format("{}: the masks hold only 0 and 255 and there are two codes: 255 is read as class 1 ('{}')", origin,
+                     excerpt(codes[1])));
+  }
+  const auto is_valid =
+      random_valid_mask(static_cast<std::int64_t>(all.images.size()), options.valid_pct, options.split_seed, origin);
+  Pairs train, valid;
+  for (std::size_t i = 0; i < all.images.size(); ++i) {
+    auto& part = is_valid[i] ? valid : train;
+    part.images.push_back(std::move(all.images[i]));
+    part.masks.push_back(std::move(all.masks[i]));
+  }
+  if (train.images.empty()) throw DataError(fmt::format("{}: no training images", origin));
+  if (valid.images.empty()) throw DataError(fmt::format("{}: no validation images", origin));
+
+  const auto valid_tfm = resize_pair(size, options.method, options.pad_mode);
+  const auto train_tfm =
+      options.min_scale < 1.0 ? random_resized_crop_pair(size, {.min_scale = options.min_scale}) : valid_tfm;
+  const SegmentationDatasetOptions item_options{.mode = options.mode, .binary_255 = scan.binary_255};
+  auto with = [&](PairTransform tfm, bool random) {
+    auto o = item_options;
+    o.item_tfm = std::move(tfm);
+    o.random = random;
+    return o;
+  };
+  ChannelStatistics stats;
+  if (options.normalize == ImageNormalization::computed) {
+    // The training images as validation sees them (resized, no randomness).
+    const ImageDataset images(
+        train.images, at::Tensor(),
+        ImageDatasetOptions{.mode = options.mode, .item_tfm = resize(size, options.method, options.pad_mode)});
+    stats = channel_statistics(images, options.stats_items, options.split_seed);
+    for (auto& s : stats.std) s = std::max(s, 1e-7);
+  }
+  auto train_ds = std::make_shared<SegmentationDataset>(std::move(train.images), std::move(train.masks), classes,
+                                                        with(train_tfm, true));
+  auto valid_ds = std::make_shared<SegmentationDataset>(std::move(valid.images), std::move(valid.masks), classes,
+                                                        with(valid_tfm, false));
+  std::vector<BatchTransform> augment;
+  if (options.augment) augment.push_back(aug_transforms(*options.augment, /*masks=*/true));
+  auto train_tfms = to_model_input(options, stats, std::move(augment));
+  if (options.flip_p > 0) {
+    train_tfms.insert(train_tfms.begin(), options.flip_vert ? dihedral(options.flip_p, /*masks=*/true)
+                                                            : random_flip(options.flip_p, /*masks=*/true));
+  }
+  DataLoaderOptions train_options{.bs = options.bs,
+                                  .shuffle = true,
+                                  .drop_last = true,
+                                  .num_workers = options.num_workers,
+                                  .seed = options.seed,
+                                  .batch_tfms = std::move(train_tfms),
+                                  .device = options.device};
+  DataLoaderOptions valid_options{.bs = options.valid_bs > 0 ? options.valid_bs : 2 * options.bs,
+                                  .num_workers = options.num_workers,
+                                  .seed = options.seed,
+                                  .batch_tfms = to_model_input(options, stats),
+                                  .device = options.device};
+  return DataLoaders(DataLoader(train_ds, train_options), DataLoader(valid_ds, valid_options), std::move(codes));
+}
+
+}  // namespace
+
+DataLoaders SegmentationDataLoaders::from_label_func(std::vector<fs::path> images,
+                                                     const std::function<fs::path(const fs::path&)>& label_func,
+                                                     std::vector<std::string> codes, const ImageFilesOptions& options) {
+  Pairs all;
+  for (auto& image : images) {
+    all.masks.push_back(label_func(image));
+    all.images.push_back(std::move(image));
+  }
+  return build(std::move(all), std::move(codes), options, "SegmentationDataLoaders::from_label_func");
+}
+
+DataLoaders SegmentationDataLoaders::from_folders(const fs::path& images_dir, const fs::path& masks_dir,
+                                                  std::vector<std::string> codes, const ImageFilesOptions& options) {
+  constexpr const char* origin = "SegmentationDataLoaders::from_folders";
+  std::map<std::string, fs::path> mask_of;
+  for (auto& mask : get_image_files(masks_dir)) {
+    const auto stem = mask.stem().string();
+    if (auto [at, added] = mask_of.emplace(stem, mask); !added) {
+      throw DataError(fmt::format("{}: two masks have the stem '{}': '{}' and '{}'", origin, excerpt(stem),
+                                  excerpt(at->second.string(), 256), excerpt(mask.string(), 256)));
+    }
+  }
+  Pairs all;
+  std::set<std::string> used;
+  for (auto& image : get_image_files(images_dir)) {
+    const auto stem = image.stem().string();
+    const auto mask = mask_of.find(stem);
+    if (mask == mask_of.end()) {
+      throw DataError(fmt::format("{}: the image '{}' has no mask '{}.*' in '{}'", origin, excerpt(image.string(), 256),
+                                  excerpt(stem), excerpt(masks_dir.string(), 256)));
+    }
+    used.insert(stem);
+    all.masks.push_back(mask->second);
+    all.images.push_back(std::move(image));
+  }
+  if (used.size() < mask_of.size()) {
+    warn(fmt::format("{}: {} mask(s) in '{}' have no image and are left out", origin, mask_of.size() - used.size(),
+                     excerpt(masks_dir.string(), 256)));
+  }
+  return build(std::move(all), std::move(codes), options, origin);
+}
+
+}  // namespace fastlearn
