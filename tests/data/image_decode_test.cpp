@@ -220,3 +220,65 @@ TEST(ImageEncode, PngRoundTripsRgbAndGrayAndRefusesOtherImages) {
   EXPECT_THROW(fl::encode_png(torch::zeros({4, 5, 5}, torch::kUInt8)), fl::DataError);
   EXPECT_THROW(fl::encode_png(torch::zeros({5, 5}, torch::kUInt8)), fl::DataError);
 }
+
+// --- Masks: the stored values, never converted ---------------------------------------------------------------------
+
+TEST(MaskDecode, GreyOf8And16BitsGreyWithAlphaPaletteAndLowDepthKeepTheirValues) {
+  const auto values = torch::arange(12, torch::kInt32).view({3, 4});
+  auto as = [](const at::Tensor& hw, at::ScalarType type) { return hw.to(type).unsqueeze(2).contiguous(); };
+  const auto grey = png(as(values, torch::kUInt8), SPNG_COLOR_TYPE_GRAYSCALE);
+  EXPECT_TRUE(fl::decode_mask(grey, "grey.png").equal(values));
+  // 16 bits: values past 32767 stay positive
+  const auto wide_values = values * 3000 + 20000;
+  const auto wide = png(as(wide_values, torch::kInt16), SPNG_COLOR_TYPE_GRAYSCALE, 16);
+  EXPECT_TRUE(fl::decode_mask(wide, "wide.png").equal(wide_values));
+  // Grey with alpha: the grey channel
+  const auto grey_alpha = png(torch::stack({values, torch::full_like(values, 255)}, 2).to(torch::kUInt8).contiguous(),
+                              SPNG_COLOR_TYPE_GRAYSCALE_ALPHA);
+  EXPECT_TRUE(fl::decode_mask(grey_alpha, "ga.png").equal(values));
+  // A palette PNG gives its indices, whatever the colours (fastai's luminance would give 0, 76, 29 here)
+  spng_plte plte{};
+  plte.n_entries = 3;
+  plte.entries[1] = {255, 0, 0, 0};
+  plte.entries[2] = {0, 0, 255, 0};
+  const auto indices = values.remainder(3);
+  const auto palette = png(as(indices, torch::kUInt8), SPNG_COLOR_TYPE_INDEXED, 8, &plte);
+  EXPECT_TRUE(fl::decode_mask(palette, "palette.png").equal(indices));
+  // 1-bit grey, 8 pixels a byte: 0 and 1, not 0 and 255
+  std::unique_ptr<spng_ctx, void (*)(spng_ctx*)> ctx(spng_ctx_new(SPNG_CTX_ENCODER), spng_ctx_free);
+  spng_set_option(ctx.get(), SPNG_ENCODE_TO_BUFFER, 1);
+  spng_ihdr ihdr{.width = 8, .height = 2, .bit_depth = 1, .color_type = SPNG_COLOR_TYPE_GRAYSCALE};
+  spng_set_ihdr(ctx.get(), &ihdr);
+  std::uint8_t packed[2] = {0b10110000, 0b00001111};
+  ASSERT_EQ(spng_encode_image(ctx.get(), packed, 2, SPNG_FMT_PNG, SPNG_ENCODE_FINALIZE), 0);
+  std::size_t size = 0;
+  int error = 0;
+  auto* buffer = static_cast<std::uint8_t*>(spng_get_png_buffer(ctx.get(), &size, &error));
+  const Bytes one_bit(buffer, buffer + size);
+  std::free(buffer);
+  EXPECT_TRUE(fl::decode_mask(one_bit, "bits.png")
+                  .equal(torch::tensor({1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1}, torch::kInt32).view({2, 8})));
+}
+
+TEST(MaskDecode, JpegRgbAndBrokenMasksAreRefusedNamingTheFile) {
+  const auto jpeg_message = flt::message_of([] { fl::decode_mask(jpeg(picture(8, 8), false), "m.jpg"); });
+  EXPECT_NE(jpeg_message.find("m.jpg: a JPEG cannot be a mask"), std::string::npos) << jpeg_message;
+  const auto rgb = flt::message_of([] { fl::decode_mask(png(picture(4, 4), SPNG_COLOR_TYPE_TRUECOLOR), "rgb.png"); });
+  EXPECT_NE(rgb.find("rgb.png: an RGB PNG cannot be a mask"), std::string::npos) << rgb;
+  auto truncated = png(picture(8, 8).select(2, 0).unsqueeze(2).contiguous(), SPNG_COLOR_TYPE_GRAYSCALE);
+  truncated.resize(truncated.size() / 2);
+  EXPECT_THROW(fl::decode_mask(truncated, "half.png"), fl::DataError);
+  EXPECT_THROW(fl::decode_mask(Bytes{}, "empty.png"), fl::DataError);
+  // Sizes from the header, without decoding
+  const auto dir = std::filesystem::temp_directory_path() / ("fastlearn-masks-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  for (const auto& [name, bytes] : {std::pair{"a.png", png(picture(5, 7), SPNG_COLOR_TYPE_TRUECOLOR)},
+                                    std::pair{"b.jpg", jpeg(picture(9, 3), false)}}) {
+    std::ofstream(dir / name, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
+  EXPECT_EQ(fl::read_image_size(dir / "a.png"), (fl::ImageSize{5, 7}));
+  EXPECT_EQ(fl::read_image_size(dir / "b.jpg"), (fl::ImageSize{9, 3}));
+  EXPECT_THROW(fl::read_image_size(dir / "missing.png"), fl::DataError);
+  std::filesystem::remove_all(dir);
+}
