@@ -11,8 +11,8 @@ Each GUIDE (docs/GUIDE.md), one program for the whole page, guide_GUIDE.cpp:
   every ```cpp block of the page, in order, each the body of a function that main() calls in turn (a block's local
   names stay its own); the blocks' #include lines and namespace aliases go to the top of the file, once each. A
   block is statements, and the types it needs (a callback, a dataset) are classes defined inside it.
-A guide with a ```c, ```fortran or ```toml block (at most one of each: a whole program, a whole config) also gets
-guide_GUIDE.c, guide_GUIDE.f90 or guide_GUIDE.toml, as written.
+A guide with a ```c, ```fortran, ```toml or ```python block (at most one of each: a whole program, a whole config) also
+gets guide_GUIDE.c, guide_GUIDE.f90, guide_GUIDE.toml or guide_GUIDE.py, as written.
 """
 import pathlib
 import re
@@ -26,7 +26,7 @@ def blocks(text, language="cpp"):
 
 
 # The whole programs and configs of other languages a guide shows: file suffix by the block's language.
-OTHER_LANGUAGES = {"c": "c", "fortran": "f90", "toml": "toml"}
+OTHER_LANGUAGES = {"c": "c", "fortran": "f90", "toml": "toml", "python": "py"}
 
 
 def other_files(page):
@@ -36,7 +36,7 @@ def other_files(page):
         if len(found) > 1:
             sys.exit(f"{page}: {len(found)} ```{language} blocks; a guide has at most one (a whole program or config)")
         if found:
-            comment = "!" if language == "fortran" else "#" if language == "toml" else None
+            comment = "!" if language == "fortran" else "#" if language in ("toml", "python") else None
             note = HEADER.format(f"docs/{page.name}").removeprefix("// ")
             header = f"{comment} {note}" if comment else f"/* {note.rstrip()} */\n"
             files[f"guide_{page.stem}.{suffix}"] = header + found[0]
