@@ -236,3 +236,21 @@ TEST_F(SegmentationFolder, MasksOf0And255WithTwoCodesAreReadAs0And1SaidOnce) {
   EXPECT_EQ(batch.targets[0].max().item<std::int64_t>(), 1);
   EXPECT_EQ(batch.targets[0].min().item<std::int64_t>(), 0);
 }
+
+TEST_F(SegmentationFolder, ClassificationTakesASquareItemSizeAndTheSymmetriesAndRefusesOtherShapes) {
+  auto files = fl::get_image_files(dir_ / "images");
+  std::vector<std::string> labels;
+  for (std::size_t i = 0; i < files.size(); ++i) labels.push_back(i % 2 ? "odd" : "even");
+  auto dls = fl::ImageDataLoaders::from_lists(files, labels,
+                                              {.bs = 4,
+                                               .seed = 3,
+                                               .item_size = fl::ImageSize{20, 20},
+                                               .flip_p = 1.0,
+                                               .flip_vert = true,
+                                               .normalize = fl::ImageNormalization::none});
+  EXPECT_EQ(dls.train().one_batch().inputs[0].sizes(), (std::vector<std::int64_t>{4, 3, 20, 20}));
+  const auto message = fastlearn::testing::message_of([&] {
+    fl::ImageDataLoaders::from_lists(files, labels, {.item_size = fl::ImageSize{20, 30}});
+  });
+  EXPECT_NE(message.find("item_size 20x30 is not square"), std::string::npos) << message;
+}
