@@ -80,6 +80,10 @@ BatchTransform aug_transforms(AugOptions o, bool masks) {
       throw DataError("aug_transforms: expects float images shaped (N, C, H, W) in [0, 1] (put it after to_float)");
     }
     const auto n = x.size(0), h = x.size(2), w = x.size(3);
+    if (masks && (batch.targets.empty() || batch.targets.front().dim() != 3 || batch.targets.front().size(0) != n ||
+                  batch.targets.front().size(1) != h || batch.targets.front().size(2) != w)) {
+      throw DataError("aug_transforms: asked to move masks, but target 0 is not the (N, H, W) masks of the images");
+    }
     if (n == 0) return;
     // The output pixel grid in [-1, 1] (corners aligned), through each image's homography.
     const auto dbl = at::TensorOptions().dtype(at::kDouble);
@@ -93,10 +97,6 @@ BatchTransform aug_transforms(AugOptions o, bool masks) {
     x = at::grid_sampler(x, sample_at, /*bilinear*/ 0, /*reflection*/ 2, /*align_corners=*/true);
     if (masks) {
       // The masks by the same grid and padding, nearest: every output pixel takes the class under its sample point.
-      if (batch.targets.empty() || batch.targets.front().dim() != 3 || batch.targets.front().size(0) != n ||
-          batch.targets.front().size(1) != h || batch.targets.front().size(2) != w) {
-        throw DataError("aug_transforms: asked to move masks, but target 0 is not the (N, H, W) masks of the images");
-      }
       auto& m = batch.targets.front();
       const auto moved = at::grid_sampler(m.unsqueeze(1).to(x.scalar_type()), sample_at, /*nearest*/ 1,
                                           /*reflection*/ 2, /*align_corners=*/true);

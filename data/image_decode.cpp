@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -193,7 +194,9 @@ at::Tensor decode_any(std::span<const std::uint8_t> bytes, std::string_view orig
 }
 
 // Reads all of `file` into `bytes` (resized to fit).
-void read_file(const std::filesystem::path& file, std::vector<std::uint8_t>& bytes) {
+// Reads `file` into `bytes` (resized to fit), or only its first `limit` bytes; true when the whole file was read.
+bool read_file(const std::filesystem::path& file, std::vector<std::uint8_t>& bytes,
+               std::streamoff limit = std::numeric_limits<std::streamoff>::max()) {
   // A folder opens as a stream on Linux and tells a meaningless size.
   std::error_code error;
   if (std::filesystem::is_directory(file, error)) fail(file.string(), "a folder, not an image file");
@@ -201,16 +204,21 @@ void read_file(const std::filesystem::path& file, std::vector<std::uint8_t>& byt
   if (!in) fail(file.string(), fmt::format("cannot open: {}", std::strerror(errno)));
   const auto size = static_cast<std::streamoff>(in.tellg());
   if (size < 0) fail(file.string(), "cannot tell its size");
-  bytes.resize(static_cast<std::size_t>(size));
+  const auto wanted = std::min(size, limit);
+  bytes.resize(static_cast<std::size_t>(wanted));
   in.seekg(0);
-  if (!in.read(reinterpret_cast<char*>(bytes.data()), size)) fail(file.string(), "read error");
+  if (!in.read(reinterpret_cast<char*>(bytes.data()), wanted)) fail(file.string(), "read error");
+  return wanted == size;
 }
 
 }  // namespace
 
 ImageSize read_image_size(const std::filesystem::path& file) {
+  // The headers lie in the first bytes: a PNG's IHDR at byte 16, a JPEG's frame header after its metadata (which
+  // rarely runs past 64 KiB; when it does, the whole file is read).
+  constexpr std::streamoff kHeaderBytes = 64 << 10;
   std::vector<std::uint8_t> bytes;
-  read_file(file, bytes);
+  const bool whole = read_file(file, bytes, kHeaderBytes);
   const auto origin = file.string();
   if (starts_with(bytes, kPngMagic)) {
     PngReader png(bytes, origin);
@@ -220,10 +228,16 @@ ImageSize read_image_size(const std::filesystem::path& file) {
     std::unique_ptr<void, int (*)(tjhandle)> handle(tjInitDecompress(), tjDestroy);
     if (!handle) fail(origin, "libjpeg-turbo could not start a decoder");
     int width = 0, height = 0, subsampling = 0, colorspace = 0;
-    if (tjDecompressHeader3(handle.get(), bytes.data(), static_cast<unsigned long>(bytes.size()), &width, &height,
-                            &subsampling, &colorspace) != 0) {
-      fail(origin, fmt::format("not a readable JPEG: {}", tjGetErrorStr2(handle.get())));
+    auto header = [&] {
+      return tjDecompressHeader3(handle.get(), bytes.data(), static_cast<unsigned long>(bytes.size()), &width, &height,
+                                 &subsampling, &colorspace) == 0;
+    };
+    bool read = header();
+    if (!read && !whole) {
+      read_file(file, bytes);
+      read = header();
     }
+    if (!read) fail(origin, fmt::format("not a readable JPEG: {}", tjGetErrorStr2(handle.get())));
     return {height, width};
   }
   fail(origin, bytes.empty() ? "the file is empty" : "neither a JPEG nor a PNG file (by its first bytes)");
@@ -246,32 +260,34 @@ at::Tensor decode_mask(std::span<const std::uint8_t> bytes, std::string_view ori
     fail(origin,
          "an RGB PNG cannot be a mask here: a mask holds one class index per pixel, as a grey or a palette PNG");
   }
-  // SPNG_FMT_PNG keeps the file's own samples: palette indices unexpanded, 16-bit samples in host order.
+  // SPNG_FMT_PNG keeps the file's own samples: palette indices unexpanded, 16-bit samples in host order, samples of
+  // 1, 2 or 4 bits packed into bytes (most significant first; PIL writes palettes of up to 16 colours so).
   std::size_t size = 0;
   png.check(spng_decoded_image_size(png.ctx.get(), SPNG_FMT_PNG, &size), "size");
-  const std::int64_t h = png.ihdr.height, w = png.ihdr.width;
-  const bool wide = png.ihdr.bit_depth == 16;
+  const std::int64_t h = png.ihdr.height, w = png.ihdr.width, depth = png.ihdr.bit_depth;
   const std::int64_t channels = type == SPNG_COLOR_TYPE_GRAYSCALE_ALPHA ? 2 : 1;
-  const std::int64_t sample_bytes = wide ? 2 : 1;
-  // Depths below 8 come out one sample per byte with SPNG_FMT_PNG only when asked for; let libspng expand them to 8.
-  const bool low_depth = png.ihdr.bit_depth < 8;
-  const auto format = low_depth ? SPNG_FMT_G8 : SPNG_FMT_PNG;
-  if (low_depth) {
-    if (type == SPNG_COLOR_TYPE_INDEXED) {
-      fail(origin,
-           fmt::format("a {}-bit palette PNG is not read as a mask; save it with 8-bit indices", png.ihdr.bit_depth));
+  const std::int64_t row_bytes = (w * channels * depth + 7) / 8;
+  if (size != static_cast<std::size_t>(h * row_bytes)) fail(origin, "the decoded size does not match the header");
+  if (depth < 8) {
+    std::vector<std::uint8_t> packed(size);
+    png.check(spng_decode_image(png.ctx.get(), packed.data(), size, SPNG_FMT_PNG, 0), "data");
+    auto values = torch::empty({h, w}, torch::kInt32);
+    auto* out = values.data_ptr<std::int32_t>();
+    const auto low = (1 << depth) - 1;
+    for (std::int64_t y = 0; y < h; ++y) {
+      const auto* row = packed.data() + y * row_bytes;
+      for (std::int64_t x = 0; x < w; ++x) {
+        const auto bit = x * depth;
+        out[y * w + x] = (row[bit / 8] >> (8 - depth - bit % 8)) & low;
+      }
     }
-    png.check(spng_decoded_image_size(png.ctx.get(), SPNG_FMT_G8, &size), "size");
+    return values;
   }
-  const auto expected = static_cast<std::size_t>(h * w * (low_depth ? 1 : channels * sample_bytes));
-  if (size != expected) fail(origin, "the decoded size does not match the header");
-  auto raw = torch::empty({h, w, low_depth ? 1 : channels}, wide && !low_depth ? torch::kInt16 : torch::kUInt8);
-  png.check(spng_decode_image(png.ctx.get(), raw.data_ptr(), size, format, 0), "data");
-  auto values = raw.select(2, 0);
-  // Low-depth grey is scaled up to 8 bits by SPNG_FMT_G8 (a 1-bit 1 becomes 255): back to the stored values.
-  if (low_depth) return values.to(torch::kInt32).div(255 / ((1 << png.ihdr.bit_depth) - 1), "floor");
-  if (wide) return values.to(torch::kInt32).bitwise_and(0xFFFF);  // int16 holds the 16 bits; read them unsigned
-  return values.to(torch::kInt32);
+  auto raw = torch::empty({h, w, channels}, depth == 16 ? torch::kInt16 : torch::kUInt8);
+  png.check(spng_decode_image(png.ctx.get(), raw.data_ptr(), size, SPNG_FMT_PNG, 0), "data");
+  auto values = raw.select(2, 0).to(torch::kInt32);
+  if (depth == 16) values.bitwise_and_(0xFFFF);  // int16 holds the 16 bits; read them unsigned
+  return values;
 }
 
 at::Tensor read_mask(const std::filesystem::path& file, std::int64_t max_pixels) {

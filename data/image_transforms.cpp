@@ -177,8 +177,8 @@ at::Tensor cut(const at::Tensor& image, const Window& window, PadMode padding) {
 // Nearest-neighbour resampling of a (C, H, W) tensor of any type to (C, height, width), the source pixel of each
 // output pixel being the one under its centre (PIL's NEAREST, torch's nearest-exact): class indices stay as they are.
 at::Tensor resample_nearest(const at::Tensor& mask, std::int64_t height, std::int64_t width) {
-  auto source = [](std::int64_t in, std::int64_t out) {
-    auto dst = torch::arange(out, torch::kLong);
+  auto source = [&mask](std::int64_t in, std::int64_t out) {
+    auto dst = torch::arange(out, mask.options().dtype(torch::kLong));
     return (dst * 2 + 1).mul(in).div(2 * out, "floor").clamp_max(in - 1);
   };
   return mask.index_select(1, source(mask.size(1), height)).index_select(2, source(mask.size(2), width));

@@ -4,6 +4,7 @@
 #include <fastlearn/core/detail/warning.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/detail/model_input.h>
+#include <fastlearn/data/image_dataset.h>
 #include <fastlearn/data/random_splitter.h>
 #include <fastlearn/data/segmentation_dataset.h>
 #include <fastlearn/data/transforms.h>
@@ -24,6 +25,28 @@ struct Pairs {
   std::vector<fs::path> images, masks;
 };
 
+// Leaves out the pairs whose image does not decode, with one warning that counts and names them (a mask that does
+// not decode stays an error: it is the label).
+void drop_bad_images(Pairs& all, const char* origin) {
+  const auto bad = verify_images(all.images);
+  if (bad.empty()) return;
+  std::set<fs::path> bad_files;
+  std::vector<std::string> named;
+  for (const auto& b : bad) {
+    bad_files.insert(b.file);
+    if (named.size() < 10) named.push_back(fmt::format("{} ({})", excerpt(b.file.string(), 256), b.error));
+  }
+  warn(fmt::format("{}: skipping {} image(s) that do not decode, with their masks: {}{}", origin, bad.size(),
+                   fmt::join(named, "; "), bad.size() > named.size() ? "; ..." : ""));
+  Pairs kept;
+  for (std::size_t i = 0; i < all.images.size(); ++i) {
+    if (bad_files.contains(all.images[i])) continue;
+    kept.images.push_back(std::move(all.images[i]));
+    kept.masks.push_back(std::move(all.masks[i]));
+  }
+  all = std::move(kept);
+}
+
 DataLoaders build(Pairs all, std::vector<std::string> codes, const ImageFilesOptions& options, const char* origin) {
   const auto size = options.item_size.value_or(ImageSize{options.size, options.size});
   if (size.height < 1 || size.width < 1) {
@@ -33,6 +56,13 @@ DataLoaders build(Pairs all, std::vector<std::string> codes, const ImageFilesOpt
   if (std::set<std::string>(codes.begin(), codes.end()).size() != codes.size()) {
     throw DataError(fmt::format("{}: the codes [{}] name a class twice", origin, fmt::join(excerpts(codes), ", ")));
   }
+  if (options.flip_vert && options.flip_p > 0 && size.height != size.width) {
+    throw DataError(
+        fmt::format("{}: flip_vert turns items by the square's symmetries, which keep only square items "
+                    "whole; item size {}x{} is not square (flip_vert = false flips left-right)",
+                    origin, size.height, size.width));
+  }
+  if (options.skip_bad_images) drop_bad_images(all, origin);
   if (all.images.empty()) throw DataError(fmt::format("{}: no images", origin));
   const auto classes = static_cast<std::int64_t>(codes.size());
   const auto scan = check_masks(all.images, all.masks, classes);
@@ -112,24 +142,31 @@ DataLoaders SegmentationDataLoaders::from_label_func(std::vector<fs::path> image
 DataLoaders SegmentationDataLoaders::from_folders(const fs::path& images_dir, const fs::path& masks_dir,
                                                   std::vector<std::string> codes, const ImageFilesOptions& options) {
   constexpr const char* origin = "SegmentationDataLoaders::from_folders";
+  // A file's key: its path under its folder without the suffix ("sub/a.jpg" and "sub/a.png" are "sub/a").
+  auto key_of = [](const fs::path& file, const fs::path& root) {
+    return file.lexically_relative(root).replace_extension().string();
+  };
   std::map<std::string, fs::path> mask_of;
   for (auto& mask : get_image_files(masks_dir)) {
-    const auto stem = mask.stem().string();
-    if (auto [at, added] = mask_of.emplace(stem, mask); !added) {
-      throw DataError(fmt::format("{}: two masks have the stem '{}': '{}' and '{}'", origin, excerpt(stem),
+    const auto key = key_of(mask, masks_dir);
+    if (auto [at, added] = mask_of.emplace(key, mask); !added) {
+      throw DataError(fmt::format("{}: two masks are '{}': '{}' and '{}'", origin, excerpt(key),
                                   excerpt(at->second.string(), 256), excerpt(mask.string(), 256)));
     }
   }
   Pairs all;
   std::set<std::string> used;
   for (auto& image : get_image_files(images_dir)) {
-    const auto stem = image.stem().string();
-    const auto mask = mask_of.find(stem);
+    const auto key = key_of(image, images_dir);
+    const auto mask = mask_of.find(key);
     if (mask == mask_of.end()) {
       throw DataError(fmt::format("{}: the image '{}' has no mask '{}.*' in '{}'", origin, excerpt(image.string(), 256),
-                                  excerpt(stem), excerpt(masks_dir.string(), 256)));
+                                  excerpt(key), excerpt(masks_dir.string(), 256)));
     }
-    used.insert(stem);
+    if (!used.insert(key).second) {
+      throw DataError(fmt::format("{}: two images are '{}' (one mask each is needed): '{}' and another suffix", origin,
+                                  excerpt(key), excerpt(image.string(), 256)));
+    }
     all.masks.push_back(mask->second);
     all.images.push_back(std::move(image));
   }

@@ -1,8 +1,9 @@
 #pragma once
 // SegmentationDataLoaders: the train and valid loaders of a segmentation task, images paired with masks (PNGs of
-// class indices, one per image, the same height and width) by a function (fastai's from_label_func) or by file stem
-// across two folders. `codes` name the classes in index order (fastai's codes); the valid_pct split is seeded
-// (split_seed), as for the image loaders.
+// class indices, one per image, the same height and width) by a function (fastai's from_label_func) or by name across
+// two folders. `codes` name the classes in index order (fastai's codes); the valid_pct split is seeded (split_seed),
+// as for the image loaders, and so are the other ImageFilesOptions (item_size any shape; flip_vert square items only;
+// skip_bad_images leaves out the pairs whose image does not decode).
 //
 // Before anything is loaded every mask is read once and checked (segmentation_dataset.h, check_masks): a missing or
 // lossy mask, a size that differs from its image's, a value that is no class is refused naming the file. Then:
@@ -26,9 +27,9 @@ struct SegmentationDataLoaders {
       std::vector<std::filesystem::path> images,
       const std::function<std::filesystem::path(const std::filesystem::path&)>& label_func,
       std::vector<std::string> codes, const ImageFilesOptions& options = {});
-  /// The images under `images_dir` (get_image_files) and the masks under `masks_dir` paired by file stem ("a.jpg" with
-  /// "a.png"): an image without a mask, or two masks of one stem, is a DataError naming them; masks without an
-  /// image are left out with a warning.
+  /// The images under `images_dir` (get_image_files) and the masks under `masks_dir` paired by their paths under
+  /// those folders without the suffix ("sub/a.jpg" with "sub/a.png"): an image without a mask, or two files of one
+  /// name on either side, is a DataError naming them; masks without an image are left out with a warning.
   static DataLoaders from_folders(const std::filesystem::path& images_dir, const std::filesystem::path& masks_dir,
                                   std::vector<std::string> codes, const ImageFilesOptions& options = {});
 };

@@ -68,11 +68,21 @@ std::pair<at::Tensor, at::Tensor> SegmentationDataset::load_pair(std::int64_t in
                                 image.size(2)));
   }
   if (!options_.item_tfm) return {image, mask};
+  std::pair<at::Tensor, at::Tensor> item;
   try {
-    return options_.item_tfm(image, mask, options_.random ? rng : nullptr);
+    item = options_.item_tfm(image, mask, options_.random ? rng : nullptr);
   } catch (const DataError& e) {
     throw DataError(fmt::format("{}: {}", excerpt(images_[i].string(), 256), e.what()));
   }
+  const auto& [out_image, out_mask] = item;
+  if (out_image.dim() != 3 || out_mask.dim() != 2 || out_mask.size(0) != out_image.size(1) ||
+      out_mask.size(1) != out_image.size(2)) {
+    throw DataError(fmt::format(
+        "{}: the item transform made an image [{}] and a mask [{}]; a mask is (H, W) at its "
+        "image's height and width",
+        excerpt(images_[i].string(), 256), fmt::join(out_image.sizes(), ", "), fmt::join(out_mask.sizes(), ", ")));
+  }
+  return item;
 }
 
 Batch SegmentationDataset::load(std::span<const std::int64_t> indices, at::Generator* rng) const {

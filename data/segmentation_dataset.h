@@ -53,11 +53,11 @@ struct MaskScan {
   bool binary_255 = false;  ///< two classes stored as 0 and 255 (every mask holds only those values, some hold 255)
 };
 
-/// Reads every mask (with `threads` threads; 0: all cores) and checks it against its image, in file order, throwing
-/// DataError at the first that fails, naming the file: a mask that does not exist or is not a PNG of one channel (a
-/// JPEG is refused: lossy), a mask whose height and width differ from its image's (read from the image file's
-/// header), a value that is not a class (the value and a pixel where it is). With two classes, masks that hold only
-/// 0 and 255 are read as 0 and 1 (binary_255).
+/// Reads every mask (with `threads` threads; 0: all cores) and checks it against its image, throwing DataError naming
+/// the file: first, the first mask in file order that does not exist, does not decode as a mask (image_decode.h's
+/// decode_mask: a JPEG or an RGB PNG is refused), or whose height and width differ from its image's (read from the
+/// image file's header); then the first with a value that is no class (the value and a pixel where it is). With two
+/// classes, masks that hold only 0 and 255 are read as 0 and 1 (binary_255).
 MaskScan check_masks(const std::vector<std::filesystem::path>& images, const std::vector<std::filesystem::path>& masks,
                      std::int64_t classes, int threads = 0);
 

@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <fastlearn/models/sequential_block.h>
 #include <torch/nn/cloneable.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>

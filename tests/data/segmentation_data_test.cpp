@@ -19,6 +19,7 @@
 #include <fstream>
 
 #include "support/message_of.h"
+#include "support/python_data.h"
 
 namespace fl = fastlearn;
 namespace fs = std::filesystem;
@@ -253,4 +254,73 @@ TEST_F(SegmentationFolder, ClassificationTakesASquareItemSizeAndTheSymmetriesAnd
     fl::ImageDataLoaders::from_lists(files, labels, {.item_size = fl::ImageSize{20, 30}});
   });
   EXPECT_NE(message.find("item_size 20x30 is not square"), std::string::npos) << message;
+}
+
+namespace {
+
+// Masks as Pillow writes them: scripts/make-shapes with grey masks and with palette masks (Pillow packs a palette of
+// three colours into 2 bits a pixel), and a 16-bit grey mask.
+class PillowMasks : public fastlearn::testing::PythonData<PillowMasks> {
+ protected:
+  static void SetUpTestSuite() {
+    make("pillow-masks",
+         "'{python}' '{source}/scripts/make-shapes' '{dir}/grey' --count 12 && '{python}' "
+         "'{source}/scripts/make-shapes' "
+         "'{dir}/palette' --count 12 --palette && '{python}' -c \"import numpy as np; from PIL import Image; "
+         "Image.fromarray(np.array([[0, 1, 2, 300, 65535]], dtype=np.uint16)).save('{dir}/wide.png')\"");
+  }
+};
+
+}  // namespace
+
+TEST_F(PillowMasks, PalettePngsOfAFewColoursGiveTheirIndicesAnd16BitMasksTheirValues) {
+  for (int i = 0; i < 12; ++i) {
+    const auto name = fmt::format("masks/shape_{:03}.png", i);
+    EXPECT_TRUE(fl::read_mask(dir_ / "palette" / name).equal(fl::read_mask(dir_ / "grey" / name))) << name;
+  }
+  EXPECT_TRUE(fl::read_mask(dir_ / "wide.png").equal(torch::tensor({0, 1, 2, 300, 65535}, torch::kInt32).view({1, 5})));
+  auto dls = fl::SegmentationDataLoaders::from_folders(dir_ / "palette" / "images", dir_ / "palette" / "masks",
+                                                       {"background", "circle", "square"}, {.bs = 4, .size = 32});
+  EXPECT_EQ(dls.valid().one_batch().targets[0].max().item<std::int64_t>(), 2);
+}
+
+TEST_F(SegmentationFolder, SubfoldersPairByPathBadImagesAreSkippedWhenAskedAndFlipVertNeedsSquares) {
+  // The same name in two subfolders: each image with the mask at its own path
+  for (const auto* sub : {"left", "right"}) {
+    for (const auto* tree : {"images", "masks"}) {
+      fs::create_directories(dir_ / tree / sub);
+      fs::copy_file(dir_ / tree / "item03.png", dir_ / tree / sub / "item03.png");
+    }
+  }
+  auto dls = fl::SegmentationDataLoaders::from_folders(dir_ / "images", dir_ / "masks", {"a", "b", "c"},
+                                                       {.size = 16, .valid_pct = 0.25});
+  EXPECT_EQ(dls.train().dataset().size() + dls.valid().dataset().size(), 14);
+  const auto& pairs = dynamic_cast<const fl::SegmentationDataset&>(dls.train().dataset());
+  for (std::size_t i = 0; i < pairs.images().size(); ++i) {
+    EXPECT_EQ(pairs.images()[i].lexically_relative(dir_ / "images"),
+              pairs.masks()[i].lexically_relative(dir_ / "masks"));
+  }
+  // An image that does not decode: an error naming it, or with skip_bad_images left out with its mask
+  write(dir_ / "images" / "item05.png", fl::encode_png(torch::zeros({3, 45, 45}, torch::kUInt8)).substr(0, 60));
+  testing::internal::CaptureStderr();
+  auto kept = fl::SegmentationDataLoaders::from_folders(dir_ / "images", dir_ / "masks", {"a", "b", "c"},
+                                                        {.size = 16, .skip_bad_images = true, .valid_pct = 0.25});
+  const auto warning = testing::internal::GetCapturedStderr();
+  EXPECT_NE(warning.find("skipping 1 image(s) that do not decode, with their masks"), std::string::npos) << warning;
+  EXPECT_EQ(kept.train().dataset().size() + kept.valid().dataset().size(), 13);
+  // (as for classification, without skip_bad_images the first batch that holds it stops with an error naming it)
+  const auto refused = fastlearn::testing::message_of([&] {
+    auto all = fl::SegmentationDataLoaders::from_folders(dir_ / "images", dir_ / "masks", {"a", "b", "c"},
+                                                         {.bs = 1, .size = 16, .valid_pct = 0.25});
+    for (fl::DataLoader* dl : {&all.train(), &all.valid()}) {
+      for (const auto& batch : *dl) (void)batch;
+    }
+  });
+  EXPECT_NE(refused.find("item05.png"), std::string::npos) << refused;
+  // flip_vert turns items by the square's symmetries: refused at once for other shapes
+  const auto oblong = fastlearn::testing::message_of([&] {
+    fl::SegmentationDataLoaders::from_folders(dir_ / "images", dir_ / "masks", {"a", "b", "c"},
+                                              {.item_size = fl::ImageSize{16, 24}, .flip_vert = true});
+  });
+  EXPECT_NE(oblong.find("item size 16x24 is not square"), std::string::npos) << oblong;
 }

@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -31,12 +32,21 @@ std::int64_t parameter_count(torch::nn::Module& model) {
   return n;
 }
 
-// The oracle's cases (tests/python/fastai_unet_oracle.py): non-square sizes whose sides are not multiples of 32, and a
-// 12-pixel-wide one where fastai drops the deepest skip connection.
+// The oracle's cases (tests/python/fastai_unet_oracle.py): non-square sizes whose sides are not multiples of 32, a
+// 12-pixel-wide one where fastai drops the deepest skip connection, and one with every option set.
 const std::map<std::string, fl::models::UnetOptions> kCases{
     {"resnet18", {.arch = "resnet18", .classes = 3, .image_size = {75, 54}}},
     {"resnet34", {.arch = "resnet34", .classes = 3, .image_size = {75, 54}}},
     {"narrow", {.arch = "resnet18", .classes = 3, .image_size = {40, 12}}},
+    {"options",
+     {.arch = "resnet18",
+      .classes = 2,
+      .image_size = {45, 70},
+      .in_channels = 1,
+      .blur = true,
+      .blur_final = false,
+      .y_range = std::pair{-1.0, 3.0},
+      .last_cross = false}},
 };
 
 class FastaiUnet : public fastlearn::testing::PythonData<FastaiUnet> {
@@ -89,7 +99,6 @@ TEST_F(FastaiUnet, ParameterCountsAndOutputsAreFastaisBothWays) {
     our_logits.emplace_back(name, ours->forward(x));
   }
   EXPECT_EQ(fastai_counts.at("resnet18"), 31113108);  // the count fastai's documentation shows for 3 classes
-  EXPECT_EQ(kCases.at("narrow").image_size.width, 12);
   EXPECT_EQ(fl::models::unet(kCases.at("narrow"))->skips(), (std::vector<int>{5, 4, 2}));  // layer3 -> 4 keeps width 1
   fl::save_safetensors(dir_ / "fastlearn_logits.safetensors", our_logits);
   const auto [code, output] = fastlearn::testing::run_shell(
@@ -180,4 +189,34 @@ TEST(Unet, BodyLoadsTorchvisionWeightsAndBadOptionsAreRefused) {
   EXPECT_EQ(fl::models::fastai_unet_name("0.layer1.0.conv1.weight"), "layers.0.4.0.conv1.weight");
   EXPECT_EQ(fl::models::fastlearn_unet_name("layers.4.shuf.0.0.weight"), "4.shuf.0.0.weight");
   EXPECT_THROW(fl::models::fastlearn_unet_name("4.shuf.0.0.weight"), fl::ConfigError);
+}
+
+TEST(Unet, StartsAsFastaiInitialisesIt) {
+  torch::NoGradGuard no_grad;
+  auto model = fl::models::unet({.arch = "resnet18", .classes = 3, .image_size = {64, 64}});
+  const auto params = model->named_parameters();
+  // fastai's BatchNorm: scale 1, shift 1e-3 (the one after the body, each skip's)
+  for (const auto* name : {"1.bias", "4.bn.bias", "7.bn.bias"}) {
+    EXPECT_TRUE(params[name].eq(1e-3F).all().item<bool>()) << name;
+  }
+  EXPECT_TRUE(params["1.weight"].eq(1).all().item<bool>());
+  // apply_init (Kaiming normal, bias 0) on the middle, the blocks' convolutions and the residual block; the shuffles'
+  // biases 0 (bias_std 0); the head's bias drawn with std 0.01
+  for (const auto* name : {"3.0.0.bias", "3.1.0.bias", "4.conv1.0.bias", "6.conv2.0.bias", "11.convpath.1.0.bias",
+                           "4.shuf.0.0.bias", "8.0.0.bias"}) {
+    EXPECT_TRUE(params[name].eq(0).all().item<bool>()) << name;
+  }
+  EXPECT_GT(params["12.0.bias"].abs().max().item<double>(), 0);
+  EXPECT_LT(params["12.0.bias"].abs().max().item<double>(), 0.1);
+  // Kaiming normal, fan in: std sqrt(2 / fan_in)
+  const auto& middle = params["3.0.0.weight"];
+  const double fan_in = static_cast<double>(middle.size(1) * middle.size(2) * middle.size(3));
+  EXPECT_NEAR(middle.std().item<double>(), std::sqrt(2.0 / fan_in), 0.05 * std::sqrt(2.0 / fan_in));
+  // ICNR: the upsampled map starts as a nearest-neighbour upsampling, each 2x2 block of outputs one value
+  auto shuffle = model->named_children()["4"]->named_children()["shuf"]->as<torch::nn::SequentialImpl>();
+  const auto up = shuffle->forward(torch::randn({1, 512, 3, 5}));
+  const auto corners = up.slice(2, 0, 6, 2).slice(3, 0, 10, 2);
+  for (const auto& [dy, dx] : std::vector<std::pair<int, int>>{{0, 1}, {1, 0}, {1, 1}}) {
+    EXPECT_TRUE(up.slice(2, dy, 6, 2).slice(3, dx, 10, 2).equal(corners));
+  }
 }

@@ -1,9 +1,9 @@
 """The fastai side of the U-Net oracle in tests/oracles/unet_test.cpp.
 
-  python fastai_unet_oracle.py OUT          writes, for each case below, fastai's create_unet_model(arch, 3, size,
-      pretrained=False) in eval mode with random BatchNorm statistics:
+  python fastai_unet_oracle.py OUT          writes, for each case below, fastai's create_unet_model(arch, classes,
+      size, pretrained=False, **options) in eval mode with random BatchNorm statistics:
       <case>.safetensors          its state dict, as safetensors.torch.save_file writes it
-      inputs.safetensors          "<case>": (2, 3, height, width) images
+      inputs.safetensors          "<case>": (2, n_in, height, width) images
       logits.safetensors          "<case>": the model's output on them
       counts.txt                  "<case> <parameter count>" per line
   python fastai_unet_oracle.py OUT --check   loads fastlearn_<case>.safetensors (a fastlearn U-Net's weights under
@@ -18,14 +18,18 @@ from fastai.vision.learner import create_unet_model
 from safetensors.torch import load_file, save_file
 from torchvision.models import resnet18, resnet34
 
-# Non-square, sides not multiples of 32; "narrow" is 12 pixels wide, where fastai's U-Net drops the deepest skip.
-CASES = {"resnet18": (resnet18, (75, 54)), "resnet34": (resnet34, (75, 54)), "narrow": (resnet18, (40, 12))}
+# (arch, classes, size, options): non-square, sides not multiples of 32; "narrow" is 12 pixels wide, where fastai's
+# U-Net drops the deepest skip; "options" sets every option fastlearn's UnetOptions mirrors.
+CASES = {"resnet18": (resnet18, 3, (75, 54), {}), "resnet34": (resnet34, 3, (75, 54), {}),
+         "narrow": (resnet18, 3, (40, 12), {}),
+         "options": (resnet18, 2, (45, 70), dict(n_in=1, blur=True, blur_final=False, y_range=(-1.0, 3.0),
+                                                 last_cross=False))}
 
 
 def model(case):
-    arch, size = CASES[case]
+    arch, classes, size, options = CASES[case]
     torch.manual_seed(0)
-    m = create_unet_model(arch, 3, size, pretrained=False)
+    m = create_unet_model(arch, classes, size, pretrained=False, **options)
     with torch.no_grad():
         for layer in m.modules():
             if isinstance(layer, torch.nn.BatchNorm2d):
@@ -39,7 +43,7 @@ def model(case):
 def main(out, check):
     if not check:
         g = torch.Generator().manual_seed(1)
-        inputs = {case: torch.randn(2, 3, *CASES[case][1], generator=g) for case in CASES}
+        inputs = {case: torch.randn(2, CASES[case][3].get("n_in", 3), *CASES[case][2], generator=g) for case in CASES}
         save_file(inputs, f"{out}/inputs.safetensors")
         logits = {}
         with open(f"{out}/counts.txt", "w") as counts:
