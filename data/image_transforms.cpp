@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <vector>
 
 namespace fastlearn {
 namespace {
@@ -174,12 +175,20 @@ at::Tensor cut(const at::Tensor& image, const Window& window, PadMode padding) {
   return pad_image(inside, pads, padding);
 }
 
-// Nearest-neighbour resampling of a (C, H, W) tensor of any type to (C, height, width), the source pixel of each
-// output pixel being the one under its centre (PIL's NEAREST, torch's nearest-exact): class indices stay as they are.
+// Nearest-neighbour resampling of a (C, H, W) tensor of any type to (C, height, width): each output pixel takes the
+// source pixel under its centre, computed as PIL's NEAREST computes it (the centre stepped along in double precision
+// and truncated), so that masks come out as fastai's to the pixel; torch's nearest-exact differs where a centre falls
+// on a pixel's edge. Class indices stay as they are.
 at::Tensor resample_nearest(const at::Tensor& mask, std::int64_t height, std::int64_t width) {
   auto source = [&mask](std::int64_t in, std::int64_t out) {
-    auto dst = torch::arange(out, mask.options().dtype(torch::kLong));
-    return (dst * 2 + 1).mul(in).div(2 * out, "floor").clamp_max(in - 1);
+    std::vector<std::int64_t> index(static_cast<std::size_t>(out));
+    const double step = static_cast<double>(in) / static_cast<double>(out);
+    double centre = 0.5 * step;
+    for (auto& i : index) {
+      i = std::min(static_cast<std::int64_t>(centre), in - 1);
+      centre += step;
+    }
+    return torch::tensor(index, torch::kLong).to(mask.device());
   };
   return mask.index_select(1, source(mask.size(1), height)).index_select(2, source(mask.size(2), width));
 }

@@ -111,18 +111,23 @@ class ResizeOracle : public fastlearn::testing::PythonData<ResizeOracle> {
   }
 };
 
-TEST_F(ResizeOracle, CropPadAndSquishGiveFastaisPixels) {
+TEST_F(ResizeOracle, CropPadAndSquishGiveFastaisPixelsForImagesAndMasksOfAnyShape) {
   int compared = 0;
   for (const auto& entry : fs::directory_iterator(dir_)) {
-    const auto name = entry.path().stem().string();  // out_<w>x<h>_<size>_<method>_<pad mode>
+    const auto name = entry.path().stem().string();  // out_<w>x<h>_<size or height x width>_<method>_<pad mode>
     if (!name.starts_with("out_")) continue;
     std::vector<std::string> parts;
     std::stringstream fields(name);
     for (std::string part; std::getline(fields, part, '_');) parts.push_back(part);
     ASSERT_EQ(parts.size(), 5U) << name;
+    const auto sides = parts[2].find('x');
+    const fl::ImageSize size = sides == std::string::npos ? fl::ImageSize{std::stoll(parts[2]), std::stoll(parts[2])}
+                                                          : fl::ImageSize{std::stoll(parts[2].substr(0, sides)),
+                                                                          std::stoll(parts[2].substr(sides + 1))};
+    const auto method = fl::resize_method(parts[3]);
+    const auto padding = fl::pad_mode(parts[4]);
     const auto image = fl::read_image(dir_ / fmt::format("in_{}.png", parts[1]));
-    const auto ours =
-        fl::resize_image(image, std::stoll(parts[2]), fl::resize_method(parts[3]), nullptr, fl::pad_mode(parts[4]));
+    const auto ours = fl::resize_image(image, size, method, nullptr, padding);
     const auto fastai = fl::read_image(entry.path());
     ASSERT_EQ(ours.sizes(), fastai.sizes()) << name;
     // The same window and fill; the resampling rounds a pixel now and then the other way from PIL's fixed-point
@@ -130,9 +135,14 @@ TEST_F(ResizeOracle, CropPadAndSquishGiveFastaisPixels) {
     const auto difference = (ours.to(torch::kInt) - fastai.to(torch::kInt)).abs();
     EXPECT_LE(difference.max().item<int>(), 1) << name;
     EXPECT_LT(difference.to(torch::kFloat).mean().item<float>(), 0.25) << name;
+    // The mask of the same shape through the pair transform: fastai's PILMask, nearest, to the value
+    const auto mask = fl::read_mask(dir_ / fmt::format("mask_in_{}.png", parts[1])).to(torch::kUInt8);
+    const auto [moved_image, moved_mask] = fl::resize_pair(size, method, padding)(image, mask, nullptr);
+    EXPECT_TRUE(moved_image.equal(ours)) << name;
+    EXPECT_TRUE(moved_mask.to(torch::kInt32).equal(fl::read_mask(dir_ / ("mask_" + name + ".png")))) << name;
     ++compared;
   }
-  EXPECT_EQ(compared, 60);  // 6 images, 2 sizes, crop + squish + pad in 3 modes
+  EXPECT_EQ(compared, 120);  // 6 images, 4 sizes (2 square, 2 not), crop + squish + pad in 3 modes
 }
 
 TEST(ImageTransforms, RandomResizedCropIsSeededAndCentredWithoutAGenerator) {

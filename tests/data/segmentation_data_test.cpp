@@ -109,9 +109,9 @@ TEST(PairTransforms, EveryWindowMovesTheImageAndItsMaskAsOne) {
     ASSERT_EQ(m.sizes(), (std::vector<std::int64_t>{20, 28}));
     expect_corresponds(x, m, 0.1);
   }
-  // Nearest is the pixel under each output pixel's centre (PIL's NEAREST, torch's nearest-exact), not torch's legacy
-  // nearest (the pixel at the output pixel's corner): 5 -> 3 takes 0, 2, 4 (legacy 0, 1, 3), 3 -> 7 takes 0, 0, 1,
-  // 1, 1, 2, 2 (legacy 0, 0, 0, 1, 1, 2, 2).
+  // Nearest is the pixel under each output pixel's centre (PIL's NEAREST; fastai's pixels in ResizeOracle), not torch's
+  // legacy nearest (the pixel at the output pixel's corner): 5 -> 3 takes 0, 2, 4 (legacy 0, 1, 3), 3 -> 7 takes 0, 0,
+  // 1, 1, 1, 2, 2 (legacy 0, 0, 0, 1, 1, 2, 2).
   const auto columns = torch::arange(5, torch::kUInt8).view({1, 5}).expand({2, 5}).contiguous();
   const auto squished =
       fl::resize_pair({2, 3}, fl::ResizeMethod::squish)(torch::zeros({3, 2, 5}, torch::kUInt8), columns, nullptr);
