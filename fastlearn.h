@@ -62,6 +62,8 @@
 #include <fastlearn/learner/predict_tabular.h>
 #include <fastlearn/learner/progress.h>
 #include <fastlearn/learner/recorder.h>
+#include <fastlearn/learner/segmentation_loss.h>
+#include <fastlearn/learner/segmentation_metrics.h>
 #include <fastlearn/learner/step_session.h>
 #include <fastlearn/learner/tabular_learner.h>
 #include <fastlearn/learner/top_losses_grid.h>
