@@ -275,26 +275,8 @@ DataLoaders build(Items train, Items valid, bool multi_label, ImageFilesOptions 
     stats = channel_statistics(*train_ds, options.stats_items, options.split_seed);
     for (auto& s : stats.std) s = std::max(s, 1e-7);  // a channel of one colour: leave it centred, not infinite
   }
-  std::vector<BatchTransform> augment;
-  if (options.augment) augment.push_back(aug_transforms(*options.augment));
-  auto train_tfms = to_model_input(options, stats, std::move(augment));
-  if (options.flip_p > 0) {
-    train_tfms.insert(train_tfms.begin(), options.flip_vert ? dihedral(options.flip_p) : random_flip(options.flip_p));
-  }
-  DataLoaderOptions train_options{.bs = options.bs,
-                                  .shuffle = true,
-                                  .drop_last = true,
-                                  .num_workers = options.num_workers,
-                                  .seed = options.seed,
-                                  .batch_tfms = std::move(train_tfms),
-                                  .device = options.device};
-  DataLoaderOptions valid_options{.bs = options.valid_bs > 0 ? options.valid_bs : 2 * options.bs,
-                                  .num_workers = options.num_workers,
-                                  .seed = options.seed,
-                                  .batch_tfms = to_model_input(options, stats),
-                                  .device = options.device};
-  DataLoaders dls(DataLoader(train_ds, train_options), DataLoader(valid_ds, valid_options), std::move(vocab),
-                  multi_label);
+  auto [train_dl, valid_dl] = image_loaders(train_ds, valid_ds, options, stats, /*masks=*/false);
+  DataLoaders dls(std::move(train_dl), std::move(valid_dl), std::move(vocab), multi_label);
   auto [mean, std] = model_input_mean_std(options, stats);
   dls.set_image_pipeline(std::make_shared<ImagePipeline>(ImagePipeline{.mode = options.mode,
                                                                        .size = options.size,

@@ -104,26 +104,8 @@ DataLoaders build(Pairs all, std::vector<std::string> codes, const ImageFilesOpt
                                                         with(train_tfm, true));
   auto valid_ds = std::make_shared<SegmentationDataset>(std::move(valid.images), std::move(valid.masks), classes,
                                                         with(valid_tfm, false));
-  std::vector<BatchTransform> augment;
-  if (options.augment) augment.push_back(aug_transforms(*options.augment, /*masks=*/true));
-  auto train_tfms = to_model_input(options, stats, std::move(augment));
-  if (options.flip_p > 0) {
-    train_tfms.insert(train_tfms.begin(), options.flip_vert ? dihedral(options.flip_p, /*masks=*/true)
-                                                            : random_flip(options.flip_p, /*masks=*/true));
-  }
-  DataLoaderOptions train_options{.bs = options.bs,
-                                  .shuffle = true,
-                                  .drop_last = true,
-                                  .num_workers = options.num_workers,
-                                  .seed = options.seed,
-                                  .batch_tfms = std::move(train_tfms),
-                                  .device = options.device};
-  DataLoaderOptions valid_options{.bs = options.valid_bs > 0 ? options.valid_bs : 2 * options.bs,
-                                  .num_workers = options.num_workers,
-                                  .seed = options.seed,
-                                  .batch_tfms = to_model_input(options, stats),
-                                  .device = options.device};
-  return DataLoaders(DataLoader(train_ds, train_options), DataLoader(valid_ds, valid_options), std::move(codes));
+  auto [train_dl, valid_dl] = image_loaders(train_ds, valid_ds, options, stats, /*masks=*/true);
+  return DataLoaders(std::move(train_dl), std::move(valid_dl), std::move(codes));
 }
 
 }  // namespace

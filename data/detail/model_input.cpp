@@ -1,3 +1,4 @@
+#include <fastlearn/data/aug_transforms.h>
 #include <fastlearn/data/detail/model_input.h>
 #include <fastlearn/data/inference_pipeline.h>
 #include <fastlearn/data/transforms.h>
@@ -36,6 +37,32 @@ std::vector<BatchTransform> to_model_input(const ImageFilesOptions& options, con
   tfms.insert(tfms.end(), between.begin(), between.end());
   if (!mean.empty()) tfms.push_back(normalize(std::move(mean), std::move(std)));
   return tfms;
+}
+
+std::pair<DataLoader, DataLoader> image_loaders(std::shared_ptr<const Dataset> train,
+                                                std::shared_ptr<const Dataset> valid, const ImageFilesOptions& options,
+                                                const ChannelStatistics& stats, bool masks) {
+  std::vector<BatchTransform> augment;
+  if (options.augment) augment.push_back(aug_transforms(*options.augment, masks));
+  auto train_tfms = to_model_input(options, stats, std::move(augment));
+  if (options.flip_p > 0) {
+    train_tfms.insert(train_tfms.begin(),
+                      options.flip_vert ? dihedral(options.flip_p, masks) : random_flip(options.flip_p, masks));
+  }
+  DataLoaderOptions train_options{.bs = options.bs,
+                                  .shuffle = true,
+                                  .drop_last = true,
+                                  .num_workers = options.num_workers,
+                                  .seed = options.seed,
+                                  .batch_tfms = std::move(train_tfms),
+                                  .device = options.device};
+  DataLoaderOptions valid_options{.bs = options.valid_bs > 0 ? options.valid_bs : 2 * options.bs,
+                                  .num_workers = options.num_workers,
+                                  .seed = options.seed,
+                                  .batch_tfms = to_model_input(options, stats),
+                                  .device = options.device};
+  return {DataLoader(std::move(train), std::move(train_options)),
+          DataLoader(std::move(valid), std::move(valid_options))};
 }
 
 }  // namespace fastlearn

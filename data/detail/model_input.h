@@ -4,6 +4,7 @@
 #include <fastlearn/data/image_dataloaders.h>
 #include <fastlearn/data/image_dataset.h>
 
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -18,5 +19,12 @@ std::pair<std::vector<double>, std::vector<double>> model_input_mean_std(const I
 /// two are one pass (to_normalized_float).
 std::vector<BatchTransform> to_model_input(const ImageFilesOptions& options, const ChannelStatistics& computed,
                                            std::vector<BatchTransform> between = {});
+
+/// The training and validation loaders of image datasets as `options` ask: training batches shuffled, a last partial
+/// batch dropped, flipped (or, with flip_vert, turned by the square's symmetries) and augmented; both made the model's
+/// input (to_model_input with `stats`). With `masks`, target 0 holds the images' masks, moved with them.
+std::pair<DataLoader, DataLoader> image_loaders(std::shared_ptr<const Dataset> train,
+                                                std::shared_ptr<const Dataset> valid, const ImageFilesOptions& options,
+                                                const ChannelStatistics& stats, bool masks);
 
 }  // namespace fastlearn
