@@ -185,16 +185,8 @@ struct Items {
 
 // Leaves out the files that do not decode, with one warning that counts and names them.
 void drop_bad_images(Items& items, const char* split) {
-  const auto bad = verify_images(items.files);
-  if (bad.empty()) return;
-  std::set<fs::path> bad_files;
-  std::vector<std::string> named;
-  for (const auto& b : bad) {
-    bad_files.insert(b.file);
-    if (named.size() < 10) named.push_back(fmt::format("{} ({})", excerpt(b.file.string(), 256), b.error));
-  }
-  warn(fmt::format("skipping {} {} image(s) that do not decode: {}{}", bad.size(), split, fmt::join(named, "; "),
-                   bad.size() > named.size() ? "; ..." : ""));
+  const auto bad_files = skipped_bad_images(items.files, fmt::format("{} image(s)", split));
+  if (bad_files.empty()) return;
   Items kept;
   for (std::size_t i = 0; i < items.files.size(); ++i) {
     if (bad_files.contains(items.files[i])) continue;

@@ -2,6 +2,7 @@
 
 #include <fastlearn/core/detail/parallel.h>
 #include <fastlearn/core/detail/text.h>
+#include <fastlearn/core/detail/warning.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/detail/buffer_pool.h>
 #include <fastlearn/data/detail/file_threads.h>
@@ -165,6 +166,22 @@ std::vector<BadImage> verify_images(const std::vector<std::filesystem::path>& fi
 
 std::vector<BadImage> verify_images(const std::filesystem::path& dir, int threads) {
   return verify_images(get_image_files(dir), threads);
+}
+
+std::set<std::filesystem::path> skipped_bad_images(const std::vector<std::filesystem::path>& files,
+                                                   std::string_view what) {
+  const auto bad = verify_images(files);
+  std::set<std::filesystem::path> bad_files;
+  std::vector<std::string> named;
+  for (const auto& b : bad) {
+    bad_files.insert(b.file);
+    if (named.size() < 10) named.push_back(fmt::format("{} ({})", excerpt(b.file.string(), 256), b.error));
+  }
+  if (!bad.empty()) {
+    warn(fmt::format("skipping {} {} that do not decode: {}{}", bad.size(), what, fmt::join(named, "; "),
+                     bad.size() > named.size() ? "; ..." : ""));
+  }
+  return bad_files;
 }
 
 }  // namespace fastlearn

@@ -9,7 +9,9 @@
 #include <fastlearn/data/image_transforms.h>
 
 #include <filesystem>
+#include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fastlearn {
@@ -73,5 +75,10 @@ ChannelStatistics channel_statistics(const ImageDataset& dataset, std::int64_t m
 std::vector<BadImage> verify_images(const std::vector<std::filesystem::path>& files, int threads = 0);
 /// verify_images of get_image_files(dir).
 std::vector<BadImage> verify_images(const std::filesystem::path& dir, int threads = 0);
+
+/// The files of `files` that do not decode (verify_images), after one warning that counts and names them (up to 10):
+/// "skipping <n> <what> that do not decode: ...". Empty, and no warning, when every file decodes.
+std::set<std::filesystem::path> skipped_bad_images(const std::vector<std::filesystem::path>& files,
+                                                   std::string_view what);
 
 }  // namespace fastlearn

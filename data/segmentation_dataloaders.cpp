@@ -28,16 +28,8 @@ struct Pairs {
 // Leaves out the pairs whose image does not decode, with one warning that counts and names them (a mask that does
 // not decode stays an error: it is the label).
 void drop_bad_images(Pairs& all, const char* origin) {
-  const auto bad = verify_images(all.images);
-  if (bad.empty()) return;
-  std::set<fs::path> bad_files;
-  std::vector<std::string> named;
-  for (const auto& b : bad) {
-    bad_files.insert(b.file);
-    if (named.size() < 10) named.push_back(fmt::format("{} ({})", excerpt(b.file.string(), 256), b.error));
-  }
-  warn(fmt::format("{}: skipping {} image(s) that do not decode, with their masks: {}{}", origin, bad.size(),
-                   fmt::join(named, "; "), bad.size() > named.size() ? "; ..." : ""));
+  const auto bad_files = skipped_bad_images(all.images, fmt::format("image(s) of {}, with their masks,", origin));
+  if (bad_files.empty()) return;
   Pairs kept;
   for (std::size_t i = 0; i < all.images.size(); ++i) {
     if (bad_files.contains(all.images[i])) continue;

@@ -306,7 +306,10 @@ TEST_F(SegmentationFolder, SubfoldersPairByPathBadImagesAreSkippedWhenAskedAndFl
   auto kept = fl::SegmentationDataLoaders::from_folders(dir_ / "images", dir_ / "masks", {"a", "b", "c"},
                                                         {.size = 16, .skip_bad_images = true, .valid_pct = 0.25});
   const auto warning = testing::internal::GetCapturedStderr();
-  EXPECT_NE(warning.find("skipping 1 image(s) that do not decode, with their masks"), std::string::npos) << warning;
+  EXPECT_NE(warning.find(
+                "skipping 1 image(s) of SegmentationDataLoaders::from_folders, with their masks, that do not decode"),
+            std::string::npos)
+      << warning;
   EXPECT_EQ(kept.train().dataset().size() + kept.valid().dataset().size(), 13);
   // (as for classification, without skip_bad_images the first batch that holds it stops with an error naming it)
   const auto refused = fastlearn::testing::message_of([&] {
