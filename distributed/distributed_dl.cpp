@@ -240,6 +240,10 @@ std::int64_t DistributedDL::size() const { return batch_count(sampler_->size(), 
 
 std::int64_t DistributedDL::items() const { return items_yielded(sampler_->size(), bs_, drop_last_); }
 
+std::int64_t DistributedDL::own_items() const {
+  return std::clamp<std::int64_t>(sampler_->n() - sampler_->offset(), 0, items());
+}
+
 const DistributedSampler* distributed_sampler(const DataLoader& loader) {
   return dynamic_cast<const DistributedSampler*>(&loader.sampler());
 }

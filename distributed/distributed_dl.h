@@ -88,6 +88,9 @@ class DistributedDL {
   std::int64_t size() const;
   /// Items this rank yields per epoch: its block, less a dropped smaller last batch.
   std::int64_t items() const;
+  /// Of the items() this rank yields, how many come first that are not padding (the rest are): per-item sums over
+  /// these on every rank add up to the whole set's.
+  std::int64_t own_items() const;
   std::int64_t bs() const { return bs_; }
   bool drop_last() const { return drop_last_; }
   /// The group the data is shared over (null: the world).

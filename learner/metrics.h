@@ -24,6 +24,10 @@ class Metric {
   virtual double value() const = 0;
   /// A fresh, reset copy with the same configuration.
   virtual std::unique_ptr<Metric> clone() const = 0;
+  /// The metric's state when it is a tensor of sums (the sum over disjoint parts of a set is the whole set's state),
+  /// which a data parallel job adds over its processes instead of gathering every prediction; null when the metric
+  /// needs the predictions themselves. Undefined before the first batch.
+  virtual at::Tensor* additive_state() { return nullptr; }
 };
 
 using MetricPtr = std::shared_ptr<Metric>;

@@ -7,7 +7,9 @@
 #include <fastlearn/learner/learner.h>
 
 #include <fmt/format.h>
+#include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace fastlearn {
@@ -110,24 +112,47 @@ void Recorder::before_validate() {
   valid_preds_.clear();
   valid_targets_.clear();
   last_valid_preds_ = last_valid_targets_ = at::Tensor();
+  reducing_ = reduces();
+  own_items_ = -1;  // asked at the first batch: the data parallel trainer wraps the loader after this callback
+  valid_items_seen_ = 0;
 }
 
 bool Recorder::gathers() const { return static_cast<bool>(learn().coordination().gather_items); }
 
+bool Recorder::reduces() const {
+  const auto& c = learn().coordination();
+  if (!gathers() || keep_valid_preds_ || !c.own_items || !c.reduce_over_processes) return false;
+  return std::all_of(valid_metrics_.begin(), valid_metrics_.end(), [](const auto& m) { return m->additive_state(); });
+}
+
 void Recorder::after_batch() {
   auto& l = learn();
-  const bool collect = !l.training && l.pred.defined() && (keep_valid_preds_ || gathers());
+  const bool collect = !l.training && l.pred.defined() && (keep_valid_preds_ || (gathers() && !reducing_));
   if (collect) {
     valid_preds_.push_back(l.pred.detach());
     if (!l.yb.empty()) valid_targets_.push_back(l.yb.front().detach());
   }
   if (l.yb.empty() || !l.loss.defined()) return;
-  // Gathered validation metrics are computed once, on the whole set, at after_validate.
-  if (l.training || !gathers()) {
-    for (auto& m : l.training ? train_metrics_ : valid_metrics_) m->accumulate(l.pred, l.yb.front());
+  auto pred = l.pred, targ = l.yb.front(), loss = l.loss.detach().mean();  // the mean also for a loss without reduction
+  auto items = find_bs(l.yb);
+  if (!l.training && reducing_) {  // this rank's own items only: the padding at the end of its share is left out
+    if (own_items_ < 0) own_items_ = l.coordination().own_items();
+    const auto own = std::clamp<std::int64_t>(own_items_ - valid_items_seen_, 0, items);
+    valid_items_seen_ += items;
+    if (own < items) {
+      pred = pred.narrow(0, 0, own);
+      targ = targ.narrow(0, 0, own);
+      if (own > 0) loss = l.loss_func()(pred, targ).detach().mean();
+      items = own;
+    }
   }
-  batch_losses_.push(l.loss.detach().mean());  // the mean also for a loss without reduction
-  notes_.push_back({.items = find_bs(l.yb),
+  // Gathered validation metrics are computed once, on the whole set, at after_validate.
+  if (l.training || !gathers() || reducing_) {
+    for (auto& m : l.training ? train_metrics_ : valid_metrics_) m->accumulate(pred, targ);
+  }
+  if (items == 0) return;
+  batch_losses_.push(loss);
+  notes_.push_back({.items = items,
                     .step = l.train_iter,
                     .lr = l.training && l.has_opt() ? l.opt().hyper("lr", l.opt().n_groups() - 1) : kNaN,
                     .training = l.training});
@@ -177,8 +202,9 @@ void Recorder::after_train() {
 
 void Recorder::after_validate() {
   record_pending(true);
+  if (reducing_) reduce_validation();
   valid_loss_ = loss_count_ ? loss_sum_ / static_cast<double>(loss_count_) : kNaN;
-  if (!gathers()) valid_values_ = values_of(valid_metrics_);
+  if (!gathers() || reducing_) valid_values_ = values_of(valid_metrics_);
   if (valid_preds_.empty()) return;
   auto preds = at::cat(valid_preds_);
   auto targets = valid_targets_.empty() ? at::Tensor() : at::cat(valid_targets_);
@@ -193,6 +219,20 @@ void Recorder::after_validate() {
   if (keep_valid_preds_) {
     last_valid_preds_ = preds;
     last_valid_targets_ = targets;
+  }
+}
+
+// Collective: every rank has run the same batches, so every rank's sums have the same shapes (a rank whose batches were
+// padding only accumulated empty batches, zeros), and the loss's (sum, items) travel together.
+void Recorder::reduce_validation() {
+  const auto& reduce = learn().coordination().reduce_over_processes;
+  auto loss = torch::tensor({loss_sum_, static_cast<double>(loss_count_)}, torch::kFloat64);
+  reduce(loss, false);
+  loss_sum_ = loss[0].item<double>();
+  loss_count_ = static_cast<std::int64_t>(loss[1].item<double>());
+  for (auto& m : valid_metrics_) {
+    auto& sums = *m->additive_state();
+    if (sums.defined()) reduce(sums, false);
   }
 }
 

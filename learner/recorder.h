@@ -4,8 +4,10 @@
 // loss, the validation loss, each metric and the time. It writes loss and lr_find plots as SVG files.
 // A batch's loss reaches the host through a HostReadback: on CUDA it is recorded one batch later, so the
 // training loop never waits for the GPU to log (unless read_every_batch, which the LRFinder needs).
-// In a data parallel job (Learner::Coordination::gather_items set) it gathers the validation predictions
-// of every rank once and computes the validation loss and metrics on the whole set, the same on every rank.
+// In a data parallel job (Learner::Coordination::gather_items set) the validation loss and metrics are the whole
+// set's, the same on every rank: when every metric keeps sums (Metric::additive_state, e.g. the segmentation metrics)
+// each rank adds over its own items (the padding left out) and the sums are added over the ranks; otherwise the
+// predictions of every rank are gathered once and the loss and metrics computed on the whole set.
 #include <fastlearn/core/host_readback.h>
 #include <fastlearn/learner/callback.h>
 #include <fastlearn/learner/loss.h>
@@ -124,6 +126,8 @@ class Recorder : public Callback {
   };
   void record(double loss, const BatchNote& note);
   bool gathers() const;
+  bool reduces() const;
+  void reduce_validation();
   void validation_from(const at::Tensor& preds, const at::Tensor& targets);
   void record_pending(bool all);
 
@@ -145,6 +149,9 @@ class Recorder : public Callback {
   std::vector<double> train_values_, valid_values_;
   bool keep_valid_preds_ = false;
   std::vector<at::Tensor> valid_preds_, valid_targets_;  // this pass's batches, when kept or gathered
+  bool reducing_ = false;              // this validation pass adds sums over the ranks (reduces())
+  std::int64_t own_items_ = -1;        // of this rank's items in the pass, those before the padding (-1: not asked)
+  std::int64_t valid_items_seen_ = 0;  // this pass's items so far
   at::Tensor last_valid_preds_, last_valid_targets_;
   std::chrono::steady_clock::time_point epoch_start_;
 };

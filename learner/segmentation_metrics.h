@@ -23,6 +23,7 @@ class PixelSumsMetric : public Metric {
   void reset() override { sums_ = at::Tensor(); }
   void accumulate(const at::Tensor& pred, const at::Tensor& targ) override;
   double value() const override;
+  at::Tensor* additive_state() override { return &sums_; }
   /// The sums so far (undefined before the first batch): rows of per-class counts, as batch_sums gives them.
   at::Tensor& sums() { return sums_; }
 

@@ -12,6 +12,8 @@
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
+#include <fastlearn/learner/segmentation_loss.h>
+#include <fastlearn/learner/segmentation_metrics.h>
 #include <fastlearn/models/models.h>
 #include <fastlearn/optim/sgd.h>
 
@@ -235,6 +237,51 @@ TEST(DistributedTrainer, ValidationAndGetPredsCoverExactlyTheWholeSetOnEveryRank
                       fl::teardown_distrib();
                     },
                     {.env = flt::torchrun_env(2)});
+}
+
+// Segmentation metrics keep per-class pixel sums: each rank adds over its own items (rank 1's last one is padding) and
+// the sums are added over the ranks, so the whole set's values come without gathering a single logit.
+TEST(DistributedTrainer, SegmentationMetricsAreTheWholeSetsFromSumsWithoutGatheringPredictions) {
+  flt::run_on_ranks(
+      2,
+      [](const RankContext&) {
+        auto masks = [](std::int64_t n, std::uint64_t seed) {
+          auto gen = at::detail::createCPUGenerator(seed);
+          auto y = at::randint(0, 3, {n, 6, 5}, gen, at::TensorOptions().dtype(at::kLong));
+          auto x = at::randn({n, 1, 6, 5}, gen) + y.unsqueeze(1).to(at::kFloat);
+          return std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
+        };
+        auto make_learner = [&] {
+          torch::manual_seed(0);
+          auto model = torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 3, 3).padding(1)));
+          fl::DataLoaders dls(fl::DataLoader(masks(kItems, 1), {.bs = 8}), fl::DataLoader(masks(kValid, 2), {.bs = 4}),
+                              3);
+          return std::make_unique<fl::Learner>(
+              std::move(dls), model, fl::pixel_cross_entropy(),
+              fl::LearnerOptions{.metrics = {fl::dice_multi(), fl::jaccard_coeff_multi(), fl::foreground_acc()},
+                                 .progress = false});
+        };
+        const auto single = make_learner();
+        const auto expected = single->validate();
+        fl::setup_distrib({.timeout = std::chrono::seconds(30)});
+        {
+          const auto learn = make_learner();
+          fl::DistribCtx ctx(*learn);
+          int gathers = 0;
+          auto& gather = learn->coordination().gather_items;
+          gather = [&gathers, inner = gather](const at::Tensor& t) { return ++gathers, inner(t); };
+          learn->fit(1, 0.0);  // lr 0: the weights stay those of `single`
+          const auto& row = learn->recorder().history().back();
+          EXPECT_NEAR(row.valid_loss, expected.loss, 1e-6) << "13 items, 1 padded: the padding is not counted";
+          for (const auto* name : {"dice_multi", "jaccard_coeff_multi", "foreground_acc"}) {
+            EXPECT_NEAR(learn->recorder().value(row, name), expected.metric(name), 1e-12) << name;
+          }
+          EXPECT_EQ(gathers, 0) << "no predictions gathered";
+          EXPECT_EQ(learn->get_preds().preds.size(0), kValid) << "get_preds still gathers the whole set";
+        }
+        fl::teardown_distrib();
+      },
+      {.env = flt::torchrun_env(2)});
 }
 
 TEST(DistributedTrainer, GetPredsOnAShufflingTrainingLoaderAfterACancelledFitReadsTheWholeSet) {
