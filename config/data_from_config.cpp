@@ -5,7 +5,9 @@
 #include <fastlearn/data/csv.h>
 #include <fastlearn/data/dataset.h>
 #include <fastlearn/data/image_dataloaders.h>
+#include <fastlearn/data/image_dataset.h>
 #include <fastlearn/data/inference_pipeline.h>
+#include <fastlearn/data/segmentation_dataloaders.h>
 #include <fastlearn/data/untar_data.h>
 
 #include <ATen/ATen.h>
@@ -49,26 +51,51 @@ DataLoaders synthetic_regression(const DataConfig& d) {
       DataLoader(valid, {.bs = d.valid_bs > 0 ? d.valid_bs : 2 * d.bs, .num_workers = static_cast<int>(d.workers)}), 1);
 }
 
+ImageFilesOptions image_files_options(const TrainConfig& c) {
+  const auto& d = c.data;
+  const auto& t = d.transforms;
+  return {
+      .bs = d.bs,
+      .valid_bs = d.valid_bs,
+      .num_workers = static_cast<int>(d.workers),
+      .seed = static_cast<std::uint64_t>(c.train.seed),
+      .size = d.size,
+      .item_size = d.item_size.size() == 2 ? std::optional(ImageSize{d.item_size[0], d.item_size[1]}) : std::nullopt,
+      .method = resize_method(t.resize),
+      .pad_mode = pad_mode(t.pad_mode),
+      .min_scale = t.min_scale,
+      .flip_p = t.random_flip,
+      .normalize = !t.normalize            ? ImageNormalization::none
+                   : t.stats == "computed" ? ImageNormalization::computed
+                                           : ImageNormalization::imagenet,
+      .skip_bad_images = d.skip_bad_images,
+      .valid_pct = d.valid_pct,
+      .split_seed = static_cast<std::uint64_t>(c.train.seed),
+      .augment = t.augment ? std::optional(AugOptions{}) : std::nullopt};
+}
+
+// Images and their masks: data.images and data.masks under data.path, paired by path or by data.mask_name.
+DataLoaders segmentation_files(const TrainConfig& c) {
+  const auto& d = c.data;
+  const auto images = fs::path(d.path) / d.images, masks = fs::path(d.path) / d.masks;
+  for (const auto& [key, dir] : {std::pair{"data.images", images}, std::pair{"data.masks", masks}})
+    if (!fs::is_directory(dir))
+      throw DataError(fmt::format("{}: '{}' is not a folder", key, excerpt(dir.string(), 256)));
+  const auto options = image_files_options(c);
+  if (d.mask_name.empty()) return SegmentationDataLoaders::from_folders(images, masks, d.codes, options);
+  const auto pattern = d.mask_name;
+  const auto mask_of = [&](const fs::path& image) {
+    auto name = pattern;
+    name.replace(name.find("{stem}"), 6, image.stem().string());
+    return masks / image.parent_path().lexically_relative(images) / name;
+  };
+  return SegmentationDataLoaders::from_label_func(get_image_files(images), mask_of, d.codes, options);
+}
+
 // The user's image files: class folders, or a CSV table of file names and labels.
 DataLoaders image_files(const TrainConfig& c) {
   const auto& d = c.data;
-  const auto& t = d.transforms;
-  const ImageFilesOptions options{.bs = d.bs,
-                                  .valid_bs = d.valid_bs,
-                                  .num_workers = static_cast<int>(d.workers),
-                                  .seed = static_cast<std::uint64_t>(c.train.seed),
-                                  .size = d.size,
-                                  .method = resize_method(t.resize),
-                                  .pad_mode = pad_mode(t.pad_mode),
-                                  .min_scale = t.min_scale,
-                                  .flip_p = t.random_flip,
-                                  .normalize = !t.normalize            ? ImageNormalization::none
-                                               : t.stats == "computed" ? ImageNormalization::computed
-                                                                       : ImageNormalization::imagenet,
-                                  .skip_bad_images = d.skip_bad_images,
-                                  .valid_pct = d.valid_pct,
-                                  .split_seed = static_cast<std::uint64_t>(c.train.seed),
-                                  .augment = t.augment ? std::optional(AugOptions{}) : std::nullopt};
+  const auto options = image_files_options(c);
   if (d.dataset == "image_csv") {
     return ImageDataLoaders::from_csv(fs::path(d.path) / d.csv,
                                       {.fn_col = d.fn_col,
@@ -131,6 +158,7 @@ DataLoaders read_data(const TrainConfig& c) {
   if (dataset == "synthetic_regression") return synthetic_regression(c.data);
   if (dataset == "program") return program_samples(c.data);
   if (dataset == "csv") return TabularDataLoaders::from_csv(c.data.path, tabular_options(c));
+  if (dataset == "segmentation") return segmentation_files(c);
   if (dataset == "image_folder" || dataset == "image_csv") return image_files(c);
   if (dataset == "fashion_mnist") return idx_images(c);
   throw ConfigError(fmt::format("data.dataset: unknown dataset \"{}\"; expected one of \"{}\"", excerpt(dataset),

@@ -32,12 +32,13 @@ TrainConfig recipe_config(const std::string& recipe, const InferencePipeline& pi
   std::string extra;
   if (pipeline.kind == InferencePipeline::Kind::images || pipeline.kind == InferencePipeline::Kind::table)
     extra = fmt::format("path = {}\n", quoted(origin));
+  const auto list = [](const std::vector<std::string>& names) {
+    std::vector<std::string> out;
+    for (const auto& name : names) out.push_back(quoted(name));
+    return fmt::format("[{}]", fmt::join(out, ", "));
+  };
+  if (pipeline.masks()) extra += fmt::format("codes = {}\n", list(pipeline.vocab));
   if (pipeline.kind == InferencePipeline::Kind::table) {
-    const auto list = [](const std::vector<std::string>& columns) {
-      std::vector<std::string> out;
-      for (const auto& name : columns) out.push_back(quoted(name));
-      return fmt::format("[{}]", fmt::join(out, ", "));
-    };
     extra += fmt::format("y_names = {}\ncat_names = {}\ncont_names = {}\n", list(pipeline.y_names),
                          list(pipeline.procs->cat_columns()), list(pipeline.procs->cont_names()));
   }

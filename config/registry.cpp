@@ -3,9 +3,13 @@
 #include <fastlearn/core/detail/text.h>
 #include <fastlearn/data/inference_pipeline.h>
 #include <fastlearn/learner/multi_label_metrics.h>
+#include <fastlearn/learner/segmentation_loss.h>
+#include <fastlearn/learner/segmentation_metrics.h>
 #include <fastlearn/learner/tabular_learner.h>
+#include <fastlearn/learner/unet_learner.h>
 #include <fastlearn/learner/vision_learner.h>
 #include <fastlearn/models/models.h>
+#include <fastlearn/models/unet.h>
 #include <fastlearn/models/vision_model.h>
 #include <fastlearn/optim/adam.h>
 #include <fastlearn/optim/sgd.h>
@@ -24,12 +28,13 @@ namespace {
 constexpr std::initializer_list<Task> classification{Task::classification};
 constexpr std::initializer_list<Task> multi_label{Task::multi_label};
 constexpr std::initializer_list<Task> regression{Task::regression};
+constexpr std::initializer_list<Task> segmentation{Task::segmentation};
 
 // The inputs of one training item, flattened (an MLP's width): 28 x 28 for Fashion-MNIST, data.synthetic.features.
 // Read from the data's description when it has one, so that loaders without items (load_learner's) give it too.
 std::int64_t item_width(const DataLoaders& dls) {
   const auto pipeline = inference_pipeline(dls);
-  if (pipeline.image) return pipeline.image->channels() * pipeline.image->size * pipeline.image->size;
+  if (pipeline.image) return pipeline.image->channels() * pipeline.image->size.height * pipeline.image->size.width;
   if (pipeline.kind == InferencePipeline::Kind::tensors) {
     std::int64_t width = 1;
     for (const auto d : pipeline.item_shape) width *= d;
@@ -42,7 +47,10 @@ std::vector<LossChoice> builtin_losses() {
   return {{"cross_entropy", classification, [](const TrainConfig&) { return cross_entropy(); }},
           {"bce_with_logits", multi_label, [](const TrainConfig&) { return bce_with_logits(); }},
           {"mse", regression, [](const TrainConfig&) { return mse_loss(); }},
-          {"l1", regression, [](const TrainConfig&) { return l1_loss(); }}};
+          {"l1", regression, [](const TrainConfig&) { return l1_loss(); }},
+          {"pixel_cross_entropy", segmentation, [](const TrainConfig&) { return pixel_cross_entropy(); }},
+          {"dice_loss", segmentation, [](const TrainConfig&) { return dice_loss(); }},
+          {"cross_entropy_dice", segmentation, [](const TrainConfig&) { return cross_entropy_dice(); }}};
 }
 
 std::vector<MetricChoice> builtin_metrics() {
@@ -55,7 +63,12 @@ std::vector<MetricChoice> builtin_metrics() {
           {"fbeta_multi", multi_label, [](const TrainConfig&) { return fbeta_multi(); }},
           {"rmse", regression, [](const TrainConfig&) { return rmse(); }},
           {"mse", regression, [](const TrainConfig&) { return mse(); }},
-          {"mae", regression, [](const TrainConfig&) { return mae(); }}};
+          {"mae", regression, [](const TrainConfig&) { return mae(); }},
+          {"dice_multi", segmentation, [](const TrainConfig&) { return dice_multi(); }},
+          {"dice", segmentation, [](const TrainConfig&) { return dice(); }},
+          {"jaccard_coeff_multi", segmentation, [](const TrainConfig&) { return jaccard_coeff_multi(); }},
+          {"jaccard_coeff", segmentation, [](const TrainConfig&) { return jaccard_coeff(); }},
+          {"foreground_acc", segmentation, [](const TrainConfig&) { return foreground_acc(); }}};
 }
 
 std::vector<OptimizerChoice> builtin_optimizers() {
@@ -127,6 +140,23 @@ std::vector<ArchChoice> builtin_archs() {
                      true,
                      always});
   }
+  // fastai's U-Net for the data's codes and item size (recorded in its pipeline, so that an export's empty loaders
+  // build it too), with unet_split's three groups: fine_tune freezes the body.
+  archs.push_back({"unet",
+                   {"segmentation"},
+                   [](const TrainConfig& c, const DataLoaders& dls) {
+                     const auto* image = dls.image_pipeline();
+                     if (image == nullptr) throw ConfigError("model.arch = \"unet\": the data records no image size");
+                     auto built = BuiltModel::of(models::unet({.arch = c.model.body,
+                                                               .classes = dls.c(),
+                                                               .image_size = image->size,
+                                                               .weights = c.model.weights,
+                                                               .in_channels = image_channels(dls)}));
+                     built.splitter = unet_split;
+                     return built;
+                   },
+                   false,
+                   always});
   // Its hidden layers hold BatchNorm (fastai's LinBnDrop), and so do the continuous inputs, which the data decides.
   archs.push_back({"tabular",
                    {"csv"},

@@ -109,12 +109,15 @@ constexpr auto save_best = [](auto& c) -> auto& { return *c.callbacks.save_best;
 constexpr auto output = [](auto& c) -> auto& { return c.output; };
 }  // namespace in
 
-constexpr Condition images_only{[](const TrainConfig& c) { return is_images(c.data); },
-                                "applies to dataset = \"fashion_mnist\", \"image_folder\" or \"image_csv\" only"};
+constexpr Condition images_only{
+    [](const TrainConfig& c) { return is_images(c.data); },
+    "applies to dataset = \"fashion_mnist\", \"image_folder\", \"image_csv\" or \"segmentation\" only"};
 constexpr Condition idx_only{[](const TrainConfig& c) { return c.data.dataset == "fashion_mnist"; },
                              "applies to dataset = \"fashion_mnist\" only"};
 constexpr Condition files_only{[](const TrainConfig& c) { return is_image_files(c.data); },
-                               "applies to dataset = \"image_folder\" or \"image_csv\" only"};
+                               "applies to dataset = \"image_folder\", \"image_csv\" or \"segmentation\" only"};
+constexpr Condition segmentation_only{[](const TrainConfig& c) { return c.data.dataset == "segmentation"; },
+                                      "applies to dataset = \"segmentation\" only"};
 constexpr Condition csv_only{[](const TrainConfig& c) { return c.data.dataset == "image_csv"; },
                              "applies to dataset = \"image_csv\" only"};
 constexpr Condition tabular_only{[](const TrainConfig& c) { return is_tabular(c.data); },
@@ -124,8 +127,9 @@ constexpr Condition has_files{
     "does not apply to dataset = \"synthetic_regression\" or \"program\""};
 constexpr Condition program_only{[](const TrainConfig& c) { return c.data.dataset == "program"; },
                                  "applies to dataset = \"program\" only"};
-constexpr Condition split_by_pct{[](const TrainConfig& c) { return is_image_files(c.data) || is_tabular(c.data); },
-                                 "applies to dataset = \"image_folder\", \"image_csv\" or \"csv\" only"};
+constexpr Condition split_by_pct{
+    [](const TrainConfig& c) { return is_image_files(c.data) || is_tabular(c.data); },
+    "applies to dataset = \"image_folder\", \"image_csv\", \"segmentation\" or \"csv\" only"};
 constexpr Condition valid_col_applies{
     [](const TrainConfig& c) { return c.data.dataset == "image_csv" || is_tabular(c.data); },
     "applies to dataset = \"image_csv\" or \"csv\" only"};
@@ -134,6 +138,11 @@ constexpr Condition tabular_model_only{[](const TrainConfig& c) { return c.model
 constexpr Condition torchvision_only{
     [](const TrainConfig& c) { return c.model.arch.starts_with("resnet") && c.model.arch != "resnet"; },
     "applies to arch = \"resnet18\", \"resnet34\" or \"resnet50\" only"};
+constexpr Condition unet_only{[](const TrainConfig& c) { return c.model.arch == "unet"; },
+                              "applies to arch = \"unet\" only"};
+constexpr Condition torchvision_body{
+    [](const TrainConfig& c) { return torchvision_only.holds(c) || unet_only.holds(c); },
+    "applies to arch = \"resnet18\", \"resnet34\", \"resnet50\" or \"unet\" only"};
 constexpr Condition parameters_sharded{[](const TrainConfig& c) { return c.distributed.shard == "parameters"; },
                                        "applies to distributed.shard = \"parameters\" only"};
 constexpr Condition synthetic_only{[](const TrainConfig& c) { return c.data.dataset == "synthetic_regression"; },
@@ -166,6 +175,9 @@ constexpr strict::Number fraction{.max = 1};
 std::string known_metrics(const TrainConfig& c) {
   const auto known = metric_names(c);
   for (const auto& m : c.train.metrics) {
+    if (c.data.dataset == "segmentation" && (m == "dice" || m == "jaccard_coeff") && c.data.codes.size() != 2)
+      return fmt::format("\"{}\" measures class 1 of two, and data.codes names {}; use \"{}_multi\"", m,
+                         c.data.codes.size(), m);
     if (std::find(known.begin(), known.end(), m) != known.end()) continue;
     if (!is_tabular(c.data))
       return fmt::format("unknown metric \"{}\" for {}; expected some of \"{}\"", excerpt(m), c.data.dataset,
@@ -184,8 +196,42 @@ std::string known_metrics(const TrainConfig& c) {
 }
 
 std::string fine_tune_fits_model(const TrainConfig& c) {
-  if (c.train.schedule != "fine_tune" || torchvision_only.holds(c)) return {};
-  return "\"fine_tune\" trains a body and a head: it needs arch = \"resnet18\", \"resnet34\" or \"resnet50\"";
+  if (c.train.schedule != "fine_tune" || torchvision_body.holds(c)) return {};
+  return "\"fine_tune\" trains a body and a head: it needs arch = \"resnet18\", \"resnet34\", \"resnet50\" or "
+         "\"unet\"";
+}
+
+// segmentation: the classes' names, each once.
+std::string codes_given(const TrainConfig& c) {
+  const auto& codes = c.data.codes;
+  if (c.data.dataset != "segmentation") return {};
+  if (codes.empty()) return "dataset = \"segmentation\" needs the classes' names, in the masks' index order";
+  if (codes.size() > 256) return fmt::format("names {} classes; masks hold at most 256", codes.size());
+  for (std::size_t i = 0; i < codes.size(); ++i)
+    if (std::find(codes.begin(), codes.begin() + static_cast<std::ptrdiff_t>(i), codes[i]) !=
+        codes.begin() + static_cast<std::ptrdiff_t>(i))
+      return fmt::format("names \"{}\" twice", excerpt(codes[i]));
+  return {};
+}
+
+std::string item_size_fits(const TrainConfig& c) {
+  const auto& s = c.data.item_size;
+  if (s.empty()) return {};
+  if (s.size() != 2) return fmt::format("is [height, width]; got {} values", s.size());
+  if (s[0] < 8 || s[0] > 4096 || s[1] < 8 || s[1] > 4096) return "each side must be in [8, 4096]";
+  return {};
+}
+
+// A file name pattern with "{stem}" once and no folder.
+std::string mask_name_fits(const TrainConfig& c) {
+  const auto& n = c.data.mask_name;
+  if (n.empty()) return {};
+  const auto at = n.find("{stem}");
+  if (at == std::string::npos || n.find("{stem}", at + 1) != std::string::npos)
+    return "must hold \"{stem}\" once (the image's name without its suffix), e.g. \"{stem}_P.png\"";
+  if (n.find('/') != std::string::npos || n.find('\\') != std::string::npos)
+    return "is a file name: the mask is in the image's sub-folder under data.masks";
+  return {};
 }
 
 std::string path_given(const TrainConfig& c) {
@@ -404,6 +450,13 @@ const std::vector<Key>& schema() {
       Key("data.valid_bs", in::data, &DataConfig::valid_bs),
       Key("data.workers", in::data, &DataConfig::workers, {.max = 64}),
       Key("data.size", in::data, &DataConfig::size, {.min = 8, .max = 4096}, {.applies = files_only}),
+      Key("data.item_size", in::data, &DataConfig::item_size, {.min = 8},
+          {.applies = segmentation_only, .check = item_size_fits}),
+      Key("data.images", in::data, &DataConfig::images, {}, {.applies = segmentation_only, .path = true}),
+      Key("data.masks", in::data, &DataConfig::masks, {}, {.applies = segmentation_only, .path = true}),
+      Key("data.mask_name", in::data, &DataConfig::mask_name, {},
+          {.applies = segmentation_only, .check = mask_name_fits, .omit_empty = true}),
+      Key("data.codes", in::data, &DataConfig::codes, {}, {.applies = segmentation_only, .check = codes_given}),
       Key("data.valid_pct", in::data, &DataConfig::valid_pct, {.min_inclusive = false, .max = 0.9},
           {.applies = split_by_pct}),
       Key("data.skip_bad_images", in::data, &DataConfig::skip_bad_images, {}, {.applies = files_only}),
@@ -450,7 +503,9 @@ const std::vector<Key>& schema() {
 
       Key("model.arch", in::model, &ModelConfig::arch, {}, {.choices = arch_names, .check = arch_fits_shapes}),
       Key("model.weights", in::model, &ModelConfig::weights, {},
-          {.applies = torchvision_only, .omit_empty = true, .path = true}),
+          {.applies = torchvision_body, .omit_empty = true, .path = true}),
+      Key("model.body", in::model, &ModelConfig::body, {.choices = {"resnet18", "resnet34", "resnet50"}},
+          {.applies = unet_only}),
       Key("model.hidden", in::model, &ModelConfig::hidden, {.min = 1},
           {.applies = hidden_applies, .check = hidden_bounded}),
       Key("model.kernel_size", in::model, &ModelConfig::kernel_size, {.min = 1, .max = 31},
@@ -624,6 +679,7 @@ TrainConfig read_config(const strict::Document& doc, const RegressionProbe& prob
 }  // namespace
 
 Task task_of(const DataConfig& data) {
+  if (data.dataset == "segmentation") return Task::segmentation;
   if (data.dataset == "image_csv" && !data.label_delim.empty()) return Task::multi_label;
   if (is_images(data) || (is_tabular(data) && data.y_block == "category")) return Task::classification;
   return Task::regression;
@@ -637,12 +693,14 @@ std::string_view to_string(Task task) {
       return "multi_label";
     case Task::regression:
       return "regression";
+    case Task::segmentation:
+      return "segmentation";
   }
   return "?";
 }
 
 const std::vector<std::string>& dataset_names() {
-  static const std::vector<std::string> names{"fashion_mnist", "image_folder",         "image_csv",
+  static const std::vector<std::string> names{"fashion_mnist", "image_folder",         "image_csv", "segmentation",
                                               "csv",           "synthetic_regression", "program"};
   return names;
 }
@@ -659,7 +717,9 @@ bool channels_last_on(const TrainConfig& config) {
   return false;
 }
 
-bool is_image_files(const DataConfig& data) { return data.dataset == "image_folder" || data.dataset == "image_csv"; }
+bool is_image_files(const DataConfig& data) {
+  return data.dataset == "image_folder" || data.dataset == "image_csv" || data.dataset == "segmentation";
+}
 
 TrainConfig parse_config(std::string_view toml_text, std::string_view source_name,
                          const std::vector<std::string>& overrides, const RegressionProbe& probe) {

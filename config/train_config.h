@@ -40,14 +40,23 @@ struct SyntheticRegressionConfig {
 };
 
 struct DataConfig {
-  /// fashion_mnist | image_folder | image_csv | csv | synthetic_regression | program
+  /// fashion_mnist | image_folder | image_csv | segmentation | csv | synthetic_regression | program
   std::string dataset = "fashion_mnist";
   std::string path;  ///< fashion_mnist: a local MNIST-format folder (default: url); image_*: the data; csv: the file
   std::string url;   ///< fashion_mnist: an archive for untar_data (default: Debian's copy)
   std::int64_t bs = 128;
   std::int64_t valid_bs = 0;  ///< 0: twice bs
   std::int64_t workers = 1;
-  std::int64_t size = 224;           ///< image files: items come out size x size
+  std::int64_t size = 224;  ///< image files: items come out size x size
+  /// segmentation: [height, width] of the items when they are not square (empty: size x size)
+  std::vector<std::int64_t> item_size;
+  std::string images = "images";  ///< segmentation: the folder of the images, under data.path
+  std::string masks = "labels";   ///< segmentation: the folder of the masks, under data.path
+  /// segmentation: a mask's file name from its image's, "{stem}" standing for the image's name without its suffix
+  /// (e.g. "{stem}_P.png"), in the image's sub-folder under data.masks. Empty: the mask with the image's path under
+  /// data.images, any suffix (SegmentationDataLoaders::from_folders).
+  std::string mask_name;
+  std::vector<std::string> codes;    ///< segmentation: the classes' names, in the masks' index order
   double valid_pct = 0.2;            ///< image files without a train/valid split: share held out (seeded by train.seed)
   bool skip_bad_images = false;      ///< image files: leave out the files that do not decode, with one warning
   std::string csv = "labels.csv";    ///< image_csv: the table, under data.path
@@ -76,11 +85,12 @@ struct DataConfig {
 };
 
 struct ModelConfig {
-  std::string arch =
-      "simple_cnn";  ///< mlp | simple_cnn | conv_net | resnet (fashion_mnist); resnet18 | 34 | 50; tabular; field_cnn
-  std::string weights;                         ///< resnet18/34/50: a torchvision state dict (safetensors) for the body
-  std::vector<std::int64_t> hidden{256, 128};  ///< mlp: hidden layer sizes; field_cnn: hidden layers' channels
-  std::int64_t kernel_size = 3;                ///< field_cnn: odd
+  std::string arch = "simple_cnn";  ///< mlp | simple_cnn | conv_net | resnet (fashion_mnist); resnet18 | 34 | 50; unet;
+                                    ///< tabular; field_cnn
+  std::string weights;  ///< resnet18/34/50, unet: a torchvision state dict (safetensors) for the (U-Net's) body
+  std::string body = "resnet34";                  ///< unet: its body, resnet18 | resnet34 | resnet50
+  std::vector<std::int64_t> hidden{256, 128};     ///< mlp: hidden layer sizes; field_cnn: hidden layers' channels
+  std::int64_t kernel_size = 3;                   ///< field_cnn: odd
   std::vector<std::int64_t> widths{32, 64, 128};  ///< resnet: channels of each stage; conv_net: of each stride-2 layer
   std::int64_t blocks_per_stage = 1;              ///< resnet
   std::int64_t stem_width = 32;                   ///< resnet
@@ -217,23 +227,23 @@ std::string to_toml(const TrainConfig& config);
 std::string describe_config_keys();
 
 /// What a model learns; the losses and metrics that fit it differ (config/registry.h).
-enum class Task { classification, multi_label, regression };
-/// The task of the data: multi_label for image_csv with a label_delim, classification for the other images
-/// and for a table with y_block = "category", regression otherwise.
+enum class Task { classification, multi_label, regression, segmentation };
+/// The task of the data: segmentation for dataset = "segmentation", multi_label for image_csv with a label_delim,
+/// classification for the other images and for a table with y_block = "category", regression otherwise.
 Task task_of(const DataConfig& data);
-/// "classification", "multi_label" or "regression".
+/// "classification", "multi_label", "regression" or "segmentation".
 std::string_view to_string(Task task);
 
 /// The values data.dataset takes, in order (the first is the default).
 const std::vector<std::string>& dataset_names();
-/// fashion_mnist, image_folder or image_csv: images.
+/// fashion_mnist, image_folder, image_csv or segmentation: images.
 bool is_images(const DataConfig& data);
 /// csv: a table (tabular data).
 bool is_tabular(const DataConfig& data);
 /// Whether training uses ChannelsLast: train.channels_last, where "auto" is on for the conv models and off for
 /// mlp and tabular.
 bool channels_last_on(const TrainConfig& config);
-/// image_folder or image_csv: the user's image files.
+/// image_folder, image_csv or segmentation: the user's image files.
 bool is_image_files(const DataConfig& data);
 
 }  // namespace fastlearn

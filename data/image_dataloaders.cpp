@@ -140,7 +140,9 @@ DataLoaders ImageDataLoaders::from_idx(const std::filesystem::path& dir, const I
   // New image files for this data: grey, squished to the training images' side, normalized as they are.
   const auto& images = train->inputs().front();
   auto pipeline = std::make_shared<ImagePipeline>(ImagePipeline{
-      .mode = ImageMode::gray, .size = images.dim() == 4 ? images.size(3) : 28, .method = ResizeMethod::squish});
+      .mode = ImageMode::gray,
+      .size = images.dim() == 4 ? ImageSize{images.size(2), images.size(3)} : ImageSize{28, 28},
+      .method = ResizeMethod::squish});
   if (options.normalize) {
     const auto [mean, std] = pixel_statistics(images);
     pipeline->mean = {mean};
@@ -271,7 +273,7 @@ DataLoaders build(Items train, Items valid, bool multi_label, ImageFilesOptions 
   DataLoaders dls(std::move(train_dl), std::move(valid_dl), std::move(vocab), multi_label);
   auto [mean, std] = model_input_mean_std(options, stats);
   dls.set_image_pipeline(std::make_shared<ImagePipeline>(ImagePipeline{.mode = options.mode,
-                                                                       .size = options.size,
+                                                                       .size = {options.size, options.size},
                                                                        .method = options.method,
                                                                        .pad_mode = options.pad_mode,
                                                                        .decode_min_side = options.size,

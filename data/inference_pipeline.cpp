@@ -80,9 +80,19 @@ ImagePipeline image_from_json(const json& j) {
   if (mode != "rgb" && mode != "gray")
     throw DataError(fmt::format("image.mode \"{}\" is not \"rgb\" or \"gray\"", excerpt(mode)));
   p.mode = mode == "gray" ? ImageMode::gray : ImageMode::rgb;
-  p.size = field<std::int64_t>(j, "size");
-  if (p.size < 1 || p.size > kMaxImageSide)
-    throw DataError(fmt::format("image.size {} is not in [1, {}]", p.size, kMaxImageSide));
+  // One side for square items, [height, width] otherwise.
+  const auto size = j.find("size");
+  if (size != j.end() && size->is_array()) {
+    const auto sides = field<std::vector<std::int64_t>>(j, "size");
+    if (sides.size() != 2) throw DataError(fmt::format("image.size has {} values, not [height, width]", sides.size()));
+    p.size = {sides[0], sides[1]};
+  } else {
+    const auto side = field<std::int64_t>(j, "size");
+    p.size = {side, side};
+  }
+  if (p.size.height < 1 || p.size.height > kMaxImageSide || p.size.width < 1 || p.size.width > kMaxImageSide)
+    throw DataError(
+        fmt::format("image.size {}x{} is not in [1, {}] on each side", p.size.height, p.size.width, kMaxImageSide));
   p.method = resize_method(field<std::string>(j, "resize"));
   p.pad_mode = pad_mode(field<std::string>(j, "pad_mode"));
   p.decode_min_side = field<std::int64_t>(j, "decode_min_side");
@@ -99,17 +109,20 @@ ImagePipeline image_from_json(const json& j) {
     if (!std::isfinite(p.mean[i]) || !std::isfinite(p.std[i]) || p.std[i] <= 0)
       throw DataError(
           fmt::format("image channel {}: mean {} and std {} must be finite, the std above 0", i, p.mean[i], p.std[i]));
+  if (j.contains("masks")) p.masks = field<bool>(j, "masks");
   return p;
 }
 
 json image_to_json(const ImagePipeline& p) {
-  return {{"mode", p.mode == ImageMode::gray ? "gray" : "rgb"},
-          {"size", p.size},
-          {"resize", name_of(p.method)},
-          {"pad_mode", name_of(p.pad_mode)},
-          {"decode_min_side", p.decode_min_side},
-          {"mean", p.mean},
-          {"std", p.std}};
+  json j{{"mode", p.mode == ImageMode::gray ? "gray" : "rgb"},
+         {"size", p.size.height == p.size.width ? json(p.size.height) : json::array({p.size.height, p.size.width})},
+         {"resize", name_of(p.method)},
+         {"pad_mode", name_of(p.pad_mode)},
+         {"decode_min_side", p.decode_min_side},
+         {"mean", p.mean},
+         {"std", p.std}};
+  if (p.masks) j["masks"] = true;  // written only for segmentation: a classification's JSON is as before
+  return j;
 }
 
 InferencePipeline from_json(const json& j, const std::string& origin) {
@@ -134,9 +147,12 @@ InferencePipeline from_json(const json& j, const std::string& origin) {
   if (!p.vocab.empty() && static_cast<std::int64_t>(p.vocab.size()) != p.c)
     throw DataError(fmt::format("the vocabulary has {} names for c = {} classes", p.vocab.size(), p.c));
   if (p.multi_label && p.vocab.empty()) throw DataError("multi_label without a vocabulary");
+
   switch (p.kind) {
     case InferencePipeline::Kind::images:
       p.image = image_from_json(field<json>(j, "image"));
+      if (p.image->masks && (p.vocab.empty() || p.multi_label))
+        throw DataError("image.masks (segmentation) needs the codes as the vocabulary, one class per pixel");
       break;
     case InferencePipeline::Kind::table: {
       const auto table = field<json>(j, "table");

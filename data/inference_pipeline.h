@@ -5,6 +5,7 @@
 // pipeline in the DataLoaders they make; the rest is read from the loaders' datasets. An export (learner/export.h)
 // saves it as JSON, and loaders rebuilt from it hold no items but read new ones (test_dl) exactly as the
 // validation items were read.
+#include <fastlearn/core/image_size.h>
 #include <fastlearn/data/dataloaders.h>
 #include <fastlearn/data/image_decode.h>
 #include <fastlearn/data/image_transforms.h>
@@ -25,11 +26,14 @@ class TabularProcs;
 /// and, when `mean` is not empty, normalized per channel.
 struct ImagePipeline {
   ImageMode mode = ImageMode::rgb;
-  std::int64_t size = 224;
+  ImageSize size{224, 224};  ///< the items' height and width
   ResizeMethod method = ResizeMethod::crop;
   PadMode pad_mode = PadMode::reflection;
   std::int64_t decode_min_side = 0;
   std::vector<double> mean, std;  ///< one value per channel (1 grey, 3 RGB), or both empty
+  /// Segmentation: the targets were masks (one class per pixel, the data's vocabulary its codes), resized with the
+  /// images; the model's outputs are a score map per class.
+  bool masks = false;
   /// The channels of the images (1 for grey, 3 for RGB).
   std::int64_t channels() const { return mode == ImageMode::gray ? 1 : 3; }
   bool operator==(const ImagePipeline&) const = default;
@@ -51,6 +55,8 @@ struct InferencePipeline {
   std::int64_t c = 0;              ///< the model's outputs: classes, or targets for a regression
   std::vector<std::string> vocab;  ///< the class names (empty when the classes have none)
   bool multi_label = false;        ///< several classes per item (sigmoid outputs, decided by a threshold)
+  /// Segmentation: a score map per class (N, c, H, W) for each item, each pixel's class its argmax (image->masks).
+  bool masks() const { return image && image->masks; }
 };
 
 /// The pipeline of `dls`: the recorded image pipeline, a table's procs, a TensorDataset's item shape, or Kind::none.

@@ -5,6 +5,7 @@
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/detail/model_input.h>
 #include <fastlearn/data/image_dataset.h>
+#include <fastlearn/data/inference_pipeline.h>
 #include <fastlearn/data/random_splitter.h>
 #include <fastlearn/data/segmentation_dataset.h>
 #include <fastlearn/data/transforms.h>
@@ -97,7 +98,17 @@ DataLoaders build(Pairs all, std::vector<std::string> codes, const ImageFilesOpt
   auto valid_ds = std::make_shared<SegmentationDataset>(std::move(valid.images), std::move(valid.masks), classes,
                                                         with(valid_tfm, false));
   auto [train_dl, valid_dl] = image_loaders(train_ds, valid_ds, options, stats, /*masks=*/true);
-  return DataLoaders(std::move(train_dl), std::move(valid_dl), std::move(codes));
+  DataLoaders dls(std::move(train_dl), std::move(valid_dl), std::move(codes));
+  auto [mean, std] = model_input_mean_std(options, stats);
+  // New images (test_dl, an export) are read as the validation images are: decoded at full scale, as the masks must be.
+  dls.set_image_pipeline(std::make_shared<ImagePipeline>(ImagePipeline{.mode = options.mode,
+                                                                       .size = size,
+                                                                       .method = options.method,
+                                                                       .pad_mode = options.pad_mode,
+                                                                       .mean = std::move(mean),
+                                                                       .std = std::move(std),
+                                                                       .masks = true}));
+  return dls;
 }
 
 }  // namespace

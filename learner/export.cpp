@@ -28,7 +28,9 @@ const std::string& required(const Metadata& metadata, const std::string& key, co
 }  // namespace
 
 std::string activation_of(const std::string& loss_name) {
-  if (loss_name == "cross_entropy") return "softmax";
+  if (loss_name == "cross_entropy" || loss_name == "pixel_cross_entropy" || loss_name == "dice_loss" ||
+      loss_name == "cross_entropy_dice")
+    return "softmax";  // the segmentation losses over the class axis (1)
   if (loss_name == "bce_with_logits") return "sigmoid";
   if (loss_name == "mse_loss" || loss_name == "l1_loss") return "none";
   return "unknown";

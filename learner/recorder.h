@@ -149,7 +149,7 @@ class Recorder : public Callback {
   std::vector<double> train_values_, valid_values_;
   bool keep_valid_preds_ = false;
   std::vector<at::Tensor> valid_preds_, valid_targets_;  // this pass's batches, when kept or gathered
-  bool reducing_ = false;              // this validation pass adds sums over the ranks (reduces())
+  bool reducing_ = false;                                // this validation pass adds sums over the ranks (reduces())
   std::int64_t own_items_ = -1;        // of this rank's items in the pass, those before the padding (-1: not asked)
   std::int64_t valid_items_seen_ = 0;  // this pass's items so far
   at::Tensor last_valid_preds_, last_valid_targets_;

@@ -158,6 +158,12 @@ int run_predict(const TrainArgs& args, const std::string& checkpoint, const std:
                     "\"image_folder\" or \"image_csv\") or CSV rows (data.dataset = \"csv\")",
                     excerpt(args.config_path, 256), config.data.dataset));
   }
+  if (config.data.dataset == "segmentation") {
+    throw ConfigError(fmt::format(
+        "predict: {} is a segmentation, whose masks go to a folder: `fastlearn export {} --checkpoint {} --out DIR`, "
+        "then `fastlearn predict DIR/export.safetensors IMAGE... --out MASKS`",
+        excerpt(args.config_path, 256), excerpt(args.config_path, 256), excerpt(checkpoint, 256)));
+  }
   auto learn = learner_from_checkpoint(config, config.output.dir, checkpoint, "predict");
   int failed = 0;
   for (const auto& input : inputs) {

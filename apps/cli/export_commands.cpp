@@ -2,6 +2,7 @@
 // from an export alone: no config, no training data), in batches through test_dl and get_preds; a model of tensors
 // (a program's export) from .npy and safetensors files, its outputs written the same way.
 #include "cli/command_config.h"
+#include "cli/mask_predictions.h"
 
 #include <fastlearn/config/load_learner.h>
 #include <fastlearn/core/atomic_file.h>
@@ -269,6 +270,7 @@ int run_predict_export(const std::string& export_file, const std::vector<std::st
   const bool table = tabular_dataset(learn->dls()) != nullptr;
   if (contents.pipeline.kind == InferencePipeline::Kind::tensors)
     return predict_tensor_files(*learn, contents.pipeline.item_shape, inputs, out);
+  if (contents.pipeline.masks()) return predict_mask_files(*learn, inputs, out);
   if (!table && learn->dls().image_pipeline() == nullptr)
     throw ConfigError(fmt::format(
         "predict: {} holds a model of the program's own data, with no pipeline to read new items; predict it from "

@@ -2,6 +2,7 @@
 // written for an invalid config, --resume, and data parallel runs through --nproc-per-node. Small
 // synthetic regression runs keep this fast.
 #include <fastlearn/config/train_config.h>
+#include <fastlearn/data/image_decode.h>
 #include <fastlearn/data/npy.h>
 
 #include <fcntl.h>
@@ -224,6 +225,59 @@ TEST_F(TrainCommand, TrainsResnet18OnImageFoldersAndSavesTheClassNamesWithTheMod
   const auto bad = run_cli(fmt::format("interpret {} --checkpoint {} --top 0", config_.string(),
                                        (out_ / "checkpoints" / "model.safetensors").string()));
   EXPECT_NE(bad.exit_code, 0);
+}
+
+// configs/segmentation.toml on shapes from scripts/make-shapes: it trains a U-Net, and the run's export alone (the data
+// moved away) writes a mask per image at the image's own size, a PNG of class indices, and masks.csv with the shares.
+TEST_F(TrainCommand, TheSegmentationConfigTrainsAndItsExportWritesAMaskPerImage) {
+  const auto shapes = dir_ / "shapes", other = dir_ / "wide";
+  for (const auto& [folder, args] :
+       {std::pair{shapes, "--count 24"}, std::pair{other, "--count 2 --height 40 --width 70 --seed 5"}}) {
+    const auto [made, why] = fastlearn::testing::run_shell(fmt::format(
+        "'{}' '{}/scripts/make-shapes' '{}' {} 2>&1", FASTLEARN_PYTHON, FASTLEARN_SOURCE_DIR, folder.string(), args));
+    if (made != 0) GTEST_SKIP() << "scripts/make-shapes needs a Python with numpy and Pillow: " << why;
+  }
+  for (const char* n : {"000", "001"})  // names of their own: one mask per name
+    fs::rename(other / "images" / fmt::format("shape_{}.png", n), other / "images" / fmt::format("wide_{}.png", n));
+  const auto config = fs::path(FASTLEARN_SOURCE_DIR) / "configs" / "segmentation.toml";
+  const auto r = run_cli(fmt::format("train {} --out {} --set 'data.path=\"{}\"' --set train.epochs=1 --set data.bs=8",
+                                     config.string(), out_.string(), shapes.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto metrics = nlohmann::json::parse(read(out_ / "metrics.json"));
+  EXPECT_TRUE(metrics[0]["dice_multi"].is_number()) << metrics;
+  EXPECT_TRUE(metrics[0]["foreground_acc"].is_number()) << metrics;
+
+  fs::rename(shapes, dir_ / "moved");
+  const auto masks = dir_ / "masks";
+  const auto p =
+      run_cli(fmt::format("predict {} {} {} --out {}", (out_ / "export.safetensors").string(),
+                          (dir_ / "moved" / "images").string(), (other / "images").string(), masks.string()));
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  const auto csv = read(masks / "masks.csv");
+  EXPECT_EQ(csv.rfind("input,mask,background,circle,square\n", 0), 0u) << csv;
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 24 + 2) << csv;
+  for (const auto& [image, side] :
+       {std::pair{dir_ / "moved" / "images" / "shape_000.png", std::array<std::int64_t, 2>{64, 64}},
+        std::pair{other / "images" / "wide_001.png", std::array<std::int64_t, 2>{40, 70}}}) {
+    const auto mask = fastlearn::read_mask(masks / image.filename());
+    EXPECT_EQ(mask.size(0), side[0]) << image;
+    EXPECT_EQ(mask.size(1), side[1]) << image;
+    EXPECT_LT(mask.max().item<std::int64_t>(), 3) << image;
+    EXPECT_NE(p.output.find(image.string() + "\t" + (masks / image.filename()).string() +
+                            fmt::format(" ({}x{}): background ", side[0], side[1])),
+              std::string::npos)
+        << p.output;
+  }
+  // Two images of one name would write one mask: the second is refused, naming both.
+  const auto twice = run_cli(fmt::format("predict {} {} {} --out {}", (out_ / "export.safetensors").string(),
+                                         (dir_ / "moved" / "images" / "shape_000.png").string(),
+                                         (dir_ / "moved" / "images" / "shape_000.png").string(), masks.string()));
+  EXPECT_EQ(twice.exit_code, 1);
+  EXPECT_NE(twice.output.find("its mask would overwrite that of"), std::string::npos) << twice.output;
+  const auto no_out =
+      run_cli(fmt::format("predict {} {}", (out_ / "export.safetensors").string(), (other / "images").string()));
+  EXPECT_NE(no_out.exit_code, 0);
+  EXPECT_NE(no_out.output.find("give --out DIR"), std::string::npos) << no_out.output;
 }
 
 // A CSV table through `fastlearn train`: one process, then 2 ranks with the same global batch, reach the same

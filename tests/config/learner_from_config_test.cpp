@@ -9,9 +9,11 @@
 #include <fastlearn/core/safetensors.h>
 #include <fastlearn/data/csv.h>
 #include <fastlearn/data/image_dataloaders.h>
+#include <fastlearn/data/image_decode.h>
 #include <fastlearn/data/image_encode.h>
 #include <fastlearn/data/tabular_dataloaders.h>
 #include <fastlearn/learner/named_predictions.h>
+#include <fastlearn/learner/predict_mask.h>
 #include <fastlearn/learner/tabular_learner.h>
 #include <fastlearn/learner/vision_learner.h>
 #include <fastlearn/models/models.h>
@@ -26,6 +28,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <string>
@@ -89,6 +92,16 @@ class TinyConfigs : public ::testing::Test {
     for (int i = 0; i < 24; ++i)
       rows += fmt::format("{},{},{}\n", i * 0.5, i % 3 ? "red" : "blue", i % 2 ? "big" : "small");
     write_bytes(dir_ / "table.csv", rows);
+    // Segmentation: images with grey masks of classes 0 and 1 (two: dice and jaccard_coeff take them) (the class follows the red channel, so a model can learn).
+    for (int i = 0; i < 12; ++i) {
+      const auto mask = torch::randint(0, 2, {1, 40, 36}, torch::kInt32).to(torch::kUInt8);
+      auto image = torch::randint(0, 120, {3, 40, 36}, torch::kInt32);
+      image[0] += mask[0].to(torch::kInt32) * 60;
+      fs::create_directories(dir_ / "shapes" / "images");
+      fs::create_directories(dir_ / "shapes" / "masks");
+      write_bytes(dir_ / "shapes" / "images" / fmt::format("{}.png", i), fl::encode_png(image.to(torch::kUInt8)));
+      write_bytes(dir_ / "shapes" / "masks" / fmt::format("{}.png", i), fl::encode_png(mask));
+    }
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -104,6 +117,9 @@ class TinyConfigs : public ::testing::Test {
             {"image_csv", fmt::format("dataset = \"image_csv\"\npath = \"{}\"\nvalid_col = \"is_valid\"\n"
                                       "label_delim = \" \"\nsize = 32\nbs = 4\nworkers = 0\n",
                                       (dir_ / "tagged").string())},
+            {"segmentation", fmt::format("dataset = \"segmentation\"\npath = \"{}\"\nmasks = \"masks\"\n"
+                                         "codes = [\"a\", \"b\"]\nsize = 32\nbs = 4\nworkers = 0\n",
+                                         (dir_ / "shapes").string())},
             {"csv", fmt::format("dataset = \"csv\"\npath = \"{}\"\ny_names = [\"kind\"]\ncat_names = [\"colour\"]\n"
                                 "cont_names = [\"size\"]\nbs = 8\nworkers = 0\n",
                                 (dir_ / "table.csv").string())},
@@ -124,6 +140,7 @@ class TinyConfigs : public ::testing::Test {
     else
       sets.push_back(set);
     if (value == "top_k_accuracy") sets.push_back("train.top_k=2");
+    if (dataset == "segmentation") sets.push_back("model.body=\"resnet18\"");  // the smallest U-Net
     return fl::parse_config(text, dataset + ".toml", sets, fl::regression_of_data);
   }
 
@@ -131,7 +148,8 @@ class TinyConfigs : public ::testing::Test {
   // body), or a failure naming what none took.
   fl::TrainConfig first_config_taking(const std::string& key, const std::string& value) const {
     std::string why;
-    for (const char* dataset : {"fashion_mnist", "synthetic_regression", "image_folder", "image_csv", "csv"}) {
+    for (const char* dataset :
+         {"fashion_mnist", "synthetic_regression", "image_folder", "image_csv", "csv", "segmentation"}) {
       try {
         return config_of(dataset, key, value);
       } catch (const fl::ConfigError& e) {
@@ -252,6 +270,50 @@ TEST_F(TinyConfigs, FineTuneFromAConfigFreezesTheBodyOfAPretrainedArch) {
   EXPECT_TRUE(probe->body_trained.at("unfrozen"));
   ASSERT_FALSE(probe->body_over_head.empty());
   for (const double ratio : probe->body_over_head) EXPECT_NEAR(ratio, 0.01, 1e-12);
+}
+
+// The U-Net's entry carries unet_split: fine_tune's frozen fit leaves both groups of the body's convolutions as they
+// were, and the unfrozen fit trains them, the stem's group at the decoder's rate / 100 (fastai's slice over 3 groups).
+TEST_F(TinyConfigs, FineTuneFromAConfigFreezesTheBodyOfAUnet) {
+  struct Probe : fl::Callback {
+    std::vector<at::Tensor> body_convs;
+    std::map<std::string, bool> body_trained;
+    std::vector<double> stem_over_decoder;
+    std::vector<at::Tensor> body() {
+      std::vector<at::Tensor> convs;
+      const auto groups = learn().param_groups();
+      for (std::size_t g = 0; g < 2; ++g)
+        for (const auto& p : groups[g])
+          if (p.dim() == 4) convs.push_back(p.detach());
+      return convs;
+    }
+    void before_fit() override {
+      body_convs.clear();
+      for (const auto& p : body()) body_convs.push_back(p.clone());
+    }
+    void after_fit() override {
+      const auto now = body();
+      bool changed = false;
+      for (std::size_t i = 0; i < now.size(); ++i) changed = changed || !now[i].equal(body_convs.at(i));
+      body_trained[learn().phase] = changed;
+    }
+    void before_step() override {
+      if (learn().phase == "unfrozen")
+        stem_over_decoder.push_back(learn().opt().hyper("lr", 0) / learn().opt().hyper("lr", 2));
+    }
+  };
+  auto config = config_of("segmentation", "model.arch", "unet");
+  config.train.schedule = "fine_tune";
+  config.train.epochs = 1;
+  auto learn = fl::learner_from_config(config, {.run_callbacks = false, .progress = false});
+  ASSERT_EQ(learn->param_groups().size(), 3U) << "the U-Net from the registry: stem to layer2, layer3 and 4, decoder";
+  auto probe = std::make_shared<Probe>();
+  learn->add_cb(probe);
+  fl::fit_from_config(*learn, config);
+  EXPECT_FALSE(probe->body_trained.at("frozen")) << "the frozen fit changed the body's convolutions";
+  EXPECT_TRUE(probe->body_trained.at("unfrozen"));
+  ASSERT_FALSE(probe->stem_over_decoder.empty());
+  for (const double ratio : probe->stem_over_decoder) EXPECT_NEAR(ratio, 0.01, 1e-12);
 }
 
 TEST_F(TinyConfigs, EveryLossMetricOptimizerAndScheduleBuildsAndTrains) {
@@ -389,7 +451,7 @@ TEST_F(TinyConfigs, AnExportLoadsWithoutTheDataAndPredictsNewItemsExactlyAsTheTr
                        fl::predicts_values(*learn)});
   }
   EXPECT_GE(exports.size(), 15u);
-  for (const char* data : {"mnist", "folders", "tagged", "table.csv"}) fs::remove_all(dir_ / data);
+  for (const char* data : {"mnist", "folders", "tagged", "table.csv", "shapes"}) fs::remove_all(dir_ / data);
   for (const auto& e : exports) {
     SCOPED_TRACE(e.what);
     auto loaded = fl::load_learner(e.file, {.device = torch::kCPU});
@@ -399,6 +461,36 @@ TEST_F(TinyConfigs, AnExportLoadsWithoutTheDataAndPredictsNewItemsExactlyAsTheTr
     EXPECT_EQ(fl::output_names(*loaded), e.names);
     EXPECT_EQ(fl::predicts_values(*loaded), e.values);
   }
+}
+
+// predict_mask gives every pixel of an image of any size a class: the whole image resized at the items' scale, the
+// probabilities resized back. An image of the item size with squish is the model's own output, unresized.
+TEST_F(TinyConfigs, PredictMaskGivesEveryPixelOfTheImageAClass) {
+  write_new_items(dir_ / "new");
+  auto config = config_of("segmentation", "model.arch", "unet");
+  config.data.transforms.resize = "squish";
+  auto learn = fl::learner_from_config(config, {.run_callbacks = false, .progress = false});
+  for (int i = 0; i < 5; ++i) {
+    const auto file = dir_ / "new" / fmt::format("{}.png", i);
+    const auto image = fl::read_image(file);
+    const auto p = fl::predict_mask(*learn, file);
+    EXPECT_EQ(p.mask.sizes(), image.sizes().slice(1)) << file;
+    EXPECT_EQ(p.probs.sizes(), (std::vector<std::int64_t>{2, image.size(1), image.size(2)}));
+    EXPECT_TRUE(p.probs.sum(0).allclose(torch::ones_like(p.mask, torch::kFloat), 1e-5, 1e-5));
+    EXPECT_NEAR(std::accumulate(p.shares.begin(), p.shares.end(), 0.0), 1.0, 1e-9);
+  }
+  // Item size: the model's probabilities themselves.
+  const auto item = dir_ / "new" / "item.png";
+  write_bytes(item, fl::encode_png(torch::randint(0, 256, {3, 32, 32}, torch::kInt32).to(torch::kUInt8)));
+  auto dl = fl::ImageDataLoaders::test_dl(learn->dls(), {item});
+  const auto preds = learn->get_preds(&dl).preds[0];
+  const auto p = fl::predict_mask(*learn, item);
+  EXPECT_TRUE(p.probs.allclose(preds, 1e-6, 1e-6)) << (p.probs - preds).abs().max().item<double>();
+  EXPECT_TRUE(p.mask.equal(preds.argmax(0)));
+  // The scale of each resize method: crop keeps the larger ratio, pad the smaller, squish each side's own.
+  EXPECT_EQ(fl::prediction_size({100, 50}, {32, 32}, fl::ResizeMethod::crop), (fl::ImageSize{64, 32}));
+  EXPECT_EQ(fl::prediction_size({100, 50}, {32, 32}, fl::ResizeMethod::pad), (fl::ImageSize{32, 16}));
+  EXPECT_EQ(fl::prediction_size({100, 50}, {32, 48}, fl::ResizeMethod::squish), (fl::ImageSize{32, 48}));
 }
 
 // vision_learner and tabular_learner built in C++ record the config keys of their model, so their exports load

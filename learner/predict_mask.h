@@ -1,0 +1,31 @@
+#pragma once
+// Segmentation predictions for image files at the image's own size. The whole image is resized by the scale that the
+// validation pipeline gives its items (Resize crop: the larger of item/image on each side, so the crop's scale; pad:
+// the smaller; squish: each side's own) without cropping or padding, the model (which takes any size) predicts every
+// pixel, and the class probabilities are resized bilinearly back to the image's height and width. Nothing is cut off,
+// and each pixel is seen at the scale the model was trained at.
+#include <fastlearn/core/image_size.h>
+#include <fastlearn/data/image_transforms.h>
+#include <fastlearn/learner/learner.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace fastlearn {
+
+struct MaskPrediction {
+  at::Tensor mask;             ///< (H, W) int64 class indices, the image's height and width, on the CPU
+  at::Tensor probs;            ///< (classes, H, W) float probabilities, on the CPU
+  std::vector<double> shares;  ///< each class's share of the pixels of `mask`, in the codes' order
+};
+
+/// `file` predicted by `learn`, whose data must be segmentation images (SegmentationDataLoaders, or an export of
+/// them); DataError naming the file when it does not decode, ConfigError for other data.
+MaskPrediction predict_mask(Learner& learn, const std::filesystem::path& file);
+
+/// The size a whole image of size `image` is resized to for prediction, when the items were made at `items` by Resize
+/// with `method` (at least 1 on each side).
+ImageSize prediction_size(ImageSize image, ImageSize items, ResizeMethod method);
+
+}  // namespace fastlearn
