@@ -15,6 +15,7 @@
 #include <fastlearn/learner/segmentation_loss.h>
 #include <fastlearn/learner/segmentation_metrics.h>
 #include <fastlearn/models/models.h>
+#include <fastlearn/models/unet.h>
 #include <fastlearn/optim/sgd.h>
 
 #include <gtest/gtest.h>
@@ -237,6 +238,44 @@ TEST(DistributedTrainer, ValidationAndGetPredsCoverExactlyTheWholeSetOnEveryRank
                       fl::teardown_distrib();
                     },
                     {.env = flt::torchrun_env(2)});
+}
+
+// fastai's U-Net (resnet18 body, its 25 BatchNorms synchronized) on 2 ranks takes the steps of one process fed both
+// ranks' items with twice the batch, as the models above do; the augmentation is off (each rank draws its own).
+TEST(DistributedTrainer, AUnetOnTwoRanksTakesTheStepsOfOneProcessWithTwiceTheBatch) {
+  flt::run_on_ranks(
+      2,
+      [](const RankContext&) {
+        auto steps = [](std::int64_t bs, bool distributed) {
+          auto gen = at::detail::createCPUGenerator(4);
+          auto y = at::randint(0, 3, {16, 32, 32}, gen, at::TensorOptions().dtype(at::kLong));
+          auto x = at::randn({16, 3, 32, 32}, gen);
+          x.select(1, 0).add_(y.to(at::kFloat));
+          auto items = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
+          fl::DataLoader train_dl(items, {.bs = bs});
+          if (!distributed)  // batch k: rank 0's batch k (items [4k, 4k + 4)), then rank 1's (from item 8)
+            train_dl.set_sampler(std::make_shared<flt::FixedSampler>(
+                std::vector<std::int64_t>{0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15}));
+          torch::manual_seed(0);
+          auto model = fl::models::unet({.arch = "resnet18", .classes = 3, .image_size = {32, 32}});
+          fl::Learner learn(fl::DataLoaders(std::move(train_dl), fl::DataLoader(items, {.bs = 8}), 3), model,
+                            fl::pixel_cross_entropy(), {.opt_func = fl::SGD({.mom = 0.9}), .progress = false});
+          auto log = std::make_shared<StepLog>();
+          if (distributed) {
+            fl::DistribCtx ctx(learn);
+            learn.fit(1, 0.01, {.cbs = {log}});
+          } else {
+            learn.fit(1, 0.01, {.cbs = {log}});
+          }
+          return log->params;
+        };
+        const auto reference = steps(8, false);
+        fl::setup_distrib({.timeout = std::chrono::seconds(60)});
+        const auto ours = steps(4, true);
+        fl::teardown_distrib();
+        expect_same_steps(reference, ours, 1e-5);
+      },
+      {.timeout = std::chrono::seconds(240), .env = flt::torchrun_env(2)});
 }
 
 // Segmentation metrics keep per-class pixel sums: each rank adds over its own items (rank 1's last one is padding) and
