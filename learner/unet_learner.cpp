@@ -2,6 +2,7 @@
 
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/segmentation_loss.h>
+#include <fastlearn/models/memory_format.h>
 #include <fastlearn/models/unet.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -43,7 +44,14 @@ std::unique_ptr<Learner> unet_learner(DataLoaders dls, const UnetLearnerOptions&
                              .blur_final = options.blur_final,
                              .y_range = options.y_range,
                              .last_cross = options.last_cross});
+  if (options.channels_last) models::to_channels_last(*model);
   if (!learner_options.splitter) learner_options.splitter = unet_split;
+  // The model the config's keys build (registry.cpp) can be exported by those keys.
+  const UnetLearnerOptions plain;
+  if (options.blur == plain.blur && options.blur_final == plain.blur_final && !options.y_range &&
+      options.last_cross == plain.last_cross && !options.in_channels && learner_options.model_recipe.empty())
+    learner_options.model_recipe =
+        fmt::format("[data]\ndataset = \"segmentation\"\n[model]\narch = \"unet\"\nbody = \"{}\"\n", options.arch);
   auto learn = std::make_unique<Learner>(std::move(dls), model, loss.value_or(pixel_cross_entropy()),
                                          std::move(learner_options));
   if (!options.weights.empty()) learn->freeze();  // a pretrained body trains only after fine_tune / unfreeze

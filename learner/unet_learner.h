@@ -22,6 +22,9 @@ struct UnetLearnerOptions {
   bool blur_final = true;
   std::optional<std::pair<double, double>> y_range;
   bool last_cross = true;
+  /// The model in channels-last memory format (models/memory_format.h): the same values, and fastlearn's direct
+  /// convolution kernels and oneDNN's take it without converting every activation (bench segmentation_vs_fastai).
+  bool channels_last = true;
   /// Channels of the images. Default: image_channels(dls). Pretrained weights for another count are adapted.
   std::optional<std::int64_t> in_channels;
 };
