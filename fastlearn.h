@@ -59,11 +59,13 @@
 #include <fastlearn/learner/named_predictions.h>
 #include <fastlearn/learner/param_scheduler.h>
 #include <fastlearn/learner/predict_image.h>
+#include <fastlearn/learner/predict_mask.h>
 #include <fastlearn/learner/predict_tabular.h>
 #include <fastlearn/learner/progress.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/learner/segmentation_loss.h>
 #include <fastlearn/learner/segmentation_metrics.h>
+#include <fastlearn/learner/segmentation_results.h>
 #include <fastlearn/learner/step_session.h>
 #include <fastlearn/learner/tabular_learner.h>
 #include <fastlearn/learner/top_losses_grid.h>

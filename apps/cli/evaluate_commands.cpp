@@ -7,10 +7,12 @@
 #include <fastlearn/core/detail/text.h>
 #include <fastlearn/data/csv.h>
 #include <fastlearn/data/image_dataset.h>
+#include <fastlearn/data/segmentation_dataset.h>
 #include <fastlearn/data/tabular_dataloaders.h>
 #include <fastlearn/learner/interpretation.h>
 #include <fastlearn/learner/predict_image.h>
 #include <fastlearn/learner/predict_tabular.h>
+#include <fastlearn/learner/segmentation_results.h>
 #include <fastlearn/learner/tabular_learner.h>
 #include <fastlearn/learner/top_losses_grid.h>
 
@@ -98,8 +100,34 @@ int run_validate(const TrainArgs& args, const std::string& checkpoint) {
   return 0;
 }
 
+namespace {
+
+// A segmentation's interpretation: the validation images with the highest loss, listed, and drawn with their true and
+// predicted masks in <out>/show_results.png.
+int interpret_segmentation(const TrainConfig& config, const fs::path& out, const std::string& checkpoint, int top) {
+  auto learn = learner_from_checkpoint(config, out, checkpoint, "interpret");
+  const auto worst = segmentation_top_losses(*learn, top);
+  const auto* items = dynamic_cast<const SegmentationDataset*>(&learn->dls().valid().dataset());
+  fmt::print("top losses (validation item, counted from 0: image, loss):\n");
+  std::vector<std::int64_t> indices;
+  for (const auto& item : worst) {
+    indices.push_back(item.index);
+    fmt::print("  {}: {}, {:.4f}\n", item.index,
+               items ? excerpt(items->images().at(static_cast<std::size_t>(item.index)).string(), 256) : "-",
+               item.loss);
+  }
+  show_results(*learn, out / "show_results.png", {.items = indices});
+  fmt::print("wrote {}\n", excerpt((out / "show_results.png").string(), 256));
+  return 0;
+}
+
+}  // namespace
+
 int run_interpret(const TrainArgs& args, const std::string& checkpoint, int top) {
   auto config = read_config_file(args);
+  if (task_of(config.data) == Task::segmentation)
+    return interpret_segmentation(config, args.out.empty() ? fs::path(config.output.dir) : fs::path(args.out),
+                                  checkpoint, top);
   if (task_of(config.data) != Task::classification) {
     throw ConfigError(
         fmt::format("interpret: {} is not single-label classification (data.dataset = \"{}\"); "

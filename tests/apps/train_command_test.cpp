@@ -247,6 +247,15 @@ TEST_F(TrainCommand, TheSegmentationConfigTrainsAndItsExportWritesAMaskPerImage)
   EXPECT_TRUE(metrics[0]["dice_multi"].is_number()) << metrics;
   EXPECT_TRUE(metrics[0]["foreground_acc"].is_number()) << metrics;
 
+  // interpret: the worst validation images, listed and drawn with their masks.
+  const auto i = run_cli(fmt::format("interpret {} --checkpoint {} --top 3 --out {} --set 'data.path=\"{}\"'",
+                                     config.string(), (out_ / "checkpoints" / "model.safetensors").string(),
+                                     (dir_ / "interp").string(), shapes.string()));
+  ASSERT_EQ(i.exit_code, 0) << i.output;
+  EXPECT_NE(i.output.find("top losses (validation item, counted from 0: image, loss):\n"), std::string::npos)
+      << i.output;
+  const auto results = fastlearn::read_image(dir_ / "interp" / "show_results.png");
+  EXPECT_EQ(results.size(1), 3 * 64 + 2 * 2) << "three rows of 64 pixels";
   fs::rename(shapes, dir_ / "moved");
   const auto masks = dir_ / "masks";
   const auto p =

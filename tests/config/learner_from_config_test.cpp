@@ -14,6 +14,8 @@
 #include <fastlearn/data/tabular_dataloaders.h>
 #include <fastlearn/learner/named_predictions.h>
 #include <fastlearn/learner/predict_mask.h>
+#include <fastlearn/learner/segmentation_loss.h>
+#include <fastlearn/learner/segmentation_results.h>
 #include <fastlearn/learner/tabular_learner.h>
 #include <fastlearn/learner/vision_learner.h>
 #include <fastlearn/models/models.h>
@@ -464,7 +466,8 @@ TEST_F(TinyConfigs, AnExportLoadsWithoutTheDataAndPredictsNewItemsExactlyAsTheTr
 }
 
 // predict_mask gives every pixel of an image of any size a class: the whole image resized at the items' scale, the
-// probabilities resized back. An image of the item size with squish is the model's own output, unresized.
+// probabilities resized back. An image of the item size with squish is the model's own output, unresized. Then
+// show_results' picture and the top losses.
 TEST_F(TinyConfigs, PredictMaskGivesEveryPixelOfTheImageAClass) {
   write_new_items(dir_ / "new");
   auto config = config_of("segmentation", "model.arch", "unet");
@@ -487,6 +490,24 @@ TEST_F(TinyConfigs, PredictMaskGivesEveryPixelOfTheImageAClass) {
   const auto p = fl::predict_mask(*learn, item);
   EXPECT_TRUE(p.probs.allclose(preds, 1e-6, 1e-6)) << (p.probs - preds).abs().max().item<double>();
   EXPECT_TRUE(p.mask.equal(preds.argmax(0)));
+  // show_results: a row per item, the image, the true mask and the predicted one (class 0 black, class 1 coloured).
+  learn->fit_one_cycle(1, 1e-3);
+  fl::show_results(*learn, dir_ / "results.png", {.items = {1, 0}});
+  const auto sheet = fl::read_image(dir_ / "results.png");
+  ASSERT_EQ(sheet.sizes(), (std::vector<std::int64_t>{3, 2 * 32 + 2, 3 * 32 + 4}));
+  const auto truth = learn->dls().valid().dataset().get(1).targets[0];
+  const auto truth_panel = sheet.narrow(1, 0, 32).narrow(2, 34, 32).to(torch::kInt).sum(0);
+  EXPECT_TRUE(truth_panel.eq(0).equal(truth.eq(0))) << "class 0 black, class 1 not";
+  EXPECT_THROW(fl::show_results(*learn, dir_ / "bad.png", {.items = {99}}), fl::DataError);
+  // The top losses: each the loss over the item alone, highest first.
+  const auto worst = fl::segmentation_top_losses(*learn, 2);
+  ASSERT_EQ(worst.size(), 2U);
+  EXPECT_GE(worst[0].loss, worst[1].loss);
+  auto one = fl::collate({learn->dls().valid().dataset().get(worst[0].index)});
+  at::Generator generator = at::detail::createCPUGenerator(0);
+  for (const auto& tfm : learn->dls().valid().options().batch_tfms) tfm(one, generator);
+  const auto probs = learn->predict_batch({one.inputs[0]});
+  EXPECT_NEAR(worst[0].loss, fl::pixel_cross_entropy()(probs.log(), one.targets[0]).template item<double>(), 1e-5);
   // The scale of each resize method: crop keeps the larger ratio, pad the smaller, squish each side's own.
   EXPECT_EQ(fl::prediction_size({100, 50}, {32, 32}, fl::ResizeMethod::crop), (fl::ImageSize{64, 32}));
   EXPECT_EQ(fl::prediction_size({100, 50}, {32, 32}, fl::ResizeMethod::pad), (fl::ImageSize{32, 16}));
