@@ -155,7 +155,7 @@ std::vector<ArchChoice> builtin_archs() {
                      built.splitter = unet_split;
                      return built;
                    },
-                   false,
+                   true,
                    always});
   // Its hidden layers hold BatchNorm (fastai's LinBnDrop), and so do the continuous inputs, which the data decides.
   archs.push_back({"tabular",

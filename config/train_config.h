@@ -112,7 +112,7 @@ struct TrainSectionConfig {
   bool mixed_precision = false;                ///< bf16 autocast on CPU, fp16 with loss scaling on CUDA
   std::string mixed_precision_dtype = "auto";  ///< auto (as above) | bf16 | fp16 (with loss scaling)
   /// ChannelsLast (conv nets in NHWC memory format: faster oneDNN kernels); auto: as the arch's entry says
-  /// (registry.h: on for simple_cnn, conv_net, resnet, resnet18/34/50, off for mlp and tabular).
+  /// (registry.h: on for simple_cnn, conv_net, resnet, resnet18/34/50, unet, off for mlp and tabular).
   Switch channels_last = Switch::automatic;
   bool cuda_graph = false;  ///< LearnerOptions::cuda_graph: each training step captured and replayed on a GPU
   std::int64_t grad_accumulation = 0;  ///< > 0: step once this many items were seen

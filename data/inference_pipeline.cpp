@@ -151,8 +151,10 @@ InferencePipeline from_json(const json& j, const std::string& origin) {
   switch (p.kind) {
     case InferencePipeline::Kind::images:
       p.image = image_from_json(field<json>(j, "image"));
-      if (p.image->masks && (p.vocab.empty() || p.multi_label))
-        throw DataError("image.masks (segmentation) needs the codes as the vocabulary, one class per pixel");
+      if (p.image->masks && (p.vocab.empty() || p.multi_label || p.c > 256))
+        throw DataError(fmt::format(
+            "image.masks (segmentation) needs the codes as the vocabulary, one class per pixel, at most 256; c = {}",
+            p.c));
       break;
     case InferencePipeline::Kind::table: {
       const auto table = field<json>(j, "table");

@@ -17,7 +17,7 @@
 #include <torch/torch.h>
 
 #include <exception>
-#include <limits>
+#include <optional>
 #include <set>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -67,7 +67,7 @@ void DistributedTrainer::attach(Learner& learn) {
   };
   c.barrier = [this] { barrier(&group()); };
   c.gather_items = [this](const at::Tensor& local) { return wrapped_ ? gather_unpadded(local, *wrapped_) : local; };
-  c.own_items = [this] { return wrapped_ ? wrapped_->own_items() : std::numeric_limits<std::int64_t>::max(); };
+  c.own_items = [this] { return wrapped_ ? std::optional(wrapped_->own_items()) : std::nullopt; };
   c.forget_loader = [this](DataLoader& loader) {
     if (wrapped_ && wrapped_->wrapped() && &wrapped_->loader() == &loader) unwrap_loaders();
   };

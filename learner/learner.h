@@ -388,8 +388,9 @@ class Learner {
     /// Turns this process's per-item predictions of the last validation pass into those of the whole set.
     std::function<at::Tensor(const at::Tensor&)> gather_items;
     /// How many of this process's items in the current pass, in batch order, come before the padding that evens out
-    /// the processes' shares: per-item sums over these, added over the processes, are the whole set's.
-    std::function<std::int64_t()> own_items;
+    /// the processes' shares: per-item sums over these, added over the processes, are the whole set's. nullopt when
+    /// the pass's items are not shared out (each process's own, per_process datasets).
+    std::function<std::optional<std::int64_t>()> own_items;
     /// Collective: true when any process passes true (so that all stop at the same point); once per epoch.
     std::function<bool(bool)> any_process;
     /// Per batch, without a collective of its own: `mine` travels with the next gradient all-reduce, and

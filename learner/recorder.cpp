@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace fastlearn {
 
@@ -113,6 +114,7 @@ void Recorder::before_validate() {
   valid_targets_.clear();
   last_valid_preds_ = last_valid_targets_ = at::Tensor();
   reducing_ = reduces();
+  valid_failure_ = nullptr;
   own_items_ = -1;  // asked at the first batch: the data parallel trainer wraps the loader after this callback
   valid_items_seen_ = 0;
 }
@@ -127,6 +129,11 @@ bool Recorder::reduces() const {
 
 void Recorder::after_batch() {
   auto& l = learn();
+  if (!l.training && reducing_ && own_items_ < 0) {  // the pass's first batch: the trainer has wrapped its loader
+    const auto own = l.coordination().own_items();
+    reducing_ = own.has_value();  // items that are not shared out are gathered as before (no collective: each its own)
+    own_items_ = own.value_or(0);
+  }
   const bool collect = !l.training && l.pred.defined() && (keep_valid_preds_ || (gathers() && !reducing_));
   if (collect) {
     valid_preds_.push_back(l.pred.detach());
@@ -136,7 +143,6 @@ void Recorder::after_batch() {
   auto pred = l.pred, targ = l.yb.front(), loss = l.loss.detach().mean();  // the mean also for a loss without reduction
   auto items = find_bs(l.yb);
   if (!l.training && reducing_) {  // this rank's own items only: the padding at the end of its share is left out
-    if (own_items_ < 0) own_items_ = l.coordination().own_items();
     const auto own = std::clamp<std::int64_t>(own_items_ - valid_items_seen_, 0, items);
     valid_items_seen_ += items;
     if (own < items) {
@@ -146,9 +152,16 @@ void Recorder::after_batch() {
       items = own;
     }
   }
-  // Gathered validation metrics are computed once, on the whole set, at after_validate.
-  if (l.training || !gathers() || reducing_) {
+  // Gathered validation metrics are computed once, on the whole set, at after_validate. Reduced ones may fail on one
+  // rank alone: the error waits for after_validate, where every rank learns of it before the sums are added.
+  if (l.training || !gathers()) {
     for (auto& m : l.training ? train_metrics_ : valid_metrics_) m->accumulate(pred, targ);
+  } else if (reducing_ && !valid_failure_) {
+    try {
+      for (auto& m : valid_metrics_) m->accumulate(pred, targ);
+    } catch (...) {
+      valid_failure_ = std::current_exception();
+    }
   }
   if (items == 0) return;
   batch_losses_.push(loss);
@@ -202,7 +215,7 @@ void Recorder::after_train() {
 
 void Recorder::after_validate() {
   record_pending(true);
-  if (reducing_) reduce_validation();
+  if (reducing_ && own_items_ >= 0) reduce_validation();  // a pass without batches has none on every rank
   valid_loss_ = loss_count_ ? loss_sum_ / static_cast<double>(loss_count_) : kNaN;
   if (!gathers() || reducing_) valid_values_ = values_of(valid_metrics_);
   if (valid_preds_.empty()) return;
@@ -225,7 +238,14 @@ void Recorder::after_validate() {
 // Collective: every rank has run the same batches, so every rank's sums have the same shapes (a rank whose batches were
 // padding only accumulated empty batches, zeros), and the loss's (sum, items) travel together.
 void Recorder::reduce_validation() {
-  const auto& reduce = learn().coordination().reduce_over_processes;
+  const auto& c = learn().coordination();
+  const bool failed = static_cast<bool>(valid_failure_);
+  if (c.any_process ? c.any_process(failed) : failed) {
+    auto mine = std::exchange(valid_failure_, nullptr);
+    if (mine) std::rethrow_exception(mine);
+    throw DistributedError("validation: a metric failed on another rank (its error is in that rank's output)");
+  }
+  const auto& reduce = c.reduce_over_processes;
   auto loss = torch::tensor({loss_sum_, static_cast<double>(loss_count_)}, torch::kFloat64);
   reduce(loss, false);
   loss_sum_ = loss[0].item<double>();

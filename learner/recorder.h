@@ -6,8 +6,9 @@
 // training loop never waits for the GPU to log (unless read_every_batch, which the LRFinder needs).
 // In a data parallel job (Learner::Coordination::gather_items set) the validation loss and metrics are the whole
 // set's, the same on every rank: when every metric keeps sums (Metric::additive_state, e.g. the segmentation metrics)
-// each rank adds over its own items (the padding left out) and the sums are added over the ranks; otherwise the
-// predictions of every rank are gathered once and the loss and metrics computed on the whole set.
+// each rank adds over its own items (the padding left out) and the sums are added over the ranks, the loss as the
+// items' mean of the batch losses as on one process; otherwise the predictions of every rank are gathered once and the
+// loss and metrics computed on the whole set.
 #include <fastlearn/core/host_readback.h>
 #include <fastlearn/learner/callback.h>
 #include <fastlearn/learner/loss.h>
@@ -15,6 +16,7 @@
 
 #include <chrono>
 #include <deque>
+#include <exception>
 #include <filesystem>
 #include <limits>
 #include <optional>
@@ -152,6 +154,7 @@ class Recorder : public Callback {
   bool reducing_ = false;                                // this validation pass adds sums over the ranks (reduces())
   std::int64_t own_items_ = -1;        // of this rank's items in the pass, those before the padding (-1: not asked)
   std::int64_t valid_items_seen_ = 0;  // this pass's items so far
+  std::exception_ptr valid_failure_;   // a metric's error on this rank, thrown once every rank knows of it
   at::Tensor last_valid_preds_, last_valid_targets_;
   std::chrono::steady_clock::time_point epoch_start_;
 };

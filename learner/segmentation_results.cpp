@@ -5,6 +5,7 @@
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/image_encode.h>
 #include <fastlearn/data/inference_pipeline.h>
+#include <fastlearn/learner/export.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -64,7 +65,14 @@ void show_results(Learner& learn, const std::filesystem::path& file, const ShowR
   Batch model_batch = batch;
   at::Generator generator = at::detail::createCPUGenerator(0);
   for (const auto& tfm : learn.dls().valid().options().batch_tfms) tfm(model_batch, generator);
-  const auto predicted = learn.predict_batch({model_batch.inputs.at(0)}).argmax(1).cpu();
+  // In chunks of the validation batch size: as much memory as validation takes.
+  const auto chunk = std::max<std::int64_t>(1, learn.dls().valid().options().bs);
+  std::vector<at::Tensor> parts;
+  const auto inputs = model_batch.inputs.at(0);
+  for (std::int64_t start = 0; start < inputs.size(0); start += chunk)
+    parts.push_back(
+        learn.predict_batch({inputs.narrow(0, start, std::min(chunk, inputs.size(0) - start))}).argmax(1).cpu());
+  const auto predicted = torch::cat(parts);
   const auto colours = palette(learn.dls().c());
   const auto h = images.size(2), w = images.size(3);
   constexpr std::int64_t gap = 2;
@@ -83,6 +91,12 @@ void show_results(Learner& learn, const std::filesystem::path& file, const ShowR
 
 std::vector<ItemLoss> segmentation_top_losses(Learner& learn, std::int64_t k) {
   require_masks(learn, "segmentation_top_losses");
+  if (activation_of(learn.loss_func().name) != "softmax") {
+    throw ConfigError(fmt::format(
+        "segmentation_top_losses: the loss \"{}\" is not one of those that activate with a softmax over the classes "
+        "(pixel_cross_entropy, dice_loss, cross_entropy_dice), whose losses it recovers from the probabilities",
+        excerpt(learn.loss_func().name)));
+  }
   std::vector<ItemLoss> losses;
   std::int64_t index = 0;
   // The activations are softmax probabilities; their logarithms are logits with the same softmax, so the loss over

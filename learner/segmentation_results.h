@@ -27,7 +27,8 @@ struct ItemLoss {
 };
 
 /// The `k` validation items with the highest loss, highest first (all of them when k exceeds the set). The loss of
-/// each is the learner's loss function over that item alone, from the model's outputs in eval mode.
+/// each is the learner's loss function over that item alone, in eval mode, recovered from the probabilities: the loss
+/// must activate with a softmax over the classes (the segmentation losses; ConfigError otherwise).
 std::vector<ItemLoss> segmentation_top_losses(Learner& learn, std::int64_t k);
 
 }  // namespace fastlearn

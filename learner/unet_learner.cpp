@@ -1,6 +1,7 @@
 #include <fastlearn/learner/unet_learner.h>
 
 #include <fastlearn/core/error.h>
+#include <fastlearn/data/inference_pipeline.h>
 #include <fastlearn/learner/segmentation_loss.h>
 #include <fastlearn/models/memory_format.h>
 #include <fastlearn/models/unet.h>
@@ -46,10 +47,13 @@ std::unique_ptr<Learner> unet_learner(DataLoaders dls, const UnetLearnerOptions&
                              .last_cross = options.last_cross});
   if (options.channels_last) models::to_channels_last(*model);
   if (!learner_options.splitter) learner_options.splitter = unet_split;
-  // The model the config's keys build (registry.cpp) can be exported by those keys.
+  // The model the config's keys build (registry.cpp) from data that records its images (SegmentationDataLoaders) can be
+  // exported by those keys.
   const UnetLearnerOptions plain;
-  if (options.blur == plain.blur && options.blur_final == plain.blur_final && !options.y_range &&
-      options.last_cross == plain.last_cross && !options.in_channels && learner_options.model_recipe.empty())
+  const auto* pipeline = dls.image_pipeline();
+  if (pipeline != nullptr && pipeline->masks && options.blur == plain.blur && options.blur_final == plain.blur_final &&
+      !options.y_range && options.last_cross == plain.last_cross && !options.in_channels &&
+      learner_options.model_recipe.empty())
     learner_options.model_recipe =
         fmt::format("[data]\ndataset = \"segmentation\"\n[model]\narch = \"unet\"\nbody = \"{}\"\n", options.arch);
   auto learn = std::make_unique<Learner>(std::move(dls), model, loss.value_or(pixel_cross_entropy()),

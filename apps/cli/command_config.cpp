@@ -3,6 +3,7 @@
 #include <fastlearn/comm/runtime.h>
 #include <fastlearn/config/learner_from_config.h>
 #include <fastlearn/core/detail/text.h>
+#include <fastlearn/data/image_dataset.h>
 #include <fastlearn/learner/checkpoint.h>
 
 #include <fmt/format.h>
@@ -15,6 +16,17 @@ namespace fastlearn::cli {
 namespace fs = std::filesystem;
 
 bool under_launcher() { return std::getenv("RANK") != nullptr; }
+
+std::vector<fs::path> image_files_of(const std::string& input) {
+  if (fs::is_directory(input)) {
+    auto found = get_image_files(input);
+    if (found.empty())
+      throw DataError(fmt::format("{}: a folder with no .jpg, .jpeg or .png file in it", excerpt(input, 256)));
+    return found;
+  }
+  if (!fs::is_regular_file(input)) throw DataError(fmt::format("{}: no such file or folder", excerpt(input, 256)));
+  return {input};
+}
 
 TrainConfig read_config_file(const TrainArgs& args) {
   auto config = load_config(args.config_path, args.sets);

@@ -7,9 +7,11 @@
 #include <fastlearn/data/csv.h>
 #include <fastlearn/learner/learner.h>
 
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace fastlearn::cli {
 
@@ -25,6 +27,10 @@ std::unique_ptr<Learner> learner_from_checkpoint(const TrainConfig& config, cons
 /// The columns of `table` (read from `file`) that `learn`'s table model reads, by name, with their index; DataError
 /// naming the file and the columns when one is absent (an empty cell is a missing value; an absent column a mistake).
 std::map<std::string, std::size_t> input_columns(Learner& learn, const CsvTable& table, const std::string& file);
+
+/// The image files a predict input names: the file itself, or every image under a folder (get_image_files); DataError
+/// naming the input when it is neither, or a folder without an image.
+std::vector<std::filesystem::path> image_files_of(const std::string& input);
 
 /// "loss 0.3124, accuracy 89.20%": percentages for the metrics that are fractions of items.
 std::string describe(const ValidationResult& result);

@@ -283,15 +283,9 @@ int run_predict_export(const std::string& export_file, const std::vector<std::st
     try {
       if (table) {
         predict_csv(*learn, input, threshold, predictions, failed);
-      } else if (fs::is_directory(input)) {
-        auto found = get_image_files(input);
-        if (found.empty())
-          throw DataError(fmt::format("{}: a folder with no .jpg, .jpeg or .png file in it", excerpt(input, 256)));
-        files.insert(files.end(), found.begin(), found.end());
-      } else if (!fs::is_regular_file(input)) {
-        throw DataError(fmt::format("{}: no such file or folder", excerpt(input, 256)));
       } else {
-        files.emplace_back(input);
+        const auto found = image_files_of(input);
+        files.insert(files.end(), found.begin(), found.end());
       }
     } catch (const DataError& e) {
       report(e, failed);

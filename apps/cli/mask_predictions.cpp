@@ -1,5 +1,7 @@
 #include "cli/mask_predictions.h"
 
+#include "cli/command_config.h"
+
 #include <fastlearn/core/atomic_file.h>
 #include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
@@ -46,16 +48,8 @@ int predict_mask_files(Learner& learn, const std::vector<std::string>& inputs, c
   std::vector<fs::path> files;
   for (const auto& input : inputs) {
     try {
-      if (fs::is_directory(input)) {
-        auto found = get_image_files(input);
-        if (found.empty())
-          throw DataError(fmt::format("{}: a folder with no .jpg, .jpeg or .png file in it", excerpt(input, 256)));
-        files.insert(files.end(), found.begin(), found.end());
-      } else if (!fs::is_regular_file(input)) {
-        throw DataError(fmt::format("{}: no such file or folder", excerpt(input, 256)));
-      } else {
-        files.emplace_back(input);
-      }
+      const auto found = image_files_of(input);
+      files.insert(files.end(), found.begin(), found.end());
     } catch (const DataError& e) {
       report(e);
     }
@@ -70,9 +64,17 @@ int predict_mask_files(Learner& learn, const std::vector<std::string>& inputs, c
       if (const auto other = written.find(name); other != written.end())
         throw DataError(fmt::format("{}: its mask would overwrite that of {} ({}): give images of distinct names",
                                     excerpt(file.string(), 256), excerpt(other->second.string(), 256), name));
-      const auto predicted = predict_mask(learn, file);
       const auto target = fs::path(out) / name;
-      fs::create_directories(out);
+      std::error_code same_error;
+      if (fs::equivalent(target, file, same_error))
+        throw DataError(fmt::format("{}: its mask would overwrite the image itself: give --out another folder",
+                                    excerpt(file.string(), 256)));
+      const auto predicted = predict_mask(learn, file, {.probs = false});
+      try {
+        fs::create_directories(out);
+      } catch (const fs::filesystem_error& e) {
+        throw DataError(fmt::format("{}: cannot make the folder of its mask: {}", excerpt(out, 256), e.what()));
+      }
       write_file_atomically(target, encode_png(predicted.mask.to(torch::kUInt8).unsqueeze(0).contiguous()));
       written[name] = file;
       std::vector<std::string> shares, cells{cell(file.string()), cell(target.string())};

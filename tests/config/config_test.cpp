@@ -109,7 +109,7 @@ TEST(Config, KeysThatDoNotApplyAreErrors) {
                   "\"resnet18\"");
   expect_contains(error_of("[data]\ndataset = \"image_folder\"\n").what(), "data.path: must name the folder");
   expect_contains(error_of("[data]\nsize = 64\n").what(),
-                  "data.size: applies to dataset = \"image_folder\" or \"image_csv\" only");
+                  "data.size: applies to dataset = \"image_folder\", \"image_csv\" or \"segmentation\" only");
   expect_contains(error_of("[data]\nsize = 64\n").what(),
                   "; data.dataset is not set, so it is \"fashion_mnist\" (the default): set it to your data's kind");
   expect_contains(error_of("[data]\ndataset = \"image_folder\"\npath = \"x\"\ncsv = \"a.csv\"\n").what(),
@@ -119,7 +119,7 @@ TEST(Config, KeysThatDoNotApplyAreErrors) {
     EXPECT_EQ(given.find("data.dataset is not set"), std::string::npos) << given;
   }
   expect_contains(error_of("[model]\nweights = \"w.safetensors\"\n").what(),
-                  "model.weights: applies to arch = \"resnet18\", \"resnet34\" or \"resnet50\" only");
+                  "model.weights: applies to arch = \"resnet18\", \"resnet34\", \"resnet50\" or \"unet\" only");
   expect_contains(error_of("[callbacks.early_stopping]\nmonitor = \"acc\"\n").what(),
                   "callbacks.early_stopping.monitor: \"acc\" is not recorded");
 }

@@ -94,7 +94,8 @@ class TinyConfigs : public ::testing::Test {
     for (int i = 0; i < 24; ++i)
       rows += fmt::format("{},{},{}\n", i * 0.5, i % 3 ? "red" : "blue", i % 2 ? "big" : "small");
     write_bytes(dir_ / "table.csv", rows);
-    // Segmentation: images with grey masks of classes 0 and 1 (two: dice and jaccard_coeff take them) (the class follows the red channel, so a model can learn).
+    // Segmentation: images with grey masks of classes 0 and 1 (two: dice and jaccard_coeff take them) (the class
+    // follows the red channel, so a model can learn).
     for (int i = 0; i < 12; ++i) {
       const auto mask = torch::randint(0, 2, {1, 40, 36}, torch::kInt32).to(torch::kUInt8);
       auto image = torch::randint(0, 120, {3, 40, 36}, torch::kInt32);
@@ -481,7 +482,18 @@ TEST_F(TinyConfigs, PredictMaskGivesEveryPixelOfTheImageAClass) {
     EXPECT_EQ(p.probs.sizes(), (std::vector<std::int64_t>{2, image.size(1), image.size(2)}));
     EXPECT_TRUE(p.probs.sum(0).allclose(torch::ones_like(p.mask, torch::kFloat), 1e-5, 1e-5));
     EXPECT_NEAR(std::accumulate(p.shares.begin(), p.shares.end(), 0.0), 1.0, 1e-9);
+    const auto mask_alone = fl::predict_mask(*learn, file, {.probs = false});
+    EXPECT_FALSE(mask_alone.probs.defined());
+    EXPECT_TRUE(mask_alone.mask.equal(p.mask)) << "the mask made row by row is the mask of the probabilities";
   }
+  // A strip of 1 x 600 pixels would be predicted at 32 x 19,200 (crop keeps the larger scale): refused, by its header.
+  write_bytes(dir_ / "strip.png", fl::encode_png(torch::zeros({3, 1, 600}, torch::kUInt8)));
+  auto cropping = fl::learner_from_config(config_of("segmentation", "model.arch", "unet"),
+                                         {.run_callbacks = false, .progress = false});
+  const auto strip = message_of([&] { fl::predict_mask(*cropping, dir_ / "strip.png"); });
+  EXPECT_NE(strip.find("strip.png: an image of 1x600 pixels is predicted at the items' scale, 32x19200, above 4096"),
+            std::string::npos)
+      << strip;
   // Item size: the model's probabilities themselves.
   const auto item = dir_ / "new" / "item.png";
   write_bytes(item, fl::encode_png(torch::randint(0, 256, {3, 32, 32}, torch::kInt32).to(torch::kUInt8)));

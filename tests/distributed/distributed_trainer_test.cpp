@@ -302,6 +302,8 @@ TEST(DistributedTrainer, SegmentationMetricsAreTheWholeSetsFromSumsWithoutGather
         };
         const auto single = make_learner();
         const auto expected = single->validate();
+        fl::DataLoader one_item(masks(1, 3), {.bs = 4});
+        const auto expected_one = single->validate(&one_item);
         fl::setup_distrib({.timeout = std::chrono::seconds(30)});
         {
           const auto learn = make_learner();
@@ -316,6 +318,11 @@ TEST(DistributedTrainer, SegmentationMetricsAreTheWholeSetsFromSumsWithoutGather
             EXPECT_NEAR(learn->recorder().value(row, name), expected.metric(name), 1e-12) << name;
           }
           EXPECT_EQ(gathers, 0) << "no predictions gathered";
+          // One item: rank 1's share is the padding alone, and adds nothing.
+          fl::DataLoader one(masks(1, 3), {.bs = 4});
+          const auto got = learn->validate(&one);
+          EXPECT_NEAR(got.loss, expected_one.loss, 1e-6);
+          EXPECT_NEAR(got.metric("dice_multi"), expected_one.metric("dice_multi"), 1e-12);
           EXPECT_EQ(learn->get_preds().preds.size(0), kValid) << "get_preds still gathers the whole set";
         }
         fl::teardown_distrib();
