@@ -1,8 +1,8 @@
 // segmentation_vs_fastai: seconds per epoch of fit_one_cycle training fastai's U-Net (resnet18 body, no pretrained
 // weights) on the shapes of scripts/make-shapes (64 x 64 RGB noise with circles and squares, 3 classes), validation
-// included: SegmentationDataLoaders::from_folders + unet_learner against fastai's SegmentationDataLoaders + unet_learner
-// (bench/python/segmentation_fastai.py) on the same files, RandomSplitter(0.2, seed 42) split, Resize(64), no
-// augmentation or normalization, batch 16, Adam at fastai's defaults, 2 torch threads and no loader workers on both
+// included: SegmentationDataLoaders::from_folders + unet_learner against fastai's SegmentationDataLoaders +
+// unet_learner (bench/python/segmentation_fastai.py) on the same files, RandomSplitter(0.2, seed 42) split, Resize(64),
+// no augmentation or normalization, batch 16, Adam at fastai's defaults, 2 torch threads and no loader workers on both
 // sides. Each seed trains once on each side, alternating (torch seeded with it on both: the initialisation and the
 // shuffling differ between the sides all the same); the figure is the median seconds per epoch with the range, and the
 // validation dice_multi of each side (goal: our median within 0.02 of fastai's, or above). The time one pass over the
@@ -41,7 +41,7 @@ void trace_to(const std::string& path, const std::function<void()>& work) {
   namespace prof = torch::autograd::profiler;
   using torch::profiler::impl::ActivityType;
   const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO,
-                                                      /*report_input_shapes=*/true);
+                                                     /*report_input_shapes=*/true);
   const std::set<ActivityType> activities{ActivityType::CPU};
   prof::prepareProfiler(config, activities);
   prof::enableProfiler(config, activities);
@@ -65,20 +65,21 @@ int main(int argc, char** argv) {
     return 1;
   }
   torch::set_num_threads(2);
-  auto dls = fl::SegmentationDataLoaders::from_folders(dir / "images", dir / "masks", {"background", "circle", "square"},
-                                                       {.bs = kBs,
-                                                        .num_workers = 0,
-                                                        .seed = 0,
-                                                        .size = 64,
-                                                        .flip_p = 0,
-                                                        .normalize = fl::ImageNormalization::none,
-                                                        .valid_pct = 0.2,
-                                                        .split_seed = 42});
+  auto dls =
+      fl::SegmentationDataLoaders::from_folders(dir / "images", dir / "masks", {"background", "circle", "square"},
+                                                {.bs = kBs,
+                                                 .num_workers = 0,
+                                                 .seed = 0,
+                                                 .size = 64,
+                                                 .flip_p = 0,
+                                                 .normalize = fl::ImageNormalization::none,
+                                                 .valid_pct = 0.2,
+                                                 .split_seed = 42});
   double dice = 0;
   auto ours_fit = [&](int seed, int n_epochs) {
     torch::manual_seed(static_cast<std::uint64_t>(seed));
-    auto learn = fl::unet_learner(dls, {.arch = "resnet18"}, std::nullopt,
-                                  {.metrics = {fl::dice_multi()}, .progress = false});
+    auto learn =
+        fl::unet_learner(dls, {.arch = "resnet18"}, std::nullopt, {.metrics = {fl::dice_multi()}, .progress = false});
     const auto start = bench::Clock::now();
     learn->fit_one_cycle(n_epochs, kLr);
     const double seconds = bench::seconds_since(start);

@@ -139,10 +139,10 @@ DataLoaders ImageDataLoaders::from_idx(const std::filesystem::path& dir, const I
 
   // New image files for this data: grey, squished to the training images' side, normalized as they are.
   const auto& images = train->inputs().front();
-  auto pipeline = std::make_shared<ImagePipeline>(ImagePipeline{
-      .mode = ImageMode::gray,
-      .size = images.dim() == 4 ? ImageSize{images.size(2), images.size(3)} : ImageSize{28, 28},
-      .method = ResizeMethod::squish});
+  auto pipeline = std::make_shared<ImagePipeline>(
+      ImagePipeline{.mode = ImageMode::gray,
+                    .size = images.dim() == 4 ? ImageSize{images.size(2), images.size(3)} : ImageSize{28, 28},
+                    .method = ResizeMethod::squish});
   if (options.normalize) {
     const auto [mean, std] = pixel_statistics(images);
     pipeline->mean = {mean};

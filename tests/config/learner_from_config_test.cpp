@@ -489,7 +489,7 @@ TEST_F(TinyConfigs, PredictMaskGivesEveryPixelOfTheImageAClass) {
   // A strip of 1 x 600 pixels would be predicted at 32 x 19,200 (crop keeps the larger scale): refused, by its header.
   write_bytes(dir_ / "strip.png", fl::encode_png(torch::zeros({3, 1, 600}, torch::kUInt8)));
   auto cropping = fl::learner_from_config(config_of("segmentation", "model.arch", "unet"),
-                                         {.run_callbacks = false, .progress = false});
+                                          {.run_callbacks = false, .progress = false});
   const auto strip = message_of([&] { fl::predict_mask(*cropping, dir_ / "strip.png"); });
   EXPECT_NE(strip.find("strip.png: an image of 1x600 pixels is predicted at the items' scale, 32x19200, above 4096"),
             std::string::npos)
