@@ -1,0 +1,106 @@
+#include <fastlearn/models/torchscript.h>
+
+#include <fastlearn/core/detail/text.h>
+#include <fastlearn/core/error.h>
+#include <fmt/format.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/serialization/import.h>
+#include <torch/torch.h>
+
+namespace fastlearn::models {
+
+namespace {
+
+// A module of the script's tree: named after the script's type (e.g.
+// "__torch__.torch.nn.modules.normalization.LayerNorm"), holding the script's tensors of that module.
+class ScriptPart : public torch::nn::Module {
+ public:
+  explicit ScriptPart(std::string type_name) : torch::nn::Module(std::move(type_name)) {}
+
+ private:
+  // Cloneable's clone() copies each child's tensors through this: the parts' tensors are already the cloned script's,
+  // so only their values are copied, the whole subtree at once.
+  void clone_(torch::nn::Module& other, const std::optional<c10::Device>& device) override {
+    const auto copy = [&](const at::Tensor& from, at::Tensor& to) {
+      to.set_data(device && from.device() != *device ? from.to(*device) : from.clone());
+    };
+    auto theirs = other.named_parameters(/*recurse=*/true);
+    for (auto& p : named_parameters(/*recurse=*/true)) copy(theirs[p.key()], p.value());
+    auto their_buffers = other.named_buffers(/*recurse=*/true);
+    for (auto& b : named_buffers(/*recurse=*/true)) copy(their_buffers[b.key()], b.value());
+  }
+};
+
+std::string type_name(const torch::jit::Module& m) {
+  const auto name = m.type()->name();
+  return name ? name->qualifiedName() : std::string("torchscript");
+}
+
+// Registers `script`'s own tensors in `into` and a part for each child, recursively.
+void mirror(const torch::jit::Module& script, torch::nn::Module& into) {
+  for (const auto& p : script.named_parameters(/*recurse=*/false))
+    into.register_parameter(p.name, p.value, p.value.requires_grad());
+  for (const auto& b : script.named_buffers(/*recurse=*/false)) into.register_buffer(b.name, b.value);
+  for (const auto& child : script.named_children()) {
+    auto part = std::make_shared<ScriptPart>(type_name(child.value));
+    into.register_module(child.name, part);
+    mirror(child.value, *part);
+  }
+}
+
+}  // namespace
+
+TorchScriptImpl::TorchScriptImpl(std::filesystem::path file) : file_(std::move(file)) { reset(); }
+
+void TorchScriptImpl::reset() {
+  const auto origin = excerpt(file_.string(), 256);
+  if (script_) {
+    script_ = std::make_shared<torch::jit::Module>(script_->clone());
+  } else {
+    if (!std::filesystem::is_regular_file(file_))
+      throw CheckpointError(fmt::format("{}: no such TorchScript file", origin));
+    try {
+      script_ = std::make_shared<torch::jit::Module>(torch::jit::load(file_.string(), torch::kCPU));
+    } catch (const c10::Error& e) {
+      throw CheckpointError(
+          fmt::format("{}: not a TorchScript archive that this LibTorch reads (torch.jit.save "
+                      "writes one): {}",
+                      origin, excerpt(e.what_without_backtrace(), 300)));
+    }
+    const auto method = script_->find_method("forward");
+    if (!method) throw ConfigError(fmt::format("{}: the script has no forward method", origin));
+    const auto& arguments = method->function().getSchema().arguments();
+    for (std::size_t i = 1; i < arguments.size(); ++i) {
+      if (arguments[i].type()->kind() != c10::TypeKind::TensorType)
+        throw ConfigError(
+            fmt::format("{}: forward's argument '{}' is a {}, not a Tensor: fastlearn passes the "
+                        "batch's input tensors, in order",
+                        origin, arguments[i].name(), arguments[i].type()->str()));
+    }
+    inputs_ = arguments.empty() ? 0 : arguments.size() - 1;
+  }
+  mirror(*script_, *this);
+  script_->train(is_training());
+}
+
+at::Tensor TorchScriptImpl::forward(const std::vector<at::Tensor>& inputs) {
+  if (inputs.size() != inputs_) {
+    throw Error(fmt::format("{}: the script's forward takes {} tensor(s), the batch has {} input(s)",
+                            excerpt(file_.string(), 256), inputs_, inputs.size()));
+  }
+  std::vector<c10::IValue> arguments(inputs.begin(), inputs.end());
+  const auto output = script_->forward(std::move(arguments));
+  if (!output.isTensor())
+    throw ConfigError(fmt::format("{}: the script's forward returned a {}, not one Tensor",
+                                  excerpt(file_.string(), 256), output.type()->str()));
+  return output.toTensor();
+}
+
+void TorchScriptImpl::train(bool on) {
+  torch::nn::Module::train(on);
+  if (script_) script_->train(on);
+}
+
+TorchScript torchscript(const std::filesystem::path& file) { return TorchScript(file); }
+
+}  // namespace fastlearn::models

@@ -1,0 +1,54 @@
+#pragma once
+// A model written in Python, trained by fastlearn: a TorchScript module (torch.jit.script or torch.jit.trace, saved
+// with torch.jit.save) as a torch::nn module. Its parameters and buffers are the script's own tensors, registered under
+// the script's names in a tree of modules that mirrors the script's (LibTorch takes no dots in a registered name:
+// "blocks.0.norm.weight" is the parameter "weight" of the child "norm" of the child "0" of "blocks"), so the
+// optimizer's steps, device moves, checkpoints and fastai-style name rules (a LayerNorm or BatchNorm is recognised by
+// its type's name: no weight decay, trainable when frozen) act on what the script computes with. train() and eval()
+// switch the script's modules too, and clone() makes a script of its own (ParallelTrainer's replicas).
+//
+// TorchScript is deprecated in PyTorch in favour of torch.export, whose packages LibTorch can only run, not train:
+// TorchScript remains the format a C++ program can train.
+#include <ATen/core/Tensor.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/pimpl.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace torch::jit {
+struct Module;
+}
+
+namespace fastlearn::models {
+
+class TorchScriptImpl : public torch::nn::Cloneable<TorchScriptImpl> {
+ public:
+  /// Loads `file` (CheckpointError naming it when it is not a TorchScript archive; ConfigError when its forward takes
+  /// anything but tensors).
+  explicit TorchScriptImpl(std::filesystem::path file);
+  /// Mirrors the script's tensors afresh: for a clone, of a copy of the script of its own.
+  void reset() override;
+  /// The script's forward on `inputs`, one tensor per argument after self, in order; it must return one tensor
+  /// (ConfigError naming what it returned otherwise).
+  at::Tensor forward(const std::vector<at::Tensor>& inputs);
+  void train(bool on = true) override;
+  /// The tensors' arguments of the script's forward (after self).
+  std::size_t inputs() const { return inputs_; }
+  /// The script itself (its tensors are this module's).
+  torch::jit::Module& script() { return *script_; }
+
+ private:
+  std::filesystem::path file_;
+  std::shared_ptr<torch::jit::Module> script_;
+  std::size_t inputs_ = 0;
+};
+
+TORCH_MODULE(TorchScript);
+
+/// The TorchScript module saved in `file`, as a model (TorchScriptImpl).
+TorchScript torchscript(const std::filesystem::path& file);
+
+}  // namespace fastlearn::models
