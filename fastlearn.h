@@ -78,8 +78,8 @@
 #include <fastlearn/models/models.h>
 #include <fastlearn/models/sequential_block.h>
 #include <fastlearn/models/tabular_model.h>
-#include <fastlearn/models/torchvision_resnet.h>
 #include <fastlearn/models/torchscript.h>
+#include <fastlearn/models/torchvision_resnet.h>
 #include <fastlearn/models/unet.h>
 #include <fastlearn/models/vision_model.h>
 #include <fastlearn/models/weights.h>
