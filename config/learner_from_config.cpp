@@ -64,7 +64,8 @@ LearnerOptions learner_options(const TrainConfig& c, const LearnerFromConfigOpti
   if (c.output.checkpoints)
     o.cbs.push_back(std::make_shared<Checkpointer>(
         CheckpointerOptions{.dir = "checkpoints", .every_n_batches = c.output.checkpoint_every_n_batches}));
-  o.cbs.push_back(std::make_shared<GracefulStop>());  // Ctrl-C / SIGTERM: stop at a batch end with a checkpoint
+  if (c.train.handle_signals)  // Ctrl-C / SIGTERM: stop at a batch end with a checkpoint
+    o.cbs.push_back(std::make_shared<GracefulStop>());
   return o;
 }
 

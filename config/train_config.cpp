@@ -544,6 +544,7 @@ const std::vector<Key>& schema() {
           {.choices = metric_names, .check = known_metrics, .needs_task = true}),
       Key("train.top_k", in::train, &TrainSectionConfig::top_k, {.min = 1}, {.applies = top_k_metric}),
       Key("train.device", in::train, &TrainSectionConfig::device, {}, {.check = device_spelled}),
+      Key("train.handle_signals", in::train, &TrainSectionConfig::handle_signals),
 
       Key("distributed.backend", in::distributed, &DistributedConfig::backend, {.choices = {"auto", "gloo", "nccl"}}),
       Key("distributed.sync_bn", in::distributed, &DistributedConfig::sync_bn),

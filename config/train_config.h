@@ -128,6 +128,9 @@ struct TrainSectionConfig {
   /// Where to train: auto (a GPU when one is visible, as fastai; with several ranks per host, each rank's own GPU
   /// when there is one for every rank, else the CPU) | cpu | cuda (the rank's GPU) | cuda:N (one process only)
   std::string device = "auto";
+  /// Stop at a batch end with a checkpoint on SIGINT / SIGTERM (GracefulStop). false leaves the signals to the program
+  /// (a simulation code with a wall-time handler of its own): the fit installs no handler.
+  bool handle_signals = true;
   bool operator==(const TrainSectionConfig&) const = default;
 };
 

@@ -2,6 +2,7 @@
 // Learner and trains on tiny data of each kind a config reads, and its export loads without that data into a Learner
 // that predicts new items exactly as the trained one; an unknown name is an error wherever it comes from; an app's own
 // entries follow the same rules and are then usable from a config file.
+#include <fastlearn/callbacks/graceful_stop.h>
 #include <fastlearn/config/learner_from_config.h>
 #include <fastlearn/config/load_learner.h>
 #include <fastlearn/config/registry.h>
@@ -25,6 +26,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -317,6 +319,43 @@ TEST_F(TinyConfigs, FineTuneFromAConfigFreezesTheBodyOfAUnet) {
   EXPECT_TRUE(probe->body_trained.at("unfrozen"));
   ASSERT_FALSE(probe->stem_over_decoder.empty());
   for (const double ratio : probe->stem_over_decoder) EXPECT_NEAR(ratio, 0.01, 1e-12);
+}
+
+void own_handler(int) {}
+
+// train.handle_signals = false: a program's own SIGTERM handler stays in place through the fit (no GracefulStop);
+// by default the fit's handler replaces it while it trains, and the program's is back after.
+TEST_F(TinyConfigs, HandleSignalsFalseLeavesTheProgramsOwnHandlerInPlace) {
+  struct sigaction mine {
+  }, before{};
+  mine.sa_handler = own_handler;
+  sigemptyset(&mine.sa_mask);
+  ASSERT_EQ(sigaction(SIGTERM, &mine, &before), 0);
+  struct Probe : fl::Callback {
+    std::vector<bool> own;  // at each batch: whether SIGTERM's handler is the program's
+    void before_batch() override {
+      struct sigaction now {};
+      sigaction(SIGTERM, nullptr, &now);
+      own.push_back(now.sa_handler == own_handler);
+    }
+  };
+  for (const bool handle : {true, false}) {
+    SCOPED_TRACE(handle ? "handle_signals = true" : "handle_signals = false");
+    auto config = config_of("synthetic_regression", "model.arch", "mlp");
+    config.train.handle_signals = handle;
+    config.output.checkpoints = false;
+    auto learn = fl::learner_from_config(config, {.progress = false});
+    EXPECT_EQ(learn->cb<fl::GracefulStop>() != nullptr, handle);
+    auto probe = std::make_shared<Probe>();
+    learn->add_cb(probe);
+    fl::fit_from_config(*learn, config);
+    ASSERT_FALSE(probe->own.empty());
+    for (const bool own : probe->own) EXPECT_EQ(own, !handle);
+    struct sigaction after {};
+    sigaction(SIGTERM, nullptr, &after);
+    EXPECT_EQ(after.sa_handler, own_handler) << "the program's handler is back after the fit";
+  }
+  sigaction(SIGTERM, &before, nullptr);
 }
 
 TEST_F(TinyConfigs, EveryLossMetricOptimizerAndScheduleBuildsAndTrains) {
