@@ -7,6 +7,7 @@
 #include <fastlearn/learner/checkpoint.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -16,6 +17,20 @@ namespace fastlearn::cli {
 namespace fs = std::filesystem;
 
 bool under_launcher() { return std::getenv("RANK") != nullptr; }
+
+std::string csv_line(const std::vector<std::string>& cells) {
+  std::vector<std::string> quoted;
+  for (const auto& cell : cells) {
+    if (cell.find_first_of(",\"\n\r") == std::string::npos) {
+      quoted.push_back(cell);
+      continue;
+    }
+    std::string q = "\"";
+    for (const char ch : cell) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+    quoted.push_back(q + "\"");
+  }
+  return fmt::format("{}\n", fmt::join(quoted, ","));
+}
 
 std::vector<fs::path> image_files_of(const std::string& input) {
   if (fs::is_directory(input)) {

@@ -32,6 +32,10 @@ std::map<std::string, std::size_t> input_columns(Learner& learn, const CsvTable&
 /// naming the input when it is neither, or a folder without an image.
 std::vector<std::filesystem::path> image_files_of(const std::string& input);
 
+/// One line of a CSV file (with its newline): the cells joined by commas, a cell quoted when it holds a comma, a quote
+/// or a line break (its quotes doubled).
+std::string csv_line(const std::vector<std::string>& cells);
+
 /// "loss 0.3124, accuracy 89.20%": percentages for the metrics that are fractions of items.
 std::string describe(const ValidationResult& result);
 

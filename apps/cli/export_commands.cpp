@@ -82,20 +82,6 @@ class Predictions {
   }
 
  private:
-  static std::string csv_line(const std::vector<std::string>& cells) {
-    std::vector<std::string> quoted;
-    for (const auto& cell : cells) {
-      if (cell.find_first_of(",\"\n\r") == std::string::npos) {
-        quoted.push_back(cell);
-        continue;
-      }
-      std::string q = "\"";
-      for (const char ch : cell) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
-      quoted.push_back(q + "\"");
-    }
-    return fmt::format("{}\n", fmt::join(quoted, ","));
-  }
-
   Learner& learn_;
   bool values_;
   bool significant_;  // as `predict CONFIG` prints: six significant digits for values and a table's classes

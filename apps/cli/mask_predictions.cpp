@@ -21,18 +21,6 @@ namespace fastlearn::cli {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// A CSV cell, quoted when it needs to be.
-std::string cell(const std::string& text) {
-  if (text.find_first_of(",\"\n\r") == std::string::npos) return text;
-  std::string q = "\"";
-  for (const char ch : text) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
-  return q + "\"";
-}
-
-}  // namespace
-
 int predict_mask_files(Learner& learn, const std::vector<std::string>& inputs, const std::string& out) {
   if (out.empty())
     throw ConfigError(
@@ -54,9 +42,9 @@ int predict_mask_files(Learner& learn, const std::vector<std::string>& inputs, c
       report(e);
     }
   }
-  std::string table = cell("input") + "," + cell("mask");
-  for (const auto& code : codes) table += "," + cell(code);
-  table += "\n";
+  std::vector<std::string> header{"input", "mask"};
+  header.insert(header.end(), codes.begin(), codes.end());
+  std::string table = csv_line(header);
   std::map<std::string, fs::path> written;  // mask file name -> image
   for (const auto& file : files) {
     try {
@@ -77,12 +65,12 @@ int predict_mask_files(Learner& learn, const std::vector<std::string>& inputs, c
       }
       write_file_atomically(target, encode_png(predicted.mask.to(torch::kUInt8).unsqueeze(0).contiguous()));
       written[name] = file;
-      std::vector<std::string> shares, cells{cell(file.string()), cell(target.string())};
+      std::vector<std::string> shares, cells{file.string(), target.string()};
       for (std::size_t c = 0; c < codes.size(); ++c) {
         shares.push_back(fmt::format("{} {:.3f}", codes[c], predicted.shares[c]));
         cells.push_back(fmt::format("{}", predicted.shares[c]));
       }
-      table += fmt::format("{}\n", fmt::join(cells, ","));
+      table += csv_line(cells);
       fmt::print("{}\t{} ({}x{}): {}\n", file.string(), target.string(), predicted.mask.size(0), predicted.mask.size(1),
                  fmt::join(shares, ", "));
     } catch (const DataError& e) {
