@@ -69,6 +69,7 @@
 #include <fastlearn/learner/step_session.h>
 #include <fastlearn/learner/tabular_learner.h>
 #include <fastlearn/learner/top_losses_grid.h>
+#include <fastlearn/learner/torchscript_loss.h>
 #include <fastlearn/learner/unet_learner.h>
 #include <fastlearn/learner/vision_learner.h>
 #include <fastlearn/models/conv2d.h>

@@ -20,7 +20,7 @@ namespace fastlearn {
 /// A model and the function that runs it on a batch's inputs, as Learner takes them.
 struct BuiltModel {
   std::shared_ptr<torch::nn::Module> module;
-  Learner::Forward forward;
+  ForwardOutputs forward;
   /// How to copy the model for several devices of one process (LearnerOptions::replicate; empty: none).
   Replicate replicate;
   /// Its parameter groups for fine_tune's freezing and discriminative learning rates (LearnerOptions::splitter; empty:

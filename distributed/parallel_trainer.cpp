@@ -34,7 +34,7 @@ class ParallelTrainer::State {
   State(Learner& learn, const std::vector<c10::Device>& devices, const ParallelTrainerOptions& options)
       : learn_(learn), options_(options), replicas_(learn, devices, options) {}
 
-  Learner::Forward& inner_forward() { return replicas_.inner_forward; }
+  ForwardOutputs& inner_forward() { return replicas_.inner_forward; }
   Learner::Backward inner_backward;
 
   bool built() const { return replicas_.built(); }
@@ -43,7 +43,7 @@ class ParallelTrainer::State {
   void build() { replicas_.build(); }
 
   void teardown() {
-    whole_ = at::Tensor();
+    whole_.clear();
     replicas_.teardown();
   }
 
@@ -72,7 +72,7 @@ class ParallelTrainer::State {
     zero_grads_ = true;
   }
 
-  at::Tensor forward(const std::vector<at::Tensor>& xb) {
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& xb) {
     if (built() && !learn_.in_fit()) teardown();  // a fit that ended by an exception never reached after_fit
     if (!built()) return replicas_.inner_forward(xb);
     if (xb.empty()) throw Error("ParallelTrainer: the batch has no input to split over the replicas");
@@ -105,19 +105,35 @@ class ParallelTrainer::State {
       auto& r = replicas_[static_cast<std::size_t>(i)];
       const c10::DeviceGuard device(r.device);
       const models::DropoutGeneratorScope dropout(*r.generator);
-      r.pred = r.forward(chunks[static_cast<std::size_t>(i)]);
+      r.outputs = r.forward(chunks[static_cast<std::size_t>(i)]);
       // Autocast caches its casts of the weights per thread: they would be stale after the step.
       if (at::autocast::is_autocast_enabled(r.device.type())) at::autocast::clear_cache();
     });
-    std::vector<at::Tensor> preds;
-    for (auto& r : replicas_.all()) {
-      if (!r.pred.defined()) throw Error("ParallelTrainer: a replica's forward returned no tensor");
-      preds.push_back(r.pred.detach().to(replicas_[0].device, true));
+    // Each output of the whole batch: the replicas' chunks of it, in order.
+    const auto n_outputs = replicas_[0].outputs.size();
+    std::vector<at::Tensor> whole;
+    bool any_grad = false;
+    for (std::size_t k = 0; k < n_outputs; ++k) {
+      std::vector<at::Tensor> chunks_of_k;
+      bool grad_k = false;
+      for (auto& r : replicas_.all()) {
+        if (r.outputs.size() != n_outputs || !r.outputs[k].defined() || r.outputs[k].dim() == 0) {
+          drop_graphs();
+          throw Error(fmt::format(
+              "ParallelTrainer: output {} of a replica's forward is {}: every output must have a row per item of "
+              "the replica's chunk",
+              k, r.outputs.size() != n_outputs ? "missing" : (r.outputs[k].defined() ? "a scalar" : "undefined")));
+        }
+        grad_k = grad_k || r.outputs[k].requires_grad();
+        chunks_of_k.push_back(r.outputs[k].detach().to(replicas_[0].device, true));
+      }
+      whole.push_back(at::cat(chunks_of_k));
+      if (grad && grad_k) whole.back().requires_grad_(true);
+      any_grad = any_grad || grad_k;
     }
-    auto whole = at::cat(preds);
-    if (grad && std::any_of(replicas_.all().begin(), replicas_.all().end(),
-                            [](const Replica& r) { return r.pred.requires_grad(); })) {
-      whole_ = whole.requires_grad_(true);
+    if (n_outputs == 0) throw Error("ParallelTrainer: a replica's forward returned no tensor");
+    if (grad && any_grad) {
+      whole_ = whole;
     } else {
       drop_graphs();
     }
@@ -125,7 +141,7 @@ class ParallelTrainer::State {
   }
 
   void backward(const at::Tensor& loss_grad) {
-    if (!built() || !whole_.defined() || !whole_.requires_grad()) {
+    if (!built() || whole_.empty()) {
       if (inner_backward) return inner_backward(loss_grad);
       return loss_grad.backward();
     }
@@ -134,11 +150,14 @@ class ParallelTrainer::State {
     for (auto& r : replicas_.all()) {
       if (r.reducer) r.reducer->set_sync(false);
     }
-    if (whole_.grad().defined()) whole_.mutable_grad().reset();
+    for (auto& w : whole_) {
+      if (w.grad().defined()) w.mutable_grad().reset();
+    }
     loss_grad.backward();
-    auto whole_grad = whole_.grad();
-    whole_ = at::Tensor();
-    if (!whole_grad.defined()) {
+    std::vector<at::Tensor> whole_grads;
+    for (const auto& w : whole_) whole_grads.push_back(w.grad());
+    whole_.clear();
+    if (std::none_of(whole_grads.begin(), whole_grads.end(), [](const at::Tensor& g) { return g.defined(); })) {
       drop_graphs();
       throw Error(
           "ParallelTrainer: the loss does not depend on the predictions of the replicas (a callback replaced "
@@ -147,11 +166,14 @@ class ParallelTrainer::State {
     for (auto& r : replicas_.all()) {
       if (r.reducer) r.reducer->set_sync(learn_.will_step);
     }
-    std::vector<at::Tensor> shares;
-    std::int64_t start = 0;
-    for (auto& r : replicas_.all()) {
-      shares.push_back(whole_grad.narrow(0, start, r.rows));
-      start += r.rows;
+    std::vector<std::vector<at::Tensor>> shares(replicas_.size());  // [replica][output]
+    for (const auto& whole_grad : whole_grads) {
+      std::int64_t start = 0;
+      for (std::size_t i = 0; i < replicas_.size(); ++i) {
+        const auto rows = replicas_[i].rows;
+        shares[i].push_back(whole_grad.defined() ? whole_grad.narrow(0, start, rows) : at::Tensor());
+        start += rows;
+      }
     }
     const bool zero = zero_grads_;
     run("backward", [&](int i) {
@@ -160,11 +182,15 @@ class ParallelTrainer::State {
       if (zero && i > 0) {
         for (auto& p : r.params) p.mutable_grad().reset();  // replica 0's optimizer zeroed its own at the step
       }
-      if (r.pred.requires_grad()) {
-        const auto& share = shares[static_cast<std::size_t>(i)];
-        torch::autograd::backward({r.pred}, {share.device() == r.device ? share : share.to(r.device, true)});
+      std::vector<at::Tensor> outputs, grads;
+      for (std::size_t k = 0; k < r.outputs.size(); ++k) {
+        const auto& share = shares[static_cast<std::size_t>(i)][k];
+        if (!r.outputs[k].requires_grad() || !share.defined()) continue;
+        outputs.push_back(r.outputs[k]);
+        grads.push_back(share.device() == r.device ? share : share.to(r.device, true));
       }
-      r.pred = at::Tensor();
+      if (!outputs.empty()) torch::autograd::backward(outputs, grads);
+      r.outputs.clear();
       if (r.reducer) r.reducer->finish_backward(/*empty_share=*/r.rows == 0);
     });
     zero_grads_ = false;
@@ -176,14 +202,14 @@ class ParallelTrainer::State {
     try {
       replicas_.run(what, job);
     } catch (...) {
-      whole_ = at::Tensor();
+      whole_.clear();
       throw;
     }
   }
 
   void drop_graphs() {
-    whole_ = at::Tensor();
-    for (auto& r : replicas_.all()) r.pred = at::Tensor();
+    whole_.clear();
+    for (auto& r : replicas_.all()) r.outputs.clear();
   }
 
   // After a failure: new groups, and new reducers at the next training forward.
@@ -195,7 +221,7 @@ class ParallelTrainer::State {
   Learner& learn_;
   const ParallelTrainerOptions& options_;
   Replicas replicas_;
-  at::Tensor whole_;  // the batch's predictions as the Learner sees them (a leaf the loss differentiates to)
+  std::vector<at::Tensor> whole_;  // the batch's outputs as the Learner sees them (leaves the loss differentiates to)
   bool zero_grads_ = false;
 };
 

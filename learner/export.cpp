@@ -53,7 +53,8 @@ std::filesystem::path export_learner(Learner& learn, const std::filesystem::path
                     {"fastlearn_version", build_info().fastlearn_version},
                     {"model_recipe", learn.options().model_recipe},
                     {"loss", loss},
-                    {"activation", activation_of(loss)},
+                    {"activation", learn.loss_func().activation_name.empty() ? activation_of(loss)
+                                                                             : learn.loss_func().activation_name},
                     {"threshold", fmt::format("{}", threshold)},
                     {"channels_last", channels_last ? "true" : "false"},
                     {"pipeline", to_json(inference_pipeline(learn.given_dls()))}};

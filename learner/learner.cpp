@@ -139,7 +139,21 @@ ScopedCallbacks::~ScopedCallbacks() {
 
 // --- construction and callbacks ------------------------------------------------------------------
 
+namespace {
+ForwardOutputs one_output(Learner::Forward forward) {
+  if (!forward) return nullptr;
+  return [forward = std::move(forward)](const std::vector<at::Tensor>& xb) {
+    return std::vector<at::Tensor>{forward(xb)};
+  };
+}
+}  // namespace
+
 Learner::Learner(DataLoaders dls, std::shared_ptr<torch::nn::Module> model, Forward forward, Loss loss_func,
+                 LearnerOptions options)
+    : Learner(std::move(dls), std::move(model), one_output(std::move(forward)), std::move(loss_func),
+              std::move(options)) {}
+
+Learner::Learner(DataLoaders dls, std::shared_ptr<torch::nn::Module> model, ForwardOutputs forward, Loss loss_func,
                  LearnerOptions options)
     : dls_(std::move(dls)),
       model_(std::move(model)),
@@ -147,7 +161,8 @@ Learner::Learner(DataLoaders dls, std::shared_ptr<torch::nn::Module> model, Forw
       loss_func_(std::move(loss_func)),
       options_(std::move(options)) {
   if (!model_) throw Error("Learner: the model is null");
-  if (!loss_func_.fn) throw Error("Learner: the loss function is empty");
+  if (!forward_) throw Error("Learner: the forward function is empty");
+  if (!loss_func_.fn && !loss_func_.fn_all) throw Error("Learner: the loss function is empty");
   enable_cpu_memory_cache();  // a step's activations would otherwise cost fresh pages every time
   mkl_chooses_by_features();  // reports a bad FASTLEARN_MKL_BY_FEATURES here, where it can be thrown
   to(initial_device());
@@ -178,6 +193,10 @@ void Learner::to(const c10::Device& device) {
 }
 
 Learner::Learner(std::shared_ptr<torch::nn::Module> model, Forward forward, Loss loss_func, LearnerOptions options)
+    : Learner(DataLoaders::none(), std::move(model), std::move(forward), std::move(loss_func), std::move(options)) {}
+
+Learner::Learner(std::shared_ptr<torch::nn::Module> model, ForwardOutputs forward, Loss loss_func,
+                 LearnerOptions options)
     : Learner(DataLoaders::none(), std::move(model), std::move(forward), std::move(loss_func), std::move(options)) {}
 
 Learner::~Learner() {
@@ -228,7 +247,19 @@ Recorder& Learner::recorder() const {
   return *rec;
 }
 
-Learner::Forward Learner::set_forward(Forward forward) {
+std::vector<at::Tensor> Learner::forward_outputs(const std::vector<at::Tensor>& inputs) {
+  auto outputs = forward_(inputs);
+  if (outputs.empty() || !outputs[0].defined()) throw Error("Learner: the model's forward returned no tensor");
+  return outputs;
+}
+
+std::vector<at::Tensor> Learner::all_preds() const {
+  std::vector<at::Tensor> out{pred};
+  out.insert(out.end(), extra_preds.begin(), extra_preds.end());
+  return out;
+}
+
+ForwardOutputs Learner::set_forward(ForwardOutputs forward) {
   std::swap(forward_, forward);
   return forward;
 }
@@ -384,6 +415,7 @@ void Learner::run_fit(int n_epoch_, const std::vector<double>& lrs, FitOptions o
       l.dl = nullptr;
       l.xb.clear(), l.yb.clear();
       l.pred = l.loss = l.loss_grad = at::Tensor();
+      l.extra_preds.clear();
       l.step_graph_stats_ = l.step_graph_stats();
       l.step_graphs_.reset();  // the graphs read this fit's callbacks' tensors too
     }
@@ -491,10 +523,12 @@ StepGraphStats Learner::step_graph_stats() const {
 }
 
 void Learner::do_step() {
-  pred = forward_(xb);
+  extra_preds = forward_outputs(xb);
+  pred = extra_preds[0];
+  extra_preds.erase(extra_preds.begin());
   fire(Event::after_pred);
   if (!yb.empty()) {
-    loss_grad = loss_func_(pred, yb.front());
+    loss_grad = loss_func_(all_preds(), yb);
     loss = loss_grad.detach().clone();  // a copy: callbacks may scale loss_grad in place
   }
   fire(Event::after_loss);
@@ -570,9 +604,14 @@ Preds Learner::get_preds(DataLoader* loader) {
   Preds out;
   // In a data parallel job, the Recorder gathered every rank's share (in dataset order, padding removed).
   const auto& preds = rec.last_valid_preds();
-  if (!preds.defined()) return out;
-  out.preds = loss_func_.activate(preds);
-  out.targets = rec.last_valid_targets();
+  if (preds.empty()) return out;
+  out.preds = loss_func_.activate(preds[0]);
+  out.extra_preds.assign(preds.begin() + 1, preds.end());
+  const auto& targets = rec.last_valid_targets();
+  if (!targets.empty()) {
+    out.targets = targets[0];
+    out.extra_targets.assign(targets.begin() + 1, targets.end());
+  }
   out.decoded = loss_func_.decode(out.preds);
   return out;
 }
@@ -583,11 +622,11 @@ Prediction Learner::predict(const Item& item) {
   at::Generator generator = at::detail::createCPUGenerator(0);
   for (const auto& tfm : dls_.valid().options().batch_tfms) tfm(batch, generator);
   if (auto device = dls_.device()) batch = batch.to(*device);
-  const auto probs = activations_in_eval(batch.inputs);
+  const auto probs = activations_in_eval(batch.inputs)[0];
   return {.decoded = loss_func_.decode(probs)[0], .probs = probs[0]};
 }
 
-at::Tensor Learner::activations_in_eval(const std::vector<at::Tensor>& inputs) {
+std::vector<at::Tensor> Learner::activations_in_eval(const std::vector<at::Tensor>& inputs) {
   torch::NoGradGuard no_grad;
   struct RestoreMode {
     torch::nn::Module& m;
@@ -595,7 +634,9 @@ at::Tensor Learner::activations_in_eval(const std::vector<at::Tensor>& inputs) {
     ~RestoreMode() { m.train(was_training); }
   } restore{*model_, model_->is_training()};
   model_->eval();
-  return loss_func_.activate(forward_(inputs));
+  auto outputs = forward_outputs(inputs);
+  outputs[0] = loss_func_.activate(outputs[0]);
+  return outputs;
 }
 
 }  // namespace fastlearn

@@ -75,10 +75,13 @@ class LrSpec {
   std::vector<double> values_;
 };
 
+/// Runs a model on a batch's inputs and returns each of its outputs (one for most models).
+using ForwardOutputs = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>& xb)>;
+
 /// A second copy of a model, with the function that runs it on a batch's inputs (see LearnerOptions::replicate).
 struct ModelCopy {
   std::shared_ptr<torch::nn::Module> model;
-  std::function<at::Tensor(const std::vector<at::Tensor>& xb)> forward;
+  ForwardOutputs forward;
 };
 
 /// Makes a copy of `model` on `device`: the same architecture; its values need not match, the caller copies them.
@@ -195,6 +198,11 @@ struct Preds {
   at::Tensor preds;    ///< activations (softmax for cross entropy), in the loader's order
   at::Tensor targets;  ///< yb[0] of every batch
   at::Tensor decoded;  ///< preds decoded by the loss (argmax for cross entropy)
+  /// A model of several outputs: its outputs after the first, as it returns them (the loss's activation is the
+  /// first's); empty otherwise.
+  std::vector<at::Tensor> extra_preds;
+  /// A batch of several targets: yb[1], yb[2], ... of every batch; empty otherwise.
+  std::vector<at::Tensor> extra_targets;
 };
 
 struct Prediction {
@@ -218,19 +226,26 @@ class [[nodiscard]] ScopedCallbacks {
 class Learner {
  public:
   using Forward = std::function<at::Tensor(const std::vector<at::Tensor>& xb)>;
+  using ForwardOutputs = fastlearn::ForwardOutputs;
   using Backward = std::function<void(const at::Tensor& loss_grad)>;
 
-  /// Any torch::nn module holder whose forward takes one Tensor, two Tensors, or a vector of them.
+  /// Any torch::nn module holder whose forward takes one Tensor, two Tensors, or a vector of them, and returns a
+  /// Tensor or a vector of them (a model of several outputs: the loss then needs Loss::fn_all).
   template <typename ModuleHolder>
   Learner(DataLoaders dls, ModuleHolder model, Loss loss_func, LearnerOptions options = {});
   /// A module and the function that runs it on a batch's inputs.
   Learner(DataLoaders dls, std::shared_ptr<torch::nn::Module> model, Forward forward, Loss loss_func,
+          LearnerOptions options = {});
+  /// A module and the function that runs it on a batch's inputs and returns each of its outputs.
+  Learner(DataLoaders dls, std::shared_ptr<torch::nn::Module> model, ForwardOutputs forward, Loss loss_func,
           LearnerOptions options = {});
   /// Without data: for the step API (begin_steps, train_step) and predict_batch; its loaders hold no items, so fit()
   /// refuses to start and validate() has nothing to read until dls() gets loaders of items.
   template <typename ModuleHolder>
   Learner(ModuleHolder model, Loss loss_func, LearnerOptions options = {});
   Learner(std::shared_ptr<torch::nn::Module> model, Forward forward, Loss loss_func, LearnerOptions options = {});
+  Learner(std::shared_ptr<torch::nn::Module> model, ForwardOutputs forward, Loss loss_func,
+          LearnerOptions options = {});
   ~Learner();
   Learner(const Learner&) = delete;
   Learner& operator=(const Learner&) = delete;
@@ -292,8 +307,11 @@ class Learner {
   /// that calls train_step. Error without steps under way, or when the plan holds none out.
   void hold_out(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
   /// The model's activations (the loss's: softmax for cross entropy) on a batch of inputs, in eval mode without
-  /// gradients; between training steps too.
+  /// gradients; between training steps too. A model of several outputs: its first.
   at::Tensor predict_batch(std::vector<at::Tensor> inputs);
+  /// As predict_batch, every output of the model: the first activated by the loss, the others as the model returns
+  /// them.
+  std::vector<at::Tensor> predict_batch_outputs(std::vector<at::Tensor> inputs);
 
   // --- callbacks ------------------------------------------------------------------------------
   void add_cb(CallbackPtr cb);
@@ -312,10 +330,12 @@ class Learner {
   // --- model, optimizer, data -----------------------------------------------------------------
   torch::nn::Module& model() { return *model_; }
   std::shared_ptr<torch::nn::Module> model_ptr() const { return model_; }
-  /// Runs the model on a batch's inputs (through set_forward's replacement, if any).
-  at::Tensor forward(const std::vector<at::Tensor>& inputs) { return forward_(inputs); }
+  /// Runs the model on a batch's inputs (through set_forward's replacement, if any): its first output.
+  at::Tensor forward(const std::vector<at::Tensor>& inputs) { return forward_outputs(inputs).at(0); }
+  /// Every output of the model on a batch's inputs (one for most models).
+  std::vector<at::Tensor> forward_outputs(const std::vector<at::Tensor>& inputs);
   /// Replaces how the model is run (for wrappers such as data parallel); returns the previous one.
-  Forward set_forward(Forward forward);
+  ForwardOutputs set_forward(ForwardOutputs forward);
   /// Replaces how the loss is back-propagated in a training step (default, empty: loss_grad.backward()); returns the
   /// previous one. For wrappers whose forward ran elsewhere (ParallelTrainer's replicas).
   Backward set_backward(Backward backward);
@@ -433,11 +453,14 @@ class Learner {
   StepGradients step_gradients();
 
   // --- loop state (fastai's names); callbacks read and may change these ------------------------
-  std::vector<at::Tensor> xb;  ///< inputs of the current batch
-  std::vector<at::Tensor> yb;  ///< targets of the current batch
-  at::Tensor pred;             ///< model output
-  at::Tensor loss_grad;        ///< the loss backward runs on
-  at::Tensor loss;             ///< a detached copy of the loss, for logging
+  std::vector<at::Tensor> xb;           ///< inputs of the current batch
+  std::vector<at::Tensor> yb;           ///< targets of the current batch
+  at::Tensor pred;                      ///< model output (its first, for a model of several outputs)
+  std::vector<at::Tensor> extra_preds;  ///< a model of several outputs: those after the first (the loss reads them)
+  /// pred, then extra_preds: every output of the model on this batch.
+  std::vector<at::Tensor> all_preds() const;
+  at::Tensor loss_grad;  ///< the loss backward runs on
+  at::Tensor loss;       ///< a detached copy of the loss, for logging
   int epoch = 0;
   int n_epoch = 0;
   int epoch_offset = 0;     ///< FitOptions::epoch_offset of the fit: its epoch `epoch` is epoch_offset + epoch overall
@@ -474,11 +497,11 @@ class Learner {
   void sort_cbs();
   void check_not_in_fit(const char* what) const;
   c10::Device initial_device() const;
-  at::Tensor activations_in_eval(const std::vector<at::Tensor>& inputs);  // no grad, eval mode, then back
+  std::vector<at::Tensor> activations_in_eval(const std::vector<at::Tensor>& inputs);  // no grad, eval mode
 
   DataLoaders dls_;
   std::shared_ptr<torch::nn::Module> model_;
-  Forward forward_;
+  ForwardOutputs forward_;
   Backward backward_;
   Loss loss_func_;
   LearnerOptions options_;
@@ -512,29 +535,33 @@ namespace detail {
 /// Throws when a model that takes `expected` inputs gets another number.
 void check_input_count(const std::vector<at::Tensor>& xb, std::size_t expected);
 
+/// A model's output as the Learner's outputs: a Tensor, or a vector of them.
+template <typename Output>
+std::vector<at::Tensor> as_outputs(Output&& out) {
+  if constexpr (std::convertible_to<Output, at::Tensor>) {
+    return {at::Tensor(std::forward<Output>(out))};
+  } else {
+    return std::vector<at::Tensor>(std::forward<Output>(out));
+  }
+}
+
 template <typename ModuleHolder>
-Learner::Forward forward_of(ModuleHolder model) {
-  if constexpr (requires(ModuleHolder m, at::Tensor t) {
-                  { m->forward(t) } -> std::convertible_to<at::Tensor>;
-                }) {
-    return [model](const std::vector<at::Tensor>& xb) mutable -> at::Tensor {
+ForwardOutputs forward_of(ModuleHolder model) {
+  if constexpr (requires(ModuleHolder m, at::Tensor t) { m->forward(t); }) {
+    return [model](const std::vector<at::Tensor>& xb) mutable {
       check_input_count(xb, 1);
-      return model->forward(xb[0]);
+      return as_outputs(model->forward(xb[0]));
     };
-  } else if constexpr (requires(ModuleHolder m, at::Tensor t) {
-                         { m->forward(t, t) } -> std::convertible_to<at::Tensor>;
-                       }) {
-    return [model](const std::vector<at::Tensor>& xb) mutable -> at::Tensor {
+  } else if constexpr (requires(ModuleHolder m, at::Tensor t) { m->forward(t, t); }) {
+    return [model](const std::vector<at::Tensor>& xb) mutable {
       check_input_count(xb, 2);
-      return model->forward(xb[0], xb[1]);
+      return as_outputs(model->forward(xb[0], xb[1]));
     };
   } else {
     static_assert(
-        requires(ModuleHolder m, std::vector<at::Tensor> v) {
-          { m->forward(v) } -> std::convertible_to<at::Tensor>;
-        },
+        requires(ModuleHolder m, std::vector<at::Tensor> v) { m->forward(v); },
         "the model's forward must take one Tensor, two Tensors, or a std::vector<Tensor>");
-    return [model](const std::vector<at::Tensor>& xb) mutable -> at::Tensor { return model->forward(xb); };
+    return [model](const std::vector<at::Tensor>& xb) mutable { return as_outputs(model->forward(xb)); };
   }
 }
 

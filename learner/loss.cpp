@@ -1,10 +1,32 @@
+#include <fastlearn/core/error.h>
 #include <fastlearn/learner/loss.h>
 
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 namespace fastlearn {
 
 namespace F = torch::nn::functional;
+
+at::Tensor Loss::operator()(const at::Tensor& pred, const at::Tensor& targ) const {
+  return fn ? fn(pred, targ) : fn_all({pred}, {targ});
+}
+
+at::Tensor Loss::operator()(const std::vector<at::Tensor>& preds, const std::vector<at::Tensor>& targs) const {
+  if (fn_all) return fn_all(preds, targs);
+  if (preds.size() != 1) {
+    throw ConfigError(fmt::format(
+        "loss '{}' reads one output of the model, which returned {}: give a loss over every output (Loss::fn_all)",
+        name, preds.size()));
+  }
+  if (targs.size() != 1) {
+    throw ConfigError(fmt::format(
+        "loss '{}' reads one target and the batch has {}: a target nothing reads is refused rather than dropped "
+        "(give a loss over every target, Loss::fn_all, or leave the extra targets out of the dataset)",
+        name, targs.size()));
+  }
+  return fn(preds[0], targs[0]);
+}
 
 Loss cross_entropy(CrossEntropyOptions options) {
   Loss loss;

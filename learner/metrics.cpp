@@ -39,7 +39,50 @@ at::Tensor batch_accuracy(const at::Tensor& pred, const at::Tensor& targ) {
   return p.eq(t).to(at::kDouble).mean();
 }
 
+// A metric on one of several outputs and targets.
+class MetricOn : public Metric {
+ public:
+  MetricOn(MetricPtr inner, std::size_t output, std::size_t target, std::string name)
+      : inner_(std::move(inner)), output_(output), target_(target), name_(std::move(name)) {}
+  std::string name() const override { return name_; }
+  void reset() override { inner_->reset(); }
+  void accumulate(const at::Tensor& pred, const at::Tensor& targ) override { accumulate_all({pred}, {targ}); }
+  void accumulate_all(const std::vector<at::Tensor>& preds, const std::vector<at::Tensor>& targs) override {
+    if (output_ >= preds.size() || target_ >= targs.size()) {
+      throw ConfigError(
+          fmt::format("metric '{}' reads output {} and target {}, and the batch has {} output(s) and {} "
+                      "target(s)",
+                      name_, output_, target_, preds.size(), targs.size()));
+    }
+    inner_->accumulate(preds[output_], targs[target_]);
+  }
+  double value() const override { return inner_->value(); }
+  std::unique_ptr<Metric> clone() const override {
+    return std::make_unique<MetricOn>(MetricPtr(inner_->clone()), output_, target_, name_);
+  }
+  at::Tensor* additive_state() override { return inner_->additive_state(); }
+
+ private:
+  MetricPtr inner_;
+  std::size_t output_, target_;
+  std::string name_;
+};
+
 }  // namespace
+
+void Metric::accumulate_all(const std::vector<at::Tensor>& preds, const std::vector<at::Tensor>& targs) {
+  if (preds.empty() || targs.empty()) {
+    throw ConfigError(fmt::format("metric '{}': the batch has {} output(s) and {} target(s); it reads one of each",
+                                  name(), preds.size(), targs.size()));
+  }
+  accumulate(preds[0], targs[0]);
+}
+
+MetricPtr metric_on(MetricPtr metric, std::size_t output, std::size_t target, std::string name) {
+  if (!metric) throw ConfigError("metric_on: the metric is null");
+  if (name.empty()) name = metric->name();
+  return std::make_shared<MetricOn>(std::move(metric), output, target, std::move(name));
+}
 
 // ---------------------------------------------------------------------------------------------------------------
 // AvgMetric

@@ -20,6 +20,9 @@ class Metric {
   virtual void reset() = 0;
   /// One batch: the model's raw output and the batch's target.
   virtual void accumulate(const at::Tensor& pred, const at::Tensor& targ) = 0;
+  /// One batch with every output of the model (Learner::pred, then extra_preds) and every target (Learner::yb): the
+  /// Recorder calls this; by default it is accumulate() of the first of each (metric_on picks others).
+  virtual void accumulate_all(const std::vector<at::Tensor>& preds, const std::vector<at::Tensor>& targs);
   /// The value over everything accumulated since reset(); NaN when nothing was accumulated.
   virtual double value() const = 0;
   /// A fresh, reset copy with the same configuration.
@@ -94,5 +97,9 @@ MetricPtr mse();
 MetricPtr mae();
 /// Root of the whole-set mean squared error (not an average of per-batch roots); "rmse".
 MetricPtr rmse();
+
+/// `metric` on output `output` of the model (0: Learner::pred) against target `target` of the batch, for models of
+/// several outputs; named `name`, by default the metric's own name. An Error names both when a batch has fewer.
+MetricPtr metric_on(MetricPtr metric, std::size_t output, std::size_t target, std::string name = "");
 
 }  // namespace fastlearn

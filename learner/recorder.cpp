@@ -33,6 +33,38 @@ std::vector<MetricPtr> fresh_copies(const std::vector<MetricPtr>& metrics) {
   return copies;
 }
 
+std::vector<at::Tensor> detached(std::vector<at::Tensor> tensors) {
+  for (auto& t : tensors) t = t.detach();
+  return tensors;
+}
+
+// The first `rows` items of each of a batch's tensors of `items` items (one that is not per item stays whole).
+void first_rows(std::vector<at::Tensor>& tensors, std::int64_t items, std::int64_t rows) {
+  for (auto& t : tensors) {
+    if (t.defined() && t.dim() > 0 && t.size(0) == items) t = t.narrow(0, 0, rows);
+  }
+}
+
+// Each output (or target) of the batches, concatenated over the batches.
+std::vector<at::Tensor> concatenated(const std::vector<std::vector<at::Tensor>>& batches) {
+  std::vector<at::Tensor> out;
+  if (batches.empty()) return out;
+  for (std::size_t k = 0; k < batches[0].size(); ++k) {
+    std::vector<at::Tensor> column;
+    for (const auto& batch : batches) {
+      if (batch.size() != batches[0].size() || batch[k].dim() == 0) {
+        throw Error(
+            fmt::format("validation: the batches' outputs and targets must keep their count and have one row "
+                        "per item to be concatenated (output or target {} of a batch is {})",
+                        k, batch.size() != batches[0].size() ? "missing" : "a scalar"));
+      }
+      column.push_back(batch[k]);
+    }
+    out.push_back(at::cat(column));
+  }
+  return out;
+}
+
 std::vector<double> values_of(const std::vector<MetricPtr>& metrics) {
   std::vector<double> values;
   for (const auto& m : metrics) values.push_back(m->value());
@@ -112,7 +144,8 @@ void Recorder::before_validate() {
   valid_values_.assign(valid_metrics_.size(), kNaN);
   valid_preds_.clear();
   valid_targets_.clear();
-  last_valid_preds_ = last_valid_targets_ = at::Tensor();
+  last_valid_preds_.clear();
+  last_valid_targets_.clear();
   reducing_ = reduces();
   valid_failure_ = nullptr;
   own_items_ = -1;  // asked at the first batch: the data parallel trainer wraps the loader after this callback
@@ -136,29 +169,31 @@ void Recorder::after_batch() {
   }
   const bool collect = !l.training && l.pred.defined() && (keep_valid_preds_ || (gathers() && !reducing_));
   if (collect) {
-    valid_preds_.push_back(l.pred.detach());
-    if (!l.yb.empty()) valid_targets_.push_back(l.yb.front().detach());
+    valid_preds_.push_back(detached(l.all_preds()));
+    if (!l.yb.empty()) valid_targets_.push_back(detached(l.yb));
   }
   if (l.yb.empty() || !l.loss.defined()) return;
-  auto pred = l.pred, targ = l.yb.front(), loss = l.loss.detach().mean();  // the mean also for a loss without reduction
+  auto preds = l.all_preds();
+  auto targs = l.yb;
+  auto loss = l.loss.detach().mean();  // the mean also for a loss without reduction
   auto items = find_bs(l.yb);
   if (!l.training && reducing_) {  // this rank's own items only: the padding at the end of its share is left out
     const auto own = std::clamp<std::int64_t>(own_items_ - valid_items_seen_, 0, items);
     valid_items_seen_ += items;
     if (own < items) {
-      pred = pred.narrow(0, 0, own);
-      targ = targ.narrow(0, 0, own);
-      if (own > 0) loss = l.loss_func()(pred, targ).detach().mean();
+      first_rows(preds, items, own);
+      first_rows(targs, items, own);
+      if (own > 0) loss = l.loss_func()(preds, targs).detach().mean();
       items = own;
     }
   }
   // Gathered validation metrics are computed once, on the whole set, at after_validate. Reduced ones may fail on one
   // rank alone: the error waits for after_validate, where every rank learns of it before the sums are added.
   if (l.training || !gathers()) {
-    for (auto& m : l.training ? train_metrics_ : valid_metrics_) m->accumulate(pred, targ);
+    for (auto& m : l.training ? train_metrics_ : valid_metrics_) m->accumulate_all(preds, targs);
   } else if (reducing_ && !valid_failure_) {
     try {
-      for (auto& m : valid_metrics_) m->accumulate(pred, targ);
+      for (auto& m : valid_metrics_) m->accumulate_all(preds, targs);
     } catch (...) {
       valid_failure_ = std::current_exception();
     }
@@ -219,15 +254,15 @@ void Recorder::after_validate() {
   valid_loss_ = loss_count_ ? loss_sum_ / static_cast<double>(loss_count_) : kNaN;
   if (!gathers() || reducing_) valid_values_ = values_of(valid_metrics_);
   if (valid_preds_.empty()) return;
-  auto preds = at::cat(valid_preds_);
-  auto targets = valid_targets_.empty() ? at::Tensor() : at::cat(valid_targets_);
+  auto preds = concatenated(valid_preds_);
+  auto targets = concatenated(valid_targets_);
   valid_preds_.clear();
   valid_targets_.clear();
   if (gathers()) {  // every rank's share, in dataset order, padding removed
     const auto& gather = learn().coordination().gather_items;
-    preds = gather(preds);
-    if (targets.defined()) targets = gather(targets);
-    if (targets.defined()) validation_from(preds, targets);
+    for (auto& p : preds) p = gather(p);
+    for (auto& t : targets) t = gather(t);
+    if (!targets.empty()) validation_from(preds, targets);
   }
   if (keep_valid_preds_) {
     last_valid_preds_ = preds;
@@ -256,8 +291,8 @@ void Recorder::reduce_validation() {
   }
 }
 
-void Recorder::validation_from(const at::Tensor& preds, const at::Tensor& targets) {
-  if (preds.size(0) == 0) {
+void Recorder::validation_from(const std::vector<at::Tensor>& preds, const std::vector<at::Tensor>& targets) {
+  if (preds[0].size(0) == 0) {
     valid_loss_ = kNaN;
     valid_values_.assign(valid_metrics_.size(), kNaN);
     return;
@@ -265,7 +300,7 @@ void Recorder::validation_from(const at::Tensor& preds, const at::Tensor& target
   valid_loss_ = learn().loss_func()(preds, targets).mean().item<double>();
   for (auto& m : valid_metrics_) {
     m->reset();
-    m->accumulate(preds, targets);
+    m->accumulate_all(preds, targets);
   }
   valid_values_ = values_of(valid_metrics_);
 }

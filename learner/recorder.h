@@ -101,10 +101,10 @@ class Recorder : public Callback {
 
   /// Keep the raw predictions and targets of every validation pass (for get_preds; default: false).
   void keep_valid_preds(bool on) { keep_valid_preds_ = on; }
-  /// The raw predictions and targets of the last validation pass, of the whole set in a data parallel job
-  /// (undefined unless keep_valid_preds; targets undefined when the loader has none).
-  const at::Tensor& last_valid_preds() const { return last_valid_preds_; }
-  const at::Tensor& last_valid_targets() const { return last_valid_targets_; }
+  /// The raw predictions (each output of the model) and targets (each of the batches') of the last validation pass,
+  /// of the whole set in a data parallel job (empty unless keep_valid_preds; targets empty when the loader has none).
+  const std::vector<at::Tensor>& last_valid_preds() const { return last_valid_preds_; }
+  const std::vector<at::Tensor>& last_valid_targets() const { return last_valid_targets_; }
 
   /// The running epoch's accumulators (training loss and smoothed loss; training metrics are not included).
   EpochState epoch_state();
@@ -130,7 +130,7 @@ class Recorder : public Callback {
   bool gathers() const;
   bool reduces() const;
   void reduce_validation();
-  void validation_from(const at::Tensor& preds, const at::Tensor& targets);
+  void validation_from(const std::vector<at::Tensor>& preds, const std::vector<at::Tensor>& targets);
   void record_pending(bool all);
 
   std::vector<MetricPtr> valid_metrics_;
@@ -150,12 +150,13 @@ class Recorder : public Callback {
   double valid_loss_ = std::numeric_limits<double>::quiet_NaN();
   std::vector<double> train_values_, valid_values_;
   bool keep_valid_preds_ = false;
-  std::vector<at::Tensor> valid_preds_, valid_targets_;  // this pass's batches, when kept or gathered
-  bool reducing_ = false;                                // this validation pass adds sums over the ranks (reduces())
+  // This pass's batches, when kept or gathered: each batch's outputs (or targets).
+  std::vector<std::vector<at::Tensor>> valid_preds_, valid_targets_;
+  bool reducing_ = false;              // this validation pass adds sums over the ranks (reduces())
   std::int64_t own_items_ = -1;        // of this rank's items in the pass, those before the padding (-1: not asked)
   std::int64_t valid_items_seen_ = 0;  // this pass's items so far
   std::exception_ptr valid_failure_;   // a metric's error on this rank, thrown once every rank knows of it
-  at::Tensor last_valid_preds_, last_valid_targets_;
+  std::vector<at::Tensor> last_valid_preds_, last_valid_targets_;
   std::chrono::steady_clock::time_point epoch_start_;
 };
 

@@ -376,6 +376,10 @@ DataLoaders Learner::given_dls() const {
 }
 
 at::Tensor Learner::predict_batch(std::vector<at::Tensor> inputs) {
+  return predict_batch_outputs(std::move(inputs))[0];
+}
+
+std::vector<at::Tensor> Learner::predict_batch_outputs(std::vector<at::Tensor> inputs) {
   if (in_fit_ && !steps_) throw Error("predict_batch was called during a fit (from a callback?)");
   for (auto& x : inputs) x = x.to(device_);
   return activations_in_eval(inputs);

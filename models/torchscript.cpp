@@ -2,9 +2,9 @@
 
 #include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/models/detail/script_archive.h>
 #include <fmt/format.h>
 #include <torch/csrc/jit/api/module.h>
-#include <torch/csrc/jit/serialization/import.h>
 #include <torch/torch.h>
 
 namespace fastlearn::models {
@@ -50,50 +50,32 @@ void mirror(const torch::jit::Module& script, torch::nn::Module& into) {
 
 }  // namespace
 
-TorchScriptImpl::TorchScriptImpl(std::filesystem::path file) : file_(std::move(file)) { reset(); }
+TorchScriptImpl::TorchScriptImpl(std::filesystem::path file)
+    : TorchScriptImpl(detail::file_bytes(file), excerpt(file.string(), 256)) {}
+
+TorchScriptImpl::TorchScriptImpl(std::string archive, std::string origin)
+    : origin_(std::move(origin)), archive_(std::make_shared<const std::string>(std::move(archive))) {
+  reset();
+}
 
 void TorchScriptImpl::reset() {
-  const auto origin = excerpt(file_.string(), 256);
   if (script_) {
     script_ = std::make_shared<torch::jit::Module>(script_->clone());
   } else {
-    if (!std::filesystem::is_regular_file(file_))
-      throw CheckpointError(fmt::format("{}: no such TorchScript file", origin));
-    try {
-      script_ = std::make_shared<torch::jit::Module>(torch::jit::load(file_.string(), torch::kCPU));
-    } catch (const c10::Error& e) {
-      throw CheckpointError(
-          fmt::format("{}: not a TorchScript archive that this LibTorch reads (torch.jit.save "
-                      "writes one): {}",
-                      origin, excerpt(e.what_without_backtrace(), 300)));
-    }
-    const auto method = script_->find_method("forward");
-    if (!method) throw ConfigError(fmt::format("{}: the script has no forward method", origin));
-    const auto& arguments = method->function().getSchema().arguments();
-    for (std::size_t i = 1; i < arguments.size(); ++i) {
-      if (arguments[i].type()->kind() != c10::TypeKind::TensorType)
-        throw ConfigError(
-            fmt::format("{}: forward's argument '{}' is a {}, not a Tensor: fastlearn passes the "
-                        "batch's input tensors, in order",
-                        origin, arguments[i].name(), arguments[i].type()->str()));
-    }
-    inputs_ = arguments.empty() ? 0 : arguments.size() - 1;
+    script_ = std::make_shared<torch::jit::Module>(detail::load_script(*archive_, origin_));
+    inputs_ = detail::tensor_arguments(*script_, "forward", origin_).size();
   }
   mirror(*script_, *this);
   script_->train(is_training());
 }
 
-at::Tensor TorchScriptImpl::forward(const std::vector<at::Tensor>& inputs) {
+std::vector<at::Tensor> TorchScriptImpl::forward(const std::vector<at::Tensor>& inputs) {
   if (inputs.size() != inputs_) {
-    throw Error(fmt::format("{}: the script's forward takes {} tensor(s), the batch has {} input(s)",
-                            excerpt(file_.string(), 256), inputs_, inputs.size()));
+    throw Error(fmt::format("{}: the script's forward takes {} tensor(s), the batch has {} input(s)", origin_, inputs_,
+                            inputs.size()));
   }
   std::vector<c10::IValue> arguments(inputs.begin(), inputs.end());
-  const auto output = script_->forward(std::move(arguments));
-  if (!output.isTensor())
-    throw ConfigError(fmt::format("{}: the script's forward returned a {}, not one Tensor",
-                                  excerpt(file_.string(), 256), output.type()->str()));
-  return output.toTensor();
+  return detail::tensors_returned(script_->forward(std::move(arguments)), origin_, "forward");
 }
 
 void TorchScriptImpl::train(bool on) {

@@ -29,19 +29,24 @@ class TorchScriptImpl : public torch::nn::Cloneable<TorchScriptImpl> {
   /// Loads `file` (CheckpointError naming it when it is not a TorchScript archive; ConfigError when its forward takes
   /// anything but tensors).
   explicit TorchScriptImpl(std::filesystem::path file);
+  /// Loads the archive held in `archive` (a file's bytes, as an export keeps them); `origin` names it in errors.
+  TorchScriptImpl(std::string archive, std::string origin);
   /// Mirrors the script's tensors afresh: for a clone, of a copy of the script of its own.
   void reset() override;
-  /// The script's forward on `inputs`, one tensor per argument after self, in order; it must return one tensor
-  /// (ConfigError naming what it returned otherwise).
-  at::Tensor forward(const std::vector<at::Tensor>& inputs);
+  /// The script's forward on `inputs`, one tensor per argument after self, in order: its outputs, one for a Tensor
+  /// returned, each of a tuple or list of tensors (ConfigError naming what it returned otherwise).
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs);
   void train(bool on = true) override;
   /// The tensors' arguments of the script's forward (after self).
   std::size_t inputs() const { return inputs_; }
   /// The script itself (its tensors are this module's).
   torch::jit::Module& script() { return *script_; }
+  /// The archive's bytes as loaded (what an export carries; the weights in it are those of the load).
+  const std::string& archive() const { return *archive_; }
 
  private:
-  std::filesystem::path file_;
+  std::string origin_;                          // the file, or what held the archive, for messages
+  std::shared_ptr<const std::string> archive_;  // shared by clones
   std::shared_ptr<torch::jit::Module> script_;
   std::size_t inputs_ = 0;
 };

@@ -95,7 +95,7 @@ void Replicas::run(const char* what, const std::function<void(int)>& job) {
     });
   } catch (...) {
     broken_ = broken_ || any_group_aborted_;
-    for (auto& r : replicas_) r.pred = at::Tensor();
+    for (auto& r : replicas_) r.outputs.clear();
     rethrow_with_context(std::current_exception(), fmt::format("ParallelTrainer ({})", what));
   }
 }

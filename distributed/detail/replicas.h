@@ -37,14 +37,14 @@ bool has_batch_norm(torch::nn::Module& model);
 struct Replica {
   c10::Device device{c10::kCPU};
   std::shared_ptr<torch::nn::Module> model;
-  Learner::Forward forward;
+  ForwardOutputs forward;
   std::vector<at::Tensor> params;   // in model 0's order
   std::vector<at::Tensor> buffers;  // in model 0's order
   std::unique_ptr<Group> group;
   std::unique_ptr<GradReducer> reducer;
   std::optional<at::Generator> generator;
-  at::Tensor pred;        // this batch's predictions of its chunk, with their graph
-  std::int64_t rows = 0;  // items in this batch's chunk
+  std::vector<at::Tensor> outputs;  // this batch's outputs for its chunk, with their graph
+  std::int64_t rows = 0;            // items in this batch's chunk
 };
 
 class Replicas {
@@ -54,7 +54,7 @@ class Replicas {
   Replicas(const Replicas&) = delete;
   Replicas& operator=(const Replicas&) = delete;
 
-  Learner::Forward inner_forward;  ///< the Learner's forward before the trainer's: replica 0's
+  ForwardOutputs inner_forward;  ///< the Learner's forward before the trainer's: replica 0's
 
   bool built() const { return !replicas_.empty(); }
   std::vector<Replica>& all() { return replicas_; }

@@ -10,6 +10,15 @@
 
 namespace fastlearn {
 
+namespace {
+std::vector<at::Tensor> clones(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> out;
+  out.reserve(tensors.size());
+  for (const auto& t : tensors) out.push_back(t.clone());
+  return out;
+}
+}  // namespace
+
 BatchKey batch_key(const std::vector<at::Tensor>& xb, const std::vector<at::Tensor>& yb) {
   BatchKey key;
   for (const auto* list : {&xb, &yb}) {
@@ -122,11 +131,13 @@ void StepGraphs::capture(Learner& learn, const BatchKey& key, const std::functio
   }
   learn.xb = batch_xb, learn.yb = batch_yb;
   graph->pred = learn.pred;
+  graph->extra_preds = learn.extra_preds;
   graph->loss = learn.loss;
   graph->updated = opt.last_updated();
   graph->fingerprint = fingerprint(learn);
   graph->graph.replay();  // capture ran nothing: this batch's step is the graph's first replay
   learn.pred = graph->pred.clone();
+  learn.extra_preds = clones(graph->extra_preds);
   learn.loss = graph->loss.clone();
   plan_.captured(key);
   graphs_[key] = std::move(graph);
@@ -141,6 +152,7 @@ void StepGraphs::replay(Learner& learn, Graph& graph) {
   opt.count_replayed_step(graph.updated);
   // Copies, as an eager step makes new tensors: the next replay overwrites the graph's own.
   learn.pred = graph.pred.clone();
+  learn.extra_preds = clones(graph.extra_preds);
   learn.loss = graph.loss.clone();
 }
 

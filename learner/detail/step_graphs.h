@@ -34,6 +34,7 @@ class StepGraphs {
     CapturedGraph graph;
     std::vector<at::Tensor> xb, yb;                 ///< the buffers each batch is copied into
     at::Tensor pred, loss;                          ///< where the graph leaves its results
+    std::vector<at::Tensor> extra_preds;            ///< a model of several outputs: the others
     std::vector<std::vector<std::size_t>> updated;  ///< the parameters its optimizer step updates, per group
     std::vector<const void*> fingerprint;           ///< what it reads, as fingerprint() saw it at its capture
   };

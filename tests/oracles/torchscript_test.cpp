@@ -1,13 +1,15 @@
 // models::torchscript against PyTorch: a residual MLP with LayerNorm and two inputs (features and an int64 index into
 // an embedding), scripted in Python (tests/python/torchscript_oracle.py), trained by fastlearn's Learner with AdamW
 // over the same 20 batches as torch.optim.AdamW with the same hyper-parameters and norm / bias exemptions: the same
-// weights. Also: the script's names and norm layers, clones of their own, two CPU replicas as one device, train / eval,
-// and refusals by name.
+// weights; the same with a scripted loss taking an extra mask tensor (fl::torchscript_loss, the mask a second target).
+// Also: the script's names and norm layers, clones of their own, two CPU replicas as one device, train / eval, and
+// refusals by name.
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/safetensors.h>
 #include <fastlearn/distributed/parallel_trainer.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/loss.h>
+#include <fastlearn/learner/torchscript_loss.h>
 #include <fastlearn/models/torchscript.h>
 #include <fastlearn/optim/adam.h>
 #include <fmt/format.h>
@@ -19,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "support/message_of.h"
@@ -45,14 +48,34 @@ std::map<std::string, at::Tensor> tensors_of(const fs::path& file) {
 
 // The Learner over the script and the 20 batches, in order, with AdamW at torch's defaults (lr 1e-3, betas (0.9,
 // 0.999), eps 1e-8, decoupled weight decay 0.01) and fastai's exemptions (norm layers and biases: none).
-std::unique_ptr<fl::Learner> learner_of(const fs::path& dir) {
+// With `masked`, the targets are {y, mask} and the loss is the script masked_mse.pt (unless `loss` is given).
+std::unique_ptr<fl::Learner> learner_of(const fs::path& dir, bool masked = false, std::optional<fl::Loss> loss = {}) {
   auto data = tensors_of(dir / "batches.safetensors");
-  auto items = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{data.at("x"), data.at("idx")},
-                                                   std::vector<at::Tensor>{data.at("y")});
+  std::vector<at::Tensor> targets{data.at("y")};
+  if (masked) targets.push_back(data.at("mask"));
+  auto items =
+      std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{data.at("x"), data.at("idx")}, std::move(targets));
   auto model = fl::models::torchscript(dir / "model.pt");
   return std::make_unique<fl::Learner>(
-      fl::DataLoaders(fl::DataLoader(items, {.bs = 16}), fl::DataLoader(items, {.bs = 64}), 1), model, fl::mse_loss(),
+      fl::DataLoaders(fl::DataLoader(items, {.bs = 16}), fl::DataLoader(items, {.bs = 64}), 1), model,
+      loss ? *loss : (masked ? fl::torchscript_loss(dir / "masked_mse.pt") : fl::mse_loss()),
       fl::LearnerOptions{.opt_func = fl::AdamW(), .progress = false});
+}
+
+// Every parameter of the learner's script against PyTorch's after the same steps.
+void expect_weights_of(fl::Learner& learn, const fs::path& file) {
+  const auto trained = tensors_of(file);
+  auto& script = dynamic_cast<fl::models::TorchScriptImpl&>(learn.model()).script();
+  std::size_t compared = 0;
+  for (const auto& p : script.named_parameters()) {
+    ASSERT_TRUE(trained.contains(p.name)) << p.name;
+    const auto& expected = trained.at(p.name);
+    EXPECT_TRUE(p.value.allclose(expected, 1e-5, 1e-5))
+        << file.filename() << ": " << p.name << " differs from PyTorch's by "
+        << (p.value - expected).abs().max().item<double>();
+    ++compared;
+  }
+  EXPECT_EQ(compared, trained.size());
 }
 
 }  // namespace
@@ -60,7 +83,6 @@ std::unique_ptr<fl::Learner> learner_of(const fs::path& dir) {
 TEST_F(TorchScriptModel, TrainsAsPyTorchTrainsTheScriptAndKeepsItsNames) {
   // The script's names, its LayerNorms seen as norm layers (no weight decay, like the biases).
   auto learn = learner_of(dir_);
-  const auto trained = tensors_of(dir_ / "trained.safetensors");
   std::set<std::string> names;
   for (const auto& p : learn->model().named_parameters()) names.insert(p.key());
   EXPECT_TRUE(names.contains("blocks.0.norm.weight")) << fmt::format("{}", fmt::join(names, " "));
@@ -69,16 +91,35 @@ TEST_F(TorchScriptModel, TrainsAsPyTorchTrainsTheScriptAndKeepsItsNames) {
   EXPECT_EQ(exempt.size(), 4U /*two LayerNorms*/ + 4U /*the Linear layers' biases*/);
 
   learn->fit(1, 1e-3);  // 20 steps at a constant rate, one per batch
-  auto& script = dynamic_cast<fl::models::TorchScriptImpl&>(learn->model()).script();
-  std::size_t compared = 0;
-  for (const auto& p : script.named_parameters()) {
-    ASSERT_TRUE(trained.contains(p.name)) << p.name;
-    const auto& expected = trained.at(p.name);
-    EXPECT_TRUE(p.value.allclose(expected, 1e-5, 1e-5))
-        << p.name << " differs from PyTorch's by " << (p.value - expected).abs().max().item<double>();
-    ++compared;
-  }
-  EXPECT_EQ(compared, trained.size());
+  expect_weights_of(*learn, dir_ / "trained.safetensors");
+
+  // A scripted loss with an extra tensor: the mask is the batches' second target.
+  auto masked = learner_of(dir_, /*masked=*/true);
+  masked->fit(1, 1e-3);
+  expect_weights_of(*masked, dir_ / "trained_masked.safetensors");
+  EXPECT_EQ(masked->get_preds().extra_targets.size(), 1U) << "the mask comes back beside the targets";
+  // Refused at the first batch, by name: the mask given to a loss that reads one target; a scripted loss that is
+  // given fewer tensors than it takes; one that returns a value per row.
+  auto refused = [&](bool masked, fl::Loss loss) {
+    auto l = learner_of(dir_, masked, std::move(loss));
+    return message_of([&] { l->fit(1, 1e-3); });
+  };
+  const auto unread = refused(true, fl::mse_loss());
+  EXPECT_NE(unread.find("loss 'mse_loss' reads one target and the batch has 2"), std::string::npos) << unread;
+  const auto too_few = refused(false, fl::torchscript_loss(dir_ / "masked_mse.pt"));
+  EXPECT_NE(
+      too_few.find("masked_mse.pt: the scripted loss's forward takes 3 tensor(s), and the batch gives 1 output(s) "
+                   "of the model and 1 target(s)"),
+      std::string::npos)
+      << too_few;
+  const auto per_row = refused(true, fl::torchscript_loss(dir_ / "per_row_loss.pt"));
+  EXPECT_NE(per_row.find("per_row_loss.pt: the scripted loss's forward takes 2 tensor(s)"), std::string::npos)
+      << per_row;
+  const auto not_scalar = refused(false, fl::torchscript_loss(dir_ / "per_row_loss.pt"));
+  EXPECT_NE(not_scalar.find("per_row_loss.pt: the scripted loss returned a tensor of 16 elements, not one scalar"),
+            std::string::npos)
+      << not_scalar;
+  EXPECT_THROW(fl::torchscript_loss(dir_ / "masked_mse.pt", {.activation = "tanh"}), fl::ConfigError);
 
   // A clone holds a script of its own; eval() reaches the script.
   auto& model = dynamic_cast<fl::models::TorchScriptImpl&>(learn->model());

@@ -8,6 +8,10 @@
                         weight decay 0.01 decoupled) on the MSE, one step per batch, the LayerNorms' parameters and the
                         biases without weight decay (fastai's norm_bias_params rule, which fastlearn applies)
     int_arg.pt          a script whose forward takes an int beside its tensor (fastlearn refuses it)
+    masked_mse.pt       a scripted loss over (pred, target, mask): the squared errors of the rows whose mask is 1
+    trained_masked.safetensors  model.pt after the same 20 AdamW steps on masked_mse.pt, the mask (320, 1) of 0 and 1
+                        stored in batches.safetensors as "mask"
+    per_row_loss.pt     a scripted loss returning one value per row, not a scalar (fastlearn refuses it)
 """
 import sys
 
@@ -41,6 +45,16 @@ class ResMlp(nn.Module):
         return self.out(h)
 
 
+class MaskedMSE(nn.Module):
+    def forward(self, pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return ((pred - target) ** 2 * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+class PerRowLoss(nn.Module):
+    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return (pred - target) ** 2
+
+
 class IntArg(nn.Module):
     def forward(self, x: torch.Tensor, n: int) -> torch.Tensor:
         return x * n
@@ -55,7 +69,17 @@ def main(out):
     x = torch.randn(320, 8, generator=gen)
     idx = torch.randint(0, 10, (320,), generator=gen)
     y = x[:, :1] * 2 + idx[:, None].float() / 10 + 0.1 * torch.randn(320, 1, generator=gen)
-    save_file({"x": x, "idx": idx, "y": y}, f"{out}/batches.safetensors")
+    mask = (torch.rand(320, 1, generator=gen) < 0.7).float()
+    save_file({"x": x, "idx": idx, "y": y, "mask": mask}, f"{out}/batches.safetensors")
+    masked_mse = torch.jit.script(MaskedMSE())
+    masked_mse.save(f"{out}/masked_mse.pt")
+    torch.jit.script(PerRowLoss()).save(f"{out}/per_row_loss.pt")
+    train(model, lambda p, s: nn.functional.mse_loss(p, y[s]), x, idx, f"{out}/trained.safetensors")
+    train(torch.jit.load(f"{out}/model.pt"), lambda p, s: masked_mse(p, y[s], mask[s]), x, idx,
+          f"{out}/trained_masked.safetensors")
+
+
+def train(model, loss_of, x, idx, file):
     no_decay = [p for n, p in model.named_parameters() if ".norm." in n or n.endswith("bias")]
     decay = [p for n, p in model.named_parameters() if not (".norm." in n or n.endswith("bias"))]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
@@ -63,11 +87,11 @@ def main(out):
     model.train()
     for b in range(20):
         s = slice(16 * b, 16 * (b + 1))
-        loss = nn.functional.mse_loss(model(x[s], idx[s]), y[s])
+        loss = loss_of(model(x[s], idx[s]), s)
         opt.zero_grad()
         loss.backward()
         opt.step()
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, f"{out}/trained.safetensors")
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, file)
 
 
 if __name__ == "__main__":
