@@ -6,6 +6,7 @@
 #include <fastlearn/core/device.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/image_dataloaders.h>
+#include <fastlearn/distributed/parallel_trainer.h>
 #include <fastlearn/learner/detail/capture_plan.h>
 #include <fastlearn/learner/detail/step_graphs.h>
 #include <fastlearn/learner/learner.h>
@@ -593,6 +594,89 @@ TEST(Learner, SeededCpuRunsAreBitForBitReproducible) {
   const auto b = run();
   EXPECT_EQ(a.first, b.first);
   EXPECT_TRUE(flt::same_tensors(a.second, b.second));
+}
+
+namespace {
+// Two heads on one trunk: a value (N, 1) and class scores (N, 3).
+struct TwoHeadsImpl : torch::nn::Cloneable<TwoHeadsImpl> {
+  torch::nn::Linear trunk{nullptr}, value{nullptr}, classes{nullptr};
+  TwoHeadsImpl() { reset(); }
+  void reset() override {
+    trunk = register_module("trunk", torch::nn::Linear(4, 16));
+    value = register_module("value", torch::nn::Linear(16, 1));
+    classes = register_module("classes", torch::nn::Linear(16, 3));
+  }
+  std::vector<at::Tensor> forward(const at::Tensor& x) {
+    const auto h = torch::relu(trunk->forward(x));
+    return {value->forward(h), classes->forward(h)};
+  }
+};
+TORCH_MODULE(TwoHeads);
+
+// The value's MSE plus the classes' cross entropy, the targets a value and a class.
+fl::Loss two_heads_loss() {
+  return {.name = "two_heads",
+          .fn_all = [](const std::vector<at::Tensor>& preds, const std::vector<at::Tensor>& targs) {
+            return torch::mse_loss(preds.at(0), targs.at(0)) + torch::cross_entropy_loss(preds.at(1), targs.at(1));
+          }};
+}
+
+std::unique_ptr<fl::Learner> two_heads_learner(fl::Loss loss, std::vector<fl::MetricPtr> metrics = {}) {
+  torch::manual_seed(0);
+  const auto x = torch::randn({40, 4});
+  const auto value = x.sum(1, true);
+  const auto cls = (x.select(1, 0) > 0).to(at::kLong) + (x.select(1, 1) > 0).to(at::kLong);
+  auto items = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{value, cls});
+  return std::make_unique<fl::Learner>(
+      fl::DataLoaders(fl::DataLoader(items, {.bs = 8}), fl::DataLoader(items, {.bs = 16}), 3), TwoHeads(),
+      std::move(loss), fl::LearnerOptions{.metrics = std::move(metrics), .progress = false});
+}
+}  // namespace
+
+TEST(Learner, AModelOfSeveralOutputsTrainsOnALossOverEveryOutputAndTarget) {
+  auto learn = two_heads_learner(two_heads_loss(), {fl::metric_on(fl::mse(), 0, 0, "value_mse"),
+                                                    fl::metric_on(fl::accuracy(), 1, 1, "class_accuracy")});
+  const auto before = learn->validate().loss;
+  learn->fit(3, 1e-2);
+  const auto result = learn->validate();
+  EXPECT_LT(result.loss, before * 0.8);
+  // The loss and each metric as computed by hand on the whole set.
+  const auto& items = static_cast<const fl::TensorDataset&>(learn->dls().valid().dataset());
+  const auto outputs = learn->predict_batch_outputs(items.inputs());
+  ASSERT_EQ(outputs.size(), 2U);
+  const auto& value = items.targets()[0];
+  const auto& cls = items.targets()[1];
+  EXPECT_NEAR(result.loss, two_heads_loss().fn_all(outputs, items.targets()).item<double>(), 1e-5);
+  EXPECT_NEAR(result.metric("value_mse"), (outputs[0] - value).square().mean().item<double>(), 1e-6);
+  EXPECT_NEAR(result.metric("class_accuracy"), outputs[1].argmax(1).eq(cls).to(at::kDouble).mean().item<double>(),
+              1e-9);
+  // get_preds: the first output activated by the loss (none here), the others as they come, each target.
+  const auto preds = learn->get_preds();
+  EXPECT_TRUE(preds.preds.allclose(outputs[0], 1e-5, 1e-6));
+  ASSERT_EQ(preds.extra_preds.size(), 1U);
+  EXPECT_TRUE(preds.extra_preds[0].allclose(outputs[1], 1e-5, 1e-6));
+  EXPECT_TRUE(preds.targets.equal(value));
+  ASSERT_EQ(preds.extra_targets.size(), 1U);
+  EXPECT_TRUE(preds.extra_targets[0].equal(cls));
+
+  // Two CPU replicas of one process take one device's steps: each output's chunks joined, each gradient split.
+  auto one = two_heads_learner(two_heads_loss());
+  one->fit(1, 1e-2);
+  auto two = two_heads_learner(two_heads_loss());
+  fl::to_parallel(*two, {torch::kCPU, torch::kCPU});
+  two->fit(1, 1e-2);
+  const auto a = one->model().parameters(), b = two->model().parameters();
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].allclose(b[i], 1e-5, 1e-6)) << i;
+
+  // A loss that reads one output is refused by name, as is a metric that reads an output the model does not have.
+  const auto one_output = flt::message_of([] { two_heads_learner(fl::mse_loss())->fit(1, 1e-2); });
+  EXPECT_NE(one_output.find("loss 'mse_loss' reads one output of the model, which returned 2"), std::string::npos)
+      << one_output;
+  const auto no_such = flt::message_of(
+      [] { two_heads_learner(two_heads_loss(), {fl::metric_on(fl::mse(), 2, 0, "third")})->validate(); });
+  EXPECT_NE(no_such.find("metric 'third' reads output 2 and target 0, and the batch has 2 output(s)"),
+            std::string::npos)
+      << no_such;
 }
 
 TEST(Learner, ModelInputCountMismatchIsAClearError) {
