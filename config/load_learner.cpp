@@ -4,7 +4,9 @@
 #include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/tabular_procs.h>
+#include <fastlearn/learner/torchscript_loss.h>
 #include <fastlearn/models/memory_format.h>
+#include <fastlearn/models/torchscript.h>
 #include <fastlearn/models/weights.h>
 
 #include <fmt/format.h>
@@ -94,6 +96,20 @@ Loss loss_named(const std::string& name, const TrainConfig& config, const std::s
       excerpt(origin, 256), excerpt(name), fmt::join(known, "\", \"")));
 }
 
+// A scripted loss's activation, which is all predictions need; the script itself is not in the export.
+Loss loss_for_predictions(const ExportContents& contents, const std::string& origin) {
+  Loss loss{.name = "torchscript"};
+  set_activation(loss, contents.activation, excerpt(origin, 256));
+  loss.fn_all = [origin = excerpt(origin, 256)](const std::vector<at::Tensor>&,
+                                                const std::vector<at::Tensor>&) -> at::Tensor {
+    throw ConfigError(fmt::format(
+        "{}: the model was trained with a scripted loss, which an export does not carry (predictions need only its "
+        "activation): give LoadLearnerOptions::loss = fl::torchscript_loss(FILE) to compute losses",
+        origin));
+  };
+  return loss;
+}
+
 }  // namespace
 
 std::string model_recipe(const TrainConfig& c) {
@@ -125,6 +141,9 @@ std::unique_ptr<Learner> load_learner(const ExportContents& contents, const std:
   BuiltModel model;
   if (options.model) {
     model = options.model(dls);
+  } else if (!contents.torchscript.empty()) {  // the script and its tensors are in the file: no recipe needed
+    model = BuiltModel::of(models::TorchScript(contents.torchscript, excerpt(origin, 256) + " (its TorchScript model)",
+                                               &contents.weights.tensors));
   } else if (contents.model_recipe.empty()) {
     throw CheckpointError(fmt::format(
         "{}: the model is one of your own (the export has no model_recipe): give LoadLearnerOptions::model, a "
@@ -133,7 +152,7 @@ std::unique_ptr<Learner> load_learner(const ExportContents& contents, const std:
   }
   if (!contents.model_recipe.empty()) {
     config = recipe_config(contents.model_recipe, contents.pipeline, origin);
-    if (!options.model) {
+    if (!options.model && contents.torchscript.empty()) {
       check_widths(config, contents.pipeline, contents.weights.tensors, origin);
       const auto arch = find_arch(config);
       model = arch.make(config, dls);
@@ -142,7 +161,9 @@ std::unique_ptr<Learner> load_learner(const ExportContents& contents, const std:
   if (!model.module || !model.forward)
     throw ConfigError(
         fmt::format("load_learner({}): LoadLearnerOptions::model gave no module or no forward", excerpt(origin, 256)));
-  auto loss = options.loss ? *options.loss : loss_named(contents.loss, config, origin);
+  auto loss = options.loss                     ? *options.loss
+              : contents.loss == "torchscript" ? loss_for_predictions(contents, origin)
+                                               : loss_named(contents.loss, config, origin);
   LearnerOptions learner_options{.progress = false, .device = options.device, .replicate = std::move(model.replicate)};
   learner_options.model_recipe = contents.model_recipe;
   auto learn = std::make_unique<Learner>(std::move(dls), std::move(model.module), std::move(model.forward),

@@ -6,9 +6,11 @@
 #include <fastlearn/learner/segmentation_loss.h>
 #include <fastlearn/learner/segmentation_metrics.h>
 #include <fastlearn/learner/tabular_learner.h>
+#include <fastlearn/learner/torchscript_loss.h>
 #include <fastlearn/learner/unet_learner.h>
 #include <fastlearn/learner/vision_learner.h>
 #include <fastlearn/models/models.h>
+#include <fastlearn/models/torchscript.h>
 #include <fastlearn/models/unet.h>
 #include <fastlearn/models/vision_model.h>
 #include <fastlearn/optim/adam.h>
@@ -50,7 +52,10 @@ std::vector<LossChoice> builtin_losses() {
           {"l1", regression, [](const TrainConfig&) { return l1_loss(); }},
           {"pixel_cross_entropy", segmentation, [](const TrainConfig&) { return pixel_cross_entropy(); }},
           {"dice_loss", segmentation, [](const TrainConfig&) { return dice_loss(); }},
-          {"cross_entropy_dice", segmentation, [](const TrainConfig&) { return cross_entropy_dice(); }}};
+          {"cross_entropy_dice", segmentation, [](const TrainConfig&) { return cross_entropy_dice(); }},
+          {"torchscript", {}, [](const TrainConfig& c) {
+             return torchscript_loss(c.train.loss_file, {.activation = c.train.activation});
+           }}};
 }
 
 std::vector<MetricChoice> builtin_metrics() {
@@ -165,6 +170,10 @@ std::vector<ArchChoice> builtin_archs() {
                    },
                    false,
                    [](const TrainConfig& c) { return !c.model.layers.empty(); }});
+  // A model scripted in Python, for any data: the script's outputs must fit the data's targets and the loss.
+  archs.push_back({"torchscript", dataset_names(), [](const TrainConfig& c, const DataLoaders&) {
+                     return BuiltModel::of(models::torchscript(c.model.file));
+                   }});
   return archs;
 }
 // NOLINTEND(clang-analyzer-cplusplus.NewDeleteLeaks)

@@ -138,6 +138,10 @@ constexpr Condition tabular_model_only{[](const TrainConfig& c) { return c.model
 constexpr Condition torchvision_only{
     [](const TrainConfig& c) { return c.model.arch.starts_with("resnet") && c.model.arch != "resnet"; },
     "applies to arch = \"resnet18\", \"resnet34\" or \"resnet50\" only"};
+constexpr Condition torchscript_only{[](const TrainConfig& c) { return c.model.arch == "torchscript"; },
+                                     "applies to arch = \"torchscript\" only"};
+constexpr Condition scripted_loss_only{[](const TrainConfig& c) { return c.train.loss == "torchscript"; },
+                                       "applies to loss = \"torchscript\" only"};
 constexpr Condition unet_only{[](const TrainConfig& c) { return c.model.arch == "unet"; },
                               "applies to arch = \"unet\" only"};
 constexpr Condition torchvision_body{
@@ -389,6 +393,18 @@ std::string device_spelled(const TrainConfig& c) {
                      excerpt(d.substr(0, 40)), d.size() > 40 ? "..." : "");
 }
 
+std::string script_file_given(const TrainConfig& c) {
+  return c.model.arch == "torchscript" && c.model.file.empty()
+             ? "must name the TorchScript file of the model (torch.jit.save's) when arch = \"torchscript\""
+             : "";
+}
+
+std::string loss_file_given(const TrainConfig& c) {
+  return c.train.loss == "torchscript" && c.train.loss_file.empty()
+             ? "must name the TorchScript file of the loss (torch.jit.save's) when loss = \"torchscript\""
+             : "";
+}
+
 // distributed.devices: "cpu", "cuda" (alone: every GPU) or "cuda:N", at least two replicas when given.
 std::string devices_spelled(const TrainConfig& c) {
   const auto& devices = c.distributed.devices;
@@ -504,6 +520,8 @@ const std::vector<Key>& schema() {
       Key("model.arch", in::model, &ModelConfig::arch, {}, {.choices = arch_names, .check = arch_fits_shapes}),
       Key("model.weights", in::model, &ModelConfig::weights, {},
           {.applies = torchvision_body, .omit_empty = true, .path = true}),
+      Key("model.file", in::model, &ModelConfig::file, {},
+          {.applies = torchscript_only, .check = script_file_given, .omit_empty = true, .path = true}),
       Key("model.body", in::model, &ModelConfig::body, {.choices = {"resnet18", "resnet34", "resnet50"}},
           {.applies = unet_only}),
       Key("model.hidden", in::model, &ModelConfig::hidden, {.min = 1},
@@ -540,6 +558,10 @@ const std::vector<Key>& schema() {
       Key("train.grad_clip", in::train, &TrainSectionConfig::grad_clip),
       Key("train.loss", in::train, &TrainSectionConfig::loss, {},
           {.choices = loss_names, .omit_empty = true, .needs_task = true}),
+      Key("train.loss_file", in::train, &TrainSectionConfig::loss_file, {},
+          {.applies = scripted_loss_only, .check = loss_file_given, .omit_empty = true, .path = true}),
+      Key("train.activation", in::train, &TrainSectionConfig::activation, {.choices = {"none", "softmax", "sigmoid"}},
+          {.applies = scripted_loss_only}),
       Key("train.metrics", in::train, &TrainSectionConfig::metrics, {},
           {.choices = metric_names, .check = known_metrics, .needs_task = true}),
       Key("train.top_k", in::train, &TrainSectionConfig::top_k, {.min = 1}, {.applies = top_k_metric}),

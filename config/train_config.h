@@ -86,7 +86,8 @@ struct DataConfig {
 
 struct ModelConfig {
   std::string arch = "simple_cnn";  ///< mlp | simple_cnn | conv_net | resnet (fashion_mnist); resnet18 | 34 | 50; unet;
-                                    ///< tabular; field_cnn
+                                    ///< tabular; field_cnn; torchscript (any dataset)
+  std::string file;     ///< torchscript: the scripted model (torch.jit.save's file); relative: the working directory's
   std::string weights;  ///< resnet18/34/50, unet: a torchvision state dict (safetensors) for the (U-Net's) body
   std::string body = "resnet34";                  ///< unet: its body, resnet18 | resnet34 | resnet50
   std::vector<std::int64_t> hidden{256, 128};     ///< mlp: hidden layer sizes; field_cnn: hidden layers' channels
@@ -120,6 +121,9 @@ struct TrainSectionConfig {
   /// A loss that fits the task (registry.h): cross_entropy (classification, the default), bce_with_logits
   /// (multi-label), mse (regression, the default) or l1. Empty: the task's default.
   std::string loss;
+  std::string loss_file;  ///< loss = "torchscript": the scripted loss (torch.jit.save's file)
+  std::string activation =
+      "none";  ///< loss = "torchscript": what makes predictions of the outputs (none | softmax | sigmoid)
   /// Metrics that fit the task: classification: accuracy, error_rate, top_k_accuracy (the target among the top_k
   /// highest scores), f1_macro; multi-label: accuracy_multi, fbeta_multi; regression: rmse, mse, mae. A file
   /// without the key gets the task's first (accuracy, accuracy_multi, rmse); an empty list means none.

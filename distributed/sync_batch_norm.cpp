@@ -291,6 +291,17 @@ void replace_child(const Slot& slot, const std::shared_ptr<nn::Module>& module) 
 }  // namespace
 
 void convert_sync_batchnorm(nn::Module& model, Group* group) {
+  // A TorchScript module's BatchNorm runs the script's own code (models/torchscript.h): nothing can swap it.
+  for (const auto& named : model.named_modules()) {
+    const auto& type = named.value()->name();
+    if (type.starts_with("__torch__.") && type.find("BatchNorm") != std::string::npos) {
+      throw ConfigError(fmt::format(
+          "sync_bn: '{}' is a BatchNorm inside a TorchScript model ({}), which cannot become a SyncBatchNorm: its "
+          "statistics would be each replica's or rank's own batch's. Set sync_bn = false to train so (config: "
+          "distributed.sync_bn = false), or script the model with another normalization (LayerNorm, GroupNorm)",
+          named.key().empty() ? "the model" : named.key(), type));
+    }
+  }
   if (is_batch_norm(model)) {
     throw ConfigError(
         fmt::format("convert_sync_batchnorm: the model itself is a {}, which cannot be replaced in "

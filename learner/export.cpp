@@ -4,11 +4,13 @@
 #include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/learner.h>
+#include <fastlearn/models/torchscript.h>
 #include <fastlearn/models/weights.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string_view>
 
@@ -47,9 +49,18 @@ std::filesystem::path export_learner(Learner& learn, const std::filesystem::path
     channels_last = channels_last || (t.dim() == 4 && !t.is_contiguous() &&
                                       t.is_contiguous(at::MemoryFormat::ChannelsLast) && t.size(1) > 1);
   }
+  // A script travels as its code and module tree; its tensors are the model's, above.
+  auto* script = dynamic_cast<models::TorchScriptImpl*>(&learn.model());
+  if (script) {
+    const auto archive = script->archive_without_tensors();
+    tensors.emplace_back(kTorchScriptTensor,
+                         torch::from_blob(const_cast<char*>(archive.data()),  // NOLINT: read only, cloned at once
+                                          {static_cast<std::int64_t>(archive.size())}, at::kByte)
+                             .clone());
+  }
   const auto& loss = learn.loss_func().name;
   Metadata metadata{{"format", std::string(kFormat)},
-                    {"format_version", std::to_string(kExportFormatVersion)},
+                    {"format_version", script ? "2" : "1"},
                     {"fastlearn_version", build_info().fastlearn_version},
                     {"model_recipe", learn.options().model_recipe},
                     {"loss", loss},
@@ -80,7 +91,7 @@ ExportContents read_export(const std::filesystem::path& file) {
   if (!m.contains(std::string(kChecksumKey)))
     throw CheckpointError(fmt::format("{}: the export has no checksums ('{}'): it was altered", origin, kChecksumKey));
   const auto& version = required(m, "format_version", origin);
-  if (version != std::to_string(kExportFormatVersion)) {
+  if (version != "1" && version != "2") {
     throw CheckpointError(fmt::format(
         "{}: export format version '{}' is not one this build reads ({}): it was written by fastlearn {}; load it "
         "with that version or a newer one",
@@ -90,6 +101,26 @@ ExportContents read_export(const std::filesystem::path& file) {
   out.fastlearn_version = required(m, "fastlearn_version", origin);
   out.model_recipe = required(m, "model_recipe", origin);
   out.loss = required(m, "loss", origin);
+  out.activation = required(m, "activation", origin);
+  auto& tensors = out.weights.tensors;
+  const auto archive =
+      std::find_if(tensors.begin(), tensors.end(), [](const auto& named) { return named.first == kTorchScriptTensor; });
+  if (archive != tensors.end()) {
+    const auto& bytes = archive->second;
+    if (version == "1" || bytes.scalar_type() != at::kByte || bytes.dim() != 1)
+      throw CheckpointError(
+          fmt::format("{}: tensor '{}' is not a TorchScript archive of a version 2 export (uint8, one "
+                      "dimension): the file was altered",
+                      origin, kTorchScriptTensor));
+    const auto contiguous = bytes.contiguous();
+    out.torchscript.assign(static_cast<const char*>(contiguous.data_ptr()),
+                           static_cast<std::size_t>(contiguous.numel()));
+    tensors.erase(archive);
+  } else if (version == "2") {
+    throw CheckpointError(
+        fmt::format("{}: a version 2 export without its TorchScript archive ('{}'): the file was altered", origin,
+                    kTorchScriptTensor));
+  }
   const auto& threshold = required(m, "threshold", origin);
   try {
     std::size_t used = 0;

@@ -3,7 +3,8 @@
 // parameters and buffers under their module names (Python's safetensors.torch.load_file reads them) and metadata
 // with everything predicting needs and nothing of the training data. load_learner (config/load_learner.h) builds
 // the Learner again from it. The metadata, all strings (docs/checkpoints.md "Export"):
-//   format "fastlearn-export", format_version "1", fastlearn_version;
+//   format "fastlearn-export", format_version "1", or "2" for an export that carries a TorchScript model;
+//   fastlearn_version;
 //   model_recipe  the config keys that build the model again ([data] dataset and task, [model] arch and options, as
 //                 TOML; empty for a model of your own, which load_learner then needs a factory for);
 //   loss          the loss's name (its activation and decoding turn outputs into predictions);
@@ -14,6 +15,9 @@
 //   pipeline      JSON of the InferencePipeline (data/inference_pipeline.h): image decoding, resizing and
 //                 normalization, a table's procs and column roles, item shape, classes or target names;
 //   fastlearn.crc32  every tensor's CRC-32, checked when the file is read.
+// A TorchScript model (models/torchscript.h) travels as its archive without tensors, a uint8 tensor named
+// "fastlearn/torchscript" (a name no module's tensor can have), beside its tensors under their names: load_learner
+// needs neither the .pt file nor Python.
 #include <fastlearn/core/safetensors.h>
 #include <fastlearn/data/inference_pipeline.h>
 
@@ -24,8 +28,10 @@ namespace fastlearn {
 
 class Learner;
 
-/// The format version this build writes and reads.
-inline constexpr int kExportFormatVersion = 1;
+/// The newest format version this build writes and reads (it reads every version since 1).
+inline constexpr int kExportFormatVersion = 2;
+/// The tensor holding a TorchScript model's archive.
+inline constexpr const char* kTorchScriptTensor = "fastlearn/torchscript";
 
 /// What an export file holds, read and checked.
 struct ExportContents {
@@ -33,6 +39,9 @@ struct ExportContents {
   InferencePipeline pipeline;
   std::string model_recipe;
   std::string loss;
+  std::string activation;  ///< "softmax", "sigmoid", "none" or "unknown" (metadata 'activation')
+  /// A TorchScript model's archive without its tensors (kTorchScriptTensor; taken out of `weights`); empty otherwise.
+  std::string torchscript;
   double threshold = 0.5;
   bool channels_last = false;
   std::string fastlearn_version;  ///< the build that wrote it

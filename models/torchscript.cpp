@@ -7,9 +7,24 @@
 #include <torch/csrc/jit/api/module.h>
 #include <torch/torch.h>
 
+#include <functional>
+#include <map>
+#include <sstream>
+#include <tuple>
+
 namespace fastlearn::models {
 
 namespace {
+
+// `visit(owner, name, dotted path)` for every parameter and buffer of `script` and its children, recursively.
+void for_each_tensor(torch::jit::Module& script, const std::string& prefix,
+                     const std::function<void(torch::jit::Module&, const std::string&, const std::string&)>& visit) {
+  std::vector<std::string> names;
+  for (const auto& p : script.named_parameters(/*recurse=*/false)) names.push_back(p.name);
+  for (const auto& b : script.named_buffers(/*recurse=*/false)) names.push_back(b.name);
+  for (const auto& name : names) visit(script, name, prefix + name);
+  for (auto child : script.named_children()) for_each_tensor(child.value, prefix + child.name + ".", visit);
+}
 
 // A module of the script's tree: named after the script's type (e.g.
 // "__torch__.torch.nn.modules.normalization.LayerNorm"), holding the script's tensors of that module.
@@ -53,18 +68,46 @@ void mirror(const torch::jit::Module& script, torch::nn::Module& into) {
 TorchScriptImpl::TorchScriptImpl(std::filesystem::path file)
     : TorchScriptImpl(detail::file_bytes(file), excerpt(file.string(), 256)) {}
 
-TorchScriptImpl::TorchScriptImpl(std::string archive, std::string origin)
-    : origin_(std::move(origin)), archive_(std::make_shared<const std::string>(std::move(archive))) {
-  reset();
+TorchScriptImpl::TorchScriptImpl(const std::string& archive, std::string origin,
+                                 const std::vector<std::pair<std::string, at::Tensor>>* tensors)
+    : origin_(std::move(origin)) {
+  script_ = std::make_shared<torch::jit::Module>(detail::load_script(archive, origin_));
+  inputs_ = detail::tensor_arguments(*script_, "forward", origin_).size();
+  if (tensors) {
+    std::map<std::string, at::Tensor> by_name(tensors->begin(), tensors->end());
+    for_each_tensor(*script_, "", [&](torch::jit::Module& owner, const std::string& name, const std::string& path) {
+      const auto it = by_name.find(path);
+      if (it == by_name.end())
+        throw CheckpointError(fmt::format("{}: the script's tensor '{}' is not in the file", origin_, excerpt(path)));
+      const bool grad = owner.attr(name).toTensor().requires_grad();  // as the archive says
+      owner.setattr(name, it->second.detach().requires_grad_(grad));
+    });
+  }
+  mirror(*script_, *this);
+  script_->train(is_training());
+}
+
+std::string TorchScriptImpl::archive_without_tensors() {
+  // The tensors are swapped for empty ones while the script is saved, and put back whatever happens.
+  std::vector<std::tuple<torch::jit::Module, std::string, at::Tensor>> kept;
+  struct PutBack {
+    decltype(kept)& swapped;
+    ~PutBack() {
+      for (auto& [owner, name, tensor] : swapped) owner.setattr(name, tensor);
+    }
+  } put_back{kept};
+  for_each_tensor(*script_, "", [&](torch::jit::Module& owner, const std::string& name, const std::string&) {
+    auto tensor = owner.attr(name).toTensor();
+    kept.emplace_back(owner, name, tensor);
+    owner.setattr(name, at::empty({0}, tensor.options().device(at::kCPU)).requires_grad_(tensor.requires_grad()));
+  });
+  std::ostringstream out;
+  script_->save(out);
+  return out.str();
 }
 
 void TorchScriptImpl::reset() {
-  if (script_) {
-    script_ = std::make_shared<torch::jit::Module>(script_->clone());
-  } else {
-    script_ = std::make_shared<torch::jit::Module>(detail::load_script(*archive_, origin_));
-    inputs_ = detail::tensor_arguments(*script_, "forward", origin_).size();
-  }
+  script_ = std::make_shared<torch::jit::Module>(script_->clone());
   mirror(*script_, *this);
   script_->train(is_training());
 }

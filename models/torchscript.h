@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace torch::jit {
@@ -29,9 +30,13 @@ class TorchScriptImpl : public torch::nn::Cloneable<TorchScriptImpl> {
   /// Loads `file` (CheckpointError naming it when it is not a TorchScript archive; ConfigError when its forward takes
   /// anything but tensors).
   explicit TorchScriptImpl(std::filesystem::path file);
-  /// Loads the archive held in `archive` (a file's bytes, as an export keeps them); `origin` names it in errors.
-  TorchScriptImpl(std::string archive, std::string origin);
-  /// Mirrors the script's tensors afresh: for a clone, of a copy of the script of its own.
+  /// Loads the archive held in `archive` (a file's bytes); `origin` names it in errors. With `tensors`, the script's
+  /// parameters and buffers are those of `tensors` by name (an export's: its archive holds none, see
+  /// archive_without_tensors); CheckpointError naming a tensor the script has and `tensors` has not.
+  TorchScriptImpl(const std::string& archive, std::string origin,
+                  const std::vector<std::pair<std::string, at::Tensor>>* tensors = nullptr);
+  /// For a clone (Cloneable::clone calls it on the copy, which shares the original's script): a copy of the script of
+  /// its own, its tensors mirrored afresh.
   void reset() override;
   /// The script's forward on `inputs`, one tensor per argument after self, in order: its outputs, one for a Tensor
   /// returned, each of a tuple or list of tensors (ConfigError naming what it returned otherwise).
@@ -41,12 +46,12 @@ class TorchScriptImpl : public torch::nn::Cloneable<TorchScriptImpl> {
   std::size_t inputs() const { return inputs_; }
   /// The script itself (its tensors are this module's).
   torch::jit::Module& script() { return *script_; }
-  /// The archive's bytes as loaded (what an export carries; the weights in it are those of the load).
-  const std::string& archive() const { return *archive_; }
+  /// The script as an archive whose parameters and buffers are empty: the code and the module tree, which an export
+  /// carries beside the model's tensors (stored once, under their names).
+  std::string archive_without_tensors();
 
  private:
-  std::string origin_;                          // the file, or what held the archive, for messages
-  std::shared_ptr<const std::string> archive_;  // shared by clones
+  std::string origin_;  // the file, or what held the archive, for messages
   std::shared_ptr<torch::jit::Module> script_;
   std::size_t inputs_ = 0;
 };

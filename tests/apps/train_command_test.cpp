@@ -471,6 +471,115 @@ seed = 3
   EXPECT_EQ(read(dir_ / "interp" / "confusion_matrix.csv").rfind("actual,<50k,>=50k\n", 0), 0u);
 }
 
+// Scripts a table model (categories and continuous columns in), an image model and a cross-entropy loss into `dir`.
+const char* kMakeScripts = R"(import sys
+import torch
+from torch import nn
+
+class Table(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(64, 4)
+        self.norm = nn.BatchNorm1d(4)
+        self.head = nn.Linear(4 + 4, 2)
+    def forward(self, x_cat: torch.Tensor, x_cont: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([self.emb(x_cat.clamp(0, 63)).sum(1), self.norm(x_cont)], 1))
+
+class Images(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, stride=2)
+        self.head = nn.Linear(8, 4)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.conv(x)).mean((2, 3)))
+
+class CrossEntropy(nn.Module):
+    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(pred, target)
+
+torch.manual_seed(0)
+torch.jit.script(Table()).save(sys.argv[1] + "/table.pt")
+torch.jit.script(Images()).save(sys.argv[1] + "/images.pt")
+torch.jit.script(CrossEntropy()).save(sys.argv[1] + "/cross_entropy.pt")
+)";
+
+TEST_F(TrainCommand, ScriptedModelsAndLossesTrainFromTheConfigAndTheirExportPredictsWithoutThem) {
+  const auto census = dir_ / "census.csv";
+  std::ofstream(dir_ / "make_scripts.py") << kMakeScripts;
+  const auto [made, why] = fastlearn::testing::run_shell(
+      fmt::format("'{0}' -W ignore '{1}/make_scripts.py' '{1}' && '{0}' '{2}/scripts/make-census-csv' '{3}' --rows "
+                  "2000 2>&1",
+                  FASTLEARN_PYTHON, dir_.string(), FASTLEARN_SOURCE_DIR, census.string()));
+  ASSERT_EQ(made, 0) << why;
+  std::ofstream(config_) << fmt::format(R"([data]
+dataset = "csv"
+path = "{}"
+y_names = ["salary"]
+cat_names = ["workclass", "education", "occupation", "native_country", "sex"]
+cont_names = ["age", "hours_per_week", "capital_gain", "education_num"]
+bs = 64
+workers = 0
+[model]
+arch = "torchscript"
+file = "{}"
+[train]
+epochs = 2
+lr = 1e-2
+loss = "torchscript"
+loss_file = "{}"
+activation = "softmax"
+)",
+                                        census.string(), (dir_ / "table.pt").string(),
+                                        (dir_ / "cross_entropy.pt").string());
+  const auto one = run_cli(train(""));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const auto epochs = nlohmann::json::parse(read(out_ / "metrics.json"));
+  EXPECT_LT(epochs.back()["valid_loss"].get<double>(), epochs.front()["valid_loss"].get<double>());
+  // Its BatchNorm cannot become a SyncBatchNorm: named, and trained with each rank's statistics when asked.
+  const auto two_ranks = "train " + config_.string() + " --out " + (out_ / "two").string() + " --nproc-per-node 2";
+  const auto synced = run_cli(two_ranks);
+  EXPECT_NE(synced.exit_code, 0);
+  EXPECT_NE(synced.output.find("sync_bn: 'norm' is a BatchNorm inside a TorchScript model"), std::string::npos)
+      << synced.output;
+  const auto two = run_cli(two_ranks + " --set distributed.sync_bn=false");
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+
+  std::ofstream(dir_ / "rows.csv") << "age,workclass,education,occupation,native_country,sex,hours_per_week,"
+                                      "capital_gain,education_num\n"
+                                      "52,Private,Doctorate,Exec-managerial,United-States,Male,60,15000,16\n"
+                                      "23,Private,HS-grad,Sales,Mexico,Female,40,0,9\n";
+  const auto by_checkpoint =
+      run_cli(fmt::format("predict {} --checkpoint {} {}", config_.string(),
+                          (out_ / "checkpoints" / "model.safetensors").string(), (dir_ / "rows.csv").string()));
+  ASSERT_EQ(by_checkpoint.exit_code, 0) << by_checkpoint.output;
+  // The export carries the script: predicted the same in a fresh process with neither script nor table there.
+  for (const char* gone : {"table.pt", "cross_entropy.pt", "census.csv"}) fs::rename(dir_ / gone, dir_ / "gone");
+  const auto by_export =
+      run_cli(fmt::format("predict {} {}", (out_ / "export.safetensors").string(), (dir_ / "rows.csv").string()));
+  ASSERT_EQ(by_export.exit_code, 0) << by_export.output;
+  for (const char* row : {"rows.csv:2\t", "rows.csv:3\t"}) {
+    const auto line = [&](const std::string& out) {
+      const auto at = out.find(row);
+      return at == std::string::npos ? std::string("none") : out.substr(at, out.find('\n', at) - at);
+    };
+    EXPECT_NE(line(by_export.output), "none") << by_export.output;
+    EXPECT_EQ(line(by_export.output), line(by_checkpoint.output));
+  }
+
+  // An image folder with a scripted model and the built-in loss.
+  const auto no_images = write_image_folder_config("");
+  if (!no_images.empty()) GTEST_SKIP() << no_images;
+  const auto images = run_cli(train(
+      fmt::format("--set model.arch='\"torchscript\"' --set model.file='\"{}\"'", (dir_ / "images.pt").string())));
+  ASSERT_EQ(images.exit_code, 0) << images.output;
+  EXPECT_TRUE(nlohmann::json::parse(read(out_ / "metrics.json")).back()["accuracy"].is_number());
+  // Named when missing.
+  const auto missing = run_cli(train("--set model.arch='\"torchscript\"'"));
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.output.find("model.file: must name the TorchScript file of the model"), std::string::npos)
+      << missing.output;
+}
+
 TEST_F(TrainCommand, ALaunchFlagThatASetRankOverridesIsNamed) {
   // RANK left in the shell makes this process one rank of someone else's job: --nproc-per-node cannot apply, and
   // says so instead of going quiet.

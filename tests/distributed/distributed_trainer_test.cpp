@@ -15,11 +15,14 @@
 #include <fastlearn/learner/segmentation_loss.h>
 #include <fastlearn/learner/segmentation_metrics.h>
 #include <fastlearn/models/models.h>
+#include <fastlearn/models/torchscript.h>
 #include <fastlearn/models/unet.h>
 #include <fastlearn/optim/sgd.h>
 
 #include <gtest/gtest.h>
+#include <torch/csrc/jit/api/module.h>
 #include <torch/torch.h>
+#include <unistd.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
@@ -72,6 +75,32 @@ torch::nn::Sequential make_model(const std::string& kind) {
   return fl::models::resnet({.widths = {8, 16}, .classes = 3, .in_channels = 1, .stem_width = 8});
 }
 
+// An MLP as a TorchScript module made here (TorchScript's own compiler, no Python), saved and loaded back as
+// models::torchscript loads a script from Python.
+fl::models::TorchScript scripted_mlp() {
+  torch::manual_seed(0);
+  torch::jit::Module script("ScriptedMlp");
+  script.register_parameter("w1", (torch::randn({28 * 28, 32}) * 0.05).requires_grad_(), false);
+  script.register_parameter("b1", torch::zeros({32}).requires_grad_(), false);
+  script.register_parameter("w2", (torch::randn({32, 3}) * 0.2).requires_grad_(), false);
+  script.register_parameter("b2", torch::zeros({3}).requires_grad_(), false);
+  script.define(R"(
+def forward(self, x):
+    return torch.relu(torch.flatten(x, 1) @ self.w1 + self.b1) @ self.w2 + self.b2
+)");
+  const auto file = fs::temp_directory_path() / fmt::format("fastlearn_scripted_mlp_{}.pt", getpid());
+  script.save(file.string());
+  auto model = fl::models::torchscript(file);
+  fs::remove(file);
+  return model;
+}
+
+std::unique_ptr<fl::Learner> learner_of(const std::string& kind, fl::DataLoaders dls, fl::LearnerOptions options) {
+  if (kind == "torchscript")
+    return std::make_unique<fl::Learner>(std::move(dls), scripted_mlp(), fl::cross_entropy(), std::move(options));
+  return std::make_unique<fl::Learner>(std::move(dls), make_model(kind), fl::cross_entropy(), std::move(options));
+}
+
 // Parameters after every optimizer step.
 struct StepLog : fl::Callback {
   std::vector<std::vector<at::Tensor>> params;
@@ -81,9 +110,9 @@ struct StepLog : fl::Callback {
 std::vector<std::vector<at::Tensor>> train_steps(const std::string& kind, std::int64_t bs, bool accumulate,
                                                  bool distributed, bool bf16 = false, fl::Group* group = nullptr,
                                                  std::uint64_t data_seed = 1) {
-  auto model = make_model(kind);
-  fl::Learner learn(loaders(bs, !distributed, data_seed), model, fl::cross_entropy(),
-                    {.opt_func = fl::SGD({.mom = 0.9}), .progress = false});
+  auto learner =
+      learner_of(kind, loaders(bs, !distributed, data_seed), {.opt_func = fl::SGD({.mom = 0.9}), .progress = false});
+  auto& learn = *learner;
   auto log = std::make_shared<StepLog>();
   std::vector<fl::CallbackPtr> cbs{log};
   if (accumulate) cbs.push_back(std::make_shared<fl::GradientAccumulation>(bs * 2));
@@ -135,7 +164,7 @@ TEST_P(Equivalence, TwoRanksMatchOneProcessWithTwiceTheBatch) {
                     {.env = flt::torchrun_env(2)});
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Equivalence, ::testing::Values("mlp", "simple_cnn", "resnet_syncbn"),
+INSTANTIATE_TEST_SUITE_P(Models, Equivalence, ::testing::Values("mlp", "simple_cnn", "resnet_syncbn", "torchscript"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 TEST(DistributedTrainer, GradientAccumulationCommunicatesOnlyTheLastMicroBatch) {
