@@ -8,6 +8,7 @@
 #include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/learner/callback_order.h>
 #include <fastlearn/models/dropout.h>
+#include <fastlearn/models/torchscript.h>
 
 #include <ATen/autocast_mode.h>
 #include <c10/core/DeviceGuard.h>
@@ -268,6 +269,16 @@ void ParallelTrainer::attach(Learner& learn) {
         "synchronize inside backward, where replicas on one GPU run one after another; set sync_bn to false "
         "(per-chunk statistics) or give each replica a GPU of its own",
         devices_[0].str()));
+  }
+  for (const auto& m : learn.model().modules()) {
+    const auto* script = dynamic_cast<const models::TorchScriptImpl*>(m.get());
+    if (const auto where = script ? script->dropout() : ""; !where.empty()) {
+      warn(
+          fmt::format("to_parallel: the TorchScript model draws dropout masks in '{}' from torch's global generator, "
+                      "which the replicas share: their masks differ from one device's (and between runs)",
+                      where));
+      break;
+    }
   }
   if (learn.device() != devices_[0]) {
     if (!learn.device_is_auto()) {

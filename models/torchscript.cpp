@@ -121,6 +121,19 @@ std::vector<at::Tensor> TorchScriptImpl::forward(const std::vector<at::Tensor>& 
   return detail::tensors_returned(script_->forward(std::move(arguments)), origin_, "forward");
 }
 
+std::string TorchScriptImpl::dropout() const {
+  for (const auto& named : script_->named_modules()) {
+    const auto where = named.name.empty() ? std::string("forward") : named.name;
+    if (type_name(named.value).find("Dropout") != std::string::npos) return where;
+    const auto forward = named.value.find_method("forward");
+    if (!forward) continue;
+    for (const auto* node : forward->graph()->nodes()) {
+      if (std::string(node->kind().toQualString()).find("dropout") != std::string::npos) return where;
+    }
+  }
+  return "";
+}
+
 void TorchScriptImpl::train(bool on) {
   torch::nn::Module::train(on);
   if (script_) script_->train(on);

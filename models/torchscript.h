@@ -46,6 +46,9 @@ class TorchScriptImpl : public torch::nn::Cloneable<TorchScriptImpl> {
   std::size_t inputs() const { return inputs_; }
   /// The script itself (its tensors are this module's).
   torch::jit::Module& script() { return *script_; }
+  /// The dropout the script does (a Dropout module, or dropout called in a forward), by where: "" when none. It draws
+  /// from torch's global generator, which fastlearn's per-replica dropout streams (models/dropout.h) do not reach.
+  std::string dropout() const;
   /// The script as an archive whose parameters and buffers are empty: the code and the module tree, which an export
   /// carries beside the model's tensors (stored once, under their names).
   std::string archive_without_tensors();

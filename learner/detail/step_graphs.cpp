@@ -3,6 +3,7 @@
 #include <fastlearn/core/detail/warning.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/learner/learner.h>
+#include <fastlearn/models/torchscript.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -48,6 +49,12 @@ void StepGraphs::refuse(Learner& learn, std::string why) {
 
 // Declared support, asked once the fit's callbacks are all attached and have seen before_fit.
 void StepGraphs::check_callbacks(Learner& learn) {
+  for (const auto& m : learn.model().modules()) {
+    if (dynamic_cast<const models::TorchScriptImpl*>(m.get()))
+      return refuse(learn,
+                    "the model is a TorchScript module, whose interpreter decides on the host as it runs (profiling, "
+                    "guards): it trains eagerly");
+  }
   for (const auto& cb : learn.cbs()) {
     cb->forget_in_step_events();
     if (!cb->run || !cb->run_train) continue;

@@ -49,7 +49,8 @@ std::map<std::string, at::Tensor> tensors_of(const fs::path& file) {
 // The Learner over the script and the 20 batches, in order, with AdamW at torch's defaults (lr 1e-3, betas (0.9,
 // 0.999), eps 1e-8, decoupled weight decay 0.01) and fastai's exemptions (norm layers and biases: none).
 // With `masked`, the targets are {y, mask} and the loss is the script masked_mse.pt (unless `loss` is given).
-std::unique_ptr<fl::Learner> learner_of(const fs::path& dir, bool masked = false, std::optional<fl::Loss> loss = {}) {
+std::unique_ptr<fl::Learner> learner_of(const fs::path& dir, bool masked = false, std::optional<fl::Loss> loss = {},
+                                        bool cuda_graph = false) {
   auto data = tensors_of(dir / "batches.safetensors");
   std::vector<at::Tensor> targets{data.at("y")};
   if (masked) targets.push_back(data.at("mask"));
@@ -59,7 +60,7 @@ std::unique_ptr<fl::Learner> learner_of(const fs::path& dir, bool masked = false
   return std::make_unique<fl::Learner>(
       fl::DataLoaders(fl::DataLoader(items, {.bs = 16}), fl::DataLoader(items, {.bs = 64}), 1), model,
       loss ? *loss : (masked ? fl::torchscript_loss(dir / "masked_mse.pt") : fl::mse_loss()),
-      fl::LearnerOptions{.opt_func = fl::AdamW(), .progress = false});
+      fl::LearnerOptions{.opt_func = fl::AdamW(), .progress = false, .cuda_graph = cuda_graph});
 }
 
 // Every parameter of the learner's script against PyTorch's after the same steps.
@@ -142,6 +143,20 @@ TEST_F(TorchScriptModel, TrainsAsPyTorchTrainsTheScriptAndKeepsItsNames) {
   two->fit(1, 1e-3);
   const auto a = one->model().parameters(), b = two->model().parameters();
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].allclose(b[i], 1e-5, 1e-6)) << i;
+
+  // Training steps as CUDA graphs: this model trains eagerly, and says why.
+  auto captured = learner_of(dir_, false, {}, /*cuda_graph=*/true);
+  captured->fit(1, 1e-3);
+  EXPECT_NE(captured->step_graph_stats().eager_because.find("the model is a TorchScript module"), std::string::npos)
+      << captured->step_graph_stats().eager_because;
+
+  // Dropout found where the script does it (a module, or a call in a forward), for ParallelTrainer's warning.
+  EXPECT_EQ(model.dropout(), "");
+  torch::jit::Module dropping("Dropping");
+  dropping.register_attribute("training", c10::BoolType::get(), true);
+  dropping.define("def forward(self, x):\n    return torch.dropout(x, 0.5, self.training)\n");
+  dropping.save((dir_ / "dropping.pt").string());
+  EXPECT_EQ(fl::models::torchscript(dir_ / "dropping.pt")->dropout(), "forward");
 
   // Refused by name: a forward that takes an int, a file that is no script.
   const auto int_arg = message_of([&] { fl::models::torchscript(dir_ / "int_arg.pt"); });
