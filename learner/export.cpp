@@ -93,8 +93,8 @@ ExportContents read_export(const std::filesystem::path& file) {
   const auto& version = required(m, "format_version", origin);
   if (version != "1" && version != "2") {
     throw CheckpointError(fmt::format(
-        "{}: export format version '{}' is not one this build reads ({}): it was written by fastlearn {}; load it "
-        "with that version or a newer one",
+        "{}: export format version '{}' is not one this build reads (1 to {}): it was written by fastlearn {}; load "
+        "it with that version or a newer one",
         origin, excerpt(version), kExportFormatVersion,
         excerpt(m.contains("fastlearn_version") ? m.at("fastlearn_version") : "?")));
   }

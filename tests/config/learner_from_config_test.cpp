@@ -23,6 +23,7 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/jit/api/module.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -110,6 +111,38 @@ class TinyConfigs : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
+  // A TorchScript model for each dataset, compiled here (TorchScript's own compiler, no Python): a weight and a bias
+  // per output over the mean of each item's inputs, shaped as the dataset's targets; and a scripted cross entropy.
+  fs::path script_for(const std::string& dataset) const {
+    const auto file = dir_ / fmt::format("{}.pt", dataset);
+    if (fs::exists(file)) return file;
+    const std::map<std::string, std::pair<std::int64_t, std::string>> outputs_and_code{
+        {"fashion_mnist",
+         {10, "def forward(self, x):\n    return torch.flatten(x, 1).mean(1, True) * self.a + self.w\n"}},
+        {"synthetic_regression", {1, "def forward(self, x):\n    return x.mean(1, True) * self.a + self.w\n"}},
+        {"image_folder",
+         {2, "def forward(self, x):\n    return torch.flatten(x, 1).mean(1, True) * self.a + self.w\n"}},
+        {"image_csv", {2, "def forward(self, x):\n    return torch.flatten(x, 1).mean(1, True) * self.a + self.w\n"}},
+        {"segmentation",
+         {2,
+          "def forward(self, x):\n    return x.mean(1, True) * self.a.view(1, 2, 1, 1) + self.w.view(1, 2, 1, 1)\n"}},
+        {"csv",
+         {2,
+          "def forward(self, x_cat, x_cont):\n"
+          "    return torch.cat([x_cat.float(), x_cont], 1).mean(1, True) * self.a + self.w\n"}},
+        {"program", {1, "def forward(self, x):\n    return x * self.a + self.w\n"}},
+        {"loss", {0, "def forward(self, pred, target):\n    return torch.cross_entropy_loss(pred, target)\n"}}};
+    const auto& [outputs, code] = outputs_and_code.at(dataset);
+    torch::jit::Module script("Tiny");
+    if (outputs > 0) {
+      script.register_parameter("a", torch::randn({outputs}).requires_grad_(), false);
+      script.register_parameter("w", torch::zeros({outputs}).requires_grad_(), false);
+    }
+    script.define(code);
+    script.save(file.string());
+    return file;
+  }
+
   // The [data] table of each dataset, with `[model]` / `[train]` to follow.
   std::map<std::string, std::string> data_tables() const {
     return {{"fashion_mnist", fmt::format("dataset = \"fashion_mnist\"\npath = \"{}\"\nbs = 8\nworkers = 0\n",
@@ -145,7 +178,12 @@ class TinyConfigs : public ::testing::Test {
     else
       sets.push_back(set);
     if (value == "top_k_accuracy") sets.push_back("train.top_k=2");
-    if (dataset == "segmentation") sets.push_back("model.body=\"resnet18\"");  // the smallest U-Net
+    if (key == "model.arch" && value == "torchscript")
+      sets.push_back(fmt::format("model.file=\"{}\"", script_for(dataset).string()));
+    if (key == "train.loss" && value == "torchscript")
+      sets.push_back(fmt::format("train.loss_file=\"{}\"", script_for("loss").string()));
+    if (dataset == "segmentation" && value != "torchscript")
+      sets.push_back("model.body=\"resnet18\"");  // the smallest U-Net
     return fl::parse_config(text, dataset + ".toml", sets, fl::regression_of_data);
   }
 
@@ -624,8 +662,12 @@ TEST_F(TinyConfigs, ExportsThatCannotBeLoadedSayWhy) {
     fl::save_checked_safetensors(dir_ / name, content.tensors, m);
     return message_of([&] { fl::load_learner(dir_ / name); });
   };
-  const auto future = with("format_version", "2");
-  EXPECT_NE(future.find("export format version '2' is not one this build reads (1)"), std::string::npos) << future;
+  const auto future = with("format_version", "3");
+  EXPECT_NE(future.find("export format version '3' is not one this build reads (1 to 2)"), std::string::npos) << future;
+  const auto no_script = with("format_version", "2");
+  EXPECT_NE(no_script.find("a version 2 export without its TorchScript archive ('fastlearn/torchscript')"),
+            std::string::npos)
+      << no_script;
   const auto checkpoint = with("format", "fastlearn-checkpoint");
   EXPECT_NE(checkpoint.find("it is a checkpoint: `fastlearn export CONFIG --checkpoint FILE --out DIR`"),
             std::string::npos)
@@ -641,7 +683,8 @@ TEST_F(TinyConfigs, ExportsThatCannotBeLoadedSayWhy) {
   EXPECT_EQ(vocab, "no error") << "a UTF-8 name loads";
   const auto arch =
       with("model_recipe", "[data]\ndataset = \"synthetic_regression\"\n[model]\narch = \"transformer\"\n");
-  EXPECT_NE(arch.find("model_recipe:4:8: model.arch must be one of \"mlp\", not the string \"transformer\""),
+  EXPECT_NE(arch.find("model_recipe:4:8: model.arch must be one of \"mlp\", \"torchscript\", not the string "
+                      "\"transformer\""),
             std::string::npos)
       << arch;
   const auto wide = with("model_recipe",
