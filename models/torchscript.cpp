@@ -5,6 +5,7 @@
 #include <fastlearn/models/detail/script_archive.h>
 #include <fmt/format.h>
 #include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/torch.h>
 
 #include <functional>
@@ -118,6 +119,10 @@ std::vector<at::Tensor> TorchScriptImpl::forward(const std::vector<at::Tensor>& 
                             inputs.size()));
   }
   std::vector<c10::IValue> arguments(inputs.begin(), inputs.end());
+  // Training: the interpreter runs the ops one by one and autograd records them, as for a C++ model; the graph
+  // executor's optimizations (profiled differentiable subgraphs) cost more per step than they save (bench
+  // torchscript_step). The setting is this thread's only.
+  const torch::jit::GraphOptimizerEnabledGuard optimize(!(is_training() && torch::GradMode::is_enabled()));
   return detail::tensors_returned(script_->forward(std::move(arguments)), origin_, "forward");
 }
 
