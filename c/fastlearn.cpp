@@ -48,8 +48,8 @@ struct LearnerState {
   std::optional<fl::TrainConfig> config;  // none for a Learner loaded from an export
   std::unique_ptr<fl::Learner> learn;
   std::unique_ptr<fl::DistribCtx> distributed;
-  std::vector<std::int64_t> input_shape;   // one sample's
-  std::vector<std::int64_t> target_shape;  // empty for an export (the outputs are whatever the model gives)
+  std::vector<fl::SampleTensor> inputs;   // one sample's, in order
+  std::vector<fl::SampleTensor> targets;  // empty for an export (the outputs are whatever the model gives)
   bool steps_begun = false;
   bool ended_by_program = false;  // fl_end_steps ended the steps, not their plan or a callback
 
@@ -147,11 +147,20 @@ fl_learner* make_handle(std::unique_ptr<LearnerState> state) {
 
 std::string shape_text(const std::vector<std::int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
+const char* dtype_name(int32_t dtype) {
+  switch (dtype) {
+    case FL_FLOAT32: return "float32";
+    case FL_FLOAT64: return "float64";
+    case FL_INT32: return "int32";
+    case FL_INT64: return "int64";
+    default: return "?";
+  }
+}
+
 // The array as the caller declared it, for messages: "(8, 32, 32) column-major float64".
 std::string declared(const fl_array& a) {
   return fmt::format("({}) {} {}", fmt::join(std::vector<std::int64_t>(a.shape, a.shape + a.ndim), ", "),
-                     a.layout == FL_COLUMN_MAJOR ? "column-major" : "row-major",
-                     a.dtype == FL_FLOAT64 ? "float64" : "float32");
+                     a.layout == FL_COLUMN_MAJOR ? "column-major" : "row-major", dtype_name(a.dtype));
 }
 
 // What a shape error about a column-major array adds.
@@ -161,11 +170,12 @@ const char* reversed_hint(const fl_array& a) {
 
 // The caller's array as a tensor over its memory, batch first: row-major as declared, column-major with the shape
 // reversed (the same memory read in C order). Checked before anything is read.
-at::Tensor view_of(const fl_array* a, const char* what) {
+at::Tensor view_of(const fl_array* a, const std::string& what) {
   if (a == nullptr) throw CallError(FL_ERROR_NULL, fmt::format("{} is NULL", what));
-  if (a->dtype != FL_FLOAT32 && a->dtype != FL_FLOAT64)
+  if (a->dtype != FL_FLOAT32 && a->dtype != FL_FLOAT64 && a->dtype != FL_INT32 && a->dtype != FL_INT64)
     throw CallError(FL_ERROR_SHAPE,
-                    fmt::format("{}: dtype {} is neither FL_FLOAT32 (0) nor FL_FLOAT64 (1)", what, a->dtype));
+                    fmt::format("{}: dtype {} is none of FL_FLOAT32 (0), FL_FLOAT64 (1), FL_INT32 (2), FL_INT64 (3)",
+                                what, a->dtype));
   if (a->layout != FL_ROW_MAJOR && a->layout != FL_COLUMN_MAJOR)
     throw CallError(FL_ERROR_SHAPE,
                     fmt::format("{}: layout {} is neither FL_ROW_MAJOR (0) nor FL_COLUMN_MAJOR (1)", what, a->layout));
@@ -186,18 +196,32 @@ at::Tensor view_of(const fl_array* a, const char* what) {
                                 what));
   if (a->data == nullptr) throw CallError(FL_ERROR_NULL, fmt::format("{}: data is NULL", what));
   if (a->layout == FL_COLUMN_MAJOR) std::reverse(sizes.begin(), sizes.end());
-  return torch::from_blob(a->data, sizes, a->dtype == FL_FLOAT64 ? torch::kFloat64 : torch::kFloat32);
+  const auto type = a->dtype == FL_FLOAT64 ? torch::kFloat64
+                    : a->dtype == FL_INT32 ? torch::kInt32
+                    : a->dtype == FL_INT64 ? torch::kInt64
+                                           : torch::kFloat32;
+  return torch::from_blob(a->data, sizes, type);
 }
 
-// A batch of samples of `sample` shape, as float32 (no copy when it is float32 already), every value finite.
-at::Tensor batch_of(const fl_array* a, const char* what, const std::vector<std::int64_t>& sample, const char* key) {
+// A batch of samples as `sample` declares them (its shape; its dtype: float32 from a float64 array, int64 from an
+// int32 one, no copy when the array has the dtype already), every float value finite. `key` names the declaration.
+at::Tensor batch_of(const fl_array* a, const std::string& what, const fl::SampleTensor& sample, const char* key) {
   auto t = view_of(a, what);
   const auto sizes = t.sizes().vec();
-  if (!sample.empty() && std::vector<std::int64_t>(sizes.begin() + 1, sizes.end()) != sample)
+  if (!sample.shape.empty() && std::vector<std::int64_t>(sizes.begin() + 1, sizes.end()) != sample.shape)
     throw CallError(FL_ERROR_SHAPE, fmt::format("{}: {} is a batch of {} samples of shape {}, and {} is {}{}", what,
                                                 declared(*a), sizes[0], shape_text({sizes.begin() + 1, sizes.end()}),
-                                                key, shape_text(sample), reversed_hint(*a)));
-  if (t.scalar_type() != torch::kFloat32) t = t.to(torch::kFloat32);
+                                                key, shape_text(sample.shape), reversed_hint(*a)));
+  const bool integer = a->dtype == FL_INT32 || a->dtype == FL_INT64;
+  const auto wanted = sample.dtype == "int64" ? torch::kInt64 : sample.dtype == "int32" ? torch::kInt32 : torch::kFloat32;
+  if (integer != (wanted != torch::kFloat32) || (wanted == torch::kInt32 && a->dtype == FL_INT64))
+    throw CallError(FL_ERROR_SHAPE,
+                    fmt::format("{}: {} holds {} values, and it is declared {}{}", what, declared(*a),
+                                dtype_name(a->dtype), sample.dtype,
+                                integer ? " (give FL_FLOAT32 or FL_FLOAT64 values)"
+                                        : " (data.input_dtypes, data.target_dtypes: give FL_INT64 or FL_INT32 values)"));
+  if (t.scalar_type() != wanted) t = t.to(wanted);
+  if (integer) return t;
   const auto finite = torch::isfinite(t);
   if (!finite.all().item<bool>()) {
     const auto first = (~finite).flatten().nonzero()[0].item<std::int64_t>();
@@ -240,10 +264,94 @@ std::unique_ptr<LearnerState> state_of_config(fl::TrainConfig config, const std:
                                              fl::excerpt(config.output.dir, 256), ec.message()));
   auto state = std::make_unique<LearnerState>();
   state->learn = fl::learner_from_config(config, {.progress = false, .checked = true});
-  state->input_shape = config.data.input_shape;
-  state->target_shape = config.data.target_shape;
+  state->inputs = fl::program_inputs(config.data);
+  state->targets = fl::program_targets(config.data);
   state->config = std::move(config);
   return state;
+}
+
+// The batch of `n` arrays as `declared` says, each named ("inputs", or "inputs[i]" when there are several or
+// `indexed`); FL_ERROR_CONFIG when n is not the declared count; the batch sizes agree.
+std::vector<at::Tensor> batches_of(int32_t n, const fl_array* arrays, const std::vector<fl::SampleTensor>& declared,
+                                   const char* what, bool indexed) {
+  const bool several = indexed || declared.size() > 1;
+  const auto key = fmt::format("data.{}_shape{}", what == std::string("inputs") ? "input" : "target", several ? "s" : "");
+  if (n != static_cast<int32_t>(declared.size()))
+    throw CallError(FL_ERROR_CONFIG,
+                    fmt::format("{}: {} array(s) given, and the config declares {} ({})", what, n, declared.size(), key));
+  if (n > 0 && arrays == nullptr) throw CallError(FL_ERROR_NULL, fmt::format("{} is NULL", what));
+  std::vector<at::Tensor> out;
+  for (int32_t i = 0; i < n; ++i) {
+    const auto name = indexed || n > 1 ? fmt::format("{}[{}]", what, i) : std::string(what);
+    const auto declaration = several ? fmt::format("{}[{}]", key, i) : key;
+    out.push_back(batch_of(&arrays[i], name, declared[static_cast<std::size_t>(i)], declaration.c_str()));
+    if (out.back().size(0) != out.front().size(0))
+      throw CallError(FL_ERROR_SHAPE, fmt::format("{} holds a batch of {} samples and {}[0] one of {}", name,
+                                                  out.back().size(0), what, out.front().size(0)));
+  }
+  return out;
+}
+
+
+void train_step(LearnerState& s, int32_t n_inputs, const fl_array* inputs, int32_t n_targets, const fl_array* targets,
+                double* loss, bool indexed) {
+  needs_config(s, "training");
+  auto x = batches_of(n_inputs, inputs, s.inputs, "inputs", indexed);
+  auto y = batches_of(n_targets, targets, s.targets, "targets", indexed);
+  same_batch(x.front(), y.front());
+  begin_steps(s);
+  if (!s.learn->stepping()) {
+    const auto trained = s.learn->train_iter;
+    const auto planned = fl::step_plan(*s.config).steps;
+    const char* why = trained == planned   ? ""
+                      : s.ended_by_program ? " (fl_end_steps ended them)"
+                                           : " (stopped by a callback)";
+    throw CallError(FL_ERROR_STATE,
+                    fmt::format("the steps have ended after {} of the {} planned{}", trained, planned, why));
+  }
+  const auto value = s.learn->train_step(std::move(x), std::move(y));
+  // The step is done and nothing reads the caller's arrays again: the Learner keeps no view of them.
+  s.learn->xb.clear();
+  s.learn->yb.clear();
+  if (loss != nullptr) *loss = value.defined() ? value.item<double>() : std::nan("");
+}
+
+void hold_out(LearnerState& s, int32_t n_inputs, const fl_array* inputs, int32_t n_targets, const fl_array* targets,
+              bool indexed) {
+  needs_config(s, "holding samples out");
+  if (s.config->data.held_out == 0)
+    throw CallError(FL_ERROR_CONFIG, "the config holds no samples out: set data.held_out to how many to keep");
+  auto x = batches_of(n_inputs, inputs, s.inputs, "inputs", indexed);
+  auto y = batches_of(n_targets, targets, s.targets, "targets", indexed);
+  same_batch(x.front(), y.front());
+  begin_steps(s);
+  if (!s.learn->stepping()) throw CallError(FL_ERROR_STATE, "the steps have ended");
+  s.learn->hold_out(x, y);  // copies the rows
+}
+
+void predict(LearnerState& s, int32_t n_inputs, const fl_array* inputs, int32_t n_outputs, fl_array* outputs,
+             bool indexed) {
+  auto x = batches_of(n_inputs, inputs, s.inputs, "inputs", indexed);
+  if (n_outputs < 1 || outputs == nullptr)
+    throw CallError(n_outputs < 1 ? FL_ERROR_CONFIG : FL_ERROR_NULL,
+                    n_outputs < 1 ? fmt::format("outputs: {} array(s) given; at least one", n_outputs)
+                                  : std::string("outputs is NULL"));
+  std::vector<at::Tensor> views;  // checked, all of them, before any is written
+  for (int32_t i = 0; i < n_outputs; ++i)
+    views.push_back(view_of(&outputs[i], indexed || n_outputs > 1 ? fmt::format("outputs[{}]", i) : "outputs"));
+  const auto preds = s.learn->predict_batch_outputs(std::move(x));
+  if (static_cast<std::size_t>(n_outputs) != preds.size())
+    throw CallError(FL_ERROR_SHAPE, fmt::format("outputs: {} array(s) given, and the model returns {} output(s)",
+                                                n_outputs, preds.size()));
+  for (std::size_t i = 0; i < preds.size(); ++i) {
+    if (views[i].sizes() != preds[i].sizes())
+      throw CallError(FL_ERROR_SHAPE,
+                      fmt::format("{}: {} is read as {}, and the model's output for these inputs is {}{}",
+                                  indexed || n_outputs > 1 ? fmt::format("outputs[{}]", i) : "outputs",
+                                  declared(outputs[i]), shape_text(views[i].sizes().vec()),
+                                  shape_text(preds[i].sizes().vec()), reversed_hint(outputs[i])));
+  }
+  for (std::size_t i = 0; i < preds.size(); ++i) views[i].copy_(preds[i]);
 }
 
 }  // namespace
@@ -310,7 +418,7 @@ fl_status fl_load_export(const char* export_file, const char* device, fl_learner
                                                         : "data of its own, which the export does not describe"));
     auto state = std::make_unique<LearnerState>();
     state->learn = fl::load_learner(contents, file, options);
-    state->input_shape = contents.pipeline.item_shape;
+    for (const auto& input : contents.pipeline.inputs) state->inputs.push_back({.shape = input.shape, .dtype = input.dtype});
     *learner = make_handle(std::move(state));
   });
 }
@@ -353,55 +461,37 @@ fl_status fl_rank(fl_learner* learner, int32_t* rank, int32_t* world_size) {
 }
 
 fl_status fl_train_step(fl_learner* learner, const fl_array* inputs, const fl_array* targets, double* loss) {
-  return with_learner("fl_train_step", learner, [&](LearnerState& s) {
-    needs_config(s, "training");
-    auto x = batch_of(inputs, "inputs", s.input_shape, "data.input_shape");
-    auto y = batch_of(targets, "targets", s.target_shape, "data.target_shape");
-    same_batch(x, y);
-    begin_steps(s);
-    if (!s.learn->stepping()) {
-      const auto trained = s.learn->train_iter;
-      const auto planned = fl::step_plan(*s.config).steps;
-      const char* why = trained == planned   ? ""
-                        : s.ended_by_program ? " (fl_end_steps ended them)"
-                                             : " (stopped by a callback)";
-      throw CallError(FL_ERROR_STATE,
-                      fmt::format("the steps have ended after {} of the {} planned{}", trained, planned, why));
-    }
-    const auto value = s.learn->train_step(x, y);
-    // The step is done and nothing reads the caller's arrays again: the Learner keeps no view of them.
-    s.learn->xb.clear();
-    s.learn->yb.clear();
-    if (loss != nullptr) *loss = value.defined() ? value.item<double>() : std::nan("");
+  return with_learner("fl_train_step", learner,
+                      [&](LearnerState& s) { train_step(s, 1, inputs, 1, targets, loss, /*indexed=*/false); });
+}
+
+fl_status fl_train_step_n(fl_learner* learner, int32_t n_inputs, const fl_array* inputs, int32_t n_targets,
+                          const fl_array* targets, double* loss) {
+  return with_learner("fl_train_step_n", learner, [&](LearnerState& s) {
+    train_step(s, n_inputs, inputs, n_targets, targets, loss, /*indexed=*/true);
   });
 }
 
 fl_status fl_hold_out(fl_learner* learner, const fl_array* inputs, const fl_array* targets) {
-  return with_learner("fl_hold_out", learner, [&](LearnerState& s) {
-    needs_config(s, "holding samples out");
-    if (s.config->data.held_out == 0)
-      throw CallError(FL_ERROR_CONFIG, "the config holds no samples out: set data.held_out to how many to keep");
-    auto x = batch_of(inputs, "inputs", s.input_shape, "data.input_shape");
-    auto y = batch_of(targets, "targets", s.target_shape, "data.target_shape");
-    same_batch(x, y);
-    begin_steps(s);
-    if (!s.learn->stepping()) throw CallError(FL_ERROR_STATE, "the steps have ended");
-    s.learn->hold_out({x}, {y});  // copies the rows
-  });
+  return with_learner("fl_hold_out", learner,
+                      [&](LearnerState& s) { hold_out(s, 1, inputs, 1, targets, /*indexed=*/false); });
+}
+
+fl_status fl_hold_out_n(fl_learner* learner, int32_t n_inputs, const fl_array* inputs, int32_t n_targets,
+                        const fl_array* targets) {
+  return with_learner("fl_hold_out_n", learner,
+                      [&](LearnerState& s) { hold_out(s, n_inputs, inputs, n_targets, targets, /*indexed=*/true); });
 }
 
 fl_status fl_predict(fl_learner* learner, const fl_array* inputs, fl_array* outputs) {
-  return with_learner("fl_predict", learner, [&](LearnerState& s) {
-    auto x = batch_of(inputs, "inputs", s.input_shape, "data.input_shape");
-    auto out = view_of(outputs, "outputs");
-    const auto pred = s.learn->predict_batch({x});
-    if (out.sizes() != pred.sizes())
-      throw CallError(FL_ERROR_SHAPE,
-                      fmt::format("outputs: {} is read as {}, and the model's outputs for these inputs are {}{}",
-                                  declared(*outputs), shape_text(out.sizes().vec()), shape_text(pred.sizes().vec()),
-                                  reversed_hint(*outputs)));
-    out.copy_(pred);
-  });
+  return with_learner("fl_predict", learner,
+                      [&](LearnerState& s) { predict(s, 1, inputs, 1, outputs, /*indexed=*/false); });
+}
+
+fl_status fl_predict_n(fl_learner* learner, int32_t n_inputs, const fl_array* inputs, int32_t n_outputs,
+                       fl_array* outputs) {
+  return with_learner("fl_predict_n", learner,
+                      [&](LearnerState& s) { predict(s, n_inputs, inputs, n_outputs, outputs, /*indexed=*/true); });
 }
 
 fl_status fl_end_steps(fl_learner* learner) {

@@ -34,7 +34,10 @@ typedef enum fl_status {
   FL_ERROR_INTERNAL = 8     /* anything else (out of memory, a LibTorch error): the text says what */
 } fl_status;
 
-typedef enum fl_dtype { FL_FLOAT32 = 0, FL_FLOAT64 = 1 } fl_dtype;
+/* FL_FLOAT32 and FL_FLOAT64 for float inputs and targets (trained as float32); FL_INT64 and FL_INT32 for those the
+ * config declares "int64" or "int32" (data.input_dtypes, data.target_dtypes: indices, class labels, masks). An
+ * FL_INT32 array for an "int64" one is widened; a float array for an integer one (or the reverse) is refused. */
+typedef enum fl_dtype { FL_FLOAT32 = 0, FL_FLOAT64 = 1, FL_INT32 = 2, FL_INT64 = 3 } fl_dtype;
 
 /* How an array's elements lie in memory. FL_ROW_MAJOR (C): shape[0] is the batch, the last index varies fastest.
  * FL_COLUMN_MAJOR (Fortran): the first index varies fastest, and shape is listed as the program declares it, the batch
@@ -97,6 +100,18 @@ fl_status fl_hold_out(fl_learner* learner, const fl_array* inputs, const fl_arra
 /* The model's outputs for inputs (batch, data.input_shape...), in eval mode without gradients, written into
  * `outputs` (batch, data.target_shape...: its dtype and layout are the caller's). Between steps too. */
 fl_status fl_predict(fl_learner* learner, const fl_array* inputs, fl_array* outputs);
+/* Several inputs and targets (a model of two inputs, features and indices; a loss taking a mask beside the target):
+ * `inputs` holds n_inputs arrays in the order of data.input_shapes, `targets` n_targets in that of data.target_shapes,
+ * each of its declared dtype, all of the same batch size. A count, shape or dtype that does not fit is a status that
+ * names the array (inputs[1], ...) and changes nothing. fl_train_step is fl_train_step_n with one of each. */
+fl_status fl_train_step_n(fl_learner* learner, int32_t n_inputs, const fl_array* inputs, int32_t n_targets,
+                          const fl_array* targets, double* loss);
+fl_status fl_hold_out_n(fl_learner* learner, int32_t n_inputs, const fl_array* inputs, int32_t n_targets,
+                        const fl_array* targets);
+/* The model's outputs for several inputs, one array each in `outputs` (n_outputs: as many as the model returns; the
+ * first activated as the loss says, the others as the model gives them). */
+fl_status fl_predict_n(fl_learner* learner, int32_t n_inputs, const fl_array* inputs, int32_t n_outputs,
+                       fl_array* outputs);
 /* Ends the steps now (before the planned number: as a cancelled fit); nothing when none are under way. */
 fl_status fl_end_steps(fl_learner* learner);
 /* The training steps done since the start (a resumed run's earlier ones included), and those the config plans;

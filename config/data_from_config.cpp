@@ -28,8 +28,11 @@ namespace {
 // (an export records the input shape; the model's outputs are the target's values).
 DataLoaders program_samples(const DataConfig& d) {
   std::int64_t outputs = 1;
-  for (const auto n : d.target_shape) outputs *= n;
-  return inference_dataloaders({.kind = InferencePipeline::Kind::tensors, .item_shape = d.input_shape, .c = outputs},
+  const auto targets = program_targets(d);
+  for (const auto n : targets.front().shape) outputs *= n;
+  std::vector<TensorInput> inputs;
+  for (const auto& input : program_inputs(d)) inputs.push_back({.shape = input.shape, .dtype = input.dtype});
+  return inference_dataloaders({.kind = InferencePipeline::Kind::tensors, .inputs = std::move(inputs), .c = outputs},
                                {.bs = d.bs, .num_workers = static_cast<int>(d.workers)});
 }
 

@@ -63,10 +63,15 @@ void check_widths(const TrainConfig& config, const InferencePipeline& pipeline, 
     for (const auto w : widths) claimed.emplace_back(key, w);
   };
   const auto& d = config.data;
-  if (d.dataset == "program" && d.input_shape != pipeline.item_shape)
-    throw CheckpointError(fmt::format(
-        "{}: the model recipe's data.input_shape [{}] is not the pipeline's item shape [{}] (the file was altered)",
-        excerpt(origin, 256), fmt::join(d.input_shape, ", "), fmt::join(pipeline.item_shape, ", ")));
+  if (d.dataset == "program") {
+    std::vector<TensorInput> recipe;
+    for (const auto& input : program_inputs(d)) recipe.push_back({.shape = input.shape, .dtype = input.dtype});
+    if (recipe != pipeline.inputs)
+      throw CheckpointError(fmt::format(
+          "{}: the model recipe's inputs (data.input_shape or input_shapes, input_dtypes) are not the pipeline's "
+          "(the file was altered)",
+          excerpt(origin, 256)));
+  }
   if (m.arch == "field_cnn")  // its outputs are channels of a field; its weights do not depend on the field's size
     claimed.emplace_back("data.target_shape's channels", d.target_shape.size() == 3 ? d.target_shape[0] : 1);
   else
@@ -116,9 +121,24 @@ std::string model_recipe(const TrainConfig& c) {
   std::string recipe = fmt::format("[data]\ndataset = {}\n", quoted(c.data.dataset));
   if (!c.data.y_block.empty()) recipe += fmt::format("y_block = {}\n", quoted(c.data.y_block));
   if (!c.data.label_delim.empty()) recipe += fmt::format("label_delim = {}\n", quoted(c.data.label_delim));
-  if (c.data.dataset == "program")
-    recipe += fmt::format("input_shape = [{}]\ntarget_shape = [{}]\n", fmt::join(c.data.input_shape, ", "),
-                          fmt::join(c.data.target_shape, ", "));
+  if (c.data.dataset == "program") {
+    const auto list = [](const std::vector<SampleTensor>& tensors, bool dtypes) {
+      std::vector<std::string> items;
+      for (const auto& t : tensors)
+        items.push_back(dtypes ? quoted(t.dtype) : fmt::format("[{}]", fmt::join(t.shape, ", ")));
+      return fmt::format("[{}]", fmt::join(items, ", "));
+    };
+    // One float32 input and target as every build wrote them; several, or integers, in the keys that say so.
+    const auto inputs = program_inputs(c.data), targets = program_targets(c.data);
+    if (inputs.size() == 1 && inputs[0].dtype == "float32")
+      recipe += fmt::format("input_shape = [{}]\n", fmt::join(inputs[0].shape, ", "));
+    else
+      recipe += fmt::format("input_shapes = {}\ninput_dtypes = {}\n", list(inputs, false), list(inputs, true));
+    if (targets.size() == 1 && targets[0].dtype == "float32")
+      recipe += fmt::format("target_shape = [{}]\n", fmt::join(targets[0].shape, ", "));
+    else
+      recipe += fmt::format("target_shapes = {}\ntarget_dtypes = {}\n", list(targets, false), list(targets, true));
+  }
   // The [model] table as the resolved config writes it, without the pretrained weights (the export holds them all).
   std::istringstream resolved(to_toml(c));
   bool in_model = false;

@@ -39,7 +39,7 @@ std::int64_t item_width(const DataLoaders& dls) {
   if (pipeline.image) return pipeline.image->channels() * pipeline.image->size.height * pipeline.image->size.width;
   if (pipeline.kind == InferencePipeline::Kind::tensors) {
     std::int64_t width = 1;
-    for (const auto d : pipeline.item_shape) width *= d;
+    for (const auto d : pipeline.inputs.at(0).shape) width *= d;
     return width;
   }
   return dls.train().dataset().get(0).inputs.at(0).numel();

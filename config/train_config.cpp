@@ -127,6 +127,12 @@ constexpr Condition has_files{
     "does not apply to dataset = \"synthetic_regression\" or \"program\""};
 constexpr Condition program_only{[](const TrainConfig& c) { return c.data.dataset == "program"; },
                                  "applies to dataset = \"program\" only"};
+constexpr Condition one_input{
+    [](const TrainConfig& c) { return c.data.dataset == "program" && c.data.input_shapes.empty(); },
+    "applies to dataset = \"program\" only (and not beside data.input_shapes, which gives every input's shape)"};
+constexpr Condition one_target{
+    [](const TrainConfig& c) { return c.data.dataset == "program" && c.data.target_shapes.empty(); },
+    "applies to dataset = \"program\" only (and not beside data.target_shapes, which gives every target's shape)"};
 constexpr Condition split_by_pct{
     [](const TrainConfig& c) { return is_image_files(c.data) || is_tabular(c.data); },
     "applies to dataset = \"image_folder\", \"image_csv\", \"segmentation\" or \"csv\" only"};
@@ -342,18 +348,56 @@ std::string sample_shape(const std::vector<std::int64_t>& shape) {
 }
 std::string input_shape_fits(const TrainConfig& c) {
   if (c.data.dataset == "program" && c.data.input_shape.empty())
-    return "dataset = \"program\" needs it: one sample's input shape, without the batch dimension (e.g. [64, 64])";
+    return "dataset = \"program\" needs it (or data.input_shapes): one sample's input shape, without the batch "
+           "dimension (e.g. [64, 64])";
   return sample_shape(c.data.input_shape);
 }
 std::string target_shape_fits(const TrainConfig& c) {
   if (c.data.dataset == "program" && c.data.target_shape.empty())
-    return "dataset = \"program\" needs it: one sample's target shape, without the batch dimension (e.g. [64, 64])";
+    return "dataset = \"program\" needs it (or data.target_shapes): one sample's target shape, without the batch "
+           "dimension (e.g. [64, 64])";
   return sample_shape(c.data.target_shape);
+}
+// data.input_shapes / target_shapes: a few tensors, each a sample shape.
+std::string shapes_fit(const std::vector<std::vector<std::int64_t>>& shapes) {
+  if (shapes.size() > 16) return fmt::format("lists {} tensors; a sample has at most 16", shapes.size());
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    if (auto why = sample_shape(shapes[i]); !why.empty()) return fmt::format("its shape {} {}", i, why);
+  }
+  return {};
+}
+std::string input_shapes_fit(const TrainConfig& c) { return shapes_fit(c.data.input_shapes); }
+std::string target_shapes_fit(const TrainConfig& c) { return shapes_fit(c.data.target_shapes); }
+// data.input_dtypes / target_dtypes: known names, one per tensor.
+std::string dtypes_fit(const std::vector<std::string>& dtypes, std::size_t tensors, const char* shapes_key) {
+  for (const auto& d : dtypes) {
+    if (d != "float32" && d != "int64" && d != "int32")
+      return fmt::format("lists \"{}\"; each is \"float32\", \"int64\" or \"int32\"", excerpt(d, 40));
+  }
+  if (!dtypes.empty() && dtypes.size() != tensors)
+    return fmt::format("lists {} dtype(s) for {} tensor(s) ({}): one each, or none (all float32)", dtypes.size(),
+                       tensors, shapes_key);
+  return {};
+}
+std::string input_dtypes_fit(const TrainConfig& c) {
+  return dtypes_fit(c.data.input_dtypes, program_inputs(c.data).size(), "data.input_shapes or data.input_shape");
+}
+std::string target_dtypes_fit(const TrainConfig& c) {
+  return dtypes_fit(c.data.target_dtypes, program_targets(c.data).size(), "data.target_shapes or data.target_shape");
 }
 
 // field_cnn maps a field to a field of the same height and width: (C, H, W) or (H, W) samples, the target's H and W
 // the input's.
 std::string arch_fits_shapes(const TrainConfig& c) {
+  if (c.data.dataset == "program" && (c.model.arch == "mlp" || c.model.arch == "field_cnn")) {
+    const auto inputs = program_inputs(c.data), targets = program_targets(c.data);
+    if (inputs.size() != 1 || targets.size() != 1 || inputs[0].dtype != "float32" || targets[0].dtype != "float32")
+      return fmt::format(
+          "model.arch = \"{}\" reads one float32 input and one float32 target; these samples have {} input(s) and "
+          "{} target(s) (data.input_shapes, data.target_shapes, their dtypes): use model.arch = \"torchscript\" or "
+          "an arch of your own",
+          c.model.arch, inputs.size(), targets.size());
+  }
   if (c.model.arch != "field_cnn" || c.data.dataset != "program") return {};
   const auto& in = c.data.input_shape;
   const auto& out = c.data.target_shape;
@@ -489,10 +533,18 @@ const std::vector<Key>& schema() {
       Key("data.procs", in::data, &DataConfig::procs, {}, {.applies = tabular_only, .check = known_procs}),
       Key("data.y_block", in::data, &DataConfig::y_block, {.choices = {"category", "regression"}},
           {.applies = tabular_only}),
+      Key("data.input_shapes", in::data, &DataConfig::input_shapes, {.min = 1, .allow_empty = false},
+          {.applies = program_only, .check = input_shapes_fit}),
       Key("data.input_shape", in::data, &DataConfig::input_shape, {.min = 1, .allow_empty = false},
-          {.applies = program_only, .check = input_shape_fits}),
+          {.applies = one_input, .check = input_shape_fits}),
+      Key("data.input_dtypes", in::data, &DataConfig::input_dtypes, {},
+          {.applies = program_only, .check = input_dtypes_fit}),
+      Key("data.target_shapes", in::data, &DataConfig::target_shapes, {.min = 1, .allow_empty = false},
+          {.applies = program_only, .check = target_shapes_fit}),
       Key("data.target_shape", in::data, &DataConfig::target_shape, {.min = 1, .allow_empty = false},
-          {.applies = program_only, .check = target_shape_fits}),
+          {.applies = one_target, .check = target_shape_fits}),
+      Key("data.target_dtypes", in::data, &DataConfig::target_dtypes, {},
+          {.applies = program_only, .check = target_dtypes_fit}),
       Key("data.steps_per_epoch", in::data, &DataConfig::steps_per_epoch, {.min = 1, .max = 1'000'000'000},
           {.applies = program_only}),
       Key("data.held_out", in::data, &DataConfig::held_out, {.max = 100'000'000}, {.applies = program_only}),
@@ -720,6 +772,27 @@ std::string_view to_string(Task task) {
       return "segmentation";
   }
   return "?";
+}
+
+namespace {
+std::vector<SampleTensor> sample_tensors(const std::vector<std::vector<std::int64_t>>& shapes,
+                                         const std::vector<std::int64_t>& shape, const std::vector<std::string>& dtypes) {
+  std::vector<SampleTensor> out;
+  if (shapes.empty()) {
+    out.push_back({.shape = shape});
+  } else {
+    for (const auto& s : shapes) out.push_back({.shape = s});
+  }
+  for (std::size_t i = 0; i < out.size() && i < dtypes.size(); ++i) out[i].dtype = dtypes[i];
+  return out;
+}
+}  // namespace
+
+std::vector<SampleTensor> program_inputs(const DataConfig& d) {
+  return sample_tensors(d.input_shapes, d.input_shape, d.input_dtypes);
+}
+std::vector<SampleTensor> program_targets(const DataConfig& d) {
+  return sample_tensors(d.target_shapes, d.target_shape, d.target_dtypes);
 }
 
 const std::vector<std::string>& dataset_names() {

@@ -77,6 +77,13 @@ struct DataConfig {
   /// without the batch dimension (e.g. [64, 64] for a 64 x 64 field; [3, 64, 64] with 3 channels)
   std::vector<std::int64_t> input_shape;
   std::vector<std::int64_t> target_shape;
+  /// program, several inputs (a scripted model's: features and indices, say): one sample's shape of each, instead of
+  /// input_shape; likewise target_shapes for several targets (a loss's extra tensors among them).
+  std::vector<std::vector<std::int64_t>> input_shapes;
+  std::vector<std::vector<std::int64_t>> target_shapes;
+  /// program: each input's (target's) dtype, "float32", "int64" or "int32"; empty: float32 for each.
+  std::vector<std::string> input_dtypes;
+  std::vector<std::string> target_dtypes;
   std::int64_t steps_per_epoch = 100;  ///< program: training steps between epoch ends; train.epochs of them in all
   std::int64_t held_out = 0;           ///< program: the last samples held out for validation (0: none)
   TransformsConfig transforms;
@@ -202,6 +209,17 @@ struct TrainConfig {
 /// nullopt when it cannot tell (no such file: the run reports it). Without a probe, or with nullopt, such a target
 /// is a category.
 using RegressionProbe = std::function<std::optional<bool>(const TrainConfig&)>;
+
+/// One tensor of a program's samples: its shape without the batch dimension, and its dtype ("float32", "int64",
+/// "int32").
+struct SampleTensor {
+  std::vector<std::int64_t> shape;
+  std::string dtype = "float32";
+  bool operator==(const SampleTensor&) const = default;
+};
+/// A program's inputs (targets), in order: data.input_shapes with data.input_dtypes, or data.input_shape alone.
+std::vector<SampleTensor> program_inputs(const DataConfig& data);
+std::vector<SampleTensor> program_targets(const DataConfig& data);
 
 /// The probe that reads data.path's CSV file and decides as TabularDataLoaders does (its training rows' values of
 /// the target all numbers: a regression); nullopt when data.path is not a file.

@@ -173,13 +173,27 @@ InferencePipeline from_json(const json& j, const std::string& origin) {
       break;
     }
     case InferencePipeline::Kind::tensors: {
-      p.item_shape = field<std::vector<std::int64_t>>(j, "item_shape");
+      // One float input as "item_shape" (what every export wrote before several inputs); else "inputs".
+      if (j.contains("inputs")) {
+        const auto& inputs = j.at("inputs");
+        if (!inputs.is_array() || inputs.empty() || inputs.size() > 16)
+          throw DataError("inputs is not a list of 1 to 16 inputs");
+        for (const auto& input : inputs)
+          p.inputs.push_back({.shape = field<std::vector<std::int64_t>>(input, "shape"),
+                              .dtype = field<std::string>(input, "dtype")});
+      } else {
+        p.inputs.push_back({.shape = field<std::vector<std::int64_t>>(j, "item_shape")});
+      }
       std::int64_t values = 1;
-      for (const auto d : p.item_shape) {
-        if (d < 1 || d > kMaxItemValues / values)
-          throw DataError(
-              fmt::format("item_shape has a dimension {} out of range (at most {} values an item)", d, kMaxItemValues));
-        values *= d;
+      for (const auto& input : p.inputs) {
+        if (input.dtype != "float32" && input.dtype != "int64" && input.dtype != "int32")
+          throw DataError(fmt::format("an input's dtype is \"{}\", not float32, int64 or int32", excerpt(input.dtype)));
+        for (const auto d : input.shape) {
+          if (d < 1 || d > kMaxItemValues / values)
+            throw DataError(fmt::format("item_shape has a dimension {} out of range (at most {} values an item)", d,
+                                        kMaxItemValues));
+          values *= d;
+        }
       }
       break;
     }
@@ -207,11 +221,18 @@ InferencePipeline inference_pipeline(const DataLoaders& dls) {
     p.y_names = table->y_names();
     p.regression = table->regression();
   } else if (const auto* tensors = dynamic_cast<const TensorDataset*>(&dls.train().dataset());
-             tensors && tensors->inputs().size() == 1 && tensors->inputs()[0].dim() >= 1 &&
-             tensors->inputs()[0].is_floating_point()) {
+             tensors && !tensors->inputs().empty() && tensors->inputs().size() <= 16) {
+    std::vector<TensorInput> inputs;
+    for (const auto& t : tensors->inputs()) {
+      const auto dtype = t.is_floating_point()          ? "float32"  // as before several inputs: read as float32
+                         : t.scalar_type() == at::kLong ? "int64"
+                         : t.scalar_type() == at::kInt  ? "int32"
+                                                        : "";
+      if (t.dim() < 1 || *dtype == '\0') return p;  // tensors the export does not describe: Kind::none
+      inputs.push_back({.shape = std::vector<std::int64_t>(t.sizes().begin() + 1, t.sizes().end()), .dtype = dtype});
+    }
     p.kind = InferencePipeline::Kind::tensors;
-    const auto sizes = tensors->inputs()[0].sizes();
-    p.item_shape.assign(sizes.begin() + 1, sizes.end());
+    p.inputs = std::move(inputs);
   }
   return p;
 }
@@ -221,7 +242,14 @@ std::string to_json(const InferencePipeline& p) {
   if (p.image) j["image"] = image_to_json(*p.image);
   if (p.procs)
     j["table"] = {{"procs", json::parse(p.procs->to_json())}, {"y_names", p.y_names}, {"regression", p.regression}};
-  if (p.kind == InferencePipeline::Kind::tensors) j["item_shape"] = p.item_shape;
+  if (p.kind == InferencePipeline::Kind::tensors) {
+    if (p.inputs.size() == 1 && p.inputs[0].dtype == "float32") {
+      j["item_shape"] = p.inputs[0].shape;
+    } else {
+      j["inputs"] = json::array();
+      for (const auto& input : p.inputs) j["inputs"].push_back({{"shape", input.shape}, {"dtype", input.dtype}});
+    }
+  }
   return j.dump();
 }
 
@@ -259,9 +287,15 @@ DataLoaders inference_dataloaders(const InferencePipeline& p, const InferenceLoa
       break;
     }
     case InferencePipeline::Kind::tensors: {
-      std::vector<std::int64_t> shape{0};
-      shape.insert(shape.end(), p.item_shape.begin(), p.item_shape.end());
-      items = std::make_shared<TensorDataset>(std::vector<at::Tensor>{torch::zeros(shape)}, std::vector<at::Tensor>{});
+      std::vector<at::Tensor> none_yet;
+      for (const auto& input : p.inputs) {
+        std::vector<std::int64_t> shape{0};
+        shape.insert(shape.end(), input.shape.begin(), input.shape.end());
+        none_yet.push_back(torch::zeros(shape, input.dtype == "int64"   ? torch::kLong
+                                               : input.dtype == "int32" ? torch::kInt
+                                                                        : torch::kFloat));
+      }
+      items = std::make_shared<TensorDataset>(std::move(none_yet), std::vector<at::Tensor>{});
       break;
     }
     case InferencePipeline::Kind::none:  // a dataset of the user's own: new items come in the user's own loader

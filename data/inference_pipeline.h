@@ -39,19 +39,27 @@ struct ImagePipeline {
   bool operator==(const ImagePipeline&) const = default;
 };
 
+/// One input of a model that reads tensors: an item's shape (without the batch) and dtype ("float32", "int64",
+/// "int32").
+struct TensorInput {
+  std::vector<std::int64_t> shape;
+  std::string dtype = "float32";
+  bool operator==(const TensorInput&) const = default;
+};
+
 struct InferencePipeline {
   enum class Kind {
     none,     ///< a dataset of the user's own: the loaders of new items come from the user
     images,   ///< image files (`image`)
     table,    ///< rows of a table (`procs`, `y_names`, `regression`)
-    tensors,  ///< one float tensor per item, of `item_shape`
+    tensors,  ///< tensors per item, as `inputs` says
   };
   Kind kind = Kind::none;
   std::optional<ImagePipeline> image;
   std::shared_ptr<const TabularProcs> procs;
   std::vector<std::string> y_names;  ///< a table's target columns
   bool regression = false;           ///< a table's targets are values (else: one column of classes)
-  std::vector<std::int64_t> item_shape;
+  std::vector<TensorInput> inputs;  ///< tensors: each input of an item (one for most models)
   std::int64_t c = 0;              ///< the model's outputs: classes, or targets for a regression
   std::vector<std::string> vocab;  ///< the class names (empty when the classes have none)
   bool multi_label = false;        ///< several classes per item (sigmoid outputs, decided by a threshold)

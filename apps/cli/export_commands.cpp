@@ -254,8 +254,15 @@ int run_predict_export(const std::string& export_file, const std::vector<std::st
   auto learn = load_learner(contents, export_file, {.num_workers = workers});
   const auto threshold = contents.threshold;
   const bool table = tabular_dataset(learn->dls()) != nullptr;
-  if (contents.pipeline.kind == InferencePipeline::Kind::tensors)
-    return predict_tensor_files(*learn, contents.pipeline.item_shape, inputs, out);
+  if (contents.pipeline.kind == InferencePipeline::Kind::tensors) {
+    const auto& model_inputs = contents.pipeline.inputs;
+    if (model_inputs.size() != 1 || model_inputs[0].dtype != "float32")
+      throw ConfigError(fmt::format(
+          "predict: {} holds a model of {} inputs ({}); `fastlearn predict` hands over one float32 array a file: "
+          "predict it from a program (fl_predict_n, or load_learner and predict_batch_outputs)",
+          excerpt(export_file, 256), model_inputs.size(), model_inputs[0].dtype));
+    return predict_tensor_files(*learn, model_inputs[0].shape, inputs, out);
+  }
   if (contents.pipeline.masks()) return predict_mask_files(*learn, inputs, out);
   if (!table && learn->dls().image_pipeline() == nullptr)
     throw ConfigError(fmt::format(

@@ -60,6 +60,9 @@ std::string describe(const Spec& spec) {
       return fmt::format("{} array of integers >= {}", s.allow_empty ? "an" : "a non-empty", s.min);
     }
     std::string operator()(const Strings&) const { return "an array of strings"; }
+    std::string operator()(const IntegerLists& s) const {
+      return fmt::format("an array of {}arrays of integers >= {}", s.allow_empty ? "" : "non-empty ", s.min);
+    }
   } words;
   return std::visit(words, spec);
 }
@@ -270,6 +273,20 @@ std::optional<Value> Document::read(std::string_view key, const Spec& spec) cons
     }
     return values;
   }
+  if (const auto* s = std::get_if<IntegerLists>(&spec)) {
+    if (!array) fail(*node);
+    std::vector<std::vector<std::int64_t>> lists;
+    for (const auto& element : *array) {
+      const auto* inner = element.as_array();
+      if (!inner || (!s->allow_empty && inner->empty())) fail(element);
+      auto& list = lists.emplace_back();
+      for (const auto& value : *inner) {
+        if (!value.is_integer() || *value.value<std::int64_t>() < s->min) fail(value);
+        list.push_back(*value.value<std::int64_t>());
+      }
+    }
+    return lists;
+  }
   if (!array) fail(*node);  // Strings
   std::vector<std::string> values;
   for (const auto& element : *array) {
@@ -380,6 +397,11 @@ std::string toml_text(const Value& value) {
     }
     std::string operator()(const std::string& v) const { return quote(v); }
     std::string operator()(const std::vector<std::int64_t>& v) const { return fmt::format("[{}]", fmt::join(v, ", ")); }
+    std::string operator()(const std::vector<std::vector<std::int64_t>>& v) const {
+      std::vector<std::string> inner;
+      for (const auto& list : v) inner.push_back((*this)(list));
+      return fmt::format("[{}]", fmt::join(inner, ", "));
+    }
     std::string operator()(const std::vector<std::string>& v) const {
       std::vector<std::string> quoted;
       for (const auto& s : v) quoted.push_back(quote(s));

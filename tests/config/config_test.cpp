@@ -56,7 +56,7 @@ TEST(Config, AnUnknownKeyIsNamedWithItsLineAndTheClosestValidKey) {
   expect_contains(e.what(), "did you mean train.");
   const auto typo = error_of("[train]\nepoch = 3\n");
   expect_contains(typo.what(), "run.toml:2:1: unknown key train.epoch; did you mean train.epochs?");
-  expect_contains(typo.what(), "valid keys in [train]: channels_last, cuda_graph, device, epochs, ");
+  expect_contains(typo.what(), "valid keys in [train]: activation, channels_last, cuda_graph, device, epochs, ");
 }
 
 TEST(Config, AKeyInTheWrongSectionSuggestsItsSection) {
