@@ -149,11 +149,16 @@ std::string shape_text(const std::vector<std::int64_t>& shape) { return fmt::for
 
 const char* dtype_name(int32_t dtype) {
   switch (dtype) {
-    case FL_FLOAT32: return "float32";
-    case FL_FLOAT64: return "float64";
-    case FL_INT32: return "int32";
-    case FL_INT64: return "int64";
-    default: return "?";
+    case FL_FLOAT32:
+      return "float32";
+    case FL_FLOAT64:
+      return "float64";
+    case FL_INT32:
+      return "int32";
+    case FL_INT64:
+      return "int64";
+    default:
+      return "?";
   }
 }
 
@@ -208,18 +213,21 @@ at::Tensor view_of(const fl_array* a, const std::string& what) {
 at::Tensor batch_of(const fl_array* a, const std::string& what, const fl::SampleTensor& sample, const char* key) {
   auto t = view_of(a, what);
   const auto sizes = t.sizes().vec();
-  if (!sample.shape.empty() && std::vector<std::int64_t>(sizes.begin() + 1, sizes.end()) != sample.shape)
+  if (std::vector<std::int64_t>(sizes.begin() + 1, sizes.end()) != sample.shape)
     throw CallError(FL_ERROR_SHAPE, fmt::format("{}: {} is a batch of {} samples of shape {}, and {} is {}{}", what,
                                                 declared(*a), sizes[0], shape_text({sizes.begin() + 1, sizes.end()}),
                                                 key, shape_text(sample.shape), reversed_hint(*a)));
   const bool integer = a->dtype == FL_INT32 || a->dtype == FL_INT64;
-  const auto wanted = sample.dtype == "int64" ? torch::kInt64 : sample.dtype == "int32" ? torch::kInt32 : torch::kFloat32;
+  const auto wanted = sample.dtype == "int64"   ? torch::kInt64
+                      : sample.dtype == "int32" ? torch::kInt32
+                                                : torch::kFloat32;
   if (integer != (wanted != torch::kFloat32) || (wanted == torch::kInt32 && a->dtype == FL_INT64))
-    throw CallError(FL_ERROR_SHAPE,
-                    fmt::format("{}: {} holds {} values, and it is declared {}{}", what, declared(*a),
-                                dtype_name(a->dtype), sample.dtype,
-                                integer ? " (give FL_FLOAT32 or FL_FLOAT64 values)"
-                                        : " (data.input_dtypes, data.target_dtypes: give FL_INT64 or FL_INT32 values)"));
+    throw CallError(
+        FL_ERROR_SHAPE,
+        fmt::format("{}: {} holds {} values, and it is declared {}{}", what, declared(*a), dtype_name(a->dtype),
+                    sample.dtype,
+                    integer ? " (give FL_FLOAT32 or FL_FLOAT64 values)"
+                            : " (data.input_dtypes, data.target_dtypes: give FL_INT64 or FL_INT32 values)"));
   if (t.scalar_type() != wanted) t = t.to(wanted);
   if (integer) return t;
   const auto finite = torch::isfinite(t);
@@ -275,10 +283,11 @@ std::unique_ptr<LearnerState> state_of_config(fl::TrainConfig config, const std:
 std::vector<at::Tensor> batches_of(int32_t n, const fl_array* arrays, const std::vector<fl::SampleTensor>& declared,
                                    const char* what, bool indexed) {
   const bool several = indexed || declared.size() > 1;
-  const auto key = fmt::format("data.{}_shape{}", what == std::string("inputs") ? "input" : "target", several ? "s" : "");
+  const auto key =
+      fmt::format("data.{}_shape{}", what == std::string("inputs") ? "input" : "target", several ? "s" : "");
   if (n != static_cast<int32_t>(declared.size()))
-    throw CallError(FL_ERROR_CONFIG,
-                    fmt::format("{}: {} array(s) given, and the config declares {} ({})", what, n, declared.size(), key));
+    throw CallError(FL_ERROR_CONFIG, fmt::format("{}: {} array(s) given, and the config declares {} ({})", what, n,
+                                                 declared.size(), key));
   if (n > 0 && arrays == nullptr) throw CallError(FL_ERROR_NULL, fmt::format("{} is NULL", what));
   std::vector<at::Tensor> out;
   for (int32_t i = 0; i < n; ++i) {
@@ -291,7 +300,6 @@ std::vector<at::Tensor> batches_of(int32_t n, const fl_array* arrays, const std:
   }
   return out;
 }
-
 
 void train_step(LearnerState& s, int32_t n_inputs, const fl_array* inputs, int32_t n_targets, const fl_array* targets,
                 double* loss, bool indexed) {
@@ -418,7 +426,8 @@ fl_status fl_load_export(const char* export_file, const char* device, fl_learner
                                                         : "data of its own, which the export does not describe"));
     auto state = std::make_unique<LearnerState>();
     state->learn = fl::load_learner(contents, file, options);
-    for (const auto& input : contents.pipeline.inputs) state->inputs.push_back({.shape = input.shape, .dtype = input.dtype});
+    for (const auto& input : contents.pipeline.inputs)
+      state->inputs.push_back({.shape = input.shape, .dtype = input.dtype});
     *learner = make_handle(std::move(state));
   });
 }

@@ -347,12 +347,14 @@ std::string sample_shape(const std::vector<std::int64_t>& shape) {
   return {};
 }
 std::string input_shape_fits(const TrainConfig& c) {
+  if (!c.data.input_shapes.empty()) return {};  // data.input_shapes gives the shapes
   if (c.data.dataset == "program" && c.data.input_shape.empty())
     return "dataset = \"program\" needs it (or data.input_shapes): one sample's input shape, without the batch "
            "dimension (e.g. [64, 64])";
   return sample_shape(c.data.input_shape);
 }
 std::string target_shape_fits(const TrainConfig& c) {
+  if (!c.data.target_shapes.empty()) return {};  // data.target_shapes gives the shapes
   if (c.data.dataset == "program" && c.data.target_shape.empty())
     return "dataset = \"program\" needs it (or data.target_shapes): one sample's target shape, without the batch "
            "dimension (e.g. [64, 64])";
@@ -533,13 +535,13 @@ const std::vector<Key>& schema() {
       Key("data.procs", in::data, &DataConfig::procs, {}, {.applies = tabular_only, .check = known_procs}),
       Key("data.y_block", in::data, &DataConfig::y_block, {.choices = {"category", "regression"}},
           {.applies = tabular_only}),
-      Key("data.input_shapes", in::data, &DataConfig::input_shapes, {.min = 1, .allow_empty = false},
+      Key("data.input_shapes", in::data, &DataConfig::input_shapes, {.min = 1},
           {.applies = program_only, .check = input_shapes_fit}),
       Key("data.input_shape", in::data, &DataConfig::input_shape, {.min = 1, .allow_empty = false},
           {.applies = one_input, .check = input_shape_fits}),
       Key("data.input_dtypes", in::data, &DataConfig::input_dtypes, {},
           {.applies = program_only, .check = input_dtypes_fit}),
-      Key("data.target_shapes", in::data, &DataConfig::target_shapes, {.min = 1, .allow_empty = false},
+      Key("data.target_shapes", in::data, &DataConfig::target_shapes, {.min = 1},
           {.applies = program_only, .check = target_shapes_fit}),
       Key("data.target_shape", in::data, &DataConfig::target_shape, {.min = 1, .allow_empty = false},
           {.applies = one_target, .check = target_shape_fits}),
@@ -776,7 +778,8 @@ std::string_view to_string(Task task) {
 
 namespace {
 std::vector<SampleTensor> sample_tensors(const std::vector<std::vector<std::int64_t>>& shapes,
-                                         const std::vector<std::int64_t>& shape, const std::vector<std::string>& dtypes) {
+                                         const std::vector<std::int64_t>& shape,
+                                         const std::vector<std::string>& dtypes) {
   std::vector<SampleTensor> out;
   if (shapes.empty()) {
     out.push_back({.shape = shape});

@@ -179,8 +179,8 @@ InferencePipeline from_json(const json& j, const std::string& origin) {
         if (!inputs.is_array() || inputs.empty() || inputs.size() > 16)
           throw DataError("inputs is not a list of 1 to 16 inputs");
         for (const auto& input : inputs)
-          p.inputs.push_back({.shape = field<std::vector<std::int64_t>>(input, "shape"),
-                              .dtype = field<std::string>(input, "dtype")});
+          p.inputs.push_back(
+              {.shape = field<std::vector<std::int64_t>>(input, "shape"), .dtype = field<std::string>(input, "dtype")});
       } else {
         p.inputs.push_back({.shape = field<std::vector<std::int64_t>>(j, "item_shape")});
       }

@@ -59,10 +59,10 @@ struct InferencePipeline {
   std::shared_ptr<const TabularProcs> procs;
   std::vector<std::string> y_names;  ///< a table's target columns
   bool regression = false;           ///< a table's targets are values (else: one column of classes)
-  std::vector<TensorInput> inputs;  ///< tensors: each input of an item (one for most models)
-  std::int64_t c = 0;              ///< the model's outputs: classes, or targets for a regression
-  std::vector<std::string> vocab;  ///< the class names (empty when the classes have none)
-  bool multi_label = false;        ///< several classes per item (sigmoid outputs, decided by a threshold)
+  std::vector<TensorInput> inputs;   ///< tensors: each input of an item (one for most models)
+  std::int64_t c = 0;                ///< the model's outputs: classes, or targets for a regression
+  std::vector<std::string> vocab;    ///< the class names (empty when the classes have none)
+  bool multi_label = false;          ///< several classes per item (sigmoid outputs, decided by a threshold)
   /// Segmentation: a score map per class (N, c, H, W) for each item, each pixel's class its argmax (image->masks).
   bool masks() const { return image && image->masks; }
 };

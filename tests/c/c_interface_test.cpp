@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/jit/api/module.h>
 #include <torch/torch.h>
 #include <unistd.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -84,10 +85,13 @@ class CInterface : public ::testing::Test {
   std::vector<fl_learner*> learners_;
 };
 
-// A row-major description of a contiguous float tensor.
+// A row-major description of a contiguous tensor.
 fl_array row_major(const at::Tensor& t) {
   fl_array a{.data = t.data_ptr(),
-             .dtype = t.scalar_type() == torch::kFloat64 ? FL_FLOAT64 : FL_FLOAT32,
+             .dtype = t.scalar_type() == torch::kFloat64 ? FL_FLOAT64
+                      : t.scalar_type() == torch::kInt64 ? FL_INT64
+                      : t.scalar_type() == torch::kInt32 ? FL_INT32
+                                                         : FL_FLOAT32,
              .layout = FL_ROW_MAJOR,
              .ndim = static_cast<int32_t>(t.dim())};
   for (int d = 0; d < t.dim(); ++d) a.shape[d] = t.size(d);
@@ -176,6 +180,116 @@ TEST_F(CInterface, TrainsTheSameWeightsAsTheStepApiOnTheSameSamples) {
   int rows = 0;
   while (std::getline(history, line)) ++rows;
   EXPECT_EQ(rows, 3);
+}
+
+// TorchFort's train_multiarg: a model of two inputs (features, and an int64 index into an embedding) scripted with
+// TorchScript's compiler, and a scripted loss over the prediction, the target and a mask (an extra loss argument).
+TEST_F(CInterface, SeveralInputsAndTargetsTrainAScriptedModelAsTheStepApiDoes) {
+  torch::manual_seed(3);
+  torch::jit::Module model("TwoInputs");
+  model.register_parameter("emb", torch::randn({10, 4}).requires_grad_(), false);
+  model.register_parameter("w", (torch::randn({8, 1}) * 0.3).requires_grad_(), false);
+  model.register_parameter("b", torch::zeros({1}).requires_grad_(), false);
+  model.define("def forward(self, x, idx):\n    return torch.cat([x, self.emb[idx]], 1) @ self.w + self.b\n");
+  model.save((dir_ / "model.pt").string());
+  torch::jit::Module masked_mse("MaskedMse");
+  masked_mse.define(
+      "def forward(self, pred, y, mask):\n    return ((pred - y) ** 2 * mask).sum() / mask.sum().clamp_min(1.0)\n");
+  masked_mse.save((dir_ / "loss.pt").string());
+  const auto text = fmt::format(R"([data]
+dataset = "program"
+input_shapes = [[4], []]
+input_dtypes = ["float32", "int64"]
+target_shapes = [[1], [1]]
+steps_per_epoch = 3
+[model]
+arch = "torchscript"
+file = "{}"
+[train]
+epochs = 2
+lr = 0.01
+device = "cpu"
+loss = "torchscript"
+loss_file = "{}"
+[output]
+dir = "{}"
+plots = false
+)",
+                                (dir_ / "model.pt").string(), (dir_ / "loss.pt").string(), (dir_ / "run").string());
+  const auto x = torch::randn({6, 5, 4});
+  const auto idx = torch::randint(0, 10, {6, 5}, torch::kInt64);
+  const auto y = torch::randn({6, 5, 1});
+  const auto mask = (torch::rand({6, 5, 1}) < 0.6).to(torch::kFloat32);
+
+  const auto config = fl::parse_config(text, "multi.toml");
+  auto cpp = fl::learner_from_config(config, {.progress = false});
+  cpp->begin_steps(fl::step_plan(config), fl::step_fit(config));
+  std::vector<double> cpp_losses;
+  for (int s = 0; s < 6; ++s) cpp_losses.push_back(cpp->train_step({x[s], idx[s]}, {y[s], mask[s]}).item<double>());
+  cpp->end_steps();
+
+  auto* c = create(text);
+  const auto before = weights_of(*fl::learner_from_config(config, {.progress = false}));
+  // Misuse first, each named and changing nothing: one input where the config declares two, a float index, an index
+  // of another shape, an int32 index (widened: accepted, below).
+  const auto x0 = x[0].contiguous(), y0 = y[0].contiguous(), m0 = mask[0].contiguous();
+  const auto float_idx = idx[0].to(torch::kFloat32), wide_idx = idx[0].view({5, 1}).contiguous();
+  std::vector<fl_array> targets{row_major(y0), row_major(m0)};
+  double loss = 0;
+  std::vector<fl_array> one{row_major(x0)};
+  EXPECT_EQ(fl_train_step_n(c, 1, one.data(), 2, targets.data(), &loss), FL_ERROR_CONFIG);
+  EXPECT_NE(std::string(fl_last_error()).find("fl_train_step_n: inputs: 1 array(s) given, and the config declares 2"),
+            std::string::npos)
+      << fl_last_error();
+  std::vector<fl_array> floats{row_major(x0), row_major(float_idx)};
+  EXPECT_EQ(fl_train_step_n(c, 2, floats.data(), 2, targets.data(), &loss), FL_ERROR_SHAPE);
+  EXPECT_NE(std::string(fl_last_error())
+                .find("inputs[1]: (5) row-major float32 holds float32 values, and it is "
+                      "declared int64"),
+            std::string::npos)
+      << fl_last_error();
+  std::vector<fl_array> wide{row_major(x0), row_major(wide_idx)};
+  EXPECT_EQ(fl_train_step_n(c, 2, wide.data(), 2, targets.data(), &loss), FL_ERROR_SHAPE);
+  EXPECT_NE(std::string(fl_last_error())
+                .find("inputs[1]: (5, 1) row-major int64 is a batch of 5 samples of shape [1], "
+                      "and data.input_shapes[1] is []"),
+            std::string::npos)
+      << fl_last_error();
+  int64_t trained = -1;
+  ASSERT_EQ(fl_steps(c, &trained, nullptr, nullptr), FL_OK);
+  EXPECT_EQ(trained, 0) << "a refused step is not a step";
+  ASSERT_EQ(fl_save(c, (dir_ / "untouched.safetensors").c_str()), FL_OK) << fl_last_error();
+  expect_equal(weights_in(dir_ / "untouched.safetensors"), before);
+
+  for (int s = 0; s < 6; ++s) {
+    const auto xs = x[s].contiguous(), ys = y[s].contiguous(), ms = mask[s].contiguous();
+    const auto is = s % 2 ? idx[s].to(torch::kInt32) : idx[s].contiguous();  // int32 arrays are widened
+    std::vector<fl_array> in{row_major(xs), row_major(is)}, out{row_major(ys), row_major(ms)};
+    ASSERT_EQ(fl_train_step_n(c, 2, in.data(), 2, out.data(), &loss), FL_OK) << fl_last_error();
+    EXPECT_EQ(loss, cpp_losses[static_cast<std::size_t>(s)]) << "step " << s;
+  }
+  ASSERT_EQ(fl_save(c, (dir_ / "c.safetensors").c_str()), FL_OK) << fl_last_error();
+  expect_equal(weights_in(dir_ / "c.safetensors"), weights_of(*cpp));
+
+  // Predictions of both inputs, and from the export with the scripts gone.
+  const auto new_x = torch::randn({3, 4});
+  const auto new_idx = torch::randint(0, 10, {3}, torch::kInt64);
+  const auto expected = cpp->predict_batch({new_x, new_idx});
+  auto pred = torch::zeros({3, 1});
+  std::vector<fl_array> in{row_major(new_x), row_major(new_idx)};
+  auto out = row_major(pred);
+  ASSERT_EQ(fl_predict_n(c, 2, in.data(), 1, &out), FL_OK) << fl_last_error();
+  EXPECT_TRUE(torch::equal(pred, expected));
+  ASSERT_EQ(fl_export(c, (dir_ / "export.safetensors").c_str()), FL_OK) << fl_last_error();
+  fs::remove(dir_ / "model.pt");
+  fs::remove(dir_ / "loss.pt");
+  fl_learner* loaded = nullptr;
+  ASSERT_EQ(fl_load_export((dir_ / "export.safetensors").c_str(), "cpu", &loaded), FL_OK) << fl_last_error();
+  learners_.push_back(loaded);
+  auto again = torch::full({3, 1}, -1.0f);
+  auto out_again = row_major(again);
+  ASSERT_EQ(fl_predict_n(loaded, 2, in.data(), 1, &out_again), FL_OK) << fl_last_error();
+  EXPECT_TRUE(torch::equal(again, expected));
 }
 
 TEST_F(CInterface, MisuseIsAStatusWithAMessageNeverACrash) {
