@@ -1,6 +1,6 @@
 ! fastlearn's Fortran module: the C interface (fastlearn.h) through iso_c_binding, with Fortran strings, optional
-! arguments and fl_array_of, which describes a real array (kind c_float or c_double, rank 1 to 5) to the library
-! without copying it. docs/c_fortran.md is the guide.
+! arguments and fl_array_of, which describes an array (real c_float or c_double, integer c_int32_t or c_int64_t, rank
+! 1 to 8) to the library without copying it. docs/c_fortran.md is the guide.
 !
 !   use fastlearn
 !   type(c_ptr) :: learn
@@ -23,7 +23,8 @@ module fastlearn
   integer(c_int), parameter, public :: FL_OK = 0, FL_ERROR_NULL = 1, FL_ERROR_CONFIG = 2, FL_ERROR_SHAPE = 3, &
                                        FL_ERROR_VALUE = 4, FL_ERROR_STATE = 5, FL_ERROR_IO = 6, &
                                        FL_ERROR_DISTRIBUTED = 7, FL_ERROR_INTERNAL = 8
-  integer(c_int32_t), parameter, public :: FL_FLOAT32 = 0, FL_FLOAT64 = 1, FL_ROW_MAJOR = 0, FL_COLUMN_MAJOR = 1
+  integer(c_int32_t), parameter, public :: FL_FLOAT32 = 0, FL_FLOAT64 = 1, FL_INT32 = 2, FL_INT64 = 3, &
+                                           FL_ROW_MAJOR = 0, FL_COLUMN_MAJOR = 1
   integer, parameter, public :: FL_MAX_DIMS = 8
 
   ! The C interface's fl_array: a caller-owned array's address, element type, layout and shape.
@@ -36,21 +37,13 @@ module fastlearn
     integer(c_int64_t) :: shape(FL_MAX_DIMS) = 0
   end type
 
-  public :: fl_version, fl_last_error, fl_create, fl_load_export, fl_free, fl_distributed_init, fl_rank, &
-            fl_train_step, fl_hold_out, fl_predict, fl_end_steps, fl_steps, fl_resume, fl_save, fl_load, fl_export, &
-            fl_array_of
+  public :: fl_version, fl_last_error, fl_create, fl_create_from_toml, fl_load_export, fl_free, fl_distributed_init, &
+            fl_rank, fl_train_step, fl_train_step_n, fl_hold_out, fl_hold_out_n, fl_predict, fl_predict_n, fl_end_steps, &
+            fl_steps, fl_resume, fl_save, fl_load, fl_export, fl_array_of
 
+  ! Any rank (assumed-rank arguments): 1 to FL_MAX_DIMS dimensions, the batch last.
   interface fl_array_of
-    module procedure array_r4_1,&
-      array_r4_2,&
-      array_r4_3,&
-      array_r4_4,&
-      array_r4_5,&
-      array_r8_1,&
-      array_r8_2,&
-      array_r8_3,&
-      array_r8_4,&
-      array_r8_5
+    module procedure array_r4, array_r8, array_i4, array_i8
   end interface
 
   interface
@@ -67,6 +60,12 @@ module fastlearn
       character(kind=c_char), intent(in) :: config_file(*)
       type(c_ptr), intent(out) :: learner
       integer(c_int) :: c_create
+    end function
+    function c_create_from_toml(toml, source_name, learner) bind(C, name="fl_create_from_toml")
+      import :: c_int, c_char, c_ptr
+      character(kind=c_char), intent(in) :: toml(*), source_name(*)
+      type(c_ptr), intent(out) :: learner
+      integer(c_int) :: c_create_from_toml
     end function
     function c_load_export(export_file, device, learner) bind(C, name="fl_load_export")
       import :: c_int, c_char, c_ptr
@@ -108,6 +107,28 @@ module fastlearn
       type(c_ptr), value :: learner
       type(fl_array), intent(in) :: inputs, outputs
       integer(c_int) :: c_predict
+    end function
+    function c_train_step_n(learner, n_inputs, inputs, n_targets, targets, loss) bind(C, name="fl_train_step_n")
+      import :: c_int, c_int32_t, c_double, c_ptr, fl_array
+      type(c_ptr), value :: learner
+      integer(c_int32_t), value :: n_inputs, n_targets
+      type(fl_array), intent(in) :: inputs(*), targets(*)
+      real(c_double), intent(out) :: loss
+      integer(c_int) :: c_train_step_n
+    end function
+    function c_hold_out_n(learner, n_inputs, inputs, n_targets, targets) bind(C, name="fl_hold_out_n")
+      import :: c_int, c_int32_t, c_ptr, fl_array
+      type(c_ptr), value :: learner
+      integer(c_int32_t), value :: n_inputs, n_targets
+      type(fl_array), intent(in) :: inputs(*), targets(*)
+      integer(c_int) :: c_hold_out_n
+    end function
+    function c_predict_n(learner, n_inputs, inputs, n_outputs, outputs) bind(C, name="fl_predict_n")
+      import :: c_int, c_int32_t, c_ptr, fl_array
+      type(c_ptr), value :: learner
+      integer(c_int32_t), value :: n_inputs, n_outputs
+      type(fl_array), intent(in) :: inputs(*), outputs(*)
+      integer(c_int) :: c_predict_n
     end function
     function c_end_steps(learner) bind(C, name="fl_end_steps")
       import :: c_int, c_ptr
@@ -197,6 +218,18 @@ contains
     status = c_create(to_c(config_file), learner)
   end function
 
+  !> The same from the config's text; source_name names it in messages (default "config").
+  integer(c_int) function fl_create_from_toml(toml, learner, source_name) result(status)
+    character(len=*), intent(in) :: toml
+    type(c_ptr), intent(out) :: learner
+    character(len=*), intent(in), optional :: source_name
+    if (present(source_name)) then
+      status = c_create_from_toml(to_c(toml), to_c(source_name), learner)
+    else
+      status = c_create_from_toml(to_c(toml), to_c("config"), learner)
+    end if
+  end function
+
   !> A learner that predicts, from an export; device: "auto" (default), "cpu", "cuda" or "cuda:N".
   integer(c_int) function fl_load_export(export_file, learner, device) result(status)
     character(len=*), intent(in) :: export_file
@@ -256,6 +289,31 @@ contains
     status = c_predict(learner, inputs, outputs)
   end function
 
+  !> One training step with several inputs and targets (data.input_shapes, data.target_shapes), in their order.
+  integer(c_int) function fl_train_step_n(learner, inputs, targets, loss) result(status)
+    type(c_ptr), intent(in) :: learner
+    type(fl_array), intent(in) :: inputs(:), targets(:)
+    real(c_double), intent(out), optional :: loss
+    real(c_double) :: value
+    status = c_train_step_n(learner, int(size(inputs), c_int32_t), inputs, int(size(targets), c_int32_t), targets, &
+                            value)
+    if (present(loss)) loss = value
+  end function
+
+  !> Sets samples of several inputs and targets aside for validation.
+  integer(c_int) function fl_hold_out_n(learner, inputs, targets) result(status)
+    type(c_ptr), intent(in) :: learner
+    type(fl_array), intent(in) :: inputs(:), targets(:)
+    status = c_hold_out_n(learner, int(size(inputs), c_int32_t), inputs, int(size(targets), c_int32_t), targets)
+  end function
+
+  !> The model's outputs (one array each) for several inputs.
+  integer(c_int) function fl_predict_n(learner, inputs, outputs) result(status)
+    type(c_ptr), intent(in) :: learner
+    type(fl_array), intent(in) :: inputs(:), outputs(:)
+    status = c_predict_n(learner, int(size(inputs), c_int32_t), inputs, int(size(outputs), c_int32_t), outputs)
+  end function
+
   !> Ends the steps now.
   integer(c_int) function fl_end_steps(learner) result(status)
     type(c_ptr), intent(in) :: learner
@@ -303,135 +361,55 @@ contains
     status = c_export(learner, to_c(file))
   end function
 
-  function array_r4_1(x) result(a)
-    real(c_float), intent(in), target :: x(:)
+  ! The description of an array of `dims` (as declared, column-major) and `dtype`, its address still to set.
+  function described(dims, dtype) result(a)
+    integer(c_int64_t), intent(in) :: dims(:)
+    integer(c_int32_t), intent(in) :: dtype
     type(fl_array) :: a
-    if (is_contiguous(x)) then
-      a%data = c_loc(x)
-    else
-      a%reserved = 1  ! the library refuses it by name (a copy of it would be gone when the call comes)
-    end if
-    a%dtype = FL_FLOAT32
+    a%dtype = dtype
     a%layout = FL_COLUMN_MAJOR
-    a%ndim = 1
-    a%shape(1:1) = shape(x, kind=c_int64_t)
+    a%ndim = int(size(dims), c_int32_t)  ! more than FL_MAX_DIMS: the library says so
+    a%shape(1:min(size(dims), FL_MAX_DIMS)) = dims(1:min(size(dims), FL_MAX_DIMS))
   end function
-  function array_r4_2(x) result(a)
-    real(c_float), intent(in), target :: x(:,:)
+  function array_r4(x) result(a)
+    real(c_float), intent(in), target :: x(..)
     type(fl_array) :: a
+    a = described(shape(x, kind=c_int64_t), FL_FLOAT32)
     if (is_contiguous(x)) then
       a%data = c_loc(x)
     else
       a%reserved = 1  ! the library refuses it by name (a copy of it would be gone when the call comes)
     end if
-    a%dtype = FL_FLOAT32
-    a%layout = FL_COLUMN_MAJOR
-    a%ndim = 2
-    a%shape(1:2) = shape(x, kind=c_int64_t)
   end function
-  function array_r4_3(x) result(a)
-    real(c_float), intent(in), target :: x(:,:,:)
+  function array_r8(x) result(a)
+    real(c_double), intent(in), target :: x(..)
     type(fl_array) :: a
+    a = described(shape(x, kind=c_int64_t), FL_FLOAT64)
     if (is_contiguous(x)) then
       a%data = c_loc(x)
     else
       a%reserved = 1  ! the library refuses it by name (a copy of it would be gone when the call comes)
     end if
-    a%dtype = FL_FLOAT32
-    a%layout = FL_COLUMN_MAJOR
-    a%ndim = 3
-    a%shape(1:3) = shape(x, kind=c_int64_t)
   end function
-  function array_r4_4(x) result(a)
-    real(c_float), intent(in), target :: x(:,:,:,:)
+  function array_i4(x) result(a)
+    integer(c_int32_t), intent(in), target :: x(..)
     type(fl_array) :: a
+    a = described(shape(x, kind=c_int64_t), FL_INT32)
     if (is_contiguous(x)) then
       a%data = c_loc(x)
     else
       a%reserved = 1  ! the library refuses it by name (a copy of it would be gone when the call comes)
     end if
-    a%dtype = FL_FLOAT32
-    a%layout = FL_COLUMN_MAJOR
-    a%ndim = 4
-    a%shape(1:4) = shape(x, kind=c_int64_t)
   end function
-  function array_r4_5(x) result(a)
-    real(c_float), intent(in), target :: x(:,:,:,:,:)
+  function array_i8(x) result(a)
+    integer(c_int64_t), intent(in), target :: x(..)
     type(fl_array) :: a
+    a = described(shape(x, kind=c_int64_t), FL_INT64)
     if (is_contiguous(x)) then
       a%data = c_loc(x)
     else
       a%reserved = 1  ! the library refuses it by name (a copy of it would be gone when the call comes)
     end if
-    a%dtype = FL_FLOAT32
-    a%layout = FL_COLUMN_MAJOR
-    a%ndim = 5
-    a%shape(1:5) = shape(x, kind=c_int64_t)
-  end function
-  function array_r8_1(x) result(a)
-    real(c_double), intent(in), target :: x(:)
-    type(fl_array) :: a
-    if (is_contiguous(x)) then
-      a%data = c_loc(x)
-    else
-      a%reserved = 1  ! the library refuses it by name (a copy of it would be gone when the call comes)
-    end if
-    a%dtype = FL_FLOAT64
-    a%layout = FL_COLUMN_MAJOR
-    a%ndim = 1
-    a%shape(1:1) = shape(x, kind=c_int64_t)
-  end function
-  function array_r8_2(x) result(a)
-    real(c_double), intent(in), target :: x(:,:)
-    type(fl_array) :: a
-    if (is_contiguous(x)) then
-      a%data = c_loc(x)
-    else
-      a%reserved = 1  ! the library refuses it by name (a copy of it would be gone when the call comes)
-    end if
-    a%dtype = FL_FLOAT64
-    a%layout = FL_COLUMN_MAJOR
-    a%ndim = 2
-    a%shape(1:2) = shape(x, kind=c_int64_t)
-  end function
-  function array_r8_3(x) result(a)
-    real(c_double), intent(in), target :: x(:,:,:)
-    type(fl_array) :: a
-    if (is_contiguous(x)) then
-      a%data = c_loc(x)
-    else
-      a%reserved = 1  ! the library refuses it by name (a copy of it would be gone when the call comes)
-    end if
-    a%dtype = FL_FLOAT64
-    a%layout = FL_COLUMN_MAJOR
-    a%ndim = 3
-    a%shape(1:3) = shape(x, kind=c_int64_t)
-  end function
-  function array_r8_4(x) result(a)
-    real(c_double), intent(in), target :: x(:,:,:,:)
-    type(fl_array) :: a
-    if (is_contiguous(x)) then
-      a%data = c_loc(x)
-    else
-      a%reserved = 1  ! the library refuses it by name (a copy of it would be gone when the call comes)
-    end if
-    a%dtype = FL_FLOAT64
-    a%layout = FL_COLUMN_MAJOR
-    a%ndim = 4
-    a%shape(1:4) = shape(x, kind=c_int64_t)
-  end function
-  function array_r8_5(x) result(a)
-    real(c_double), intent(in), target :: x(:,:,:,:,:)
-    type(fl_array) :: a
-    if (is_contiguous(x)) then
-      a%data = c_loc(x)
-    else
-      a%reserved = 1  ! the library refuses it by name (a copy of it would be gone when the call comes)
-    end if
-    a%dtype = FL_FLOAT64
-    a%layout = FL_COLUMN_MAJOR
-    a%ndim = 5
-    a%shape(1:5) = shape(x, kind=c_int64_t)
   end function
 
 end module

@@ -271,6 +271,34 @@ plots = false
   ASSERT_EQ(fl_save(c, (dir_ / "c.safetensors").c_str()), FL_OK) << fl_last_error();
   expect_equal(weights_in(dir_ / "c.safetensors"), weights_of(*cpp));
 
+  // Fortran (tests/c/two_inputs.f90): the same formulas' samples, the same weights as the step API's on them.
+  const auto fortran = fs::path(FASTLEARN_BIN_DIR) / "c_two_inputs_fortran";
+  if (fs::exists(fortran)) {
+    std::ofstream(dir_ / "multi.toml") << text;
+    const auto [status, printed] = flt::run_shell(
+        fmt::format("cd '{}' && '{}' multi.toml fortran.safetensors 2>&1", dir_.string(), fortran.string()));
+    ASSERT_EQ(status, 0) << printed;
+    EXPECT_NE(printed.find("fl_train_step_n: inputs: 1 array(s) given, and the config declares 2"), std::string::npos)
+        << printed;
+    auto twin = fl::learner_from_config(config, {.progress = false});
+    twin->begin_steps(fl::step_plan(config), fl::step_fit(config));
+    for (int s = 0; s < 6; ++s) {
+      auto fx = torch::empty({5, 4}), fy = torch::empty({5, 1}), fmask = torch::empty({5, 1});
+      auto fidx = torch::empty({5}, torch::kInt64);
+      for (int j = 1; j <= 5; ++j) {
+        for (int i = 1; i <= 4; ++i) fx[j - 1][i - 1] = static_cast<float>(std::sin(0.1 * (s * 20 + j * 4 + i)));
+        fidx[j - 1] = (s * 5 + j) % 10;
+        fy[j - 1][0] = static_cast<float>(std::cos(0.3 * (s * 5 + j)));
+        fmask[j - 1][0] = (s + j) % 3 != 0 ? 1.0f : 0.0f;
+      }
+      twin->train_step({fx, fidx}, {fy, fmask});
+    }
+    twin->end_steps();
+    expect_equal(weights_in(dir_ / "fortran.safetensors"), weights_of(*twin));
+  } else {
+    ADD_FAILURE() << "no " << fortran << ": the build found no Fortran compiler (scripts/bootstrap installs gfortran)";
+  }
+
   // Predictions of both inputs, and from the export with the scripts gone.
   const auto new_x = torch::randn({3, 4});
   const auto new_idx = torch::randint(0, 10, {3}, torch::kInt64);
