@@ -30,6 +30,7 @@ DataLoaders program_samples(const DataConfig& d) {
   std::int64_t outputs = 1;
   const auto targets = program_targets(d);
   for (const auto n : targets.front().shape) outputs *= n;
+  if (d.classes > 0) outputs = d.classes;  // a score per class
   std::vector<TensorInput> inputs;
   for (const auto& input : program_inputs(d)) inputs.push_back({.shape = input.shape, .dtype = input.dtype});
   return inference_dataloaders({.kind = InferencePipeline::Kind::tensors, .inputs = std::move(inputs), .c = outputs},

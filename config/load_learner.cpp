@@ -134,9 +134,11 @@ std::string model_recipe(const TrainConfig& c) {
       recipe += fmt::format("input_shape = [{}]\n", fmt::join(inputs[0].shape, ", "));
     else
       recipe += fmt::format("input_shapes = {}\ninput_dtypes = {}\n", list(inputs, false), list(inputs, true));
-    if (targets.size() == 1 && targets[0].dtype == "float32")
-      recipe += fmt::format("target_shape = [{}]\n", fmt::join(targets[0].shape, ", "));
-    else
+    if (c.data.classes > 0) recipe += fmt::format("classes = {}\n", c.data.classes);
+    if (targets.size() == 1 && targets[0].dtype == (c.data.classes > 0 ? "int64" : "float32")) {
+      if (!targets[0].shape.empty())  // a class per sample: the default
+        recipe += fmt::format("target_shape = [{}]\n", fmt::join(targets[0].shape, ", "));
+    } else
       recipe += fmt::format("target_shapes = {}\ntarget_dtypes = {}\n", list(targets, false), list(targets, true));
   }
   // The [model] table as the resolved config writes it, without the pretrained weights (the export holds them all).

@@ -355,7 +355,7 @@ std::string input_shape_fits(const TrainConfig& c) {
 }
 std::string target_shape_fits(const TrainConfig& c) {
   if (!c.data.target_shapes.empty()) return {};  // data.target_shapes gives the shapes
-  if (c.data.dataset == "program" && c.data.target_shape.empty())
+  if (c.data.dataset == "program" && c.data.target_shape.empty() && c.data.classes == 0)
     return "dataset = \"program\" needs it (or data.target_shapes): one sample's target shape, without the batch "
            "dimension (e.g. [64, 64])";
   return sample_shape(c.data.target_shape);
@@ -385,7 +385,11 @@ std::string input_dtypes_fit(const TrainConfig& c) {
   return dtypes_fit(c.data.input_dtypes, program_inputs(c.data).size(), "data.input_shapes or data.input_shape");
 }
 std::string target_dtypes_fit(const TrainConfig& c) {
-  return dtypes_fit(c.data.target_dtypes, program_targets(c.data).size(), "data.target_shapes or data.target_shape");
+  auto why =
+      dtypes_fit(c.data.target_dtypes, program_targets(c.data).size(), "data.target_shapes or data.target_shape");
+  if (why.empty() && c.data.dataset == "program" && c.data.classes > 0 && program_targets(c.data)[0].dtype != "int64")
+    why = "data.classes makes the first target class indices: its dtype is \"int64\"";
+  return why;
 }
 
 // field_cnn maps a field to a field of the same height and width: (C, H, W) or (H, W) samples, the target's H and W
@@ -393,7 +397,13 @@ std::string target_dtypes_fit(const TrainConfig& c) {
 std::string arch_fits_shapes(const TrainConfig& c) {
   if (c.data.dataset == "program" && (c.model.arch == "mlp" || c.model.arch == "field_cnn")) {
     const auto inputs = program_inputs(c.data), targets = program_targets(c.data);
-    if (inputs.size() != 1 || targets.size() != 1 || inputs[0].dtype != "float32" || targets[0].dtype != "float32")
+    if (c.data.classes > 0 && (c.model.arch != "mlp" || !targets[0].shape.empty()))
+      return fmt::format(
+          "model.arch = \"{}\" with data.classes: only \"mlp\" classifies a program's samples, one class per sample "
+          "(data.target_shape [] or left out); other targets need model.arch = \"torchscript\"",
+          c.model.arch);
+    const auto target_dtype = c.data.classes > 0 ? "int64" : "float32";
+    if (inputs.size() != 1 || targets.size() != 1 || inputs[0].dtype != "float32" || targets[0].dtype != target_dtype)
       return fmt::format(
           "model.arch = \"{}\" reads one float32 input and one float32 target; these samples have {} input(s) and "
           "{} target(s) (data.input_shapes, data.target_shapes, their dtypes): use model.arch = \"torchscript\" or "
@@ -535,6 +545,7 @@ const std::vector<Key>& schema() {
       Key("data.procs", in::data, &DataConfig::procs, {}, {.applies = tabular_only, .check = known_procs}),
       Key("data.y_block", in::data, &DataConfig::y_block, {.choices = {"category", "regression"}},
           {.applies = tabular_only}),
+      Key("data.classes", in::data, &DataConfig::classes, {.max = 1'000'000}, {.applies = program_only}),
       Key("data.input_shapes", in::data, &DataConfig::input_shapes, {.min = 1},
           {.applies = program_only, .check = input_shapes_fit}),
       Key("data.input_shape", in::data, &DataConfig::input_shape, {.min = 1, .allow_empty = false},
@@ -543,7 +554,7 @@ const std::vector<Key>& schema() {
           {.applies = program_only, .check = input_dtypes_fit}),
       Key("data.target_shapes", in::data, &DataConfig::target_shapes, {.min = 1},
           {.applies = program_only, .check = target_shapes_fit}),
-      Key("data.target_shape", in::data, &DataConfig::target_shape, {.min = 1, .allow_empty = false},
+      Key("data.target_shape", in::data, &DataConfig::target_shape, {.min = 1},  // []: with data.classes
           {.applies = one_target, .check = target_shape_fits}),
       Key("data.target_dtypes", in::data, &DataConfig::target_dtypes, {},
           {.applies = program_only, .check = target_dtypes_fit}),
@@ -758,7 +769,9 @@ TrainConfig read_config(const strict::Document& doc, const RegressionProbe& prob
 Task task_of(const DataConfig& data) {
   if (data.dataset == "segmentation") return Task::segmentation;
   if (data.dataset == "image_csv" && !data.label_delim.empty()) return Task::multi_label;
-  if (is_images(data) || (is_tabular(data) && data.y_block == "category")) return Task::classification;
+  if (is_images(data) || (is_tabular(data) && data.y_block == "category") ||
+      (data.dataset == "program" && data.classes > 0))
+    return Task::classification;
   return Task::regression;
 }
 
@@ -795,7 +808,9 @@ std::vector<SampleTensor> program_inputs(const DataConfig& d) {
   return sample_tensors(d.input_shapes, d.input_shape, d.input_dtypes);
 }
 std::vector<SampleTensor> program_targets(const DataConfig& d) {
-  return sample_tensors(d.target_shapes, d.target_shape, d.target_dtypes);
+  auto targets = sample_tensors(d.target_shapes, d.target_shape, d.target_dtypes);
+  if (d.classes > 0 && d.target_dtypes.empty()) targets[0].dtype = "int64";  // class indices
+  return targets;
 }
 
 const std::vector<std::string>& dataset_names() {

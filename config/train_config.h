@@ -84,6 +84,9 @@ struct DataConfig {
   /// program: each input's (target's) dtype, "float32", "int64" or "int32"; empty: float32 for each.
   std::vector<std::string> input_dtypes;
   std::vector<std::string> target_dtypes;
+  /// program: > 0 makes a classification of that many classes: the (first) target holds a class index per sample
+  /// (int64, of target_shape, [] by default), the model a score per class (cross entropy, accuracy...); 0: regression.
+  std::int64_t classes = 0;
   std::int64_t steps_per_epoch = 100;  ///< program: training steps between epoch ends; train.epochs of them in all
   std::int64_t held_out = 0;           ///< program: the last samples held out for validation (0: none)
   TransformsConfig transforms;

@@ -119,6 +119,16 @@ std::vector<at::Tensor> weights_in(const fs::path& file) {
   return out;
 }
 
+// What parse_config says of `text` with `set` (as --set), or "" when it takes it.
+std::string message_of_config(const std::string& text, const std::string& set) {
+  try {
+    fl::parse_config(text, "test.toml", {set});
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
 void expect_equal(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
   ASSERT_EQ(a.size(), b.size());
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "tensor " << i;
@@ -318,6 +328,75 @@ plots = false
   auto out_again = row_major(again);
   ASSERT_EQ(fl_predict_n(loaded, 2, in.data(), 1, &out_again), FL_OK) << fl_last_error();
   EXPECT_TRUE(torch::equal(again, expected));
+}
+
+// data.classes: a program's samples classified, integer labels from C (int64, or int32 widened), as the step API does.
+TEST_F(CInterface, AProgramsSamplesAreClassifiedFromIntegerLabels) {
+  const auto text = fmt::format(R"([data]
+dataset = "program"
+input_shape = [4]
+classes = 3
+steps_per_epoch = 10
+held_out = 16
+[model]
+arch = "mlp"
+hidden = [16]
+[train]
+epochs = 3
+lr = 0.05
+device = "cpu"
+metrics = ["accuracy"]
+[output]
+dir = "{}"
+plots = false
+)",
+                                (dir_ / "run").string());
+  const auto config = fl::parse_config(text, "classes.toml");
+  EXPECT_EQ(fl::to_string(fl::task_of(config.data)), "classification");
+  EXPECT_EQ(config.train.loss, "cross_entropy");
+  torch::manual_seed(5);
+  const auto x = torch::randn({30, 16, 4});
+  const auto labels = (x.select(2, 0) > 0).to(torch::kInt64) + (x.select(2, 1) > 0).to(torch::kInt64);  // 0, 1, 2
+  auto cpp = fl::learner_from_config(config, {.progress = false});
+  cpp->begin_steps(fl::step_plan(config), fl::step_fit(config));
+  cpp->hold_out({x[29]}, {labels[29]});
+  for (int s = 0; s < 30; ++s) cpp->train_step(x[s], labels[s]);
+  cpp->end_steps();
+
+  auto* c = create(text);
+  const auto held_x = x[29].contiguous(), held_y = labels[29].contiguous();
+  auto hx = row_major(held_x), hy = row_major(held_y);
+  ASSERT_EQ(fl_hold_out(c, &hx, &hy), FL_OK) << fl_last_error();
+  const auto float_labels = labels[0].to(torch::kFloat32);
+  auto x0 = row_major(x[0].contiguous()), wrong = row_major(float_labels);
+  EXPECT_EQ(fl_train_step(c, &x0, &wrong, nullptr), FL_ERROR_SHAPE);
+  EXPECT_NE(std::string(fl_last_error())
+                .find("targets: (16) row-major float32 holds float32 values, and it is "
+                      "declared int64"),
+            std::string::npos)
+      << fl_last_error();
+  for (int s = 0; s < 30; ++s) {
+    const auto xs = x[s].contiguous();
+    const auto ys = s % 2 ? labels[s].to(torch::kInt32) : labels[s].contiguous();
+    auto xa = row_major(xs), ya = row_major(ys);
+    ASSERT_EQ(fl_train_step(c, &xa, &ya, nullptr), FL_OK) << fl_last_error();
+  }
+  ASSERT_EQ(fl_save(c, (dir_ / "c.safetensors").c_str()), FL_OK) << fl_last_error();
+  expect_equal(weights_in(dir_ / "c.safetensors"), weights_of(*cpp));
+  // The probabilities of the 3 classes, and the accuracy on the held-out samples after each epoch.
+  auto probs = torch::zeros({16, 3});
+  auto out = row_major(probs);
+  ASSERT_EQ(fl_predict(c, &hx, &out), FL_OK) << fl_last_error();
+  EXPECT_TRUE(probs.sum(1).allclose(torch::ones({16}), 1e-5, 1e-5)) << "softmax";
+  std::ifstream history(dir_ / "run" / "history.csv");
+  std::string header;
+  std::getline(history, header);
+  EXPECT_NE(header.find("accuracy"), std::string::npos) << header;
+  // Refused by name: another arch, and targets of another dtype.
+  const auto field = message_of_config(text + "\n", "model.arch=\"field_cnn\"");
+  EXPECT_NE(field.find("with data.classes: only \"mlp\" classifies"), std::string::npos) << field;
+  const auto dtype = message_of_config(text, "data.target_dtypes=[\"float32\"]");
+  EXPECT_NE(dtype.find("data.classes makes the first target class indices"), std::string::npos) << dtype;
 }
 
 TEST_F(CInterface, MisuseIsAStatusWithAMessageNeverACrash) {
