@@ -5,6 +5,7 @@
 #include <fastlearn/core/detail/fiber.h>
 #include <fastlearn/core/detail/parallel.h>
 #include <fastlearn/core/detail/text.h>
+#include <fastlearn/core/detail/warning.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/data/dataset.h>
 #include <fastlearn/data/detail/buffer_pool.h>
@@ -247,13 +248,22 @@ class StepRunner {
       std::vector<at::Tensor> inputs, targets;
       for (auto& [name, t] : tensors) (name.starts_with("input") ? inputs : targets).push_back(std::move(t));
       std::shared_ptr<const Dataset> items;
-      if (inputs.empty())
+      if (inputs.empty()) {
+        if (!warned_) {  // a program that forgot hold_out would otherwise see validation losses of NaN, silently
+          warn(
+              fmt::format("the steps hold out {} sample(s) for validation (StepPlan::held_out, data.held_out), and "
+                          "none was held out by the end of epoch {}: its validation has nothing to read; hand "
+                          "samples over with hold_out (fl_hold_out), or hold none out",
+                          runner_.plan_.held_out, learn().epoch_offset + learn().epoch));
+          warned_ = true;
+        }
         items = DataLoaders::none().valid().dataset_ptr();
-      else
+      } else
         items = std::make_shared<TensorDataset>(std::move(inputs), std::move(targets));
       learn().dls().valid() = DataLoader(std::move(items), {.bs = runner_.plan_.valid_bs, .seed = 0});
     }
     StepRunner& runner_;
+    bool warned_ = false;
   };
 
   Batch next_batch() {

@@ -1130,6 +1130,20 @@ TEST(LearnerSteps, TheLastHeldOutSamplesAreValidatedAtEachEpochEnd) {
             }).find("holds no sample out"),
             std::string::npos);
   plain->end_steps();
+
+  // A plan that holds samples out, and a program that never hands any over: said once, at the first epoch's end.
+  fl::Learner forgetful(torch::nn::Linear(3, 1), fl::mse_loss(), {.progress = false, .device = torch::kCPU});
+  forgetful.begin_steps({.steps = 4, .steps_per_epoch = 2, .held_out = 8},
+                        [](fl::Learner& l, int n) { l.fit(n, 0.05); });
+  ::testing::internal::CaptureStderr();
+  for (int s = 0; s < 4; ++s) forgetful.train_step(torch::randn({2, 3}), torch::randn({2, 1}));
+  const auto said = ::testing::internal::GetCapturedStderr();
+  forgetful.end_steps();
+  const std::string warning = "the steps hold out 8 sample(s) for validation";
+  EXPECT_NE(said.find(warning + " (StepPlan::held_out, data.held_out), and none was held out by the end of epoch 0"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(said.find(warning), said.rfind(warning)) << "once: " << said;
 }
 
 // --- LearnerOptions::cuda_graph: the plan and the decisions that need no GPU --------------------------------------
