@@ -19,6 +19,7 @@
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -47,6 +48,8 @@ struct CallError : std::runtime_error {
 struct LearnerState {
   std::optional<fl::TrainConfig> config;  // none for a Learner loaded from an export
   std::unique_ptr<fl::Learner> learn;
+  std::unique_ptr<fl::DistribCtx> job;  // fl_distributed_init_ranks: the whole job's process group
+  fl::GroupPtr group;                   // and the subset's, which the learner trains over
   std::unique_ptr<fl::DistribCtx> distributed;
   std::vector<fl::SampleTensor> inputs;   // one sample's, in order
   std::vector<fl::SampleTensor> targets;  // empty for an export (the outputs are whatever the model gives)
@@ -62,6 +65,8 @@ struct LearnerState {
     } catch (...) {  // the steps' error was reported by the call that met it; freeing goes on
     }
     distributed.reset();  // detaches the Learner first: the scope refers to it
+    group.reset();
+    job.reset();
     learn.reset();
   }
 };
@@ -456,14 +461,61 @@ fl_status fl_distributed_init(fl_learner* learner) {
     needs_config(s, "data parallel training");
     if (s.steps_begun)
       throw CallError(FL_ERROR_STATE, "the steps have begun; set up data parallel training before the first step");
+    if (s.job) throw CallError(FL_ERROR_STATE, "data parallel training is set up already (fl_distributed_init_ranks)");
     if (s.distributed) return;
     const auto& d = s.config->distributed;
     s.distributed = std::make_unique<fl::DistribCtx>(*s.learn, fl::trainer_options(d), fl::setup_options(d));
   });
 }
 
+fl_status fl_distributed_init_ranks(fl_learner* learner, const int32_t* ranks, int32_t n) {
+  return with_learner("fl_distributed_init_ranks", learner, [&](LearnerState& s) {
+    needs_config(s, "data parallel training");
+    if (s.steps_begun)
+      throw CallError(FL_ERROR_STATE, "the steps have begun; set up data parallel training before the first step");
+    if (s.distributed || s.job)
+      throw CallError(FL_ERROR_STATE, "data parallel training is set up already (fl_distributed_init)");
+    if (n < 1 || ranks == nullptr)
+      throw CallError(n < 1 ? FL_ERROR_CONFIG : FL_ERROR_NULL,
+                      n < 1 ? fmt::format("{} ranks given; at least one", n) : std::string("ranks is NULL"));
+    const auto& d = s.config->distributed;
+    auto job = std::make_unique<fl::DistribCtx>(fl::setup_options(d));  // the whole job's group, if it has several
+    const int world = fl::world_size();
+    std::vector<int> members(ranks, ranks + n);
+    std::sort(members.begin(), members.end());
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      if (members[i] < 0 || members[i] >= world || (i > 0 && members[i] == members[i - 1]))
+        throw CallError(
+            FL_ERROR_CONFIG,
+            fmt::format("ranks [{}]: {} {} of a job of {} process(es) (ranks 0 to {})",
+                        fmt::join(std::vector<int>(ranks, ranks + n), ", "), members[i],
+                        members[i] < 0 || members[i] >= world ? "is not a rank" : "is listed twice", world, world - 1));
+    }
+    if (!job->active()) {  // a job of one process: rank 0 trains alone
+      s.job = std::move(job);
+      return;
+    }
+    auto group = fl::new_group(members);  // collective over the whole job, members or not
+    if (group->is_member()) {
+      auto options = fl::trainer_options(d);
+      options.group = group.get();
+      s.distributed = std::make_unique<fl::DistribCtx>(*s.learn, options, fl::setup_options(d));
+    }
+    s.group = std::move(group);
+    s.job = std::move(job);
+  });
+}
+
 fl_status fl_rank(fl_learner* learner, int32_t* rank, int32_t* world_size) {
-  return with_learner("fl_rank", learner, [&](LearnerState&) {
+  return with_learner("fl_rank", learner, [&](LearnerState& s) {
+    const bool subset = s.group != nullptr;
+    if (rank != nullptr) *rank = subset ? s.group->rank() : fl::rank();
+    if (world_size != nullptr) *world_size = subset ? s.group->size() : fl::world_size();
+  });
+}
+
+fl_status fl_global_rank(fl_learner* learner, int32_t* rank, int32_t* world_size) {
+  return with_learner("fl_global_rank", learner, [&](LearnerState&) {
     if (rank != nullptr) *rank = fl::rank();
     if (world_size != nullptr) *world_size = fl::world_size();
   });

@@ -38,7 +38,8 @@ module fastlearn
   end type
 
   public :: fl_version, fl_last_error, fl_create, fl_create_from_toml, fl_load_export, fl_free, fl_distributed_init, &
-            fl_rank, fl_train_step, fl_train_step_n, fl_hold_out, fl_hold_out_n, fl_predict, fl_predict_n, fl_end_steps, &
+            fl_distributed_init_ranks, fl_rank, fl_global_rank, fl_train_step, fl_train_step_n, fl_hold_out, &
+            fl_hold_out_n, fl_predict, fl_predict_n, fl_end_steps, &
             fl_steps, fl_resume, fl_save, fl_load, fl_export, fl_array_of
 
   ! Any rank (assumed-rank arguments): 1 to FL_MAX_DIMS dimensions, the batch last.
@@ -82,6 +83,19 @@ module fastlearn
       import :: c_int, c_ptr
       type(c_ptr), value :: learner
       integer(c_int) :: c_distributed_init
+    end function
+    function c_distributed_init_ranks(learner, ranks, n) bind(C, name="fl_distributed_init_ranks")
+      import :: c_int, c_int32_t, c_ptr
+      type(c_ptr), value :: learner
+      integer(c_int32_t), intent(in) :: ranks(*)
+      integer(c_int32_t), value :: n
+      integer(c_int) :: c_distributed_init_ranks
+    end function
+    function c_global_rank(learner, rank, world_size) bind(C, name="fl_global_rank")
+      import :: c_int, c_int32_t, c_ptr
+      type(c_ptr), value :: learner
+      integer(c_int32_t), intent(out) :: rank, world_size
+      integer(c_int) :: c_global_rank
     end function
     function c_rank(learner, rank, world_size) bind(C, name="fl_rank")
       import :: c_int, c_int32_t, c_ptr
@@ -254,7 +268,25 @@ contains
     status = c_distributed_init(learner)
   end function
 
-  !> This process's rank (from 0) and the number of processes.
+  !> Data parallel training on a subset of the job's ranks (from 0); every rank calls it with the same list.
+  integer(c_int) function fl_distributed_init_ranks(learner, ranks) result(status)
+    type(c_ptr), intent(in) :: learner
+    integer, intent(in) :: ranks(:)
+    status = c_distributed_init_ranks(learner, int(ranks, c_int32_t), int(size(ranks), c_int32_t))
+  end function
+
+  !> This process's rank in the whole job (from 0) and the job's number of processes.
+  integer(c_int) function fl_global_rank(learner, rank, world_size) result(status)
+    type(c_ptr), intent(in) :: learner
+    integer, intent(out) :: rank
+    integer, intent(out), optional :: world_size
+    integer(c_int32_t) :: r, w
+    status = c_global_rank(learner, r, w)
+    rank = int(r)
+    if (present(world_size)) world_size = int(w)
+  end function
+
+  !> This process's rank (from 0) and the number of processes training together (-1 outside the subset).
   integer(c_int) function fl_rank(learner, rank, world_size) result(status)
     type(c_ptr), intent(in) :: learner
     integer, intent(out) :: rank

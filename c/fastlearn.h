@@ -86,8 +86,16 @@ fl_status fl_free(fl_learner** learner);
  * process trains on its own samples and the gradients are averaged over the processes every step. Call before the
  * first step; on a single process it does nothing. The config's [distributed] table applies. */
 fl_status fl_distributed_init(fl_learner* learner);
-/* This process's rank and the number of processes (0 and 1 without a launcher); either pointer may be NULL. */
+/* Data parallel training on a subset of the launched job's processes (the others run beside it: a solver's ranks
+ * that do not learn, say): `ranks` lists the n global ranks that train together (in any order, each once). Every
+ * process of the job calls it, members or not, with the same list (as torch.distributed.new_group); on a process
+ * outside the list the Learner trains alone, if at all. Before the first step; on a single process it does nothing. */
+fl_status fl_distributed_init_ranks(fl_learner* learner, const int32_t* ranks, int32_t n);
+/* This process's rank and the number of processes training together (0 and 1 without a launcher; within the subset
+ * after fl_distributed_init_ranks, -1 outside it); either pointer may be NULL. */
 fl_status fl_rank(fl_learner* learner, int32_t* rank, int32_t* world_size);
+/* This process's rank in the whole job, and the job's number of processes. */
+fl_status fl_global_rank(fl_learner* learner, int32_t* rank, int32_t* world_size);
 
 /* One training step on a batch: inputs (batch, data.input_shape...) and targets (batch, data.target_shape...),
  * the same batch size. The first step starts the steps the config plans; `loss` (may be NULL) gets the batch's

@@ -671,6 +671,64 @@ TEST(CInterfaceRanks, RankZeroAloneSavesAndExportsWhileTheOtherRankWorks) {
   if (!flt::in_rank_process()) fs::remove_all(dir);
 }
 
+// fl_distributed_init_ranks: ranks 2 and 0 of a job of 3 train together, their steps those of one process with both
+// halves of each batch; rank 1, outside, says so and is not waited for.
+TEST(CInterfaceRanks, ASubsetOfTheJobsRanksTrainsTogether) {
+  const auto dir = fs::temp_directory_path() / fmt::format("fastlearn_c_subset_{}", flt::test_process_id());
+  flt::run_on_ranks(
+      3,
+      [&dir](const flt::RankContext& ctx) {
+        auto text = config_text(dir / fmt::format("run{}", ctx.rank), "");
+        text.replace(text.find("held_out = 8\n"), 13, "");
+        torch::manual_seed(1);
+        const auto x = torch::randn({8, 8, 3, 4}), y = torch::randn({8, 8, 2});
+        // One process, the whole batches: the reference.
+        const auto config = fl::parse_config(text, "subset.toml");
+        auto whole = fl::learner_from_config(config, {.progress = false});
+        whole->begin_steps(fl::step_plan(config), fl::step_fit(config));
+        for (int s = 0; s < 8; ++s) whole->train_step(x[s], y[s]);
+        whole->end_steps();
+
+        fl_learner* learn = nullptr;
+        ASSERT_EQ(fl_create_from_toml(text.c_str(), "subset.toml", &learn), FL_OK) << fl_last_error();
+        const std::vector<int32_t> wrong{0, 3};
+        EXPECT_EQ(fl_distributed_init_ranks(learn, wrong.data(), 2), FL_ERROR_CONFIG);
+        EXPECT_NE(std::string(fl_last_error()).find("ranks [0, 3]: 3 is not a rank of a job of 3 process(es)"),
+                  std::string::npos)
+            << fl_last_error();
+        const std::vector<int32_t> members{2, 0};
+        ASSERT_EQ(fl_distributed_init_ranks(learn, members.data(), 2), FL_OK) << fl_last_error();
+        int32_t me = 0, size = 0, global = -1, world = 0;
+        ASSERT_EQ(fl_rank(learn, &me, &size), FL_OK);
+        ASSERT_EQ(fl_global_rank(learn, &global, &world), FL_OK);
+        EXPECT_EQ(global, ctx.rank);
+        EXPECT_EQ(world, 3);
+        EXPECT_EQ(size, 2);
+        if (ctx.rank == 1) {
+          EXPECT_EQ(me, -1) << "outside the subset";
+        } else {
+          EXPECT_EQ(me, ctx.rank / 2);
+          for (int s = 0; s < 8; ++s) {  // rank 0 takes the first half of each batch, rank 2 the second
+            const auto xs = x[s].narrow(0, 4 * me, 4).contiguous(), ys = y[s].narrow(0, 4 * me, 4).contiguous();
+            auto xa = row_major(xs), ya = row_major(ys);
+            ASSERT_EQ(fl_train_step(learn, &xa, &ya, nullptr), FL_OK) << fl_last_error();
+          }
+          const auto file = dir / fmt::format("rank{}.safetensors", ctx.rank);
+          fs::create_directories(dir);
+          ASSERT_EQ(fl_save(learn, file.c_str()), FL_OK) << fl_last_error();
+          if (me == 0) {
+            const auto saved = weights_in(file), expected = weights_of(*whole);
+            ASSERT_EQ(saved.size(), expected.size());
+            for (std::size_t i = 0; i < saved.size(); ++i)
+              EXPECT_TRUE(saved[i].allclose(expected[i], 1e-5, 1e-6)) << "tensor " << i;
+          }
+        }
+        ASSERT_EQ(fl_free(&learn), FL_OK) << fl_last_error();
+      },
+      {.timeout = std::chrono::seconds(120), .env = flt::torchrun_env(3)});
+  if (!flt::in_rank_process()) fs::remove_all(dir);
+}
+
 // With `shard = "gradients"` (or "parameters") in the config, each rank keeps its share of the optimizer's state (and
 // of the parameters) and fl_save is collective: every rank calls it, rank 0 writes the whole state, the same as an
 // unsharded run's file of those steps.
