@@ -15,7 +15,6 @@
 #include <fastlearn/learner/segmentation_loss.h>
 #include <fastlearn/learner/segmentation_metrics.h>
 #include <fastlearn/models/models.h>
-#include <fastlearn/models/torchscript.h>
 #include <fastlearn/models/unet.h>
 #include <fastlearn/optim/sgd.h>
 
@@ -30,6 +29,7 @@
 #include <filesystem>
 
 #include "support/multiprocess.h"
+#include "support/scripted_mlp.h"
 #include "support/tiny_tasks.h"
 
 namespace fl = fastlearn;
@@ -75,29 +75,12 @@ torch::nn::Sequential make_model(const std::string& kind) {
   return fl::models::resnet({.widths = {8, 16}, .classes = 3, .in_channels = 1, .stem_width = 8});
 }
 
-// An MLP as a TorchScript module made here (TorchScript's own compiler, no Python), saved and loaded back as
-// models::torchscript loads a script from Python.
-fl::models::TorchScript scripted_mlp() {
-  torch::manual_seed(0);
-  torch::jit::Module script("ScriptedMlp");
-  script.register_parameter("w1", (torch::randn({28 * 28, 32}) * 0.05).requires_grad_(), false);
-  script.register_parameter("b1", torch::zeros({32}).requires_grad_(), false);
-  script.register_parameter("w2", (torch::randn({32, 3}) * 0.2).requires_grad_(), false);
-  script.register_parameter("b2", torch::zeros({3}).requires_grad_(), false);
-  script.define(R"(
-def forward(self, x):
-    return torch.relu(torch.flatten(x, 1) @ self.w1 + self.b1) @ self.w2 + self.b2
-)");
-  const auto file = fs::temp_directory_path() / fmt::format("fastlearn_scripted_mlp_{}.pt", getpid());
-  script.save(file.string());
-  auto model = fl::models::torchscript(file);
-  fs::remove(file);
-  return model;
-}
-
 std::unique_ptr<fl::Learner> learner_of(const std::string& kind, fl::DataLoaders dls, fl::LearnerOptions options) {
-  if (kind == "torchscript")
-    return std::make_unique<fl::Learner>(std::move(dls), scripted_mlp(), fl::cross_entropy(), std::move(options));
+  if (kind == "torchscript") {
+    torch::manual_seed(0);
+    return std::make_unique<fl::Learner>(std::move(dls), flt::scripted_mlp({28 * 28, 32, 3}), fl::cross_entropy(),
+                                         std::move(options));
+  }
   return std::make_unique<fl::Learner>(std::move(dls), make_model(kind), fl::cross_entropy(), std::move(options));
 }
 

@@ -23,6 +23,7 @@
 #include <tuple>
 #include <vector>
 
+#include "support/scripted_mlp.h"
 #include "support/tiny_tasks.h"
 
 namespace fastlearn::testing::sharded {
@@ -105,6 +106,10 @@ inline std::unique_ptr<fl::Learner> make_learner(const std::string& kind, const 
                             torch::nn::Linear(33, 7), torch::nn::ReLU(), torch::nn::Linear(7, 1),
                             torch::nn::Linear(1, 3));
     return std::make_unique<fl::Learner>(std::move(dls), m, fl::cross_entropy(), learner_options(opt));
+  }
+  if (kind == "torchscript") {
+    return std::make_unique<fl::Learner>(std::move(dls), flt::scripted_mlp({28 * 28, 33, 7, 3}), fl::cross_entropy(),
+                                         learner_options(opt));
   }
   if (kind == "conv_net" || kind == "resnet") {
     auto m = kind == "conv_net" ? fl::models::conv_net({.widths = {8, 16}, .classes = 3})
@@ -190,7 +195,7 @@ inline std::vector<std::vector<at::Tensor>> train(const RunOptions& o) {
 
 // Summing in another order (per rank, then across ranks) changes the last bits, which BatchNorm's division by a
 // batch's std amplifies (see distributed_trainer_test's measurements).
-inline double tolerance(const std::string& kind) { return kind == "mlp" ? 1e-5 : 2e-4; }
+inline double tolerance(const std::string& kind) { return kind == "mlp" || kind == "torchscript" ? 1e-5 : 2e-4; }
 
 inline void expect_same_steps(const std::vector<std::vector<at::Tensor>>& a,
                               const std::vector<std::vector<at::Tensor>>& b, double tol, const std::string& what) {

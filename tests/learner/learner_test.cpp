@@ -32,6 +32,7 @@
 #include <thread>
 
 #include "support/message_of.h"
+#include "support/scripted_mlp.h"
 #include "support/tiny_tasks.h"
 
 namespace fl = fastlearn;
@@ -677,6 +678,49 @@ TEST(Learner, AModelOfSeveralOutputsTrainsOnALossOverEveryOutputAndTarget) {
   EXPECT_NE(no_such.find("metric 'third' reads output 2 and target 0, and the batch has 2 output(s)"),
             std::string::npos)
       << no_such;
+}
+
+// A script is a model like any other (tests/oracles/torchscript_test.cpp compares it with PyTorch): lr_find restores
+// it, bf16 autocast reaches its ops, and save / load carry its weights and optimizer state into a Learner that
+// continues exactly as the one that saved.
+TEST(Learner, AScriptedModelTakesLrFindBf16AndSaveLoad) {
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("fastlearn_scripted_{}", getpid());
+  auto make = [&] {
+    torch::manual_seed(0);
+    return std::make_unique<fl::Learner>(flt::classification_data({.n_train = 64, .n_valid = 16, .bs = 8}),
+                                         flt::scripted_mlp({4, 16, 3}), fl::cross_entropy(),
+                                         fl::LearnerOptions{.path = dir, .progress = false});
+  };
+  auto learn = make();
+  const auto before = flt::snapshot(learn->model());
+  const auto found = learn->lr_find({.num_it = 20});
+  EXPECT_GT(found.valley, 0);
+  EXPECT_TRUE(flt::same_tensors(before, flt::snapshot(learn->model()))) << "lr_find puts the weights back";
+
+  auto bf16 = make();
+  bf16->fit(1, 1e-2,
+            {.cbs = {std::make_shared<fl::MixedPrecision>(fl::MixedPrecisionOptions{.dtype = at::kBFloat16})}});
+  EXPECT_TRUE(std::isfinite(bf16->recorder().history().back().valid_loss));
+  EXPECT_FALSE(flt::same_tensors(before, flt::snapshot(bf16->model())));
+  {
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    const auto out = bf16->forward({torch::randn({2, 4})});
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    at::autocast::clear_cache();
+    EXPECT_EQ(out.scalar_type(), at::kBFloat16) << "the script's matmuls run in bf16 under autocast";
+  }
+
+  learn->fit(1, 1e-2);
+  learn->save("scripted");
+  auto loaded = make();
+  loaded->load("scripted");
+  EXPECT_TRUE(flt::same_tensors(flt::snapshot(learn->model()), flt::snapshot(loaded->model())));
+  learn->fit(1, 1e-2);
+  loaded->fit(1, 1e-2);
+  EXPECT_TRUE(flt::same_tensors(flt::snapshot(learn->model()), flt::snapshot(loaded->model())))
+      << "the optimizer's state came back with the weights";
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Learner, ModelInputCountMismatchIsAClearError) {
