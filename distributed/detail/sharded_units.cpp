@@ -5,6 +5,7 @@
 #include <fastlearn/comm/runtime.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/detail/sharded_step.h>
+#include <fastlearn/models/torchscript.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -118,6 +119,12 @@ ShardedUnits::ShardedUnits(nn::Module& model, const std::vector<std::string>& na
       if (!seq.ptr(i)->parameters().empty())
         slots.push_back({prefix.empty() ? std::to_string(i) : prefix + "." + std::to_string(i), &seq, i});
   };
+  if (dynamic_cast<models::TorchScriptImpl*>(&model)) {
+    throw ConfigError(
+        "shard = \"parameters\": the model is a TorchScript module, whose forward calls its own submodules: none can "
+        "be wrapped as a unit (shard_units) to gather its parameters; shard = \"optimizer\" or \"gradients\" train it "
+        "sharded");
+  }
   if (names.empty()) {
     if (auto* seq = dynamic_cast<nn::SequentialImpl*>(&model)) {
       entries_of("", *seq);

@@ -264,6 +264,11 @@ TEST(ShardedParameters, WhatCannotBeShardedIsRefusedByNameAndASkippedUnitFails) 
           auto learn = make_learner("tied", "adam", 0, 1);
           expect_error(fit_error(*learn, {.shard = stage3}), {"units '3' and '5' share a parameter", "weight"}, "tied");
         }
+        {  // a script runs its own submodules: nothing can wrap them as units (stages 1 and 2 take it)
+          auto learn = make_learner("torchscript", "adam", 0, 1);
+          expect_error(fit_error(*learn, {.shard = stage3}),
+                       {"the model is a TorchScript module", "shard = \"optimizer\" or \"gradients\""}, "script");
+        }
         {
           auto model = std::make_shared<PlainImpl>();
           fl::Learner learn(
