@@ -306,12 +306,25 @@ std::vector<at::Tensor> batches_of(int32_t n, const fl_array* arrays, const std:
   return out;
 }
 
+// data.classes: the first target's labels are classes, each in [0, classes) (checked here: out of range on a GPU,
+// cross entropy would assert on the device).
+void check_classes(const LearnerState& s, const at::Tensor& labels, bool several) {
+  const auto classes = s.config->data.classes;
+  if (classes <= 0 || labels.numel() == 0) return;
+  const auto low = labels.min().item<std::int64_t>(), high = labels.max().item<std::int64_t>();
+  if (low < 0 || high >= classes)
+    throw CallError(FL_ERROR_VALUE,
+                    fmt::format("{}: class {} is not in [0, {}) (data.classes = {})",
+                                several ? "targets[0]" : "targets", low < 0 ? low : high, classes, classes));
+}
+
 void train_step(LearnerState& s, int32_t n_inputs, const fl_array* inputs, int32_t n_targets, const fl_array* targets,
                 double* loss, bool indexed) {
   needs_config(s, "training");
   auto x = batches_of(n_inputs, inputs, s.inputs, "inputs", indexed);
   auto y = batches_of(n_targets, targets, s.targets, "targets", indexed);
   same_batch(x.front(), y.front());
+  check_classes(s, y.front(), indexed || y.size() > 1);
   begin_steps(s);
   if (!s.learn->stepping()) {
     const auto trained = s.learn->train_iter;
@@ -337,6 +350,7 @@ void hold_out(LearnerState& s, int32_t n_inputs, const fl_array* inputs, int32_t
   auto x = batches_of(n_inputs, inputs, s.inputs, "inputs", indexed);
   auto y = batches_of(n_targets, targets, s.targets, "targets", indexed);
   same_batch(x.front(), y.front());
+  check_classes(s, y.front(), indexed || y.size() > 1);
   begin_steps(s);
   if (!s.learn->stepping()) throw CallError(FL_ERROR_STATE, "the steps have ended");
   s.learn->hold_out(x, y);  // copies the rows
@@ -479,8 +493,7 @@ fl_status fl_distributed_init_ranks(fl_learner* learner, const int32_t* ranks, i
       throw CallError(n < 1 ? FL_ERROR_CONFIG : FL_ERROR_NULL,
                       n < 1 ? fmt::format("{} ranks given; at least one", n) : std::string("ranks is NULL"));
     const auto& d = s.config->distributed;
-    auto job = std::make_unique<fl::DistribCtx>(fl::setup_options(d));  // the whole job's group, if it has several
-    const int world = fl::world_size();
+    const int world = fl::is_initialized() ? fl::world_size() : fl::dist_env().world_size;  // checked before setup
     std::vector<int> members(ranks, ranks + n);
     std::sort(members.begin(), members.end());
     for (std::size_t i = 0; i < members.size(); ++i) {
@@ -491,7 +504,8 @@ fl_status fl_distributed_init_ranks(fl_learner* learner, const int32_t* ranks, i
                         fmt::join(std::vector<int>(ranks, ranks + n), ", "), members[i],
                         members[i] < 0 || members[i] >= world ? "is not a rank" : "is listed twice", world, world - 1));
     }
-    if (!job->active()) {  // a job of one process: rank 0 trains alone
+    auto job = std::make_unique<fl::DistribCtx>(fl::setup_options(d));  // the whole job's group, if it has several
+    if (!job->active()) {                                               // a job of one process: rank 0 trains alone
       s.job = std::move(job);
       return;
     }

@@ -74,9 +74,11 @@ void MixedPrecision::after_fit() { exit_autocast(); }
 
 void MixedPrecision::after_pred() {
   // Metrics, the Recorder and get_preds see full-precision predictions (as fastai's to_float).
-  auto& pred = learn().pred;
-  if (pred.defined() && (pred.scalar_type() == at::kHalf || pred.scalar_type() == at::kBFloat16))
-    pred = pred.to(at::kFloat);
+  const auto to_float = [](at::Tensor& t) {
+    if (t.defined() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16)) t = t.to(at::kFloat);
+  };
+  to_float(learn().pred);
+  for (auto& extra : learn().extra_preds) to_float(extra);
 }
 
 void MixedPrecision::before_backward() {

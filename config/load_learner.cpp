@@ -91,9 +91,15 @@ void check_widths(const TrainConfig& config, const InferencePipeline& pipeline, 
 Loss loss_named(const std::string& name, const TrainConfig& config, const std::string& origin) {
   std::vector<std::string> known;
   for (const auto& choice : loss_choices()) {
-    auto loss = choice.make(config);
-    if (loss.name == name) return loss;
-    known.push_back(loss.name);
+    if (choice.name == "torchscript") continue;  // its script is not in the export (loss_for_predictions)
+    std::optional<Loss> loss;
+    try {
+      loss = choice.make(config);
+    } catch (const std::exception&) {  // an entry that needs keys of [train], which a recipe does not hold
+      continue;
+    }
+    if (loss->name == name) return *loss;
+    known.push_back(loss->name);
   }
   throw ConfigError(fmt::format(
       "{}: the model was trained with the loss \"{}\", which is not one of the registry's (\"{}\"): give it as "

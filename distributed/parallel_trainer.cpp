@@ -118,12 +118,18 @@ class ParallelTrainer::State {
       std::vector<at::Tensor> chunks_of_k;
       bool grad_k = false;
       for (auto& r : replicas_.all()) {
-        if (r.outputs.size() != n_outputs || !r.outputs[k].defined() || r.outputs[k].dim() == 0) {
+        if (r.outputs.size() != n_outputs || !r.outputs[k].defined() || r.outputs[k].dim() == 0 ||
+            r.outputs[k].size(0) != r.rows) {
+          const auto what = r.outputs.size() != n_outputs ? std::string("missing")
+                            : !r.outputs[k].defined()     ? std::string("undefined")
+                            : r.outputs[k].dim() == 0
+                                ? std::string("a scalar")
+                                : fmt::format("of {} rows for {} items", r.outputs[k].size(0), r.rows);
           drop_graphs();
           throw Error(fmt::format(
-              "ParallelTrainer: output {} of a replica's forward is {}: every output must have a row per item of "
-              "the replica's chunk",
-              k, r.outputs.size() != n_outputs ? "missing" : (r.outputs[k].defined() ? "a scalar" : "undefined")));
+              "ParallelTrainer: output {} of a replica's forward is {}: the replicas' outputs are joined along the "
+              "batch, so each must have a row per item of the replica's chunk",
+              k, what));
         }
         grad_k = grad_k || r.outputs[k].requires_grad();
         chunks_of_k.push_back(r.outputs[k].detach().to(replicas_[0].device, true));

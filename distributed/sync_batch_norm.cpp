@@ -4,6 +4,7 @@
 #include <fastlearn/comm/runtime.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/detail/sync_batch_norm_math.h>
+#include <fastlearn/models/torchscript.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -294,6 +295,14 @@ void convert_sync_batchnorm(nn::Module& model, Group* group) {
   // A TorchScript module's BatchNorm runs the script's own code (models/torchscript.h): nothing can swap it.
   for (const auto& named : model.named_modules()) {
     const auto& type = named.value()->name();
+    const auto* script = dynamic_cast<const models::TorchScriptImpl*>(named.value().get());
+    if (const auto where = script ? script->batch_norm() : std::string(); !where.empty()) {
+      throw ConfigError(fmt::format(
+          "sync_bn: '{}' of the TorchScript model does batch normalization, which cannot become a SyncBatchNorm: its "
+          "statistics would be each replica's or rank's own batch's. Set sync_bn = false to train so (config: "
+          "distributed.sync_bn = false), or script the model with another normalization (LayerNorm, GroupNorm)",
+          where));
+    }
     if (type.starts_with("__torch__.") && type.find("BatchNorm") != std::string::npos) {
       throw ConfigError(fmt::format(
           "sync_bn: '{}' is a BatchNorm inside a TorchScript model ({}), which cannot become a SyncBatchNorm: its "

@@ -59,8 +59,13 @@ std::filesystem::path export_learner(Learner& learn, const std::filesystem::path
                              .clone());
   }
   const auto& loss = learn.loss_func().name;
+  const auto pipeline = inference_pipeline(learn.given_dls());
+  // Version 2 for what a version 1 reader cannot take: a script, or tensor inputs described as "inputs" (several, or
+  // integers); every other export stays version 1.
+  const bool described_inputs = pipeline.kind == InferencePipeline::Kind::tensors &&
+                                (pipeline.inputs.size() != 1 || pipeline.inputs[0].dtype != "float32");
   Metadata metadata{{"format", std::string(kFormat)},
-                    {"format_version", script ? "2" : "1"},
+                    {"format_version", script || described_inputs ? "2" : "1"},
                     {"fastlearn_version", build_info().fastlearn_version},
                     {"model_recipe", learn.options().model_recipe},
                     {"loss", loss},
@@ -68,7 +73,7 @@ std::filesystem::path export_learner(Learner& learn, const std::filesystem::path
                                                                              : learn.loss_func().activation_name},
                     {"threshold", fmt::format("{}", threshold)},
                     {"channels_last", channels_last ? "true" : "false"},
-                    {"pipeline", to_json(inference_pipeline(learn.given_dls()))}};
+                    {"pipeline", to_json(pipeline)}};
   if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
   save_checked_safetensors(file, tensors, std::move(metadata));
   return file;
@@ -116,10 +121,6 @@ ExportContents read_export(const std::filesystem::path& file) {
     out.torchscript.assign(static_cast<const char*>(contiguous.data_ptr()),
                            static_cast<std::size_t>(contiguous.numel()));
     tensors.erase(archive);
-  } else if (version == "2") {
-    throw CheckpointError(
-        fmt::format("{}: a version 2 export without its TorchScript archive ('{}'): the file was altered", origin,
-                    kTorchScriptTensor));
   }
   const auto& threshold = required(m, "threshold", origin);
   try {

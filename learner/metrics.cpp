@@ -80,7 +80,7 @@ void Metric::accumulate_all(const std::vector<at::Tensor>& preds, const std::vec
 
 MetricPtr metric_on(MetricPtr metric, std::size_t output, std::size_t target, std::string name) {
   if (!metric) throw ConfigError("metric_on: the metric is null");
-  if (name.empty()) name = metric->name();
+  if (name.empty()) name = output == 0 && target == 0 ? metric->name() : fmt::format("{}_{}", metric->name(), output);
   return std::make_shared<MetricOn>(std::move(metric), output, target, std::move(name));
 }
 

@@ -99,7 +99,8 @@ MetricPtr mae();
 MetricPtr rmse();
 
 /// `metric` on output `output` of the model (0: Learner::pred) against target `target` of the batch, for models of
-/// several outputs; named `name`, by default the metric's own name. An Error names both when a batch has fewer.
+/// several outputs; named `name`, by default the metric's own name and the output ("mse_1"). An Error names both when
+/// a batch has fewer.
 MetricPtr metric_on(MetricPtr metric, std::size_t output, std::size_t target, std::string name = "");
 
 }  // namespace fastlearn

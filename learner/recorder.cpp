@@ -45,22 +45,25 @@ void first_rows(std::vector<at::Tensor>& tensors, std::int64_t items, std::int64
   }
 }
 
-// Each output (or target) of the batches, concatenated over the batches.
-std::vector<at::Tensor> concatenated(const std::vector<std::vector<at::Tensor>>& batches) {
-  std::vector<at::Tensor> out;
+// Each output (or target) of the batches, concatenated over the batches when it holds a row per item of each batch
+// (`items`); one that does not (a scalar, a state of another shape) is the first batch's, and not per item.
+struct Columns {
+  std::vector<at::Tensor> tensors;
+  std::vector<bool> per_item;
+};
+Columns concatenated(const std::vector<std::vector<at::Tensor>>& batches, const std::vector<std::int64_t>& items) {
+  Columns out;
   if (batches.empty()) return out;
   for (std::size_t k = 0; k < batches[0].size(); ++k) {
     std::vector<at::Tensor> column;
-    for (const auto& batch : batches) {
-      if (batch.size() != batches[0].size() || batch[k].dim() == 0) {
-        throw Error(
-            fmt::format("validation: the batches' outputs and targets must keep their count and have one row "
-                        "per item to be concatenated (output or target {} of a batch is {})",
-                        k, batch.size() != batches[0].size() ? "missing" : "a scalar"));
-      }
-      column.push_back(batch[k]);
+    bool per_item = true;
+    for (std::size_t b = 0; b < batches.size(); ++b) {
+      const auto& t = b < batches.size() && k < batches[b].size() ? batches[b][k] : at::Tensor();
+      per_item = per_item && t.defined() && t.dim() > 0 && t.size(0) == items[b];
+      column.push_back(t);
     }
-    out.push_back(at::cat(column));
+    out.tensors.push_back(per_item ? at::cat(column) : column.front());
+    out.per_item.push_back(per_item);
   }
   return out;
 }
@@ -144,6 +147,7 @@ void Recorder::before_validate() {
   valid_values_.assign(valid_metrics_.size(), kNaN);
   valid_preds_.clear();
   valid_targets_.clear();
+  valid_items_.clear();
   last_valid_preds_.clear();
   last_valid_targets_.clear();
   reducing_ = reduces();
@@ -171,6 +175,7 @@ void Recorder::after_batch() {
   if (collect) {
     valid_preds_.push_back(detached(l.all_preds()));
     if (!l.yb.empty()) valid_targets_.push_back(detached(l.yb));
+    valid_items_.push_back(!l.yb.empty() ? find_bs(l.yb) : (l.pred.dim() > 0 ? l.pred.size(0) : 1));
   }
   if (l.yb.empty() || !l.loss.defined()) return;
   auto preds = l.all_preds();
@@ -254,14 +259,17 @@ void Recorder::after_validate() {
   valid_loss_ = loss_count_ ? loss_sum_ / static_cast<double>(loss_count_) : kNaN;
   if (!gathers() || reducing_) valid_values_ = values_of(valid_metrics_);
   if (valid_preds_.empty()) return;
-  auto preds = concatenated(valid_preds_);
-  auto targets = concatenated(valid_targets_);
+  auto [preds, preds_per_item] = concatenated(valid_preds_, valid_items_);
+  auto [targets, targets_per_item] = concatenated(valid_targets_, valid_items_);
   valid_preds_.clear();
   valid_targets_.clear();
+  valid_items_.clear();
   if (gathers()) {  // every rank's share, in dataset order, padding removed
     const auto& gather = learn().coordination().gather_items;
-    for (auto& p : preds) p = gather(p);
-    for (auto& t : targets) t = gather(t);
+    for (std::size_t k = 0; k < preds.size(); ++k)
+      if (preds_per_item[k]) preds[k] = gather(preds[k]);
+    for (std::size_t k = 0; k < targets.size(); ++k)
+      if (targets_per_item[k]) targets[k] = gather(targets[k]);
     if (!targets.empty()) validation_from(preds, targets);
   }
   if (keep_valid_preds_) {

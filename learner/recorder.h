@@ -152,10 +152,11 @@ class Recorder : public Callback {
   bool keep_valid_preds_ = false;
   // This pass's batches, when kept or gathered: each batch's outputs (or targets).
   std::vector<std::vector<at::Tensor>> valid_preds_, valid_targets_;
-  bool reducing_ = false;              // this validation pass adds sums over the ranks (reduces())
-  std::int64_t own_items_ = -1;        // of this rank's items in the pass, those before the padding (-1: not asked)
-  std::int64_t valid_items_seen_ = 0;  // this pass's items so far
-  std::exception_ptr valid_failure_;   // a metric's error on this rank, thrown once every rank knows of it
+  std::vector<std::int64_t> valid_items_;  // each kept batch's items
+  bool reducing_ = false;                  // this validation pass adds sums over the ranks (reduces())
+  std::int64_t own_items_ = -1;            // of this rank's items in the pass, those before the padding (-1: not asked)
+  std::int64_t valid_items_seen_ = 0;      // this pass's items so far
+  std::exception_ptr valid_failure_;       // a metric's error on this rank, thrown once every rank knows of it
   std::vector<at::Tensor> last_valid_preds_, last_valid_targets_;
   std::chrono::steady_clock::time_point epoch_start_;
 };

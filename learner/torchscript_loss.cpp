@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <mutex>
 #include <optional>
 
 namespace fastlearn {
@@ -34,9 +35,10 @@ Loss torchscript_loss(const std::filesystem::path& file, TorchScriptLossOptions 
     torch::jit::Module module;
     std::size_t arguments = 0;
     std::optional<c10::Device> device;  // where its buffers are (a class weight, say): moved to the batches' device
+    std::mutex moving;                  // copies of the Loss share the script
   };
-  auto script =
-      std::make_shared<Script>(Script{.module = models::detail::load_script(models::detail::file_bytes(file), origin)});
+  auto script = std::make_shared<Script>();
+  script->module = models::detail::load_script(models::detail::file_bytes(file), origin);
   script->arguments = models::detail::tensor_arguments(script->module, "forward", origin).size();
   Loss loss{.name = "torchscript"};
   set_activation(loss, options.activation, fmt::format("torchscript_loss({})", origin));
@@ -47,10 +49,14 @@ Loss torchscript_loss(const std::filesystem::path& file, TorchScriptLossOptions 
           "target(s)",
           origin, script->arguments, preds.size(), targs.size()));
     }
+    if (preds.empty()) throw Error(fmt::format("{}: the scripted loss was given no output of the model", origin));
     const auto device = preds.front().device();
-    if (script->device != device) {
-      script->module.to(device);
-      script->device = device;
+    {
+      const std::lock_guard lock(script->moving);
+      if (script->device != device) {
+        script->module.to(device);
+        script->device = device;
+      }
     }
     std::vector<c10::IValue> arguments(preds.begin(), preds.end());
     arguments.insert(arguments.end(), targs.begin(), targs.end());

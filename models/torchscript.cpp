@@ -72,6 +72,7 @@ TorchScriptImpl::TorchScriptImpl(std::filesystem::path file)
 TorchScriptImpl::TorchScriptImpl(const std::string& archive, std::string origin,
                                  const std::vector<std::pair<std::string, at::Tensor>>* tensors)
     : origin_(std::move(origin)) {
+  if (tensors) detail::refuse_code_at_load(archive, origin_);  // an export's: untrusted until shown otherwise
   script_ = std::make_shared<torch::jit::Module>(detail::load_script(archive, origin_));
   inputs_ = detail::tensor_arguments(*script_, "forward", origin_).size();
   if (tensors) {
@@ -80,8 +81,12 @@ TorchScriptImpl::TorchScriptImpl(const std::string& archive, std::string origin,
       const auto it = by_name.find(path);
       if (it == by_name.end())
         throw CheckpointError(fmt::format("{}: the script's tensor '{}' is not in the file", origin_, excerpt(path)));
-      const bool grad = owner.attr(name).toTensor().requires_grad();  // as the archive says
-      owner.setattr(name, it->second.detach().requires_grad_(grad));
+      const auto empty = owner.attr(name).toTensor();  // the archive's: its dtype and whether it is trained
+      if (it->second.scalar_type() != empty.scalar_type())
+        throw CheckpointError(fmt::format("{}: tensor '{}' is {} in the file and {} in the script", origin_,
+                                          excerpt(path), c10::toString(it->second.scalar_type()),
+                                          c10::toString(empty.scalar_type())));
+      owner.setattr(name, it->second.detach().requires_grad_(empty.requires_grad() && empty.is_floating_point()));
     });
   }
   mirror(*script_, *this);
@@ -119,21 +124,22 @@ std::vector<at::Tensor> TorchScriptImpl::forward(const std::vector<at::Tensor>& 
                             inputs.size()));
   }
   std::vector<c10::IValue> arguments(inputs.begin(), inputs.end());
-  // Training: the interpreter runs the ops one by one and autograd records them, as for a C++ model; the graph
-  // executor's optimizations (profiled differentiable subgraphs) cost more per step than they save (bench
-  // torchscript_step). The setting is this thread's only.
-  const torch::jit::GraphOptimizerEnabledGuard optimize(!(is_training() && torch::GradMode::is_enabled()));
+  // The interpreter runs the ops one by one (autograd records them, as for a C++ model): the graph executor's
+  // optimizations (profiled differentiable subgraphs) cost a training step more than they save on the CPU, where no
+  // fuser runs (bench torchscript_step), and the executor keeps the first plan it makes, so eval passes go without
+  // them too. The setting is this thread's only.
+  const torch::jit::GraphOptimizerEnabledGuard optimize(false);
   return detail::tensors_returned(script_->forward(std::move(arguments)), origin_, "forward");
 }
 
-std::string TorchScriptImpl::dropout() const {
+std::string TorchScriptImpl::uses(const std::string& module_type, const std::string& op) const {
   for (const auto& named : script_->named_modules()) {
     const auto where = named.name.empty() ? std::string("forward") : named.name;
-    if (type_name(named.value).find("Dropout") != std::string::npos) return where;
+    if (type_name(named.value).find(module_type) != std::string::npos) return where;
     const auto forward = named.value.find_method("forward");
     if (!forward) continue;
     for (const auto* node : forward->graph()->nodes()) {
-      if (std::string(node->kind().toQualString()).find("dropout") != std::string::npos) return where;
+      if (std::string(node->kind().toQualString()).find(op) != std::string::npos) return where;
     }
   }
   return "";

@@ -48,12 +48,17 @@ class TorchScriptImpl : public torch::nn::Cloneable<TorchScriptImpl> {
   torch::jit::Module& script() { return *script_; }
   /// The dropout the script does (a Dropout module, or dropout called in a forward), by where: "" when none. It draws
   /// from torch's global generator, which fastlearn's per-replica dropout streams (models/dropout.h) do not reach.
-  std::string dropout() const;
+  std::string dropout() const { return uses("Dropout", "dropout"); }
+  /// Likewise the batch normalization it does (a BatchNorm module, or batch_norm called in a forward).
+  std::string batch_norm() const { return uses("BatchNorm", "batch_norm"); }
   /// The script as an archive whose parameters and buffers are empty: the code and the module tree, which an export
   /// carries beside the model's tensors (stored once, under their names).
   std::string archive_without_tensors();
 
  private:
+  // Where the script's modules have `module_type` in their type's name or call an op named with `op`; "" if nowhere.
+  std::string uses(const std::string& module_type, const std::string& op) const;
+
   std::string origin_;  // the file, or what held the archive, for messages
   std::shared_ptr<torch::jit::Module> script_;
   std::size_t inputs_ = 0;

@@ -1,5 +1,6 @@
 #include <fastlearn/models/detail/script_archive.h>
 
+#include <caffe2/serialize/inline_container.h>
 #include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
 #include <fmt/format.h>
@@ -9,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <sstream>
+#include <string_view>
 
 namespace fastlearn::models::detail {
 
@@ -31,6 +33,26 @@ torch::jit::Module load_script(const std::string& archive, const std::string& or
         fmt::format("{}: not a TorchScript archive that this LibTorch reads (torch.jit.save writes "
                     "one): {}",
                     origin, excerpt(e.what_without_backtrace(), 300)));
+  }
+}
+
+void refuse_code_at_load(const std::string& archive, const std::string& origin) {
+  try {
+    std::istringstream in(archive);
+    caffe2::serialize::PyTorchStreamReader reader(&in);
+    for (const auto& name : reader.getAllRecords()) {
+      if (!(name.starts_with("code/") || name.find("/code/") != std::string::npos) || !name.ends_with(".py")) continue;
+      const auto [data, size] = reader.getRecord(name);
+      const std::string_view code(static_cast<const char*>(data.get()), size);
+      if (code.find("__setstate__") != std::string_view::npos)
+        throw CheckpointError(
+            fmt::format("{}: the script's code ({}) defines __setstate__, which runs as it is loaded; "
+                        "fastlearn loads an export's script only when loading it runs none of its code",
+                        origin, excerpt(name, 120)));
+    }
+  } catch (const c10::Error& e) {
+    throw CheckpointError(fmt::format("{}: not a TorchScript archive that this LibTorch reads: {}", origin,
+                                      excerpt(e.what_without_backtrace(), 300)));
   }
 }
 

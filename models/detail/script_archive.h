@@ -17,6 +17,9 @@ namespace fastlearn::models::detail {
 std::string file_bytes(const std::filesystem::path& file);
 /// The script module in `archive` on the CPU; CheckpointError naming `origin` when it is not a TorchScript archive.
 torch::jit::Module load_script(const std::string& archive, const std::string& origin);
+/// CheckpointError naming `origin` when the archive's code defines __setstate__, which torch::jit::load runs: an
+/// archive from an export (untrusted input) must load without running any of its code.
+void refuse_code_at_load(const std::string& archive, const std::string& origin);
 /// The tensors of the arguments after self of `script`'s `method`, by name: ConfigError naming `origin` when the
 /// method is missing or an argument is not a Tensor.
 std::vector<std::string> tensor_arguments(const torch::jit::Module& script, const std::string& method,

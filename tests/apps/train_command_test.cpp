@@ -539,7 +539,7 @@ activation = "softmax"
   const auto two_ranks = "train " + config_.string() + " --out " + (out_ / "two").string() + " --nproc-per-node 2";
   const auto synced = run_cli(two_ranks);
   EXPECT_NE(synced.exit_code, 0);
-  EXPECT_NE(synced.output.find("sync_bn: 'norm' is a BatchNorm inside a TorchScript model"), std::string::npos)
+  EXPECT_NE(synced.output.find("sync_bn: 'norm' of the TorchScript model does batch normalization"), std::string::npos)
       << synced.output;
   const auto two = run_cli(two_ranks + " --set distributed.sync_bn=false");
   ASSERT_EQ(two.exit_code, 0) << two.output;

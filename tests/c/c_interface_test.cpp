@@ -375,6 +375,12 @@ plots = false
                       "declared int64"),
             std::string::npos)
       << fl_last_error();
+  const auto out_of_range = labels[0].clone().fill_(3);
+  auto bad = row_major(out_of_range);
+  EXPECT_EQ(fl_train_step(c, &x0, &bad, nullptr), FL_ERROR_VALUE);
+  EXPECT_NE(std::string(fl_last_error()).find("targets: class 3 is not in [0, 3) (data.classes = 3)"),
+            std::string::npos)
+      << fl_last_error();
   for (int s = 0; s < 30; ++s) {
     const auto xs = x[s].contiguous();
     const auto ys = s % 2 ? labels[s].to(torch::kInt32) : labels[s].contiguous();

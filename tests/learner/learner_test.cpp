@@ -622,15 +622,20 @@ fl::Loss two_heads_loss() {
           }};
 }
 
-std::unique_ptr<fl::Learner> two_heads_learner(fl::Loss loss, std::vector<fl::MetricPtr> metrics = {}) {
+// 40 items: a value (the inputs' sum) and a class (how many of the first two inputs are positive); the seed set first.
+fl::DataLoaders two_heads_data() {
   torch::manual_seed(0);
   const auto x = torch::randn({40, 4});
   const auto value = x.sum(1, true);
   const auto cls = (x.select(1, 0) > 0).to(at::kLong) + (x.select(1, 1) > 0).to(at::kLong);
   auto items = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{value, cls});
-  return std::make_unique<fl::Learner>(
-      fl::DataLoaders(fl::DataLoader(items, {.bs = 8}), fl::DataLoader(items, {.bs = 16}), 3), TwoHeads(),
-      std::move(loss), fl::LearnerOptions{.metrics = std::move(metrics), .progress = false});
+  return fl::DataLoaders(fl::DataLoader(items, {.bs = 8}), fl::DataLoader(items, {.bs = 16}), 3);
+}
+
+std::unique_ptr<fl::Learner> two_heads_learner(fl::Loss loss, std::vector<fl::MetricPtr> metrics = {}) {
+  auto dls = two_heads_data();
+  return std::make_unique<fl::Learner>(std::move(dls), TwoHeads(), std::move(loss),
+                                       fl::LearnerOptions{.metrics = std::move(metrics), .progress = false});
 }
 }  // namespace
 
@@ -668,6 +673,35 @@ TEST(Learner, AModelOfSeveralOutputsTrainsOnALossOverEveryOutputAndTarget) {
   two->fit(1, 1e-2);
   const auto a = one->model().parameters(), b = two->model().parameters();
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].allclose(b[i], 1e-5, 1e-6)) << i;
+
+  // An output that is not one row per item (a penalty, say) comes back as the first batch's, and is not split over
+  // replicas, which refuse it by name.
+  const auto with_penalty = [](std::shared_ptr<TwoHeadsImpl> heads) -> fl::ForwardOutputs {
+    return [heads](const std::vector<at::Tensor>& xb) {
+      auto outputs = heads->forward(xb.at(0));
+      outputs.push_back(outputs[1].square().mean());
+      return outputs;
+    };
+  };
+  auto heads = std::make_shared<TwoHeadsImpl>();
+  fl::Loss penalized = two_heads_loss();
+  penalized.fn_all = [both = two_heads_loss().fn_all](const std::vector<at::Tensor>& preds,
+                                                      const std::vector<at::Tensor>& targs) {
+    return both(preds, targs) + 0.01 * preds.at(2);
+  };
+  fl::Learner scalar_out(two_heads_data(), heads, with_penalty(heads), penalized,
+                         {.progress = false, .replicate = [&](torch::nn::Module& model, const c10::Device& device) {
+                            auto copy = std::dynamic_pointer_cast<TwoHeadsImpl>(model.clone(device));
+                            return fl::ModelCopy{.model = copy, .forward = with_penalty(copy)};
+                          }});
+  scalar_out.fit(1, 1e-2);
+  const auto with_scalar = scalar_out.get_preds();
+  ASSERT_EQ(with_scalar.extra_preds.size(), 2U);
+  EXPECT_EQ(with_scalar.extra_preds[1].dim(), 0);
+  EXPECT_EQ(with_scalar.preds.size(0), 40);
+  fl::to_parallel(scalar_out, {torch::kCPU, torch::kCPU});
+  const auto split = flt::message_of([&] { scalar_out.fit(1, 1e-2); });
+  EXPECT_NE(split.find("output 2 of a replica's forward is a scalar"), std::string::npos) << split;
 
   // A loss that reads one output is refused by name, as is a metric that reads an output the model does not have.
   const auto one_output = flt::message_of([] { two_heads_learner(fl::mse_loss())->fit(1, 1e-2); });

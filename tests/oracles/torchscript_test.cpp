@@ -4,6 +4,7 @@
 // weights; the same with a scripted loss taking an extra mask tensor (fl::torchscript_loss, the mask a second target).
 // Also: the script's names and norm layers, clones of their own, two CPU replicas as one device, train / eval, and
 // refusals by name.
+#include <fastlearn/config/load_learner.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/core/safetensors.h>
 #include <fastlearn/distributed/parallel_trainer.h>
@@ -157,6 +158,36 @@ TEST_F(TorchScriptModel, TrainsAsPyTorchTrainsTheScriptAndKeepsItsNames) {
   dropping.define("def forward(self, x):\n    return torch.dropout(x, 0.5, self.training)\n");
   dropping.save((dir_ / "dropping.pt").string());
   EXPECT_EQ(fl::models::torchscript(dir_ / "dropping.pt")->dropout(), "forward");
+  // Batch normalization called in a forward is found as a BatchNorm module is (sync_bn refuses both).
+  torch::jit::Module normalizing("Normalizing");
+  normalizing.register_attribute("training", c10::BoolType::get(), true);
+  for (const char* name : {"w", "b"}) normalizing.register_parameter(name, torch::ones({3}).requires_grad_(), false);
+  for (const char* name : {"rm", "rv"}) normalizing.register_buffer(name, torch::ones({3}));
+  normalizing.define(
+      "def forward(self, x):\n"
+      "    return torch.batch_norm(x, self.w, self.b, self.rm, self.rv, self.training, 0.1, 1e-5, False)\n");
+  normalizing.save((dir_ / "normalizing.pt").string());
+  EXPECT_EQ(fl::models::torchscript(dir_ / "normalizing.pt")->batch_norm(), "forward");
+  EXPECT_EQ(model.batch_norm(), "") << "LayerNorm is not batch normalization";
+
+  // An export's script loads without running its code: one that defines __setstate__ is refused by name.
+  torch::jit::Module stateful("Stateful");
+  stateful.register_parameter("w", torch::ones({3, 1}).requires_grad_(), false);
+  stateful.register_attribute("training", c10::BoolType::get(), true);
+  stateful.define(
+      "def forward(self, x):\n    return x @ self.w\n"
+      "def __getstate__(self):\n    return (self.w, self.training)\n"
+      "def __setstate__(self, state: Tuple[Tensor, bool]):\n    self.w = state[0]\n    self.training = state[1]\n");
+  stateful.save((dir_ / "stateful.pt").string());
+  {
+    auto items = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{torch::randn({8, 3})},
+                                                     std::vector<at::Tensor>{torch::randn({8, 1})});
+    fl::Learner exporting(fl::DataLoaders(fl::DataLoader(items, {.bs = 4}), fl::DataLoader(items, {.bs = 4}), 1),
+                          fl::models::torchscript(dir_ / "stateful.pt"), fl::mse_loss(), {.progress = false});
+    const auto file = exporting.export_to(dir_ / "stateful_export.safetensors");
+    const auto on_load = message_of([&] { fl::load_learner(file, {.device = torch::kCPU}); });
+    EXPECT_NE(on_load.find("defines __setstate__, which runs as it is loaded"), std::string::npos) << on_load;
+  }
 
   // Refused by name: a forward that takes an int, a file that is no script.
   const auto int_arg = message_of([&] { fl::models::torchscript(dir_ / "int_arg.pt"); });
