@@ -26,6 +26,7 @@
 #include "support/bench_support.h"
 #include "support/result_row.h"
 #include "support/source_dir.h"
+#include "support/surrogate.h"
 
 namespace fl = fastlearn;
 
@@ -65,11 +66,7 @@ constexpr Surrogate kSurrogate{
         "Learner::train_step vs a PyTorch loop in Python (anchor) and a bare C++ loop (bare)"};
 #endif
 
-torch::nn::Sequential surrogate() {
-  const auto w = kSurrogate.width, h = kSurrogate.hidden;
-  return torch::nn::Sequential(torch::nn::Linear(w, h), torch::nn::ReLU(), torch::nn::Linear(h, h), torch::nn::ReLU(),
-                               torch::nn::Linear(h, w));
-}
+torch::nn::Sequential surrogate() { return bench::surrogate_mlp(kSurrogate.width, kSurrogate.hidden); }
 
 }  // namespace
 

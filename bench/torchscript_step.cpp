@@ -25,6 +25,7 @@
 #include "support/bench_support.h"
 #include "support/result_row.h"
 #include "support/source_dir.h"
+#include "support/surrogate.h"
 
 namespace fl = fastlearn;
 
@@ -35,12 +36,6 @@ struct Surrogate {
   std::int64_t width, hidden, batch;
   int threads, steps;
 };
-
-torch::nn::Sequential surrogate(const Surrogate& s) {
-  return torch::nn::Sequential(torch::nn::Linear(s.width, s.hidden), torch::nn::ReLU(),
-                               torch::nn::Linear(s.hidden, s.hidden), torch::nn::ReLU(),
-                               torch::nn::Linear(s.hidden, s.width));
-}
 
 bench::Row measure(const Surrogate& s, int repeats) {
   torch::set_num_threads(s.threads);
@@ -55,7 +50,7 @@ bench::Row measure(const Surrogate& s, int repeats) {
                               FASTLEARN_PYTHON, FASTLEARN_SOURCE_DIR, file.string(), s.width, s.hidden)
                       .c_str()) != 0)
     throw std::runtime_error("bench/python/torchscript_surrogate.py failed");
-  auto cpp = surrogate(s);
+  auto cpp = bench::surrogate_mlp(s.width, s.hidden);
   auto script = fl::models::torchscript(file);
   std::filesystem::remove(file);
   {

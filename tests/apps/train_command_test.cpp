@@ -60,6 +60,20 @@ epochs = 2
 lr = 0.01
 )";
 
+// The [data] table of scripts/make-census-csv's table at `csv`: the salary class from four categories and four numbers.
+std::string census_data(const fs::path& csv, int bs) {
+  return fmt::format(R"([data]
+dataset = "csv"
+path = "{}"
+y_names = ["salary"]
+cat_names = ["workclass", "education", "occupation", "native_country", "sex"]
+cont_names = ["age", "hours_per_week", "capital_gain", "education_num"]
+bs = {}
+workers = 0
+)",
+                     csv.string(), bs);
+}
+
 class TrainCommand : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -379,22 +393,13 @@ TEST_F(TrainCommand, TrainsATableOnOneAndTwoRanksAndPredictsCsvRows) {
       fastlearn::testing::run_shell(fmt::format("'{}' '{}/scripts/make-census-csv' '{}' --rows 8000 2>&1",
                                                 FASTLEARN_PYTHON, FASTLEARN_SOURCE_DIR, census.string()));
   if (made != 0) GTEST_SKIP() << "scripts/make-census-csv needs a Python with numpy: " << why;
-  std::ofstream(config_) << fmt::format(R"([data]
-dataset = "csv"
-path = "{}"
-y_names = ["salary"]
-cat_names = ["workclass", "education", "occupation", "native_country", "sex"]
-cont_names = ["age", "hours_per_week", "capital_gain", "education_num"]
-bs = 128
-workers = 0
-[model]
+  std::ofstream(config_) << census_data(census, 128) << R"([model]
 arch = "tabular"
 [train]
 epochs = 4
 lr = 1e-2
 seed = 3
-)",
-                                        census.string());
+)";
   // top_k_accuracy's k against the data's 2 classes: refused with the data loaded, before the folder is written
   // (it used to fail after the first epoch), and train.top_k sets k.
   const auto top5 = run_cli(train("--set 'train.metrics=[\"top_k_accuracy\"]'"));
@@ -511,15 +516,8 @@ TEST_F(TrainCommand, ScriptedModelsAndLossesTrainFromTheConfigAndTheirExportPred
                   "2000 2>&1",
                   FASTLEARN_PYTHON, dir_.string(), FASTLEARN_SOURCE_DIR, census.string()));
   ASSERT_EQ(made, 0) << why;
-  std::ofstream(config_) << fmt::format(R"([data]
-dataset = "csv"
-path = "{}"
-y_names = ["salary"]
-cat_names = ["workclass", "education", "occupation", "native_country", "sex"]
-cont_names = ["age", "hours_per_week", "capital_gain", "education_num"]
-bs = 64
-workers = 0
-[model]
+  std::ofstream(config_) << census_data(census, 64)
+                         << fmt::format(R"([model]
 arch = "torchscript"
 file = "{}"
 [train]
@@ -529,8 +527,7 @@ loss = "torchscript"
 loss_file = "{}"
 activation = "softmax"
 )",
-                                        census.string(), (dir_ / "table.pt").string(),
-                                        (dir_ / "cross_entropy.pt").string());
+                                        (dir_ / "table.pt").string(), (dir_ / "cross_entropy.pt").string());
   const auto one = run_cli(train(""));
   ASSERT_EQ(one.exit_code, 0) << one.output;
   const auto epochs = nlohmann::json::parse(read(out_ / "metrics.json"));
