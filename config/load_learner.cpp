@@ -170,8 +170,11 @@ std::unique_ptr<Learner> load_learner(const ExportContents& contents, const std:
   if (options.model) {
     model = options.model(dls);
   } else if (!contents.torchscript.empty()) {  // the script and its tensors are in the file: no recipe needed
-    model = BuiltModel::of(models::TorchScript(contents.torchscript, excerpt(origin, 256) + " (its TorchScript model)",
-                                               &contents.weights.tensors));
+    auto script = std::make_shared<models::TorchScriptImpl>(
+        contents.torchscript, excerpt(origin, 256) + " (its TorchScript model)", &contents.weights.tensors);
+    model.module = script;
+    model.forward = [script](const std::vector<at::Tensor>& xb) { return script->forward(xb); };
+    model.replicate = detail::replicate_of<models::TorchScript>();
   } else if (contents.model_recipe.empty()) {
     throw CheckpointError(fmt::format(
         "{}: the model is one of your own (the export has no model_recipe): give LoadLearnerOptions::model, a "

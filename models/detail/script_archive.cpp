@@ -1,5 +1,6 @@
 #include <fastlearn/models/detail/script_archive.h>
 
+#include <c10/core/Device.h>
 #include <caffe2/serialize/inline_container.h>
 #include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
@@ -27,7 +28,7 @@ std::string file_bytes(const std::filesystem::path& file) {
 torch::jit::Module load_script(const std::string& archive, const std::string& origin) {
   try {
     std::istringstream in(archive);
-    return torch::jit::load(in, torch::kCPU);
+    return torch::jit::load(in, c10::Device(c10::kCPU));
   } catch (const c10::Error& e) {
     throw CheckpointError(
         fmt::format("{}: not a TorchScript archive that this LibTorch reads (torch.jit.save writes "
