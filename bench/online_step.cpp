@@ -75,11 +75,9 @@ int main(int argc, char** argv) {
   const int repeats = bench::repeats(5);
   torch::set_num_threads(kSurrogate.threads);
   fl::set_seed(0);
-  std::vector<at::Tensor> xs, ys;
-  for (int i = 0; i < 16; ++i) {
-    xs.push_back(torch::randn({kSurrogate.batch, kSurrogate.width}));
-    ys.push_back(torch::tanh(xs.back()));
-  }
+  const auto batches = bench::surrogate_batches(kSurrogate.batch, kSurrogate.width);
+  const auto& xs = batches.first;
+  const auto& ys = batches.second;
 
   auto bare_model = surrogate();
   auto opt = fl::Adam()(fl::trainable_params(*bare_model), 1e-3);

@@ -40,11 +40,9 @@ struct Surrogate {
 bench::Row measure(const Surrogate& s, int repeats) {
   torch::set_num_threads(s.threads);
   fl::set_seed(0);
-  std::vector<at::Tensor> xs, ys;
-  for (int i = 0; i < 16; ++i) {
-    xs.push_back(torch::randn({s.batch, s.width}));
-    ys.push_back(torch::tanh(xs.back()));
-  }
+  const auto batches = bench::surrogate_batches(s.batch, s.width);
+  const auto& xs = batches.first;
+  const auto& ys = batches.second;
   const auto file = std::filesystem::temp_directory_path() / fmt::format("fastlearn_bench_{}.pt", s.name);
   if (std::system(fmt::format("'{}' -W ignore '{}/bench/python/torchscript_surrogate.py' '{}' {} {} >&2",
                               FASTLEARN_PYTHON, FASTLEARN_SOURCE_DIR, file.string(), s.width, s.hidden)

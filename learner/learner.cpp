@@ -523,9 +523,9 @@ StepGraphStats Learner::step_graph_stats() const {
 }
 
 void Learner::do_step() {
-  extra_preds = forward_outputs(xb);
-  pred = extra_preds[0];
-  extra_preds.erase(extra_preds.begin());
+  const auto outputs = forward_outputs(xb);
+  pred = outputs[0];
+  extra_preds.assign(outputs.begin() + 1, outputs.end());
   fire(Event::after_pred);
   if (!yb.empty()) {
     loss_grad = loss_func_(all_preds(), yb);

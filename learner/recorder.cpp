@@ -58,7 +58,7 @@ Columns concatenated(const std::vector<std::vector<at::Tensor>>& batches, const 
     std::vector<at::Tensor> column;
     bool per_item = true;
     for (std::size_t b = 0; b < batches.size(); ++b) {
-      const auto& t = b < batches.size() && k < batches[b].size() ? batches[b][k] : at::Tensor();
+      const auto& t = k < batches[b].size() ? batches[b][k] : at::Tensor();
       per_item = per_item && t.defined() && t.dim() > 0 && t.size(0) == items[b];
       column.push_back(t);
     }
