@@ -36,6 +36,7 @@
 #include <fastlearn/data/sample_queue.h>
 #include <fastlearn/data/segmentation_dataloaders.h>
 #include <fastlearn/data/segmentation_dataset.h>
+#include <fastlearn/data/collab_dataloaders.h>
 #include <fastlearn/data/tabular_dataloaders.h>
 #include <fastlearn/data/tabular_procs.h>
 #include <fastlearn/data/untar_data.h>
@@ -67,6 +68,8 @@
 #include <fastlearn/learner/segmentation_metrics.h>
 #include <fastlearn/learner/segmentation_results.h>
 #include <fastlearn/learner/step_session.h>
+#include <fastlearn/learner/collab_interpretation.h>
+#include <fastlearn/learner/collab_learner.h>
 #include <fastlearn/learner/tabular_learner.h>
 #include <fastlearn/learner/top_losses_grid.h>
 #include <fastlearn/learner/torchscript_loss.h>
@@ -78,6 +81,7 @@
 #include <fastlearn/models/memory_format.h>
 #include <fastlearn/models/models.h>
 #include <fastlearn/models/sequential_block.h>
+#include <fastlearn/models/collab.h>
 #include <fastlearn/models/tabular_model.h>
 #include <fastlearn/models/torchscript.h>
 #include <fastlearn/models/torchvision_resnet.h>

@@ -2,6 +2,7 @@
 
 #include <fastlearn/comm/runtime.h>
 #include <fastlearn/core/detail/text.h>
+#include <fastlearn/data/collab_dataloaders.h>
 #include <fastlearn/data/csv.h>
 #include <fastlearn/data/dataset.h>
 #include <fastlearn/data/image_dataloaders.h>
@@ -162,6 +163,19 @@ DataLoaders read_data(const TrainConfig& c) {
   if (dataset == "synthetic_regression") return synthetic_regression(c.data);
   if (dataset == "program") return program_samples(c.data);
   if (dataset == "csv") return TabularDataLoaders::from_csv(c.data.path, tabular_options(c));
+  if (dataset == "ratings") {
+    const auto& d = c.data;
+    return CollabDataLoaders::from_csv(d.path, {.user = d.user,
+                                                .item = d.item,
+                                                .rating = d.rating,
+                                                .valid_pct = d.valid_pct,
+                                                .seed = static_cast<std::uint64_t>(c.train.seed),
+                                                .bs = d.bs,
+                                                .valid_bs = d.valid_bs,
+                                                .num_workers = static_cast<int>(d.workers),
+                                                .shuffle_seed = static_cast<std::uint64_t>(c.train.seed),
+                                                .delimiter = d.delimiter.front()});
+  }
   if (dataset == "segmentation") return segmentation_files(c);
   if (dataset == "image_folder" || dataset == "image_csv") return image_files(c);
   if (dataset == "fashion_mnist") return idx_images(c);

@@ -40,7 +40,14 @@ TrainConfig recipe_config(const std::string& recipe, const InferencePipeline& pi
     return fmt::format("[{}]", fmt::join(out, ", "));
   };
   if (pipeline.masks()) extra += fmt::format("codes = {}\n", list(pipeline.vocab));
-  if (pipeline.kind == InferencePipeline::Kind::table) {
+  if (pipeline.kind == InferencePipeline::Kind::table && !pipeline.table_layout.with_cont) {  // ratings
+    const auto& columns = pipeline.procs->cat_columns();
+    if (columns.size() != 2 || pipeline.y_names.size() != 1)
+      throw CheckpointError(fmt::format("{}: a table of ratings has a user, an item and a rating column",
+                                        excerpt(origin, 256)));
+    extra += fmt::format("user = {}\nitem = {}\nrating = {}\n", quoted(columns[0]), quoted(columns[1]),
+                         quoted(pipeline.y_names[0]));
+  } else if (pipeline.kind == InferencePipeline::Kind::table) {
     extra += fmt::format("y_names = {}\ncat_names = {}\ncont_names = {}\n", list(pipeline.y_names),
                          list(pipeline.procs->cat_columns()), list(pipeline.procs->cont_names()));
   }
@@ -79,7 +86,8 @@ void check_widths(const TrainConfig& config, const InferencePipeline& pipeline, 
   if (m.arch == "mlp" || m.arch == "field_cnn") add("model.hidden", m.hidden);
   if (m.arch == "conv_net" || m.arch == "resnet") add("model.widths", m.widths);
   if (m.arch == "resnet") add("model.stem_width", {m.stem_width});
-  if (m.arch == "tabular") add("model.layers", m.layers);
+  if (m.arch == "tabular" || m.arch == "collab_nn") add("model.layers", m.layers);
+  if (m.arch == "collab") add("model.n_factors", {m.n_factors});
   for (const auto& [key, width] : claimed)
     if (!sizes.contains(width))
       throw CheckpointError(fmt::format(

@@ -2,6 +2,7 @@
 
 #include <fastlearn/core/detail/text.h>
 #include <fastlearn/data/inference_pipeline.h>
+#include <fastlearn/learner/collab_learner.h>
 #include <fastlearn/learner/multi_label_metrics.h>
 #include <fastlearn/learner/segmentation_loss.h>
 #include <fastlearn/learner/segmentation_metrics.h>
@@ -170,6 +171,19 @@ std::vector<ArchChoice> builtin_archs() {
                    },
                    false,
                    [](const TrainConfig& c) { return !c.model.layers.empty(); }});
+  // fastai's collab_learner models for a table of ratings: EmbeddingDotBias, or EmbeddingNN (BatchNorm in its layers).
+  const auto collab = [](bool use_nn) {
+    return [use_nn](const TrainConfig& c, const DataLoaders& dls) {
+      const auto& r = c.model.y_range;
+      auto built = collab_model(dls, {.n_factors = c.model.n_factors,
+                                      .use_nn = use_nn,
+                                      .layers = use_nn ? c.model.layers : std::vector<std::int64_t>{},
+                                      .y_range = r.size() == 2 ? std::optional(std::pair(r[0], r[1])) : std::nullopt});
+      return BuiltModel{std::move(built.module), std::move(built.forward), std::move(built.replicate), {}};
+    };
+  };
+  archs.push_back({"collab", {"ratings"}, collab(false)});
+  archs.push_back({"collab_nn", {"ratings"}, collab(true), false, always});
   // A model scripted in Python, for any data: the script's outputs must fit the data's targets and the loss.
   archs.push_back({"torchscript", dataset_names(), [](const TrainConfig& c, const DataLoaders&) {
                      return BuiltModel::of(models::torchscript(c.model.file));

@@ -134,8 +134,19 @@ constexpr Condition one_target{
     [](const TrainConfig& c) { return c.data.dataset == "program" && c.data.target_shapes.empty(); },
     "applies to dataset = \"program\" only (and not beside data.target_shapes, which gives every target's shape)"};
 constexpr Condition split_by_pct{
-    [](const TrainConfig& c) { return is_image_files(c.data) || is_tabular(c.data); },
-    "applies to dataset = \"image_folder\", \"image_csv\", \"segmentation\" or \"csv\" only"};
+    [](const TrainConfig& c) { return is_image_files(c.data) || is_tabular(c.data) || is_ratings(c.data); },
+    "applies to dataset = \"image_folder\", \"image_csv\", \"segmentation\", \"csv\" or \"ratings\" only"};
+constexpr Condition csv_files{
+    [](const TrainConfig& c) { return c.data.dataset == "image_csv" || is_tabular(c.data) || is_ratings(c.data); },
+    "applies to dataset = \"image_csv\", \"csv\" or \"ratings\" only"};
+constexpr Condition ratings_only{[](const TrainConfig& c) { return is_ratings(c.data); },
+                                 "applies to dataset = \"ratings\" only"};
+constexpr Condition collab_only{
+    [](const TrainConfig& c) { return c.model.arch == "collab" || c.model.arch == "collab_nn"; },
+    "applies to arch = \"collab\" or \"collab_nn\" only"};
+constexpr Condition layers_apply{
+    [](const TrainConfig& c) { return c.model.arch == "tabular" || c.model.arch == "collab_nn"; },
+    "applies to arch = \"tabular\" or \"collab_nn\" only"};
 constexpr Condition valid_col_applies{
     [](const TrainConfig& c) { return c.data.dataset == "image_csv" || is_tabular(c.data); },
     "applies to dataset = \"image_csv\" or \"csv\" only"};
@@ -245,7 +256,7 @@ std::string mask_name_fits(const TrainConfig& c) {
 }
 
 std::string path_given(const TrainConfig& c) {
-  if (is_tabular(c.data) && c.data.path.empty()) return "must name the CSV file";
+  if ((is_tabular(c.data) || is_ratings(c.data)) && c.data.path.empty()) return "must name the CSV file";
   return is_image_files(c.data) && c.data.path.empty() ? "must name the folder of the images (or of the CSV file)" : "";
 }
 
@@ -334,6 +345,12 @@ std::string widths_bounded(const std::vector<std::int64_t>& widths) {
 std::string hidden_bounded(const TrainConfig& c) { return widths_bounded(c.model.hidden); }
 std::string widths_key_bounded(const TrainConfig& c) { return widths_bounded(c.model.widths); }
 std::string layers_bounded(const TrainConfig& c) { return widths_bounded(c.model.layers); }
+std::string y_range_fits(const TrainConfig& c) {
+  const auto& r = c.model.y_range;
+  if (r.empty()) return {};
+  if (r.size() != 2 || !(r[0] < r[1])) return "is [low, high] with low < high (e.g. [0, 5.5]), or left out";
+  return {};
+}
 
 // A program's sample shape: a few dimensions, each and their product bounded (a batch of them is allocated).
 std::string sample_shape(const std::vector<std::int64_t>& shape) {
@@ -537,14 +554,16 @@ const std::vector<Key>& schema() {
       Key("data.label_col", in::data, &DataConfig::label_col, {}, {.applies = csv_only, .omit_empty = true}),
       Key("data.valid_col", in::data, &DataConfig::valid_col, {}, {.applies = valid_col_applies, .omit_empty = true}),
       Key("data.label_delim", in::data, &DataConfig::label_delim, {}, {.applies = csv_only, .omit_empty = true}),
-      Key("data.delimiter", in::data, &DataConfig::delimiter, {},
-          {.applies = valid_col_applies, .check = one_field_delimiter}),
+      Key("data.delimiter", in::data, &DataConfig::delimiter, {}, {.applies = csv_files, .check = one_field_delimiter}),
       Key("data.y_names", in::data, &DataConfig::y_names, {}, {.applies = tabular_only, .check = columns_given}),
       Key("data.cat_names", in::data, &DataConfig::cat_names, {}, {.applies = tabular_only}),
       Key("data.cont_names", in::data, &DataConfig::cont_names, {}, {.applies = tabular_only}),
       Key("data.procs", in::data, &DataConfig::procs, {}, {.applies = tabular_only, .check = known_procs}),
       Key("data.y_block", in::data, &DataConfig::y_block, {.choices = {"category", "regression"}},
           {.applies = tabular_only}),
+      Key("data.user", in::data, &DataConfig::user, {}, {.applies = ratings_only, .omit_empty = true}),
+      Key("data.item", in::data, &DataConfig::item, {}, {.applies = ratings_only, .omit_empty = true}),
+      Key("data.rating", in::data, &DataConfig::rating, {}, {.applies = ratings_only, .omit_empty = true}),
       Key("data.classes", in::data, &DataConfig::classes, {.max = 1'000'000}, {.applies = program_only}),
       Key("data.input_shapes", in::data, &DataConfig::input_shapes, {.min = 1},
           {.applies = program_only, .check = input_shapes_fit}),
@@ -600,8 +619,10 @@ const std::vector<Key>& schema() {
       Key("model.stem_width", in::model, &ModelConfig::stem_width, {.min = 1, .max = kMaxWidth},
           {.applies = resnet_only}),
       Key("model.layers", in::model, &ModelConfig::layers, {.min = 1, .allow_empty = false},
-          {.applies = tabular_model_only, .check = layers_bounded}),
+          {.applies = layers_apply, .check = layers_bounded}),
       Key("model.embed_p", in::model, &ModelConfig::embed_p, {.max = 0.99}, {.applies = tabular_model_only}),
+      Key("model.n_factors", in::model, &ModelConfig::n_factors, {.min = 1, .max = kMaxWidth}, {.applies = collab_only}),
+      Key("model.y_range", in::model, &ModelConfig::y_range, {}, {.applies = collab_only, .check = y_range_fits}),
 
       Key("train.epochs", in::train, &TrainSectionConfig::epochs, {.min = 1, .max = 1'000'000}),
       Key("train.lr", in::train, &TrainSectionConfig::lr, positive),
@@ -761,6 +782,10 @@ TrainConfig read_config(const strict::Document& doc, const RegressionProbe& prob
     }
   }
   doc.reject_unknown();
+  // fastai's EmbeddingNN has one hidden layer of n_factors when none are given (TabularModel's default is not its).
+  if (config.model.arch == "collab_nn")
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      if (keys[i].name == "model.layers" && !given[i]) config.model.layers = {config.model.n_factors};
   return config;
 }
 
@@ -814,14 +839,16 @@ std::vector<SampleTensor> program_targets(const DataConfig& d) {
 }
 
 const std::vector<std::string>& dataset_names() {
-  static const std::vector<std::string> names{"fashion_mnist", "image_folder",         "image_csv", "segmentation",
-                                              "csv",           "synthetic_regression", "program"};
+  static const std::vector<std::string> names{"fashion_mnist", "image_folder", "image_csv", "segmentation", "csv",
+                                              "synthetic_regression", "program", "ratings"};
   return names;
 }
 
 bool is_images(const DataConfig& data) { return data.dataset == "fashion_mnist" || is_image_files(data); }
 
 bool is_tabular(const DataConfig& data) { return data.dataset == "csv"; }
+
+bool is_ratings(const DataConfig& data) { return data.dataset == "ratings"; }
 
 // "auto": NHWC where oneDNN's conv kernels are faster (bench/README.md has the figures), as the arch says.
 bool channels_last_on(const TrainConfig& config) {

@@ -40,9 +40,9 @@ struct SyntheticRegressionConfig {
 };
 
 struct DataConfig {
-  /// fashion_mnist | image_folder | image_csv | segmentation | csv | synthetic_regression | program
+  /// fashion_mnist | image_folder | image_csv | segmentation | csv | synthetic_regression | program | ratings
   std::string dataset = "fashion_mnist";
-  std::string path;  ///< fashion_mnist: a local MNIST-format folder (default: url); image_*: the data; csv: the file
+  std::string path;  ///< fashion_mnist: a local MNIST-format folder (default: url); image_*: the data; csv, ratings: the file
   std::string url;   ///< fashion_mnist: an archive for untar_data (default: Debian's copy)
   std::int64_t bs = 128;
   std::int64_t valid_bs = 0;  ///< 0: twice bs
@@ -64,7 +64,7 @@ struct DataConfig {
   std::string label_col;             ///< image_csv: label column (empty: the second)
   std::string valid_col;             ///< image_csv, csv: column marking validation rows (empty: data.valid_pct)
   std::string label_delim;           ///< image_csv: non-empty makes a multi-label task, labels separated by it
-  std::string delimiter = ",";       ///< image_csv, csv: the one character between a CSV file's fields (e.g. ";")
+  std::string delimiter = ",";       ///< image_csv, csv, ratings: the one character between a CSV file's fields (e.g. ";")
   std::vector<std::string> y_names;  ///< csv: the target column(s)
   std::vector<std::string> cat_names;                                         ///< csv: categorical columns
   std::vector<std::string> cont_names;                                        ///< csv: continuous columns
@@ -73,6 +73,9 @@ struct DataConfig {
   /// (TabularOptions::regression): several targets, or one whose training values are all numbers, make a
   /// regression; a target with another value, a classification (see RegressionProbe).
   std::string y_block;
+  /// ratings (collaborative filtering, CollabDataLoaders): the users', items' and ratings' columns (empty: the first,
+  /// second and third)
+  std::string user, item, rating;
   /// program (samples a running program hands over: the step API, the C interface): one sample's input and target,
   /// without the batch dimension (e.g. [64, 64] for a 64 x 64 field; [3, 64, 64] with 3 channels)
   std::vector<std::int64_t> input_shape;
@@ -96,7 +99,7 @@ struct DataConfig {
 
 struct ModelConfig {
   std::string arch = "simple_cnn";  ///< mlp | simple_cnn | conv_net | resnet (fashion_mnist); resnet18 | 34 | 50; unet;
-                                    ///< tabular; field_cnn; torchscript (any dataset)
+                                    ///< tabular; field_cnn; collab | collab_nn (ratings); torchscript (any dataset)
   std::string file;     ///< torchscript: the scripted model (torch.jit.save's file); relative: the working directory's
   std::string weights;  ///< resnet18/34/50, unet: a torchvision state dict (safetensors) for the (U-Net's) body
   std::string body = "resnet34";                  ///< unet: its body, resnet18 | resnet34 | resnet50
@@ -105,8 +108,11 @@ struct ModelConfig {
   std::vector<std::int64_t> widths{32, 64, 128};  ///< resnet: channels of each stage; conv_net: of each stride-2 layer
   std::int64_t blocks_per_stage = 1;              ///< resnet
   std::int64_t stem_width = 32;                   ///< resnet
-  std::vector<std::int64_t> layers{200, 100};     ///< tabular: hidden layer sizes
-  double embed_p = 0.0;                           ///< tabular: dropout over the embeddings
+  /// tabular, collab_nn: hidden layer sizes (collab_nn, when a file leaves it out: [n_factors], as fastai)
+  std::vector<std::int64_t> layers{200, 100};
+  double embed_p = 0.0;          ///< tabular: dropout over the embeddings
+  std::int64_t n_factors = 50;   ///< collab: the factors of each user and item
+  std::vector<double> y_range;   ///< collab, collab_nn: [low, high], ratings squashed into it (empty: none)
   bool operator==(const ModelConfig&) const = default;
 };
 
@@ -268,6 +274,8 @@ const std::vector<std::string>& dataset_names();
 bool is_images(const DataConfig& data);
 /// csv: a table (tabular data).
 bool is_tabular(const DataConfig& data);
+/// ratings: a table of ratings (collaborative filtering).
+bool is_ratings(const DataConfig& data);
 /// Whether training uses ChannelsLast: train.channels_last, where "auto" is on for the conv models and off for
 /// mlp and tabular.
 bool channels_last_on(const TrainConfig& config);

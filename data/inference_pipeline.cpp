@@ -165,6 +165,12 @@ InferencePipeline from_json(const json& j, const std::string& origin) {
       p.procs = std::make_shared<const TabularProcs>(std::move(procs));
       p.y_names = field<std::vector<std::string>>(table, "y_names");
       p.regression = field<bool>(table, "regression");
+      // Written only when not the default (collaborative filtering): a table's JSON is otherwise as before.
+      if (table.contains("with_cont")) p.table_layout.with_cont = field<bool>(table, "with_cont");
+      if (table.contains("known_categories_only"))
+        p.table_layout.known_categories_only = field<bool>(table, "known_categories_only");
+      if (!p.table_layout.with_cont && !p.procs->cont_names().empty())
+        throw DataError("table.with_cont is false, and the procs have continuous columns");
       if (p.y_names.empty()) throw DataError("table.y_names is empty");
       if (p.regression && static_cast<std::int64_t>(p.y_names.size()) != p.c)
         throw DataError(fmt::format("a regression of {} target(s) with c = {}", p.y_names.size(), p.c));
@@ -220,6 +226,7 @@ InferencePipeline inference_pipeline(const DataLoaders& dls) {
     p.procs = table->procs_ptr();
     p.y_names = table->y_names();
     p.regression = table->regression();
+    p.table_layout = table->layout();
   } else if (const auto* tensors = dynamic_cast<const TensorDataset*>(&dls.train().dataset());
              tensors && !tensors->inputs().empty() && tensors->inputs().size() <= 16) {
     std::vector<TensorInput> inputs;
@@ -240,8 +247,11 @@ InferencePipeline inference_pipeline(const DataLoaders& dls) {
 std::string to_json(const InferencePipeline& p) {
   json j{{"kind", name_of(p.kind)}, {"c", p.c}, {"vocab", p.vocab}, {"multi_label", p.multi_label}};
   if (p.image) j["image"] = image_to_json(*p.image);
-  if (p.procs)
+  if (p.procs) {
     j["table"] = {{"procs", json::parse(p.procs->to_json())}, {"y_names", p.y_names}, {"regression", p.regression}};
+    if (!p.table_layout.with_cont) j["table"]["with_cont"] = false;
+    if (p.table_layout.known_categories_only) j["table"]["known_categories_only"] = true;
+  }
   if (p.kind == InferencePipeline::Kind::tensors) {
     if (p.inputs.size() == 1 && p.inputs[0].dtype == "float32") {
       j["item_shape"] = p.inputs[0].shape;
@@ -283,7 +293,7 @@ DataLoaders inference_dataloaders(const InferencePipeline& p, const InferenceLoa
       const auto n_cont = static_cast<std::int64_t>(p.procs->cont_names().size());
       items = std::make_shared<TabularDataset>(
           TabularProcs::Encoded{torch::zeros({0, n_cat}, torch::kLong), torch::zeros({0, n_cont})}, at::Tensor(),
-          p.procs, p.y_names, p.regression);
+          p.procs, p.y_names, p.regression, p.table_layout);
       break;
     }
     case InferencePipeline::Kind::tensors: {

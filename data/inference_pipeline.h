@@ -9,6 +9,7 @@
 #include <fastlearn/data/dataloaders.h>
 #include <fastlearn/data/image_decode.h>
 #include <fastlearn/data/image_transforms.h>
+#include <fastlearn/data/tabular_procs.h>
 
 #include <cstdint>
 #include <memory>
@@ -18,8 +19,6 @@
 #include <vector>
 
 namespace fastlearn {
-
-class TabularProcs;
 
 /// How an image file becomes a model input, as the validation items were made: decoded in `mode` (JPEG at the
 /// smallest scale keeping both sides >= decode_min_side), Resize(size, method, pad_mode), then scaled to [0, 1]
@@ -59,6 +58,7 @@ struct InferencePipeline {
   std::shared_ptr<const TabularProcs> procs;
   std::vector<std::string> y_names;  ///< a table's target columns
   bool regression = false;           ///< a table's targets are values (else: one column of classes)
+  TabularLayout table_layout;        ///< a table's batches and unknown categories
   std::vector<TensorInput> inputs;   ///< tensors: each input of an item (one for most models)
   std::int64_t c = 0;                ///< the model's outputs: classes, or targets for a regression
   std::vector<std::string> vocab;    ///< the class names (empty when the classes have none)

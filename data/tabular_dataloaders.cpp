@@ -159,12 +159,14 @@ Targets encode_targets(const CsvTable& table, const TabularOptions& o, bool regr
 }  // namespace
 
 TabularDataset::TabularDataset(TabularProcs::Encoded x, at::Tensor y, std::shared_ptr<const TabularProcs> procs,
-                               std::vector<std::string> y_names, bool regression)
-    : TensorDataset({std::move(x.cats), std::move(x.conts)},
+                               std::vector<std::string> y_names, bool regression, TabularLayout layout)
+    : TensorDataset(layout.with_cont ? std::vector<at::Tensor>{std::move(x.cats), std::move(x.conts)}
+                                     : std::vector<at::Tensor>{std::move(x.cats)},
                     y.defined() ? std::vector<at::Tensor>{std::move(y)} : std::vector<at::Tensor>{}),
       procs_(std::move(procs)),
       y_names_(std::move(y_names)),
-      regression_(regression) {}
+      regression_(regression),
+      layout_(layout) {}
 
 DataLoaders TabularDataLoaders::from_csv(const std::filesystem::path& path, const TabularOptions& options) {
   return from_table(read_csv(path, {.delimiter = options.delimiter}), options, path.string());
@@ -199,10 +201,10 @@ DataLoaders TabularDataLoaders::from_table(const CsvTable& table, const TabularO
   auto procs = std::make_shared<const TabularProcs>(TabularProcs::fit(
       table, train, {.cat_names = o.cat_names, .cont_names = o.cont_names, .procs = o.procs}, origin));
   auto y = encode_targets(table, o, regression, train, valid, origin);
-  auto train_ds =
-      std::make_shared<TabularDataset>(procs->encode(table, train, origin), y.train, procs, o.y_names, regression);
-  auto valid_ds =
-      std::make_shared<TabularDataset>(procs->encode(table, valid, origin), y.valid, procs, o.y_names, regression);
+  auto train_ds = std::make_shared<TabularDataset>(procs->encode(table, train, origin), y.train, procs, o.y_names,
+                                                   regression, o.layout);
+  auto valid_ds = std::make_shared<TabularDataset>(procs->encode(table, valid, origin), y.valid, procs, o.y_names,
+                                                   regression, o.layout);
   DataLoader train_dl(train_ds, {.bs = o.bs,
                                  .shuffle = true,
                                  .drop_last = true,
@@ -252,8 +254,9 @@ DataLoader TabularDataLoaders::test_dl(const DataLoaders& dls, const CsvTable& t
   if (table.rows.empty()) throw DataError(fmt::format("{}: no rows to predict", excerpt(origin, 256)));
   std::vector<std::int64_t> rows(table.rows.size());
   std::iota(rows.begin(), rows.end(), std::int64_t{0});
-  auto items = std::make_shared<TabularDataset>(trained->procs().encode(table, rows, origin), at::Tensor(),
-                                                trained->procs_ptr(), trained->y_names(), trained->regression());
+  auto items = std::make_shared<TabularDataset>(
+      trained->procs().encode(table, rows, origin, trained->unknown_categories()), at::Tensor(), trained->procs_ptr(),
+      trained->y_names(), trained->regression(), trained->layout());
   auto options = dls.valid().options();
   options.shuffle = false;
   options.drop_last = false;

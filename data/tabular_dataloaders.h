@@ -3,7 +3,8 @@
 // in memory. The split comes from a valid column, explicit row indices, or a seeded valid_pct split (fastai's
 // RandomSplitter); the procs (tabular_procs.h) are fitted on the training rows only. Batches hold two inputs,
 // the categorical codes (N, cats) int64 and the continuous values (N, conts) float32, and one target: class
-// indices (N) int64 for a single categorical target, or (N, targets) float32 for regression.
+// indices (N) int64 for a single categorical target, or (N, targets) float32 for regression. A layout without
+// continuous inputs (TabularLayout::with_cont, as collab_dataloaders.h makes) gives the codes alone.
 #include <fastlearn/data/dataloaders.h>
 #include <fastlearn/data/tabular_procs.h>
 
@@ -33,22 +34,30 @@ struct TabularOptions {
   std::optional<std::uint64_t> seed;  ///< order seed of the training loader
   std::optional<c10::Device> device;
   char delimiter = ',';
+  TabularLayout layout;  ///< batches without the continuous tensor; predictions refusing unknown categories
 };
 
 /// The rows of a table after the procs; what the loaders of TabularDataLoaders hold.
 class TabularDataset : public TensorDataset {
  public:
+  /// Items hold (cats, conts), or the cats alone when `layout.with_cont` is false.
   TabularDataset(TabularProcs::Encoded x, at::Tensor y, std::shared_ptr<const TabularProcs> procs,
-                 std::vector<std::string> y_names, bool regression);
+                 std::vector<std::string> y_names, bool regression, TabularLayout layout = {});
   const TabularProcs& procs() const { return *procs_; }
   std::shared_ptr<const TabularProcs> procs_ptr() const { return procs_; }
   const std::vector<std::string>& y_names() const { return y_names_; }
   bool regression() const { return regression_; }
+  const TabularLayout& layout() const { return layout_; }
+  /// What predictions do with a category the training rows did not have, as layout().known_categories_only says.
+  TabularProcs::Unknown unknown_categories() const {
+    return layout_.known_categories_only ? TabularProcs::Unknown::refuse : TabularProcs::Unknown::na;
+  }
 
  private:
   std::shared_ptr<const TabularProcs> procs_;
   std::vector<std::string> y_names_;
   bool regression_;
+  TabularLayout layout_;
 };
 
 struct TabularDataLoaders {

@@ -226,12 +226,12 @@ TabularProcs TabularProcs::fit(const CsvTable& table, std::span<const std::int64
 }
 
 TabularProcs::Encoded TabularProcs::encode(const CsvTable& table, std::span<const std::int64_t> rows,
-                                           const std::string& origin) const {
-  return encode(table, rows, origin, /*one_row=*/false);
+                                           const std::string& origin, Unknown unknown) const {
+  return encode(table, rows, origin, unknown, /*one_row=*/false);
 }
 
 TabularProcs::Encoded TabularProcs::encode(const CsvTable& table, std::span<const std::int64_t> rows,
-                                           const std::string& origin, bool one_row) const {
+                                           const std::string& origin, Unknown unknown, bool one_row) const {
   // Where a cell is, in errors: "t.csv: row 3, column 'x'" (the header is row 1), or "<origin>: column 'x'" for a
   // row given alone, which has no row number of its own.
   const auto cell_at = [&](std::int64_t r, const std::string& name) {
@@ -251,7 +251,15 @@ TabularProcs::Encoded TabularProcs::encode(const CsvTable& table, std::span<cons
     const CategoryCodes code(vocabs_[j]);
     for (std::int64_t i = 0; i < n; ++i) {
       const auto& cell = table.rows[static_cast<std::size_t>(rows[static_cast<std::size_t>(i)])][col];
-      c[i * n_cat + static_cast<std::int64_t>(j)] = code(cell);  // unknown or missing: #na#
+      const auto k = code(cell);  // unknown or missing: #na#
+      if (k == 0 && unknown == Unknown::refuse) {
+        const auto r = rows[static_cast<std::size_t>(i)];
+        throw DataError(fmt::format(
+            "{}: {} is not among the {} values of the training rows: the model has no embedding for it",
+            cell_at(r, cat_columns_[j]), is_missing_cell(cell) ? "a missing value" : "'" + excerpt(cell) + "'",
+            vocabs_[j].size() - 1));
+      }
+      c[i * n_cat + static_cast<std::int64_t>(j)] = k;
     }
   }
   std::size_t na_col = cat_columns_.size();
@@ -284,19 +292,19 @@ TabularProcs::Encoded TabularProcs::encode(const CsvTable& table, std::span<cons
 }
 
 TabularProcs::Encoded TabularProcs::encode_row(const std::map<std::string, std::string>& row,
-                                               const std::string& origin) const {
+                                               const std::string& origin, Unknown unknown) const {
   // A name the procs do not read is a typo far more often than a column to leave out on purpose; unchecked, it would
   // make its column a missing cell without a word.
   std::vector<std::string> known(cat_columns_);
   known.insert(known.end(), cont_names_.begin(), cont_names_.end());
-  std::vector<std::string> unknown;
+  std::vector<std::string> not_read;
   for (const auto& [name, cell] : row) {
     if (std::find(known.begin(), known.end(), name) == known.end())
-      unknown.push_back(fmt::format("'{}' (did you mean '{}'?)", excerpt(name), excerpt(closest(name, known))));
+      not_read.push_back(fmt::format("'{}' (did you mean '{}'?)", excerpt(name), excerpt(closest(name, known))));
   }
-  if (!unknown.empty()) {
+  if (!not_read.empty()) {
     throw DataError(fmt::format("{}: no input column {}; the inputs are {}", excerpt(origin, 256),
-                                fmt::join(unknown, ", "), fmt::join(excerpts(known), ", ")));
+                                fmt::join(not_read, ", "), fmt::join(excerpts(known), ", ")));
   }
   CsvTable table;
   table.rows.emplace_back();
@@ -308,7 +316,7 @@ TabularProcs::Encoded TabularProcs::encode_row(const std::map<std::string, std::
     }
   }
   const std::int64_t first[] = {0};
-  return encode(table, first, origin, /*one_row=*/true);
+  return encode(table, first, origin, unknown, /*one_row=*/true);
 }
 
 std::string TabularProcs::to_json() const {

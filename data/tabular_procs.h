@@ -42,16 +42,24 @@ class TabularProcs {
   static TabularProcs fit(const CsvTable& table, std::span<const std::int64_t> train,
                           const TabularProcsOptions& options, const std::string& origin);
 
+  /// What encoding does with a category the training rows did not have (or a missing one).
+  enum class Unknown {
+    na,      ///< it becomes "#na#" (fastai's Categorify)
+    refuse,  ///< DataError naming the row, the column and the value (a user or item a model never saw)
+  };
+
   struct Encoded {
     at::Tensor cats;   ///< (N, cat_names().size()) int64 codes
     at::Tensor conts;  ///< (N, cont_names().size()) float32
   };
   /// Rows `rows` of `table` (whose columns may be in any order, with others besides).
-  Encoded encode(const CsvTable& table, std::span<const std::int64_t> rows, const std::string& origin) const;
+  Encoded encode(const CsvTable& table, std::span<const std::int64_t> rows, const std::string& origin,
+                 Unknown unknown = Unknown::na) const;
   /// One row given as column name -> cell; an absent column is a missing cell, and a name that is not one of
   /// the columns the procs read is a DataError naming it and the closest one. Errors name `origin` and the
   /// column ("rows.csv:5: column 'age': 'abc' is not a number ...").
-  Encoded encode_row(const std::map<std::string, std::string>& row, const std::string& origin = "the row") const;
+  Encoded encode_row(const std::map<std::string, std::string>& row, const std::string& origin = "the row",
+                     Unknown unknown = Unknown::na) const;
 
   /// The table's categorical columns (with cont_names(), the columns a row gives).
   const std::vector<std::string>& cat_columns() const { return cat_columns_; }
@@ -73,7 +81,7 @@ class TabularProcs {
  private:
   // encode(); `one_row`: errors name `origin` and the column only, not a row of the table made for the one row.
   Encoded encode(const CsvTable& table, std::span<const std::int64_t> rows, const std::string& origin,
-                 bool one_row) const;
+                 Unknown unknown, bool one_row) const;
 
   std::vector<std::string> procs_;
   std::vector<std::string> cat_columns_;  // the categorical columns of the data (cat_names_ without _na)
@@ -81,6 +89,17 @@ class TabularProcs {
   std::vector<std::vector<std::string>> vocabs_;
   std::vector<double> fill_, means_, stds_;
   std::vector<bool> has_na_col_;  // per continuous column
+};
+
+/// How a table's rows reach the model, besides the procs (recorded with them in exports).
+struct TabularLayout {
+  /// fastai's with_cont: false leaves the continuous tensor out of the batches, which then hold the categorical codes
+  /// alone (a ratings table's user and item, as collaborative filtering's models take them).
+  bool with_cont = true;
+  /// Rows to predict (test_dl, predict_row) must hold categories the training rows had: one the model has no trained
+  /// embedding for (a user or item it never saw) is a DataError naming the row, instead of becoming "#na#".
+  bool known_categories_only = false;
+  bool operator==(const TabularLayout&) const = default;
 };
 
 }  // namespace fastlearn

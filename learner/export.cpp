@@ -60,10 +60,11 @@ std::filesystem::path export_learner(Learner& learn, const std::filesystem::path
   }
   const auto& loss = learn.loss_func().name;
   const auto pipeline = inference_pipeline(learn.given_dls());
-  // Version 2 for what a version 1 reader cannot take: a script, or tensor inputs described as "inputs" (several, or
-  // integers); every other export stays version 1.
-  const bool described_inputs = pipeline.kind == InferencePipeline::Kind::tensors &&
-                                (pipeline.inputs.size() != 1 || pipeline.inputs[0].dtype != "float32");
+  // Version 2 for what a version 1 reader cannot take: a script, tensor inputs described as "inputs" (several, or
+  // integers), or a table whose layout is not the default (collaborative filtering's); every other export stays 1.
+  const bool described_inputs = (pipeline.kind == InferencePipeline::Kind::tensors &&
+                                 (pipeline.inputs.size() != 1 || pipeline.inputs[0].dtype != "float32")) ||
+                                (pipeline.procs && pipeline.table_layout != TabularLayout{});
   Metadata metadata{{"format", std::string(kFormat)},
                     {"format_version", script || described_inputs ? "2" : "1"},
                     {"fastlearn_version", build_info().fastlearn_version},

@@ -3,8 +3,8 @@
 // parameters and buffers under their module names (Python's safetensors.torch.load_file reads them) and metadata
 // with everything predicting needs and nothing of the training data. load_learner (config/load_learner.h) builds
 // the Learner again from it. The metadata, all strings (docs/checkpoints.md "Export"):
-//   format "fastlearn-export", format_version "1", or "2" for an export that carries a TorchScript model or a
-//   pipeline of several (or integer) tensor inputs;
+//   format "fastlearn-export", format_version "1", or "2" for an export that carries a TorchScript model, a
+//   pipeline of several (or integer) tensor inputs, or a table of another layout (TabularLayout: ratings);
 //   fastlearn_version;
 //   model_recipe  the config keys that build the model again ([data] dataset and task, [model] arch and options, as
 //                 TOML; empty for a model of your own, which load_learner then needs a factory for);

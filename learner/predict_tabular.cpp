@@ -19,8 +19,9 @@ TabularPrediction predict_row(Learner& learn, const std::map<std::string, std::s
   // A row of the training table may hold its targets: the model does not read them, and they are no mistake.
   auto inputs = row;
   for (const auto& name : table->y_names()) inputs.erase(name);
-  const auto x = table->procs().encode_row(inputs, origin);
-  const auto predicted = learn.predict(Item{{x.cats[0], x.conts[0]}, {}});
+  const auto x = table->procs().encode_row(inputs, origin, table->unknown_categories());
+  const auto predicted = learn.predict(
+      Item{table->layout().with_cont ? std::vector<at::Tensor>{x.cats[0], x.conts[0]} : std::vector{x.cats[0]}, {}});
   const auto outputs = predicted.probs.to(torch::kCPU, torch::kDouble).contiguous().flatten();
   const auto* v = outputs.data_ptr<double>();
   TabularPrediction out{.outputs = outputs.to(torch::kFloat)};

@@ -53,6 +53,7 @@ void TabularModelImpl::reset() {
   emb_drop_ = register_module("emb_drop", Dropout(o.embed_p));
   bn_cont_ = o.bn_cont && n_cont > 0;
   if (bn_cont_) register_module("bn_cont", nn::BatchNorm1d(n_cont));
+  if (o.bn_cont && n_cont == 0 && o.empty_bn_cont) register_module("bn_cont", nn::BatchNorm1d(0));
   std::vector<std::int64_t> sizes{n_emb + n_cont};
   sizes.insert(sizes.end(), o.layers.begin(), o.layers.end());
   sizes.push_back(out_sz_);

@@ -26,6 +26,9 @@ struct TabularModelOptions {
   bool use_bn = true;                                ///< BatchNorm after each hidden layer
   bool bn_final = false;                             ///< BatchNorm after the last layer too
   bool bn_cont = true;                               ///< BatchNorm over the continuous inputs
+  /// Without continuous inputs, a BatchNorm of none all the same (fastai's EmbeddingNN has one, so its state dict
+  /// names bn_cont.*); off: no bn_cont, as the tabular models of earlier builds were saved.
+  bool empty_bn_cont = false;
 };
 
 class TabularModelImpl : public torch::nn::Cloneable<TabularModelImpl> {

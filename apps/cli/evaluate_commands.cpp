@@ -180,10 +180,11 @@ int run_interpret(const TrainArgs& args, const std::string& checkpoint, int top)
 
 int run_predict(const TrainArgs& args, const std::string& checkpoint, const std::vector<std::string>& inputs) {
   auto config = read_config_file(args);
-  if (!is_image_files(config.data) && !is_tabular(config.data)) {
+  const bool rows = is_tabular(config.data) || is_ratings(config.data);
+  if (!is_image_files(config.data) && !rows) {
     throw ConfigError(
         fmt::format("predict: {} has data.dataset = \"{}\"; predict takes image files (data.dataset = "
-                    "\"image_folder\" or \"image_csv\") or CSV rows (data.dataset = \"csv\")",
+                    "\"image_folder\" or \"image_csv\") or CSV rows (data.dataset = \"csv\" or \"ratings\")",
                     excerpt(args.config_path, 256), config.data.dataset));
   }
   if (config.data.dataset == "segmentation") {
@@ -196,7 +197,7 @@ int run_predict(const TrainArgs& args, const std::string& checkpoint, const std:
   int failed = 0;
   for (const auto& input : inputs) {
     try {
-      if (is_tabular(config.data))
+      if (rows)
         predict_rows(*learn, config, input, failed);
       else if (fs::is_directory(input))
         predict_folder(*learn, input, failed);

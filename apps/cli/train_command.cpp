@@ -103,10 +103,11 @@ std::string relative_to(const std::string& path) {
 // data.path against what data.dataset reads, before anything is launched or written.
 void check_data_path(const TrainConfig& config, const std::string& origin) {
   const auto& d = config.data;
-  if (is_tabular(d) && !fs::is_regular_file(d.path))
+  const bool csv_file = is_tabular(d) || is_ratings(d);
+  if (csv_file && !fs::is_regular_file(d.path))
     throw ConfigError(fmt::format("{}: data.path '{}'{} is not a file; point it at the CSV file", excerpt(origin, 256),
                                   excerpt(d.path, 256), relative_to(d.path)));
-  if (is_tabular(d) || d.path.empty() || fs::is_directory(d.path)) return;
+  if (csv_file || d.path.empty() || fs::is_directory(d.path)) return;
   const char* hint = d.dataset == "image_folder" ? "point it at the folder of class folders (or of train/ and valid/)"
                      : d.dataset == "image_csv"  ? "point it at the folder holding data.csv's table and the images"
                      : d.dataset == "fashion_mnist"

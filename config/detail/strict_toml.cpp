@@ -60,6 +60,7 @@ std::string describe(const Spec& spec) {
       return fmt::format("{} array of integers >= {}", s.allow_empty ? "an" : "a non-empty", s.min);
     }
     std::string operator()(const Strings&) const { return "an array of strings"; }
+    std::string operator()(const Numbers&) const { return "an array of numbers"; }
     std::string operator()(const IntegerLists& s) const {
       return fmt::format("an array of {}arrays of integers >= {}", s.allow_empty ? "" : "non-empty ", s.min);
     }
@@ -287,6 +288,18 @@ std::optional<Value> Document::read(std::string_view key, const Spec& spec) cons
     }
     return lists;
   }
+  if (std::holds_alternative<Numbers>(spec)) {
+    if (!array) fail(*node);
+    std::vector<double> values;
+    for (const auto& element : *array) {
+      if (!element.is_number()) fail(element);
+      const double value = element.is_integer() ? static_cast<double>(*element.value<std::int64_t>())
+                                                : *element.value_exact<double>();
+      if (!std::isfinite(value)) fail(element);
+      values.push_back(value);
+    }
+    return values;
+  }
   if (!array) fail(*node);  // Strings
   std::vector<std::string> values;
   for (const auto& element : *array) {
@@ -397,6 +410,11 @@ std::string toml_text(const Value& value) {
     }
     std::string operator()(const std::string& v) const { return quote(v); }
     std::string operator()(const std::vector<std::int64_t>& v) const { return fmt::format("[{}]", fmt::join(v, ", ")); }
+    std::string operator()(const std::vector<double>& v) const {
+      std::vector<std::string> numbers;
+      for (const auto x : v) numbers.push_back((*this)(x));
+      return fmt::format("[{}]", fmt::join(numbers, ", "));
+    }
     std::string operator()(const std::vector<std::vector<std::int64_t>>& v) const {
       std::vector<std::string> inner;
       for (const auto& list : v) inner.push_back((*this)(list));

@@ -22,7 +22,7 @@ namespace fastlearn::strict {
 
 /// The value of a key, one alternative per kind of key.
 using Value = std::variant<bool, std::int64_t, double, std::string, std::vector<std::int64_t>, std::vector<std::string>,
-                           std::vector<std::vector<std::int64_t>>>;
+                           std::vector<std::vector<std::int64_t>>, std::vector<double>>;
 
 // What a key accepts (numbers: >= 0 unless set otherwise); errors say it in words ("an integer in [1, 64]").
 struct Boolean {};
@@ -51,7 +51,9 @@ struct IntegerLists {
   std::int64_t min = 0;
   bool allow_empty = true;  ///< of the inner arrays
 };
-using Spec = std::variant<Boolean, BooleanOrAuto, Integer, Number, String, Integers, Strings, IntegerLists>;
+/// An array of finite numbers (integers read as doubles).
+struct Numbers {};
+using Spec = std::variant<Boolean, BooleanOrAuto, Integer, Number, String, Integers, Strings, IntegerLists, Numbers>;
 
 /// The Spec for a field of type T; std::optional<T>: T's (for a key whose absence means "not set"). The
 /// overloads are declared only, SpecFor<T> picks one.
@@ -63,6 +65,7 @@ String spec_for(const std::string*);
 Integers spec_for(const std::vector<std::int64_t>*);
 Strings spec_for(const std::vector<std::string>*);
 IntegerLists spec_for(const std::vector<std::vector<std::int64_t>>*);
+Numbers spec_for(const std::vector<double>*);
 template <class T>
 auto spec_for(const std::optional<T>*) -> decltype(spec_for(static_cast<const T*>(nullptr)));
 template <class T>

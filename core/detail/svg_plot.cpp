@@ -129,6 +129,9 @@ std::string svg_plot(const std::vector<PlotSeries>& series, const PlotOptions& o
       if (s.markers) {
         svg +=
             fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"4\" fill=\"{}\"/>\n", px(s.x[i]), py(s.y[i]), color);
+        if (i < s.point_labels.size() && !s.point_labels[i].empty())
+          svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\">{}</text>\n", px(s.x[i]) + 6,
+                             py(s.y[i]) + 4, svg_escape(s.point_labels[i]));
       } else {
         points += fmt::format("{:.1f},{:.1f} ", px(s.x[i]), py(s.y[i]));
       }

@@ -1,5 +1,5 @@
 #pragma once
-// Line plots written as standalone SVG images (loss curves, lr_find); no plotting library needed.
+// Line plots (and labelled scatter plots) written as standalone SVG images (loss curves, lr_find); no plotting library needed.
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -11,6 +11,8 @@ struct PlotSeries {
   std::string label;
   std::vector<double> x, y;  ///< same length; non-finite points are left out
   bool markers = false;      ///< draw points instead of a line
+  /// With markers: each point's name, written beside it (empty: none).
+  std::vector<std::string> point_labels;
 };
 
 struct PlotOptions {

@@ -1,6 +1,10 @@
 #include "support/tiny_tasks.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
+
+#include <fstream>
 
 namespace fastlearn::testing {
 
@@ -56,6 +60,26 @@ bool same_tensors(const std::vector<at::Tensor>& a, const std::vector<at::Tensor
     if (!a[i].equal(b[i])) return false;
   }
   return true;
+}
+
+CsvTable ratings_table(std::int64_t rows, std::int64_t users, std::int64_t items, std::uint64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  const auto u = at::randn({users, 3}, gen), i = at::randn({items, 3}, gen);
+  const auto who = at::randint(0, users, {rows}, gen, at::TensorOptions().dtype(at::kLong));
+  const auto what = at::randint(0, items, {rows}, gen, at::TensorOptions().dtype(at::kLong));
+  const auto rating = 3 + (u.index_select(0, who) * i.index_select(0, what)).sum(1) + 0.1 * at::randn({rows}, gen);
+  CsvTable table{.columns = {"user", "item", "rating"}, .rows = {}};
+  for (std::int64_t r = 0; r < rows; ++r)
+    table.rows.push_back({fmt::format("u{}", who[r].item<std::int64_t>() + 1),
+                          fmt::format("i{}", what[r].item<std::int64_t>() + 1),
+                          fmt::format("{:.1f}", rating[r].item<double>())});
+  return table;
+}
+
+void write_ratings_csv(const std::filesystem::path& file, const CsvTable& table) {
+  std::ofstream out(file);
+  out << fmt::format("{}\n", fmt::join(table.columns, ","));
+  for (const auto& row : table.rows) out << fmt::format("{}\n", fmt::join(row, ","));
 }
 
 }  // namespace fastlearn::testing

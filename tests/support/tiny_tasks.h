@@ -1,11 +1,13 @@
 #pragma once
 // Small deterministic tasks for Learner tests: a linear regression and a 3-class classification, each
 // with train and valid loaders over in-memory tensors.
+#include <fastlearn/data/csv.h>
 #include <fastlearn/data/dataloaders.h>
 #include <fastlearn/data/sampler.h>
 #include <fastlearn/learner/learner.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -44,5 +46,12 @@ std::unique_ptr<Learner> regression_learner(DataLoaders dls, LearnerOptions opti
 std::vector<at::Tensor> snapshot(torch::nn::Module& model);
 /// True when every tensor of `a` equals the one of `b` bit for bit.
 bool same_tensors(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b);
+
+/// A table of ratings "user,item,rating": users u1.. and items i1.. (text ids), each rating 3 + the dot product of
+/// planted 3-factor vectors plus a little noise, rounded to a tenth; seeded.
+CsvTable ratings_table(std::int64_t rows = 600, std::int64_t users = 30, std::int64_t items = 40,
+                       std::uint64_t seed = 0);
+/// ratings_table as a CSV file.
+void write_ratings_csv(const std::filesystem::path& file, const CsvTable& table);
 
 }  // namespace fastlearn::testing
