@@ -85,7 +85,8 @@ class GradReducer::Impl {
     for (std::size_t i = 0; i < params.size(); ++i) {
       auto& [name, t] = params[i];
       const auto unit = options_.unit_of.empty() ? -1 : options_.unit_of[i];
-      if (t.requires_grad()) params_.push_back({.name = name, .tensor = t, .unit = unit});
+      // A parameter of no elements (a BatchNorm over no features) has no gradient to reduce.
+      if (t.requires_grad() && t.numel() > 0) params_.push_back({.name = name, .tensor = t, .unit = unit});
     }
     if (!group_.is_member())
       throw DistributedError("GradReducer: this rank is not a member of group '" + group_.name() + "'");

@@ -243,6 +243,16 @@ struct Slot {
   nn::Module* old;
 };
 
+// A BatchNorm of no features (fastai's EmbeddingNN keeps one over its absent continuous inputs) normalizes
+// nothing: there is nothing to synchronize, and it stays as it is.
+bool has_no_features(const nn::Module& m) {
+  for (const auto& p : m.named_parameters(/*recurse=*/false))
+    if (p.key() == "weight") return p.value().numel() == 0;
+  for (const auto& b : m.named_buffers(/*recurse=*/false))
+    if (b.key() == "running_mean") return b.value().numel() == 0;
+  return false;
+}
+
 void find_batch_norms(nn::Module& module, const std::string& prefix, std::vector<Slot>& slots,
                       std::unordered_map<nn::Module*, std::shared_ptr<nn::Module>>& owned,
                       std::unordered_set<nn::Module*>& visited) {
@@ -250,6 +260,7 @@ void find_batch_norms(nn::Module& module, const std::string& prefix, std::vector
   for (const auto& item : module.named_children()) {
     const auto path = prefix.empty() ? item.key() : prefix + "." + item.key();
     if (is_batch_norm(*item.value())) {
+      if (has_no_features(*item.value())) continue;
       slots.push_back({&module, item.key(), path, item.value().get()});
       owned.try_emplace(item.value().get(), item.value());
     } else {

@@ -29,6 +29,7 @@
 #include "support/build_paths.h"
 #include "support/multiprocess.h"
 #include "support/processes.h"
+#include "support/tiny_tasks.h"
 
 namespace fs = std::filesystem;
 
@@ -385,6 +386,45 @@ epochs = 1
   EXPECT_NE(accuracy.output.find("the training values of the target 'age' are all numbers, so it is a regression"),
             std::string::npos)
       << accuracy.output;
+}
+
+// A table of ratings through `fastlearn train` (collaborative filtering): the dot-product model learns the planted
+// ratings on one process and on 2 ranks; the export predicts a ratings file with the training data deleted, a row of
+// a user the model never saw getting its own message while the others are predicted.
+TEST_F(TrainCommand, RatingsTrainOnOneAndTwoRanksAndTheirExportPredictsUnknownIdsByRow) {
+  fastlearn::testing::write_ratings_csv(dir_ / "ratings.csv", fastlearn::testing::ratings_table());
+  std::ofstream(config_) << fmt::format(R"([data]
+dataset = "ratings"
+path = "{}"
+bs = 32
+workers = 0
+[model]
+arch = "collab"
+n_factors = 8
+y_range = [0, 6]
+[train]
+epochs = 6
+lr = 3e-2
+wd = 0.01
+)",
+                                        (dir_ / "ratings.csv").string());
+  for (const char* ranks : {"", "--nproc-per-node 2 --set data.bs=16"}) {
+    const auto trained = run_cli(train(ranks));
+    ASSERT_EQ(trained.exit_code, 0) << trained.output;
+    const auto last = nlohmann::json::parse(read(out_ / "metrics.json")).back();
+    EXPECT_LT(last["valid_loss"].get<double>(), 2.0) << ranks << " " << last.dump();  // before: 3.4
+  }
+  EXPECT_NE(read(out_ / "config.toml").find("y_range = [0.0, 6.0]"), std::string::npos);
+  fs::remove(dir_ / "ratings.csv");
+  std::ofstream(dir_ / "new.csv") << "item,user,rating\ni3,u1,\ni7,u999,\ni1,u2,4\n";
+  const auto p = run_cli(fmt::format("predict {} {}", (out_ / "export.safetensors").string(),
+                                     (dir_ / "new.csv").string()));
+  ASSERT_EQ(p.exit_code, 1) << "one row's user is unknown\n" << p.output;
+  EXPECT_NE(p.output.find("new.csv:2\trating "), std::string::npos) << p.output;
+  EXPECT_NE(p.output.find("new.csv:4\trating "), std::string::npos) << p.output;
+  EXPECT_NE(p.output.find("new.csv:3: column 'user': 'u999' is not among the 30 values of the training rows"),
+            std::string::npos)
+      << p.output;
 }
 
 TEST_F(TrainCommand, TrainsATableOnOneAndTwoRanksAndPredictsCsvRows) {

@@ -124,6 +124,28 @@ TEST(Config, KeysThatDoNotApplyAreErrors) {
                   "callbacks.early_stopping.monitor: \"acc\" is not recorded");
 }
 
+// A table of ratings (collaborative filtering): its columns, the two archs and their keys, fastai's defaults.
+TEST(Config, RatingsTakeTheCollabArchsWithFastaisDefaults) {
+  const std::string ratings = "[data]\ndataset = \"ratings\"\npath = \"r.csv\"\nuser = \"userId\"\n";
+  auto c = parse_config(ratings + "[model]\narch = \"collab_nn\"\nn_factors = 12\n", "run.toml");
+  EXPECT_EQ(c.model.layers, std::vector<std::int64_t>{12}) << "fastai's EmbeddingNN: one layer of n_factors";
+  EXPECT_EQ(fastlearn::task_of(c.data), fastlearn::Task::regression);
+  EXPECT_EQ(c.train.loss, "mse");
+  EXPECT_EQ(parse_config(to_toml(c), "resolved.toml"), c);
+  c = parse_config(ratings + "[model]\narch = \"collab_nn\"\nlayers = [7, 3]\ny_range = [1, 5.5]\n", "run.toml");
+  EXPECT_EQ(c.model.layers, (std::vector<std::int64_t>{7, 3}));
+  EXPECT_EQ(c.model.y_range, (std::vector<double>{1.0, 5.5}));
+  EXPECT_EQ(parse_config(to_toml(c), "resolved.toml"), c);
+  EXPECT_EQ(parse_config(ratings, "run.toml").model.arch, "collab");
+  expect_contains(error_of(ratings + "[model]\ny_range = [5, 1]\n").what(),
+                  "model.y_range: is [low, high] with low < high");
+  expect_contains(error_of(ratings + "[model]\ny_range = [0, \"5\"]\n").what(), "an array of numbers");
+  expect_contains(error_of(ratings + "[model]\narch = \"tabular\"\n").what(), "must be one of \"collab\", \"collab_nn\"");
+  expect_contains(error_of("[data]\ndataset = \"csv\"\npath = \"t.csv\"\nuser = \"u\"\n").what(),
+                  "data.user: applies to dataset = \"ratings\" only");
+  expect_contains(error_of("[data]\ndataset = \"ratings\"\n").what(), "data.path: must name the CSV file");
+}
+
 TEST(Config, CsvTablesNameTheirColumnsAndTakeTheTabularModel) {
   const auto c = parse_config(
       "[data]\ndataset = \"csv\"\npath = \"t.csv\"\ny_names = [\"salary\"]\ncat_names = [\"job\"]\n"
@@ -159,7 +181,8 @@ TEST(Config, CsvTablesNameTheirColumnsAndTakeTheTabularModel) {
   expect_contains(error_of("[data]\ndataset = \"csv\"\ny_names = [\"y\"]\ncont_names = [\"x\"]\n").what(),
                   "data.path: must name the CSV file");
   expect_contains(error_of("[data]\ny_names = [\"y\"]\n").what(), "data.y_names: applies to dataset = \"csv\" only");
-  expect_contains(error_of("[model]\nlayers = [8]\n").what(), "model.layers: applies to arch = \"tabular\" only");
+  expect_contains(error_of("[model]\nlayers = [8]\n").what(),
+                  "model.layers: applies to arch = \"tabular\" or \"collab_nn\" only");
   // Another field delimiter (fastai's from_csv delimiter), for the tables and the image CSV; one character.
   const std::string table = csv + "y_names = [\"y\"]\ncont_names = [\"x\"]\n";
   EXPECT_EQ(parse_config(table + "delimiter = \";\"\n", "run.toml").data.delimiter, ";");
@@ -171,7 +194,7 @@ TEST(Config, CsvTablesNameTheirColumnsAndTakeTheTabularModel) {
   expect_contains(error_of(table + "delimiter = \"\"\n").what(), "data.delimiter: must be one character");
   expect_contains(error_of(table + "delimiter = '\"'\n").what(), "data.delimiter: cannot be a quote");
   expect_contains(error_of("[data]\ndelimiter = \";\"\n").what(),
-                  "data.delimiter: applies to dataset = \"image_csv\" or \"csv\" only");
+                  "data.delimiter: applies to dataset = \"image_csv\", \"csv\" or \"ratings\" only");
   const auto spared = parse_config(table + "[train]\nwd_bn_bias = true\n", "run.toml");
   EXPECT_TRUE(spared.train.wd_bn_bias);
   EXPECT_EQ(parse_config(to_toml(spared), "resolved.toml"), spared);

@@ -97,6 +97,7 @@ class TinyConfigs : public ::testing::Test {
     for (int i = 0; i < 24; ++i)
       rows += fmt::format("{},{},{}\n", i * 0.5, i % 3 ? "red" : "blue", i % 2 ? "big" : "small");
     write_bytes(dir_ / "table.csv", rows);
+    fl::testing::write_ratings_csv(dir_ / "ratings.csv", fl::testing::ratings_table(120, 8, 10));
     // Segmentation: images with grey masks of classes 0 and 1 (two: dice and jaccard_coeff take them) (the class
     // follows the red channel, so a model can learn).
     for (int i = 0; i < 12; ++i) {
@@ -131,6 +132,7 @@ class TinyConfigs : public ::testing::Test {
           "def forward(self, x_cat, x_cont):\n"
           "    return torch.cat([x_cat.float(), x_cont], 1).mean(1, True) * self.a + self.w\n"}},
         {"program", {1, "def forward(self, x):\n    return x * self.a + self.w\n"}},
+        {"ratings", {1, "def forward(self, x):\n    return x.float().mean(1) * self.a + self.w\n"}},
         {"loss", {0, "def forward(self, pred, target):\n    return torch.cross_entropy_loss(pred, target)\n"}}};
     const auto& [outputs, code] = outputs_and_code.at(dataset);
     torch::jit::Module script("Tiny");
@@ -161,6 +163,8 @@ class TinyConfigs : public ::testing::Test {
             {"csv", fmt::format("dataset = \"csv\"\npath = \"{}\"\ny_names = [\"kind\"]\ncat_names = [\"colour\"]\n"
                                 "cont_names = [\"size\"]\nbs = 8\nworkers = 0\n",
                                 (dir_ / "table.csv").string())},
+            {"ratings", fmt::format("dataset = \"ratings\"\npath = \"{}\"\nbs = 8\nworkers = 0\n",
+                                    (dir_ / "ratings.csv").string())},
             {"program",
              "dataset = \"program\"\ninput_shape = [2, 6, 6]\ntarget_shape = [2, 6, 6]\nsteps_per_epoch = 3\n"
              "held_out = 4\n"}};
@@ -468,8 +472,9 @@ TEST_F(TinyConfigs, AnUnknownNameInAConfigBuiltInCodeIsAnErrorNamingTheKey) {
 // Predictions of `learn` on new items of `dataset`'s kind, read from `dir` (written by write_new_items), as a program
 // serving the model gets them: image files and a table's rows through test_dl, tensors through a loader of its own.
 at::Tensor preds_on_new_items(fl::Learner& learn, const std::string& dataset, const fs::path& dir) {
-  if (dataset == "csv") {
-    auto dl = fl::TabularDataLoaders::test_dl(learn.dls(), fl::read_csv(dir / "rows.csv"), "rows.csv");
+  if (dataset == "csv" || dataset == "ratings") {
+    const auto rows = dataset == "csv" ? "rows.csv" : "ratings.csv";
+    auto dl = fl::TabularDataLoaders::test_dl(learn.dls(), fl::read_csv(dir / rows), rows);
     return learn.get_preds(&dl).preds;
   }
   if (dataset == "synthetic_regression" || dataset == "program") {
@@ -495,6 +500,7 @@ void write_new_items(const fs::path& dir) {
     write_bytes(dir / fmt::format("{}.png", i), fl::encode_png(image));
   }
   write_bytes(dir / "rows.csv", "id,colour,size,kind\n1,red,1.5,big\n2,green,,small\n3,,7.25,\n4,blue,100,big\n");
+  write_bytes(dir / "ratings.csv", "item,user\ni3,u1\ni1,u2\ni10,u8\n");
   fl::save_safetensors(dir / "x.safetensors", {{"x", torch::randn({6, 4})}});
   fl::save_safetensors(dir / "fields.safetensors", {{"x", torch::randn({6, 2, 6, 6})}});
 }
@@ -531,7 +537,8 @@ TEST_F(TinyConfigs, AnExportLoadsWithoutTheDataAndPredictsNewItemsExactlyAsTheTr
                        fl::predicts_values(*learn)});
   }
   EXPECT_GE(exports.size(), 15u);
-  for (const char* data : {"mnist", "folders", "tagged", "table.csv", "shapes"}) fs::remove_all(dir_ / data);
+  for (const char* data : {"mnist", "folders", "tagged", "table.csv", "shapes", "ratings.csv"})
+    fs::remove_all(dir_ / data);
   for (const auto& e : exports) {
     SCOPED_TRACE(e.what);
     auto loaded = fl::load_learner(e.file, {.device = torch::kCPU});

@@ -6,10 +6,12 @@
 #include <fastlearn/callbacks/mixed_precision.h>
 #include <fastlearn/comm/collectives.h>
 #include <fastlearn/comm/runtime.h>
+#include <fastlearn/data/collab_dataloaders.h>
 #include <fastlearn/core/error.h>
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/learner/callback_order.h>
+#include <fastlearn/learner/collab_learner.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/learner/recorder.h>
 #include <fastlearn/learner/segmentation_loss.h>
@@ -49,11 +51,22 @@ std::pair<at::Tensor, at::Tensor> images(std::int64_t n, std::uint64_t seed) {
   return {x, y};
 }
 
-fl::DataLoaders loaders(std::int64_t bs, bool single_process_twin, std::uint64_t data_seed = 1) {
-  auto [x, y] = images(kItems, data_seed);
-  auto [vx, vy] = images(kValid, 2);
-  auto train = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
-  auto valid = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{vx}, std::vector<at::Tensor>{vy});
+bool is_collab(const std::string& kind) { return kind.starts_with("collab"); }
+
+fl::DataLoaders loaders(std::int64_t bs, bool single_process_twin, std::uint64_t data_seed = 1,
+                        const std::string& kind = "") {
+  std::shared_ptr<const fl::Dataset> train, valid;
+  if (is_collab(kind)) {  // a table of ratings: 80 rows, 64 of them for training
+    auto ratings = fl::CollabDataLoaders::from_table(flt::ratings_table(kItems + 16, 10, 12, data_seed), {},
+                                                     "ratings.csv");
+    train = ratings.train().dataset_ptr();
+    valid = ratings.valid().dataset_ptr();
+  } else {
+    auto [x, y] = images(kItems, data_seed);
+    auto [vx, vy] = images(kValid, 2);
+    train = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{x}, std::vector<at::Tensor>{y});
+    valid = std::make_shared<fl::TensorDataset>(std::vector<at::Tensor>{vx}, std::vector<at::Tensor>{vy});
+  }
   fl::DataLoader train_dl(train, {.bs = bs, .seed = 3});
   if (single_process_twin) {
     // Batch k of 2*b items = rank 0's batch k (items [k*b, (k+1)*b)) then rank 1's (offset n/2).
@@ -65,7 +78,7 @@ fl::DataLoaders loaders(std::int64_t bs, bool single_process_twin, std::uint64_t
     }
     train_dl.set_sampler(std::make_shared<flt::FixedSampler>(order));
   }
-  return fl::DataLoaders(std::move(train_dl), fl::DataLoader(valid, {.bs = 4}), 3);
+  return fl::DataLoaders(std::move(train_dl), fl::DataLoader(valid, {.bs = 4}), is_collab(kind) ? 1 : 3);
 }
 
 torch::nn::Sequential make_model(const std::string& kind) {
@@ -76,6 +89,12 @@ torch::nn::Sequential make_model(const std::string& kind) {
 }
 
 std::unique_ptr<fl::Learner> learner_of(const std::string& kind, fl::DataLoaders dls, fl::LearnerOptions options) {
+  if (is_collab(kind)) {
+    torch::manual_seed(0);
+    return fl::collab_learner(std::move(dls),
+                              {.n_factors = 6, .use_nn = kind == "collab_nn", .y_range = std::pair(0.0, 6.0)},
+                              std::move(options));
+  }
   if (kind == "torchscript") {
     torch::manual_seed(0);
     return std::make_unique<fl::Learner>(std::move(dls), flt::scripted_mlp({28 * 28, 32, 3}), fl::cross_entropy(),
@@ -93,8 +112,8 @@ struct StepLog : fl::Callback {
 std::vector<std::vector<at::Tensor>> train_steps(const std::string& kind, std::int64_t bs, bool accumulate,
                                                  bool distributed, bool bf16 = false, fl::Group* group = nullptr,
                                                  std::uint64_t data_seed = 1) {
-  auto learner =
-      learner_of(kind, loaders(bs, !distributed, data_seed), {.opt_func = fl::SGD({.mom = 0.9}), .progress = false});
+  auto learner = learner_of(kind, loaders(bs, !distributed, data_seed, kind),
+                            {.opt_func = fl::SGD({.mom = 0.9}), .progress = false});
   auto& learn = *learner;
   auto log = std::make_shared<StepLog>();
   std::vector<fl::CallbackPtr> cbs{log};
@@ -128,7 +147,9 @@ void expect_same_steps(const std::vector<std::vector<at::Tensor>>& a, const std:
 // the std of a batch of 16 amplifies them; momentum carries them on. resnet_syncbn, measured (weights up to
 // 0.37): 1.3e-6 after step 1, 1.3e-5 after step 3, 7.8e-5 after step 8 (growing about linearly, not
 // exponentially), so 2e-4. The models without BatchNorm hold 1e-5.
-double step_tolerance(const std::string& kind) { return kind == "resnet_syncbn" ? 2e-4 : 1e-5; }
+double step_tolerance(const std::string& kind) {
+  return kind == "resnet_syncbn" || kind == "collab_nn" ? 2e-4 : 1e-5;
+}
 
 class Equivalence : public ::testing::TestWithParam<std::string> {};
 
@@ -147,7 +168,8 @@ TEST_P(Equivalence, TwoRanksMatchOneProcessWithTwiceTheBatch) {
                     {.env = flt::torchrun_env(2)});
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Equivalence, ::testing::Values("mlp", "simple_cnn", "resnet_syncbn", "torchscript"),
+INSTANTIATE_TEST_SUITE_P(Models, Equivalence,
+                         ::testing::Values("mlp", "simple_cnn", "resnet_syncbn", "torchscript", "collab", "collab_nn"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 TEST(DistributedTrainer, GradientAccumulationCommunicatesOnlyTheLastMicroBatch) {
