@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/torch.h>
 
 namespace fastlearn {
 
@@ -77,6 +78,21 @@ std::optional<CollabClasses> collab_classes(const DataLoaders& dls) {
                        .rating = table->y_names()[0],
                        .users = procs.vocabs()[0],
                        .items = procs.vocabs()[1]};
+}
+
+void check_known(const TabularProcs& procs, const CsvTable& table, const at::Tensor& codes, std::string_view who) {
+  const auto c = codes.contiguous();
+  const auto* code = c.data_ptr<std::int64_t>();
+  const auto width = c.size(1);
+  for (std::int64_t r = 0; r < c.size(0); ++r)
+    for (std::int64_t j = 0; j < width; ++j)
+      if (code[r * width + j] == 0) {
+        const auto k = static_cast<std::size_t>(j);
+        throw DataError(fmt::format(
+            "{}: {} '{}' is not one of the {} the training rows have: the model has no embedding for it", who,
+            excerpt(procs.cat_columns()[k]), excerpt(table.rows[static_cast<std::size_t>(r)][k]),
+            procs.vocabs()[k].size() - 1));
+      }
 }
 
 }  // namespace fastlearn

@@ -48,4 +48,9 @@ struct CollabClasses {
 /// The classes of `dls`; nullopt when its data is not a ratings table.
 std::optional<CollabClasses> collab_classes(const DataLoaders& dls);
 
+/// Refuses the first row of `table` (its columns the user's and the item's) whose code in `codes` (procs.encode's) is
+/// "#na#": a DataError naming `who`, the column and the id ("predict_rating: user '7' is not one of the 943 the
+/// training rows have ...").
+void check_known(const TabularProcs& procs, const CsvTable& table, const at::Tensor& codes, std::string_view who);
+
 }  // namespace fastlearn

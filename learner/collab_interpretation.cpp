@@ -37,7 +37,9 @@ at::Tensor codes(Learner& learn, const std::vector<std::string>& names, bool is_
                                 : std::vector<std::string>{name, other.back()});
   std::vector<std::int64_t> all(names.size());
   std::iota(all.begin(), all.end(), std::int64_t{0});
-  return procs.encode(rows, all, std::string(who), TabularProcs::Unknown::refuse).cats.select(1, is_item ? 1 : 0);
+  const auto both = procs.encode(rows, all, std::string(who)).cats;
+  check_known(procs, rows, both, who);
+  return both.select(1, is_item ? 1 : 0);
 }
 
 at::Tensor lookup(Learner& learn, const std::vector<std::string>& names, bool is_item, bool bias, std::string_view who) {

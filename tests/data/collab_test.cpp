@@ -103,7 +103,7 @@ TEST(CollabLearner, BothModelsLearnPlantedRatingsAndAnswerForUsersAndItems) {
     const double direct = learn->predict_batch({x}).flatten()[0].item<double>();
     EXPECT_NEAR(fl::predict_rating(*learn, classes.users[1], classes.items[2]), direct, 1e-6);
     EXPECT_THAT(flt::message_of([&] { fl::predict_rating(*learn, "nobody", classes.items[1]); }),
-                HasSubstr("'nobody' is not among the 30 values"));
+                HasSubstr("predict_rating: user 'nobody' is not one of the 30 the training rows have"));
 
     // recommend: the best items by predicted rating, leaving out what the user rated.
     const auto all = fl::recommend(*learn, classes.users[1], 100);
