@@ -27,6 +27,7 @@
 #include <fastlearn/core/image_size.h>
 #include <fastlearn/core/random.h>
 #include <fastlearn/data/aug_transforms.h>
+#include <fastlearn/data/collab_dataloaders.h>
 #include <fastlearn/data/dataloaders.h>
 #include <fastlearn/data/image_dataloaders.h>
 #include <fastlearn/data/image_dataset.h>
@@ -36,7 +37,6 @@
 #include <fastlearn/data/sample_queue.h>
 #include <fastlearn/data/segmentation_dataloaders.h>
 #include <fastlearn/data/segmentation_dataset.h>
-#include <fastlearn/data/collab_dataloaders.h>
 #include <fastlearn/data/tabular_dataloaders.h>
 #include <fastlearn/data/tabular_procs.h>
 #include <fastlearn/data/untar_data.h>
@@ -49,6 +49,8 @@
 #include <fastlearn/launch/launcher.h>
 #include <fastlearn/learner/annealing.h>
 #include <fastlearn/learner/checkpoint.h>
+#include <fastlearn/learner/collab_interpretation.h>
+#include <fastlearn/learner/collab_learner.h>
 #include <fastlearn/learner/export.h>
 #include <fastlearn/learner/interpretation.h>
 #include <fastlearn/learner/learner.h>
@@ -68,20 +70,18 @@
 #include <fastlearn/learner/segmentation_metrics.h>
 #include <fastlearn/learner/segmentation_results.h>
 #include <fastlearn/learner/step_session.h>
-#include <fastlearn/learner/collab_interpretation.h>
-#include <fastlearn/learner/collab_learner.h>
 #include <fastlearn/learner/tabular_learner.h>
 #include <fastlearn/learner/top_losses_grid.h>
 #include <fastlearn/learner/torchscript_loss.h>
 #include <fastlearn/learner/unet_learner.h>
 #include <fastlearn/learner/vision_learner.h>
+#include <fastlearn/models/collab.h>
 #include <fastlearn/models/conv2d.h>
 #include <fastlearn/models/dropout.h>
 #include <fastlearn/models/fastai_weights.h>
 #include <fastlearn/models/memory_format.h>
 #include <fastlearn/models/models.h>
 #include <fastlearn/models/sequential_block.h>
-#include <fastlearn/models/collab.h>
 #include <fastlearn/models/tabular_model.h>
 #include <fastlearn/models/torchscript.h>
 #include <fastlearn/models/torchvision_resnet.h>

@@ -32,9 +32,9 @@ int main(int argc, char** argv) {
   const int repeats = bench::repeats(5);
   const auto csv = fs::temp_directory_path() / fmt::format("fastlearn-ratings-{}.csv", ::getpid());
   const std::string python = FASTLEARN_PYTHON, source = FASTLEARN_SOURCE_DIR;
-  if (std::system(fmt::format("'{}' '{}/scripts/make-ratings-csv' '{}' --ratings {} >&2", python, source,
-                              csv.string(), ratings)
-                      .c_str()) != 0) {
+  if (std::system(
+          fmt::format("'{}' '{}/scripts/make-ratings-csv' '{}' --ratings {} >&2", python, source, csv.string(), ratings)
+              .c_str()) != 0) {
     fmt::print(stderr, "bench_collab_vs_fastai: making the CSV failed (numpy installed?)\n");
     return 1;
   }
@@ -42,8 +42,8 @@ int main(int argc, char** argv) {
   auto dls = fl::CollabDataLoaders::from_csv(csv, {.valid_pct = 0.2, .seed = 42, .bs = bs});
   double mse = 0;
   auto ours_fit = [&] {
-    auto learn = fl::collab_learner(dls, {.n_factors = 50, .y_range = std::pair(0.0, 5.5)},
-                                    {.wd = 0.1, .progress = false});
+    auto learn =
+        fl::collab_learner(dls, {.n_factors = 50, .y_range = std::pair(0.0, 5.5)}, {.wd = 0.1, .progress = false});
     const auto start = bench::Clock::now();
     learn->fit_one_cycle(epochs, 5e-3);
     const double seconds = bench::seconds_since(start);

@@ -43,8 +43,8 @@ TrainConfig recipe_config(const std::string& recipe, const InferencePipeline& pi
   if (pipeline.kind == InferencePipeline::Kind::table && !pipeline.table_layout.with_cont) {  // ratings
     const auto& columns = pipeline.procs->cat_columns();
     if (columns.size() != 2 || pipeline.y_names.size() != 1)
-      throw CheckpointError(fmt::format("{}: a table of ratings has a user, an item and a rating column",
-                                        excerpt(origin, 256)));
+      throw CheckpointError(
+          fmt::format("{}: a table of ratings has a user, an item and a rating column", excerpt(origin, 256)));
     extra += fmt::format("user = {}\nitem = {}\nrating = {}\n", quoted(columns[0]), quoted(columns[1]),
                          quoted(pipeline.y_names[0]));
   } else if (pipeline.kind == InferencePipeline::Kind::table) {
@@ -63,7 +63,32 @@ void check_widths(const TrainConfig& config, const InferencePipeline& pipeline, 
                   const std::string& origin) {
   std::set<std::int64_t> sizes;
   for (const auto& [name, t] : tensors)
-    for (const auto d : t.sizes()) sizes.insert(d);
+    if (t.numel() > 0)  // a tensor of no elements costs the file nothing, whatever sizes it claims
+      for (const auto d : t.sizes()) sizes.insert(d);
+  // A table's embeddings, one per categorical input, as many rows as its vocabulary: the file must hold each with that
+  // shape (the vocabularies are the pipeline's, and the model allocates their rows before the weights are matched).
+  const auto embedding = [&](const std::string& name, std::int64_t rows, std::int64_t width) {
+    for (const auto& [tensor_name, t] : tensors)
+      if (tensor_name == name && t.dim() == 2 && t.size(0) == rows && (width < 0 || t.size(1) == width)) return;
+    throw CheckpointError(fmt::format(
+        "{}: the model recipe and the pipeline describe the embedding '{}' of {} rows{}, which the file does not hold "
+        "(the file was altered)",
+        excerpt(origin, 256), name, rows, width < 0 ? "" : fmt::format(" of {}", width)));
+  };
+  if (pipeline.procs) {
+    const auto& vocabs = pipeline.procs->vocabs();
+    if (config.model.arch == "collab" && vocabs.size() == 2) {
+      const auto users = static_cast<std::int64_t>(vocabs[0].size()),
+                 items = static_cast<std::int64_t>(vocabs[1].size());
+      embedding("u_weight.weight", users, config.model.n_factors);
+      embedding("i_weight.weight", items, config.model.n_factors);
+      embedding("u_bias.weight", users, 1);
+      embedding("i_bias.weight", items, 1);
+    } else if (config.model.arch == "collab_nn" || config.model.arch == "tabular") {
+      for (std::size_t j = 0; j < vocabs.size(); ++j)
+        embedding(fmt::format("embeds.{}.weight", j), static_cast<std::int64_t>(vocabs[j].size()), -1);
+    }
+  }
   const auto& m = config.model;
   std::vector<std::pair<std::string, std::int64_t>> claimed;
   const auto add = [&](const char* key, const std::vector<std::int64_t>& widths) {

@@ -621,7 +621,8 @@ const std::vector<Key>& schema() {
       Key("model.layers", in::model, &ModelConfig::layers, {.min = 1, .allow_empty = false},
           {.applies = layers_apply, .check = layers_bounded}),
       Key("model.embed_p", in::model, &ModelConfig::embed_p, {.max = 0.99}, {.applies = tabular_model_only}),
-      Key("model.n_factors", in::model, &ModelConfig::n_factors, {.min = 1, .max = kMaxWidth}, {.applies = collab_only}),
+      Key("model.n_factors", in::model, &ModelConfig::n_factors, {.min = 1, .max = kMaxWidth},
+          {.applies = collab_only}),
       Key("model.y_range", in::model, &ModelConfig::y_range, {}, {.applies = collab_only, .check = y_range_fits}),
 
       Key("train.epochs", in::train, &TrainSectionConfig::epochs, {.min = 1, .max = 1'000'000}),
@@ -839,8 +840,8 @@ std::vector<SampleTensor> program_targets(const DataConfig& d) {
 }
 
 const std::vector<std::string>& dataset_names() {
-  static const std::vector<std::string> names{"fashion_mnist", "image_folder", "image_csv", "segmentation", "csv",
-                                              "synthetic_regression", "program", "ratings"};
+  static const std::vector<std::string> names{"fashion_mnist", "image_folder",         "image_csv", "segmentation",
+                                              "csv",           "synthetic_regression", "program",   "ratings"};
   return names;
 }
 

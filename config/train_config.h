@@ -42,8 +42,9 @@ struct SyntheticRegressionConfig {
 struct DataConfig {
   /// fashion_mnist | image_folder | image_csv | segmentation | csv | synthetic_regression | program | ratings
   std::string dataset = "fashion_mnist";
-  std::string path;  ///< fashion_mnist: a local MNIST-format folder (default: url); image_*: the data; csv, ratings: the file
-  std::string url;   ///< fashion_mnist: an archive for untar_data (default: Debian's copy)
+  std::string
+      path;  ///< fashion_mnist: a local MNIST-format folder (default: url); image_*: the data; csv, ratings: the file
+  std::string url;  ///< fashion_mnist: an archive for untar_data (default: Debian's copy)
   std::int64_t bs = 128;
   std::int64_t valid_bs = 0;  ///< 0: twice bs
   std::int64_t workers = 1;
@@ -56,16 +57,16 @@ struct DataConfig {
   /// (e.g. "{stem}_P.png"), in the image's sub-folder under data.masks. Empty: the mask with the image's path under
   /// data.images, any suffix (SegmentationDataLoaders::from_folders).
   std::string mask_name;
-  std::vector<std::string> codes;    ///< segmentation: the classes' names, in the masks' index order
-  double valid_pct = 0.2;            ///< image files without a train/valid split: share held out (seeded by train.seed)
-  bool skip_bad_images = false;      ///< image files: leave out the files that do not decode, with one warning
-  std::string csv = "labels.csv";    ///< image_csv: the table, under data.path
-  std::string fn_col;                ///< image_csv: file name column (empty: the first)
-  std::string label_col;             ///< image_csv: label column (empty: the second)
-  std::string valid_col;             ///< image_csv, csv: column marking validation rows (empty: data.valid_pct)
-  std::string label_delim;           ///< image_csv: non-empty makes a multi-label task, labels separated by it
-  std::string delimiter = ",";       ///< image_csv, csv, ratings: the one character between a CSV file's fields (e.g. ";")
-  std::vector<std::string> y_names;  ///< csv: the target column(s)
+  std::vector<std::string> codes;  ///< segmentation: the classes' names, in the masks' index order
+  double valid_pct = 0.2;          ///< image files without a train/valid split: share held out (seeded by train.seed)
+  bool skip_bad_images = false;    ///< image files: leave out the files that do not decode, with one warning
+  std::string csv = "labels.csv";  ///< image_csv: the table, under data.path
+  std::string fn_col;              ///< image_csv: file name column (empty: the first)
+  std::string label_col;           ///< image_csv: label column (empty: the second)
+  std::string valid_col;           ///< image_csv, csv: column marking validation rows (empty: data.valid_pct)
+  std::string label_delim;         ///< image_csv: non-empty makes a multi-label task, labels separated by it
+  std::string delimiter = ",";  ///< image_csv, csv, ratings: the one character between a CSV file's fields (e.g. ";")
+  std::vector<std::string> y_names;                                           ///< csv: the target column(s)
   std::vector<std::string> cat_names;                                         ///< csv: categorical columns
   std::vector<std::string> cont_names;                                        ///< csv: continuous columns
   std::vector<std::string> procs{"categorify", "fill_missing", "normalize"};  ///< csv: fastai's tabular procs
@@ -110,9 +111,9 @@ struct ModelConfig {
   std::int64_t stem_width = 32;                   ///< resnet
   /// tabular, collab_nn: hidden layer sizes (collab_nn, when a file leaves it out: [n_factors], as fastai)
   std::vector<std::int64_t> layers{200, 100};
-  double embed_p = 0.0;          ///< tabular: dropout over the embeddings
-  std::int64_t n_factors = 50;   ///< collab: the factors of each user and item
-  std::vector<double> y_range;   ///< collab, collab_nn: [low, high], ratings squashed into it (empty: none)
+  double embed_p = 0.0;         ///< tabular: dropout over the embeddings
+  std::int64_t n_factors = 50;  ///< collab: the factors of each user and item
+  std::vector<double> y_range;  ///< collab, collab_nn: [low, high], ratings squashed into it (empty: none)
   bool operator==(const ModelConfig&) const = default;
 };
 

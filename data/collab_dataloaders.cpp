@@ -20,10 +20,10 @@ std::string column_of(const CsvTable& table, const std::string& given, std::size
     return given;
   }
   if (position >= table.columns.size())
-    throw DataError(fmt::format("{}: no {} column given, and the table has {} column(s) ({}), not the {} that the "
-                                "defaults read (user, item, rating)",
-                                excerpt(origin, 256), role, table.columns.size(),
-                                fmt::join(excerpts(table.columns), ", "), position + 1));
+    throw DataError(fmt::format(
+        "{}: no {} column given, and the table has {} column(s) ({}), not the {} that the "
+        "defaults read (user, item, rating)",
+        excerpt(origin, 256), role, table.columns.size(), fmt::join(excerpts(table.columns), ", "), position + 1));
   return table.columns[position];
 }
 
@@ -40,15 +40,17 @@ DataLoaders CollabDataLoaders::from_table(const CsvTable& table, const CollabOpt
   if (user == item || user == rating || item == rating)
     throw ConfigError(fmt::format("{}: the user, item and rating columns must differ ('{}', '{}', '{}')",
                                   excerpt(origin, 256), excerpt(user), excerpt(item), excerpt(rating)));
-  if (table.rows.empty()) throw DataError(fmt::format("{}: the table has no ratings (no data rows)", excerpt(origin, 256)));
+  if (table.rows.empty())
+    throw DataError(fmt::format("{}: the table has no ratings (no data rows)", excerpt(origin, 256)));
   // A rating without its user or item is a broken row, not a category of its own.
   for (const auto& name : {user, item}) {
     const auto col = table.column(name, origin);
     for (std::size_t r = 0; r < table.rows.size(); ++r)
       if (is_missing_cell(table.rows[r][col]))
-        throw DataError(fmt::format("{}: row {}, column '{}': the cell is missing ('{}'): every rating needs its "
-                                    "user and item",
-                                    excerpt(origin, 256), r + 2, excerpt(name), excerpt(table.rows[r][col])));
+        throw DataError(
+            fmt::format("{}: row {}, column '{}': the cell is missing ('{}'): every rating needs its "
+                        "user and item",
+                        excerpt(origin, 256), r + 2, excerpt(name), excerpt(table.rows[r][col])));
   }
   return TabularDataLoaders::from_table(table,
                                         {.y_names = {rating},
@@ -88,10 +90,10 @@ void check_known(const TabularProcs& procs, const CsvTable& table, const at::Ten
     for (std::int64_t j = 0; j < width; ++j)
       if (code[r * width + j] == 0) {
         const auto k = static_cast<std::size_t>(j);
-        throw DataError(fmt::format(
-            "{}: {} '{}' is not one of the {} the training rows have: the model has no embedding for it", who,
-            excerpt(procs.cat_columns()[k]), excerpt(table.rows[static_cast<std::size_t>(r)][k]),
-            procs.vocabs()[k].size() - 1));
+        throw DataError(
+            fmt::format("{}: {} '{}' is not one of the {} the training rows have: the model has no embedding for it",
+                        who, excerpt(procs.cat_columns()[k]), excerpt(table.rows[static_cast<std::size_t>(r)][k]),
+                        procs.vocabs()[k].size() - 1));
       }
 }
 

@@ -41,9 +41,9 @@ struct CollabDataLoaders {
 
 /// The columns and vocabularies of a ratings table's loaders (CollabDataLoaders, or an export's).
 struct CollabClasses {
-  std::string user, item, rating;       ///< the column names
-  std::vector<std::string> users;       ///< the users' vocabulary, "#na#" first (fastai's dls.classes[user])
-  std::vector<std::string> items;       ///< the items'
+  std::string user, item, rating;  ///< the column names
+  std::vector<std::string> users;  ///< the users' vocabulary, "#na#" first (fastai's dls.classes[user])
+  std::vector<std::string> items;  ///< the items'
 };
 /// The classes of `dls`; nullopt when its data is not a ratings table.
 std::optional<CollabClasses> collab_classes(const DataLoaders& dls);

@@ -254,10 +254,10 @@ TabularProcs::Encoded TabularProcs::encode(const CsvTable& table, std::span<cons
       const auto k = code(cell);  // unknown or missing: #na#
       if (k == 0 && unknown == Unknown::refuse) {
         const auto r = rows[static_cast<std::size_t>(i)];
-        throw DataError(fmt::format(
-            "{}: {} is not among the {} values of the training rows: the model has no embedding for it",
-            cell_at(r, cat_columns_[j]), is_missing_cell(cell) ? "a missing value" : "'" + excerpt(cell) + "'",
-            vocabs_[j].size() - 1));
+        throw DataError(
+            fmt::format("{}: {} is not among the {} values of the training rows: the model has no embedding for it",
+                        cell_at(r, cat_columns_[j]),
+                        is_missing_cell(cell) ? "a missing value" : "'" + excerpt(cell) + "'", vocabs_[j].size() - 1));
       }
       c[i * n_cat + static_cast<std::int64_t>(j)] = k;
     }
@@ -291,8 +291,8 @@ TabularProcs::Encoded TabularProcs::encode(const CsvTable& table, std::span<cons
   return {cats, conts};
 }
 
-TabularProcs::Encoded TabularProcs::encode_row(const std::map<std::string, std::string>& row,
-                                               const std::string& origin, Unknown unknown) const {
+TabularProcs::Encoded TabularProcs::encode_row(const std::map<std::string, std::string>& row, const std::string& origin,
+                                               Unknown unknown) const {
   // A name the procs do not read is a typo far more often than a column to leave out on purpose; unchecked, it would
   // make its column a missing cell without a word.
   std::vector<std::string> known(cat_columns_);

@@ -80,8 +80,8 @@ class TabularProcs {
 
  private:
   // encode(); `one_row`: errors name `origin` and the column only, not a row of the table made for the one row.
-  Encoded encode(const CsvTable& table, std::span<const std::int64_t> rows, const std::string& origin,
-                 Unknown unknown, bool one_row) const;
+  Encoded encode(const CsvTable& table, std::span<const std::int64_t> rows, const std::string& origin, Unknown unknown,
+                 bool one_row) const;
 
   std::vector<std::string> procs_;
   std::vector<std::string> cat_columns_;  // the categorical columns of the data (cat_names_ without _na)

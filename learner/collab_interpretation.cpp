@@ -20,9 +20,10 @@ namespace {
 models::EmbeddingDotBiasImpl& dot_bias_model(Learner& learn, std::string_view who) {
   auto* model = dynamic_cast<models::EmbeddingDotBiasImpl*>(&learn.model());
   if (model == nullptr || !collab_classes(learn.dls()))
-    throw ConfigError(fmt::format("{}: the model is not an EmbeddingDotBias of a ratings table (collab_learner "
-                                  "without use_nn makes one)",
-                                  who));
+    throw ConfigError(
+        fmt::format("{}: the model is not an EmbeddingDotBias of a ratings table (collab_learner "
+                    "without use_nn makes one)",
+                    who));
   return *model;
 }
 
@@ -42,7 +43,8 @@ at::Tensor codes(Learner& learn, const std::vector<std::string>& names, bool is_
   return both.select(1, is_item ? 1 : 0);
 }
 
-at::Tensor lookup(Learner& learn, const std::vector<std::string>& names, bool is_item, bool bias, std::string_view who) {
+at::Tensor lookup(Learner& learn, const std::vector<std::string>& names, bool is_item, bool bias,
+                  std::string_view who) {
   auto& model = dot_bias_model(learn, who);
   const auto idx = codes(learn, names, is_item, who);
   torch::NoGradGuard no_grad;
@@ -75,10 +77,9 @@ std::vector<RankedItem> items_by_bias(Learner& learn, std::int64_t k, bool most_
   std::vector<std::size_t> order(names.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
   const auto take = std::min<std::size_t>(static_cast<std::size_t>(k), order.size());
-  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(take), order.end(),
-                    [&](std::size_t x, std::size_t y) {
-                      return b[x] != b[y] ? (most_liked ? b[x] > b[y] : b[x] < b[y]) : x < y;
-                    });
+  std::partial_sort(
+      order.begin(), order.begin() + static_cast<std::ptrdiff_t>(take), order.end(),
+      [&](std::size_t x, std::size_t y) { return b[x] != b[y] ? (most_liked ? b[x] > b[y] : b[x] < b[y]) : x < y; });
   std::vector<RankedItem> out;
   for (std::size_t i = 0; i < take; ++i) out.push_back({names[order[i]], b[order[i]]});
   return out;

@@ -68,16 +68,17 @@ CollabModel collab_model(const DataLoaders& dls, const CollabLearnerOptions& o) 
   }
   for (const auto& [name, width] : o.emb_szs)
     if (name != classes.user && name != classes.item)
-      throw ConfigError(fmt::format("collab_model: emb_szs names '{}', which is neither the user column '{}' nor the "
-                                    "item column '{}'",
-                                    excerpt(name), excerpt(classes.user), excerpt(classes.item)));
+      throw ConfigError(
+          fmt::format("collab_model: emb_szs names '{}', which is neither the user column '{}' nor the "
+                      "item column '{}'",
+                      excerpt(name), excerpt(classes.user), excerpt(classes.item)));
   const auto width = [&](const std::string& name, std::int64_t n) {
     const auto given = o.emb_szs.find(name);
     return given != o.emb_szs.end() ? given->second : models::emb_sz_rule(n);
   };
-  auto model = models::embedding_nn(
-      {{n_users, width(classes.user, n_users)}, {n_items, width(classes.item, n_items)}},
-      {.layers = o.layers.empty() ? std::vector{o.n_factors} : o.layers, .y_range = o.y_range});
+  auto model =
+      models::embedding_nn({{n_users, width(classes.user, n_users)}, {n_items, width(classes.item, n_items)}},
+                           {.layers = o.layers.empty() ? std::vector{o.n_factors} : o.layers, .y_range = o.y_range});
   Replicate replicate = [](torch::nn::Module& m, const c10::Device& device) -> ModelCopy {
     auto copy = std::dynamic_pointer_cast<models::TabularModelImpl>(m.clone(device));
     if (!copy) return {};
@@ -113,27 +114,29 @@ std::vector<Recommendation> recommend(Learner& learn, const std::string& user, s
                                       const std::vector<std::string>& exclude) {
   const auto classes = classes_of(learn.dls(), "recommend");
   if (k < 0) throw ConfigError(fmt::format("recommend: k = {} is negative", k));
-  const auto user_code =
-      codes_of(learn, {{user, classes.items.at(std::min<std::size_t>(1, classes.items.size() - 1))}}, true,
-               "recommend")[0][0];
+  const auto user_code = codes_of(learn, {{user, classes.items.at(std::min<std::size_t>(1, classes.items.size() - 1))}},
+                                  true, "recommend")[0][0];
   // Every item the model knows (not "#na#"), for this user.
   const auto n = static_cast<std::int64_t>(classes.items.size()) - 1;
-  auto codes = at::stack({at::full({n}, user_code.item<std::int64_t>(), at::kLong), at::arange(1, n + 1, at::kLong)}, 1);
+  auto codes =
+      at::stack({at::full({n}, user_code.item<std::int64_t>(), at::kLong), at::arange(1, n + 1, at::kLong)}, 1);
   auto ratings = learn.predict_batch({codes}).to(torch::kCPU, torch::kDouble).flatten().contiguous();
   std::vector<bool> left_out(static_cast<std::size_t>(n + 1), false);
   if (!exclude.empty()) {
     std::vector<std::pair<std::string, std::string>> pairs;
     for (const auto& item : exclude) pairs.emplace_back(user, item);
     const auto excluded = codes_of(learn, pairs, false, "recommend").select(1, 1).contiguous();
-    for (std::int64_t i = 0; i < excluded.numel(); ++i) left_out[static_cast<std::size_t>(excluded.data_ptr<std::int64_t>()[i])] = true;
+    for (std::int64_t i = 0; i < excluded.numel(); ++i)
+      left_out[static_cast<std::size_t>(excluded.data_ptr<std::int64_t>()[i])] = true;
   }
   const auto* r = ratings.data_ptr<double>();
   std::vector<std::int64_t> order;
   for (std::int64_t i = 1; i <= n; ++i)
     if (!left_out[static_cast<std::size_t>(i)]) order.push_back(i);
   const auto take = std::min<std::int64_t>(k, static_cast<std::int64_t>(order.size()));
-  std::partial_sort(order.begin(), order.begin() + take, order.end(),
-                    [&](std::int64_t a, std::int64_t b) { return r[a - 1] > r[b - 1] || (r[a - 1] == r[b - 1] && a < b); });
+  std::partial_sort(order.begin(), order.begin() + take, order.end(), [&](std::int64_t a, std::int64_t b) {
+    return r[a - 1] > r[b - 1] || (r[a - 1] == r[b - 1] && a < b);
+  });
   std::vector<Recommendation> out;
   for (std::int64_t i = 0; i < take; ++i) {
     const auto code = order[static_cast<std::size_t>(i)];

@@ -27,8 +27,10 @@ std::vector<std::string> output_names(Learner& learn) {
 
 std::vector<NamedPrediction> name_predictions(const at::Tensor& preds, Learner& learn, double threshold) {
   const auto names = output_names(learn);
-  const auto rows = preds.to(torch::kCPU, torch::kDouble).contiguous();
   const auto c = static_cast<std::int64_t>(names.size());
+  // One value per item (fastai's EmbeddingDotBias, a script's regression) is one output.
+  const auto rows =
+      (preds.dim() == 1 && c == 1 ? preds.unsqueeze(1) : preds).to(torch::kCPU, torch::kDouble).contiguous();
   if (rows.dim() != 2 || rows.size(1) != c)
     throw ConfigError(fmt::format("name_predictions: the predictions have shape [{}], the data has {} output(s)",
                                   fmt::join(rows.sizes(), ", "), c));

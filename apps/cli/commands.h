@@ -28,7 +28,8 @@ int run_validate(const TrainArgs& args, const std::string& checkpoint);
 
 /// `fastlearn interpret`: loads the checkpoint's weights into the config's model (single-label
 /// classification) and, on the validation set, prints the confusion matrix and the most confused pairs of
-/// classes, and writes <out>/confusion_matrix.csv and <out>/top_losses.svg (the `top` worst items).
+/// classes, and writes <out>/confusion_matrix.csv and <out>/top_losses.svg (the `top` worst items); for ratings
+/// (model.arch "collab") the `top` most and least liked items and <out>/item_factors.svg.
 int run_interpret(const TrainArgs& args, const std::string& checkpoint, int top);
 
 /// `fastlearn predict`: loads the checkpoint's weights into the config's model (image data) and prints one

@@ -5,10 +5,12 @@
 
 #include <fastlearn/core/atomic_file.h>
 #include <fastlearn/core/detail/text.h>
+#include <fastlearn/data/collab_dataloaders.h>
 #include <fastlearn/data/csv.h>
 #include <fastlearn/data/image_dataset.h>
 #include <fastlearn/data/segmentation_dataset.h>
 #include <fastlearn/data/tabular_dataloaders.h>
+#include <fastlearn/learner/collab_interpretation.h>
 #include <fastlearn/learner/interpretation.h>
 #include <fastlearn/learner/predict_image.h>
 #include <fastlearn/learner/predict_tabular.h>
@@ -19,9 +21,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <numeric>
 
 namespace fastlearn::cli {
 
@@ -121,10 +126,52 @@ int interpret_segmentation(const TrainConfig& config, const fs::path& out, const
   return 0;
 }
 
+// A ratings model's interpretation, as fastai's lesson reads it: among the items rated most in training (up to 1,000:
+// their biases and factors rest on many ratings), the `top` most and least liked whatever the user, and the first 50
+// of them along the first two principal components of their factors in <out>/item_factors.svg.
+int interpret_ratings(const TrainConfig& config, const fs::path& out, const std::string& checkpoint, int top) {
+  if (config.model.arch != "collab")
+    throw ConfigError(
+        fmt::format("interpret: a ratings model is read by its biases and factors, which the dot-product model has "
+                    "(model.arch = \"collab\"); this config's is \"{}\"",
+                    excerpt(config.model.arch)));
+  auto learn = learner_from_checkpoint(config, out, checkpoint, "interpret");
+  const auto classes = *collab_classes(learn->dls());
+  const auto* train = dynamic_cast<const TensorDataset*>(&learn->dls().train().dataset());
+  const auto counts =
+      at::bincount(train->inputs().at(0).select(1, 1), {}, static_cast<std::int64_t>(classes.items.size()))
+          .contiguous();
+  std::vector<std::int64_t> order(classes.items.size() - 1);
+  std::iota(order.begin(), order.end(), std::int64_t{1});  // not "#na#"
+  const auto* n = counts.data_ptr<std::int64_t>();
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return n[a] > n[b]; });
+  order.resize(std::min<std::size_t>(order.size(), 1000));
+  std::vector<std::string> popular;
+  for (const auto code : order) popular.push_back(classes.items[static_cast<std::size_t>(code)]);
+  for (const bool most : {true, false}) {
+    fmt::print("{} liked whatever the user, among the {} items rated most ({}: bias):\n", most ? "most" : "least",
+               popular.size(), classes.item);
+    for (const auto& [item, bias] : items_by_bias(*learn, top, most, popular)) fmt::print("  {}: {:.4f}\n", item, bias);
+  }
+  if (popular.size() < 2 || config.model.n_factors < 2) {
+    fmt::print("no item_factors.svg: its picture needs 2 items and 2 factors ({} and {})\n", popular.size(),
+               config.model.n_factors);
+  } else {
+    const std::vector<std::string> shown(popular.begin(),
+                                         popular.begin() + std::min<std::ptrdiff_t>(50, popular.size()));
+    plot_item_factors(*learn, shown, out / "item_factors.svg");
+    fmt::print("wrote {}\n", excerpt((out / "item_factors.svg").string(), 256));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int run_interpret(const TrainArgs& args, const std::string& checkpoint, int top) {
   auto config = read_config_file(args);
+  if (is_ratings(config.data))
+    return interpret_ratings(config, args.out.empty() ? fs::path(config.output.dir) : fs::path(args.out), checkpoint,
+                             top);
   if (task_of(config.data) == Task::segmentation)
     return interpret_segmentation(config, args.out.empty() ? fs::path(config.output.dir) : fs::path(args.out),
                                   checkpoint, top);

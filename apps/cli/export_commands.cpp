@@ -50,7 +50,8 @@ class Predictions {
 
   // Predicts `inputs` (names as printed) from `dl` in batches; prints a line each.
   void add(const std::vector<std::string>& inputs, DataLoader& dl, double threshold) {
-    const auto preds = learn_.get_preds(&dl).preds.to(torch::kCPU, torch::kDouble).contiguous();
+    auto preds = learn_.get_preds(&dl).preds.to(torch::kCPU, torch::kDouble).contiguous();
+    if (preds.dim() == 1) preds = preds.unsqueeze(1);  // one value per item (a ratings model)
     const auto named = name_predictions(preds, learn_, threshold);
     const auto* p = preds.data_ptr<double>();
     const auto c = preds.size(1);

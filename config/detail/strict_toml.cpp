@@ -293,8 +293,8 @@ std::optional<Value> Document::read(std::string_view key, const Spec& spec) cons
     std::vector<double> values;
     for (const auto& element : *array) {
       if (!element.is_number()) fail(element);
-      const double value = element.is_integer() ? static_cast<double>(*element.value<std::int64_t>())
-                                                : *element.value_exact<double>();
+      const double value =
+          element.is_integer() ? static_cast<double>(*element.value<std::int64_t>()) : *element.value_exact<double>();
       if (!std::isfinite(value)) fail(element);
       values.push_back(value);
     }

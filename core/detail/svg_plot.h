@@ -1,5 +1,6 @@
 #pragma once
-// Line plots (and labelled scatter plots) written as standalone SVG images (loss curves, lr_find); no plotting library needed.
+// Line plots (and labelled scatter plots) written as standalone SVG images (loss curves, lr_find); no plotting library
+// needed.
 #include <filesystem>
 #include <string>
 #include <string_view>

@@ -415,10 +415,26 @@ wd = 0.01
     EXPECT_LT(last["valid_loss"].get<double>(), 2.0) << ranks << " " << last.dump();  // before: 3.4
   }
   EXPECT_NE(read(out_ / "config.toml").find("y_range = [0.0, 6.0]"), std::string::npos);
+  // interpret: the items most and least liked whatever the user, and their factors' picture.
+  const auto interp = run_cli(fmt::format("interpret {} --checkpoint {} --top 3 --out {}", config_.string(),
+                                          (out_ / "checkpoints" / "model.safetensors").string(), out_.string()));
+  ASSERT_EQ(interp.exit_code, 0) << interp.output;
+  EXPECT_NE(interp.output.find("most liked whatever the user, among the 40 items rated most (item: bias):\n  i"),
+            std::string::npos)
+      << interp.output;
+  EXPECT_NE(interp.output.find("least liked"), std::string::npos) << interp.output;
+  EXPECT_NE(read(out_ / "item_factors.svg").find("</svg>"), std::string::npos);
   fs::remove(dir_ / "ratings.csv");
+  // Every row known: predicted in batches (one value per row from the dot-product model).
+  std::ofstream(dir_ / "known.csv") << "item,user\ni3,u1\ni1,u2\n";
+  const auto known = run_cli(fmt::format("predict {} {} --out {}", (out_ / "export.safetensors").string(),
+                                         (dir_ / "known.csv").string(), (dir_ / "predicted").string()));
+  ASSERT_EQ(known.exit_code, 0) << known.output;
+  EXPECT_NE(known.output.find("known.csv:3\trating "), std::string::npos) << known.output;
+  EXPECT_NE(read(dir_ / "predicted" / "predictions.csv").find("input,prediction,rating\n"), std::string::npos);
   std::ofstream(dir_ / "new.csv") << "item,user,rating\ni3,u1,\ni7,u999,\ni1,u2,4\n";
-  const auto p = run_cli(fmt::format("predict {} {}", (out_ / "export.safetensors").string(),
-                                     (dir_ / "new.csv").string()));
+  const auto p =
+      run_cli(fmt::format("predict {} {}", (out_ / "export.safetensors").string(), (dir_ / "new.csv").string()));
   ASSERT_EQ(p.exit_code, 1) << "one row's user is unknown\n" << p.output;
   EXPECT_NE(p.output.find("new.csv:2\trating "), std::string::npos) << p.output;
   EXPECT_NE(p.output.find("new.csv:4\trating "), std::string::npos) << p.output;

@@ -140,7 +140,8 @@ TEST(Config, RatingsTakeTheCollabArchsWithFastaisDefaults) {
   expect_contains(error_of(ratings + "[model]\ny_range = [5, 1]\n").what(),
                   "model.y_range: is [low, high] with low < high");
   expect_contains(error_of(ratings + "[model]\ny_range = [0, \"5\"]\n").what(), "an array of numbers");
-  expect_contains(error_of(ratings + "[model]\narch = \"tabular\"\n").what(), "must be one of \"collab\", \"collab_nn\"");
+  expect_contains(error_of(ratings + "[model]\narch = \"tabular\"\n").what(),
+                  "must be one of \"collab\", \"collab_nn\"");
   expect_contains(error_of("[data]\ndataset = \"csv\"\npath = \"t.csv\"\nuser = \"u\"\n").what(),
                   "data.user: applies to dataset = \"ratings\" only");
   expect_contains(error_of("[data]\ndataset = \"ratings\"\n").what(), "data.path: must name the CSV file");

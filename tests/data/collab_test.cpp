@@ -3,6 +3,7 @@
 // interpretation, and the export of a trained one.
 #include <fastlearn/config/load_learner.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/core/safetensors.h>
 #include <fastlearn/data/collab_dataloaders.h>
 #include <fastlearn/learner/collab_interpretation.h>
 #include <fastlearn/learner/collab_learner.h>
@@ -71,17 +72,19 @@ TEST(CollabDataLoaders, BadTablesAreRefusedByNameAndRow) {
 
 TEST(CollabDataLoaders, PredictionsRefuseAUserOrItemTheTrainingRowsLackedByRow) {
   auto dls = planted();
-  const auto message = flt::message_of([&] {
-    fl::TabularDataLoaders::test_dl(dls, table_of("user,item\nu1,i1\nu999,i2\n"), "new.csv");
-  });
-  EXPECT_THAT(message, HasSubstr("new.csv: row 3, column 'user': 'u999' is not among the 30 values of the training rows"));
+  const auto message = flt::message_of(
+      [&] { fl::TabularDataLoaders::test_dl(dls, table_of("user,item\nu1,i1\nu999,i2\n"), "new.csv"); });
+  EXPECT_THAT(message,
+              HasSubstr("new.csv: row 3, column 'user': 'u999' is not among the 30 values of the training rows"));
   // fastai's validation: an id seen only there is "#na#" (code 0), so that validation losses compare.
-  const auto table = table_of("user,item,rating\nu1,i1,4\nu2,i1,3\nu1,i2,5\nu2,i2,1\nu3,i3,2\n");
+  // Each user rates once, so the validation row's user is one the training rows lack; the item is everyone's.
+  const auto table = table_of("user,item,rating\nu1,i1,4\nu2,i1,3\nu3,i1,5\nu4,i1,1\nu5,i1,2\n");
   auto split = fl::CollabDataLoaders::from_table(table, {.valid_pct = 0.2, .seed = 0}, "ratings.csv");
-  std::int64_t zeros = 0;
-  for (const auto& b : split.valid()) zeros += (b.inputs[0] == 0).sum().item<std::int64_t>();
-  const auto& vocabs = fl::tabular_dataset(split)->procs().vocabs();
-  EXPECT_EQ(zeros, (vocabs[0].size() < 4 ? 1 : 0) + (vocabs[1].size() < 4 ? 1 : 0));
+  ASSERT_EQ(split.valid().n(), 1);
+  const auto valid = split.valid().one_batch().inputs[0];
+  EXPECT_EQ(valid[0][0].item<std::int64_t>(), 0) << "the user is #na#";
+  EXPECT_EQ(valid[0][1].item<std::int64_t>(), 1) << "the item is i1";
+  EXPECT_EQ(fl::tabular_dataset(split)->procs().vocabs()[0].size(), 5u);
 }
 
 TEST(CollabLearner, BothModelsLearnPlantedRatingsAndAnswerForUsersAndItems) {
@@ -146,9 +149,10 @@ TEST(CollabLearner, TheDotModelsBiasesFactorsAndPrincipalComponentsAreReadByName
   const auto var = xy.var(0);
   EXPECT_GE(var[0].item<double>(), var[1].item<double>());
   EXPECT_NEAR((xy.select(1, 0) * xy.select(1, 1)).sum().item<double>(), 0.0, 1e-9);
-  EXPECT_NEAR(var[0].item<double>(), at::linalg_svdvals(factors - factors.mean(0))[0].item<double>() *
-                                         at::linalg_svdvals(factors - factors.mean(0))[0].item<double>() /
-                                         static_cast<double>(factors.size(0) - 1),
+  EXPECT_NEAR(var[0].item<double>(),
+              at::linalg_svdvals(factors - factors.mean(0))[0].item<double>() *
+                  at::linalg_svdvals(factors - factors.mean(0))[0].item<double>() /
+                  static_cast<double>(factors.size(0) - 1),
               1e-9);
 
   const auto svg = fs::temp_directory_path() / fmt::format("fastlearn-collab-{}/factors.svg", ::getpid());
@@ -169,8 +173,9 @@ TEST(CollabLearner, AnExportPredictsTheSameRatingsWithoutTheDataAndRefusesUnknow
   for (const bool use_nn : {false, true}) {
     SCOPED_TRACE(use_nn ? "EmbeddingNN" : "EmbeddingDotBias");
     torch::manual_seed(0);
-    auto learn = fl::collab_learner(planted(), {.n_factors = 4, .use_nn = use_nn, .layers = {}, .y_range = std::pair(1.0, 5.0)},
-                                    {.progress = false});
+    auto learn =
+        fl::collab_learner(planted(), {.n_factors = 4, .use_nn = use_nn, .layers = {}, .y_range = std::pair(1.0, 5.0)},
+                           {.progress = false});
     learn->fit_one_cycle(2, 1e-2);
     const auto file = learn->export_to(dir / "export.safetensors");
     auto loaded = fl::load_learner(file);
@@ -181,8 +186,29 @@ TEST(CollabLearner, AnExportPredictsTheSameRatingsWithoutTheDataAndRefusesUnknow
     EXPECT_DOUBLE_EQ(fl::predict_rating(*loaded, "u3", "i7"), fl::predict_rating(*learn, "u3", "i7"));
     const auto predicted = fl::predict_row(*loaded, {{"user", "u1"}, {"item", "i2"}});
     EXPECT_DOUBLE_EQ(predicted.values.at(0).second, fl::predict_rating(*learn, "u1", "i2"));
-    EXPECT_THAT(flt::message_of([&] { fl::predict_row(*loaded, {{"user", "u1"}, {"item", "i404"}}, "rows.csv:9"); }),
+    EXPECT_THAT(flt::message_of([&] {
+                  fl::predict_row(*loaded, {{"user", "u1"}, {"item", "i404"}}, "rows.csv:9");
+                }),
                 HasSubstr("rows.csv:9: column 'item': 'i404' is not among the 40 values"));
+    if (use_nn) continue;
+    // What an altered file claims is checked before the model is built: a wider n_factors behind a tensor of no
+    // elements, more users than the file holds factors for.
+    const auto content = fl::load_safetensors(file);
+    const auto altered = [&](const std::string& key, const std::string& from, const std::string& to) {
+      auto m = content.metadata;
+      m.erase(std::string(fl::kChecksumKey));
+      const auto at = m.at(key).find(from);
+      EXPECT_NE(at, std::string::npos) << key << " has no " << from;
+      m[key].replace(at, from.size(), to);
+      auto tensors = content.tensors;
+      tensors.emplace_back("x", torch::zeros({0, 1048576}));
+      fl::save_checked_safetensors(dir / "altered.safetensors", tensors, m);
+      return flt::message_of([&] { fl::load_learner(dir / "altered.safetensors"); });
+    };
+    EXPECT_THAT(altered("model_recipe", "n_factors = 4", "n_factors = 1048576"),
+                HasSubstr("the embedding 'u_weight.weight' of 31 rows of 1048576, which the file does not hold"));
+    EXPECT_THAT(altered("pipeline", "\"u1\",", "\"u1\",\"u0\","),
+                HasSubstr("the embedding 'u_weight.weight' of 32 rows of 4, which the file does not hold"));
   }
   fs::remove_all(dir);
 }

@@ -6,8 +6,8 @@
 #include <fastlearn/callbacks/mixed_precision.h>
 #include <fastlearn/comm/collectives.h>
 #include <fastlearn/comm/runtime.h>
-#include <fastlearn/data/collab_dataloaders.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/data/collab_dataloaders.h>
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/learner/callback_order.h>
@@ -57,8 +57,8 @@ fl::DataLoaders loaders(std::int64_t bs, bool single_process_twin, std::uint64_t
                         const std::string& kind = "") {
   std::shared_ptr<const fl::Dataset> train, valid;
   if (is_collab(kind)) {  // a table of ratings: 80 rows, 64 of them for training
-    auto ratings = fl::CollabDataLoaders::from_table(flt::ratings_table(kItems + 16, 10, 12, data_seed), {},
-                                                     "ratings.csv");
+    auto ratings =
+        fl::CollabDataLoaders::from_table(flt::ratings_table(kItems + 16, 10, 12, data_seed), {}, "ratings.csv");
     train = ratings.train().dataset_ptr();
     valid = ratings.valid().dataset_ptr();
   } else {
@@ -147,9 +147,7 @@ void expect_same_steps(const std::vector<std::vector<at::Tensor>>& a, const std:
 // the std of a batch of 16 amplifies them; momentum carries them on. resnet_syncbn, measured (weights up to
 // 0.37): 1.3e-6 after step 1, 1.3e-5 after step 3, 7.8e-5 after step 8 (growing about linearly, not
 // exponentially), so 2e-4. The models without BatchNorm hold 1e-5.
-double step_tolerance(const std::string& kind) {
-  return kind == "resnet_syncbn" || kind == "collab_nn" ? 2e-4 : 1e-5;
-}
+double step_tolerance(const std::string& kind) { return kind == "resnet_syncbn" || kind == "collab_nn" ? 2e-4 : 1e-5; }
 
 class Equivalence : public ::testing::TestWithParam<std::string> {};
 

@@ -78,7 +78,7 @@ TEST_P(ShardedParamsEquivalence, MatchesOneProcessWithEveryRanksBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ShardedParamsEquivalence,
-                         ::testing::Combine(::testing::Values("mlp", "conv_net", "resnet", "tabular"),
+                         ::testing::Combine(::testing::Values("mlp", "conv_net", "resnet", "tabular", "embedding_nn"),
                                             ::testing::Values(2, 3)),
                          model_and_ranks);
 

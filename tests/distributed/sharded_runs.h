@@ -8,6 +8,7 @@
 #include <fastlearn/distributed/distrib_ctx.h>
 #include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/learner/learner.h>
+#include <fastlearn/models/collab.h>
 #include <fastlearn/models/models.h>
 #include <fastlearn/models/tabular_model.h>
 #include <fastlearn/optim/adam.h>
@@ -42,6 +43,8 @@ inline std::vector<at::Tensor> inputs(const std::string& kind, std::int64_t n, s
     auto cats = at::randint(0, 4, {n, 2}, gen, at::TensorOptions().dtype(at::kLong));
     return {cats, at::randn({n, 2}, gen) + y.to(at::kFloat).view({n, 1})};
   }
+  if (kind == "embedding_nn")
+    return {(at::randint(0, 2, {n, 2}, gen, at::TensorOptions().dtype(at::kLong)) + y.view({n, 1})).clamp_max(3)};
   return {at::randn({n, 1, 28, 28}, gen) + y.to(at::kFloat).view({n, 1, 1, 1})};
 }
 
@@ -91,6 +94,8 @@ inline fl::LearnerOptions learner_options(const std::string& opt, fl::Splitter s
 
 // "mlp": a 7x33 weight and a 1-element bias (whose share is empty on every rank but one) among larger ones.
 // "tied": a layer used twice. "resnet" comes split into body and head (two parameter groups, fine_tune).
+// "embedding_nn": fastai's EmbeddingNN (collaborative filtering), whose empty bn_cont holds parameters of no elements;
+// the classes are its regression targets.
 inline std::unique_ptr<fl::Learner> make_learner(const std::string& kind, const std::string& opt, int twin_of,
                                                  int micro_batches) {
   torch::manual_seed(0);
@@ -117,6 +122,14 @@ inline std::unique_ptr<fl::Learner> make_learner(const std::string& kind, const 
     return std::make_unique<fl::Learner>(
         std::move(dls), m, fl::cross_entropy(),
         learner_options(opt, kind == "resnet" ? fl::Splitter(fl::models::body_head_split) : fl::Splitter{}));
+  }
+  if (kind == "embedding_nn") {
+    auto m = fl::models::embedding_nn({{4, 3}, {4, 2}}, {.layers = {16, 8}});
+    fl::ForwardOutputs forward = [m](const std::vector<at::Tensor>& xb) mutable -> std::vector<at::Tensor> {
+      return {m->forward(xb[0], at::empty({xb[0].size(0), 0}))};
+    };
+    return std::make_unique<fl::Learner>(std::move(dls), m.ptr(), std::move(forward), fl::mse_loss(),
+                                         learner_options(opt));
   }
   fl::models::TabularModel m(std::vector<std::pair<std::int64_t, std::int64_t>>{{4, 3}, {4, 2}}, 2, 3,
                              fl::models::TabularModelOptions{.layers = {16, 8}});

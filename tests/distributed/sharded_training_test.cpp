@@ -70,7 +70,8 @@ TEST_P(ShardedEquivalence, EachStageMatchesOneProcessWithEveryRanksBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ShardedEquivalence,
-                         ::testing::Combine(::testing::Values("mlp", "conv_net", "resnet", "tabular", "torchscript"),
+                         ::testing::Combine(::testing::Values("mlp", "conv_net", "resnet", "tabular", "torchscript",
+                                                              "embedding_nn"),
                                             ::testing::Values(2, 3)),
                          model_and_ranks);
 

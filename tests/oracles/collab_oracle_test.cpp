@@ -82,9 +82,9 @@ TEST_F(CollabOracle, FastaisWeightsPredictFastaisRatingsHereAndOursPredictOursIn
     const auto weights = dir_ / ("ours_" + kind + ".safetensors");
     fl::save_safetensors(weights, fl::models::model_tensors(learn->model()));
     const auto out = dir_ / ("fastai_with_ours_" + kind + ".json");
-    const auto [code, output] = flt::run_shell(fmt::format(
-        "'{}' '{}/tests/python/fastai_collab_oracle.py' predict '{}' '{}' '{}' {} 2>&1", FASTLEARN_PYTHON,
-        FASTLEARN_SOURCE_DIR, dir_.string(), weights.string(), out.string(), kind));
+    const auto [code, output] = flt::run_shell(
+        fmt::format("'{}' '{}/tests/python/fastai_collab_oracle.py' predict '{}' '{}' '{}' {} 2>&1", FASTLEARN_PYTHON,
+                    FASTLEARN_SOURCE_DIR, dir_.string(), weights.string(), out.string(), kind));
     ASSERT_EQ(code, 0) << output;
     const auto back = nlohmann::json::parse(std::ifstream(out))["preds"];
     for (std::size_t i = 0; i < theirs.size(); ++i)
