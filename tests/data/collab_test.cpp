@@ -10,6 +10,7 @@
 #include <fastlearn/learner/predict_tabular.h>
 #include <fastlearn/models/collab.h>
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -17,7 +18,7 @@
 
 #include <filesystem>
 #include <fstream>
-#include <set>
+#include <sstream>
 
 #include "support/message_of.h"
 #include "support/tiny_tasks.h"
