@@ -6,9 +6,11 @@
 #include <fastlearn/callbacks/grad_clip.h>
 #include <fastlearn/callbacks/mixed_precision.h>
 #include <fastlearn/core/error.h>
+#include <fastlearn/data/collab_dataloaders.h>
 #include <fastlearn/distributed/distributed_trainer.h>
 #include <fastlearn/distributed/parallel_trainer.h>
 #include <fastlearn/distributed/sync_batch_norm.h>
+#include <fastlearn/learner/collab_learner.h>
 #include <fastlearn/learner/learner.h>
 #include <fastlearn/models/models.h>
 #include <fastlearn/models/norm_layer.h>
@@ -73,6 +75,8 @@ void expect_close(const std::vector<at::Tensor>& a, const std::vector<at::Tensor
                   const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
   for (std::size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].sizes(), b[i].sizes()) << what << ": tensor " << i;
+    if (a[i].numel() == 0) continue;  // a BatchNorm over no features
     const double diff = (a[i].to(at::kDouble) - b[i].to(at::kDouble)).abs().max().item<double>();
     EXPECT_LE(diff, tol) << what << ": tensor " << i << " differs by " << diff;
   }
@@ -120,6 +124,27 @@ Run train(const std::string& model_kind, const std::string& opt, int replicas, s
   if (replicas > 1) ctx.emplace(learn, std::vector<c10::Device>(static_cast<std::size_t>(replicas), cpu));
   learn.fit(1);
   return {params_of(learn.model()), agree->batches, agree->mismatches};
+}
+
+// fastai's collaborative filtering models on replicas: the dot product, and EmbeddingNN, whose BatchNorm the replicas
+// synchronize and whose empty bn_cont (no features, parameters of no elements) they leave alone.
+TEST(ParallelTrainer, CollabModelsOnReplicasTrainAsOneDevice) {
+  for (const bool use_nn : {false, true}) {
+    const auto run = [use_nn](int replicas) {
+      auto ratings = fl::CollabDataLoaders::from_table(flt::ratings_table(100, 10, 12), {}, "ratings.csv");
+      fl::DataLoaders dls(fl::DataLoader(ratings.train().dataset_ptr(), {.bs = 10}),
+                          fl::DataLoader(ratings.valid().dataset_ptr(), {.bs = 8}), 1);
+      torch::manual_seed(0);
+      auto learn =
+          fl::collab_learner(std::move(dls), {.n_factors = 4, .use_nn = use_nn, .y_range = std::pair(0.0, 6.0)},
+                             {.progress = false, .device = cpu});
+      std::optional<fl::ParallelCtx> ctx;
+      if (replicas > 1) ctx.emplace(*learn, std::vector<c10::Device>(static_cast<std::size_t>(replicas), cpu));
+      learn->fit(1, 1e-2);
+      return params_of(learn->model());
+    };
+    expect_close(run(2), run(1), 1e-5, use_nn ? "EmbeddingNN" : "EmbeddingDotBias");
+  }
 }
 
 // --- the replicas run at the same time ---------------------------------------------------------------------------
