@@ -82,19 +82,20 @@ std::optional<CollabClasses> collab_classes(const DataLoaders& dls) {
                        .items = procs.vocabs()[1]};
 }
 
-void check_known(const TabularProcs& procs, const CsvTable& table, const at::Tensor& codes, std::string_view who) {
-  const auto c = codes.contiguous();
-  const auto* code = c.data_ptr<std::int64_t>();
-  const auto width = c.size(1);
-  for (std::int64_t r = 0; r < c.size(0); ++r)
-    for (std::int64_t j = 0; j < width; ++j)
-      if (code[r * width + j] == 0) {
-        const auto k = static_cast<std::size_t>(j);
-        throw DataError(
-            fmt::format("{}: {} '{}' is not one of the {} the training rows have: the model has no embedding for it",
-                        who, excerpt(procs.cat_columns()[k]), excerpt(table.rows[static_cast<std::size_t>(r)][k]),
-                        procs.vocabs()[k].size() - 1));
-      }
+at::Tensor collab_codes(const DataLoaders& dls, const std::vector<std::string>& ids, bool is_item, bool known_only,
+                        std::string_view who) {
+  const auto* table = tabular_dataset(dls);
+  if (table == nullptr || !collab_classes(dls))
+    throw ConfigError(fmt::format("{}: the data is not a table of ratings (make it with CollabDataLoaders)", who));
+  const auto& procs = table->procs();
+  const std::size_t column = is_item ? 1 : 0;
+  auto codes = procs.category_codes(column, ids);
+  for (std::size_t i = 0; known_only && i < codes.size(); ++i)
+    if (codes[i] == 0)
+      throw DataError(
+          fmt::format("{}: {} '{}' is not one of the {} the training rows have: the model has no embedding for it", who,
+                      excerpt(procs.cat_columns()[column]), excerpt(ids[i]), procs.vocabs()[column].size() - 1));
+  return torch::tensor(codes, torch::kLong);
 }
 
 }  // namespace fastlearn

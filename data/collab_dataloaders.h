@@ -48,9 +48,11 @@ struct CollabClasses {
 /// The classes of `dls`; nullopt when its data is not a ratings table.
 std::optional<CollabClasses> collab_classes(const DataLoaders& dls);
 
-/// Refuses the first row of `table` (its columns the user's and the item's) whose code in `codes` (procs.encode's) is
-/// "#na#": a DataError naming `who`, the column and the id ("predict_rating: user '7' is not one of the 943 the
-/// training rows have ...").
-void check_known(const TabularProcs& procs, const CsvTable& table, const at::Tensor& codes, std::string_view who);
+/// The codes (int64) of `ids` among the items' vocabulary of `dls` (the users' when `is_item` is false), matched as its
+/// Categorify matches them. With `known_only`, an id the training rows lacked is a DataError naming `who`, the column
+/// and the id ("predict_rating: user '7' is not one of the 943 the training rows have ..."); without, its code is 0.
+/// ConfigError when `dls` is not a ratings table's.
+at::Tensor collab_codes(const DataLoaders& dls, const std::vector<std::string>& ids, bool is_item, bool known_only,
+                        std::string_view who);
 
 }  // namespace fastlearn

@@ -291,6 +291,14 @@ TabularProcs::Encoded TabularProcs::encode(const CsvTable& table, std::span<cons
   return {cats, conts};
 }
 
+std::vector<std::int64_t> TabularProcs::category_codes(std::size_t column, std::span<const std::string> values) const {
+  const CategoryCodes code(vocabs_.at(column));
+  std::vector<std::int64_t> out;
+  out.reserve(values.size());
+  for (const auto& value : values) out.push_back(code(value));
+  return out;
+}
+
 TabularProcs::Encoded TabularProcs::encode_row(const std::map<std::string, std::string>& row, const std::string& origin,
                                                Unknown unknown) const {
   // A name the procs do not read is a typo far more often than a column to leave out on purpose; unchecked, it would

@@ -61,6 +61,10 @@ class TabularProcs {
   Encoded encode_row(const std::map<std::string, std::string>& row, const std::string& origin = "the row",
                      Unknown unknown = Unknown::na) const;
 
+  /// The codes of `values` in the categorical column `column` (an index into cat_columns()), matched as encode()
+  /// matches them ("1" and "1.0" one category in a column of numbers); 0 ("#na#") for a value the training rows lacked.
+  std::vector<std::int64_t> category_codes(std::size_t column, std::span<const std::string> values) const;
+
   /// The table's categorical columns (with cont_names(), the columns a row gives).
   const std::vector<std::string>& cat_columns() const { return cat_columns_; }
   /// The model's categorical inputs: the categorical columns, then the `<cont>_na` indicators.

@@ -27,26 +27,10 @@ models::EmbeddingDotBiasImpl& dot_bias_model(Learner& learn, std::string_view wh
   return *model;
 }
 
-// The codes of `names` among the items' (users') vocabulary, matched as the data's Categorify matches them.
-at::Tensor codes(Learner& learn, const std::vector<std::string>& names, bool is_item, std::string_view who) {
-  const auto* table = tabular_dataset(learn.dls());
-  const auto& procs = table->procs();
-  const auto& other = procs.vocabs()[is_item ? 0 : 1];
-  CsvTable rows{.columns = procs.cat_columns(), .rows = {}};
-  for (const auto& name : names)
-    rows.rows.push_back(is_item ? std::vector<std::string>{other.back(), name}
-                                : std::vector<std::string>{name, other.back()});
-  std::vector<std::int64_t> all(names.size());
-  std::iota(all.begin(), all.end(), std::int64_t{0});
-  const auto both = procs.encode(rows, all, std::string(who)).cats;
-  check_known(procs, rows, both, who);
-  return both.select(1, is_item ? 1 : 0);
-}
-
 at::Tensor lookup(Learner& learn, const std::vector<std::string>& names, bool is_item, bool bias,
                   std::string_view who) {
   auto& model = dot_bias_model(learn, who);
-  const auto idx = codes(learn, names, is_item, who);
+  const auto idx = collab_codes(learn.dls(), names, is_item, true, who);
   torch::NoGradGuard no_grad;
   auto& table = bias ? (is_item ? model.i_bias : model.u_bias) : (is_item ? model.i_weight : model.u_weight);
   auto out = table->weight.index_select(0, idx.to(table->weight.device())).to(torch::kCPU);

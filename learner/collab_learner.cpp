@@ -2,7 +2,6 @@
 
 #include <fastlearn/core/detail/text.h>
 #include <fastlearn/core/error.h>
-#include <fastlearn/data/csv.h>
 #include <fastlearn/learner/loss.h>
 #include <fastlearn/models/collab.h>
 
@@ -11,7 +10,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <numeric>
 
 namespace fastlearn {
 
@@ -38,20 +36,6 @@ std::string toml_float(double x) {
   auto text = fmt::format("{:.17g}", x);
   if (text.find_first_of(".eEn") == std::string::npos) text += ".0";
   return text;
-}
-
-// The codes of (user, item) pairs as the data's Categorify gives them ("1" and "1.0" one id when ids are numbers); 0
-// for one it does not know, or with `known_only` a DataError naming `who` and the id.
-at::Tensor codes_of(Learner& learn, const std::vector<std::pair<std::string, std::string>>& pairs, bool known_only,
-                    const std::string& who) {
-  const auto& procs = tabular_dataset(learn.dls())->procs();
-  CsvTable table{.columns = procs.cat_columns(), .rows = {}};
-  for (const auto& [user, item] : pairs) table.rows.push_back({user, item});
-  std::vector<std::int64_t> rows(pairs.size());
-  std::iota(rows.begin(), rows.end(), std::int64_t{0});
-  auto codes = procs.encode(table, rows, who).cats;
-  if (known_only) check_known(procs, table, codes, who);
-  return codes;
 }
 
 }  // namespace
@@ -105,8 +89,9 @@ std::unique_ptr<Learner> collab_learner(DataLoaders dls, const CollabLearnerOpti
 }
 
 double predict_rating(Learner& learn, const std::string& user, const std::string& item) {
-  classes_of(learn.dls(), "predict_rating");
-  const auto codes = codes_of(learn, {{user, item}}, true, "predict_rating");
+  const auto codes = at::stack({collab_codes(learn.dls(), {user}, false, true, "predict_rating"),
+                                collab_codes(learn.dls(), {item}, true, true, "predict_rating")},
+                               1);
   return learn.predict_batch({codes}).to(torch::kCPU, torch::kDouble).flatten()[0].item<double>();
 }
 
@@ -114,8 +99,7 @@ std::vector<Recommendation> recommend(Learner& learn, const std::string& user, s
                                       const std::vector<std::string>& exclude) {
   const auto classes = classes_of(learn.dls(), "recommend");
   if (k < 0) throw ConfigError(fmt::format("recommend: k = {} is negative", k));
-  const auto user_code = codes_of(learn, {{user, classes.items.at(std::min<std::size_t>(1, classes.items.size() - 1))}},
-                                  true, "recommend")[0][0];
+  const auto user_code = collab_codes(learn.dls(), {user}, false, true, "recommend")[0];
   // Every item the model knows (not "#na#"), for this user.
   const auto n = static_cast<std::int64_t>(classes.items.size()) - 1;
   auto codes =
@@ -123,9 +107,7 @@ std::vector<Recommendation> recommend(Learner& learn, const std::string& user, s
   auto ratings = learn.predict_batch({codes}).to(torch::kCPU, torch::kDouble).flatten().contiguous();
   std::vector<bool> left_out(static_cast<std::size_t>(n + 1), false);
   if (!exclude.empty()) {
-    std::vector<std::pair<std::string, std::string>> pairs;
-    for (const auto& item : exclude) pairs.emplace_back(user, item);
-    const auto excluded = codes_of(learn, pairs, false, "recommend").select(1, 1).contiguous();
+    const auto excluded = collab_codes(learn.dls(), exclude, true, false, "recommend");
     for (std::int64_t i = 0; i < excluded.numel(); ++i)
       left_out[static_cast<std::size_t>(excluded.data_ptr<std::int64_t>()[i])] = true;
   }
